@@ -1,0 +1,53 @@
+# Two commands on a fresh Debian machine (as root): `make test` and `make demo`.
+# Both run `make setup` first, which is idempotent and takes seconds once done.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Debian packages the tests and the demo run for real: ZooKeeper (Java) and Redis.
+DEB_PACKAGES := zookeeper redis-server default-jre-headless
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup system-packages test lint typecheck pytest demo devcluster clean
+
+setup: system-packages $(STAMP)
+
+system-packages:
+	@missing=""; \
+	for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+# Reinstall only when the project's metadata changes.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check discovery
+
+typecheck: setup
+	$(BIN)/mypy discovery
+
+pytest: setup
+	$(BIN)/pytest -q
+
+test: lint typecheck pytest
+
+devcluster: setup
+	$(BIN)/discovery devcluster
+
+demo: setup
+	$(BIN)/discovery demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,251 @@
+"""Settings: one table of options, each with a flag and an environment variable.
+
+Every process builds its configuration once, at start-up, from flags and the
+environment (a flag wins over the variable, the variable over the default) into
+frozen dataclasses, and passes those down. Nothing reads ``os.environ`` later.
+
+An :class:`Option` names its flag, variable, type and help once; :func:`add_options`
+puts a group of them on an :mod:`argparse` parser (the help text shows the variable
+and the default), and :func:`parse_env` validates the variables so that a bad value
+is reported with the variable's name instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = [
+    "COMMON_OPTIONS",
+    "ZK_OPTIONS",
+    "ClusterConfig",
+    "Option",
+    "ZkConfig",
+    "add_options",
+    "parse_env",
+    "port_number",
+    "positive_float",
+]
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a float > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 meaning "any free port"."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0..65535, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its flag, environment variable, type, default and help."""
+
+    flag: str
+    env: str
+    help: str
+    type: Callable[[str], Any] = str
+    default: Any = None
+    metavar: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+def parse_env(options: Iterable[Option], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Read the options' environment variables, converted by each option's type.
+
+    Raises:
+        ConfigError: a variable is set to a value its type rejects; the message
+            names the variable.
+    """
+    values: dict[str, Any] = {}
+    for option in options:
+        raw = environ.get(option.env)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[option.dest] = option.type(raw)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise ConfigError(f"{option.env}={raw!r}: {exc}") from None
+    return values
+
+
+def add_options(
+    parser: argparse.ArgumentParser,
+    options: Iterable[Option],
+    environ: Mapping[str, str] | None = None,
+) -> None:
+    """Add ``options`` to ``parser`` with defaults taken from the environment.
+
+    A bad environment value becomes a parser error naming the variable, so every
+    entry point reports it the same way argparse reports a bad flag.
+    """
+    options = list(options)
+    env = os.environ if environ is None else environ
+    try:
+        from_env = parse_env(options, env)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    for option in options:
+        default = from_env.get(option.dest, option.default)
+        shown = "unset" if option.default is None else repr(option.default)
+        parser.add_argument(
+            option.flag,
+            dest=option.dest,
+            type=option.type,
+            default=default,
+            metavar=option.metavar,
+            help=f"{option.help} [env {option.env}; default {shown}]",
+        )
+
+
+ZK_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--zk",
+        "DISCOVERY_ZK_HOSTS",
+        "ZooKeeper hosts in kazoo form, host:port[,host:port...][/chroot]",
+        default="127.0.0.1:2181",
+        metavar="HOSTS",
+    ),
+    Option(
+        "--session-timeout",
+        "DISCOVERY_SESSION_TIMEOUT",
+        "ZooKeeper session timeout in seconds: how long a dead process stays registered",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--zk-connect-timeout",
+        "DISCOVERY_ZK_CONNECT_TIMEOUT",
+        "give up start-up if no ZooKeeper server answers within this many seconds",
+        type=positive_float,
+        default=30.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--zk-auth",
+        "DISCOVERY_ZK_AUTH",
+        "ZooKeeper digest credentials user:password; nodes we create are then "
+        "writable only by them and readable by all",
+        metavar="USER:PASSWORD",
+    ),
+)
+
+COMMON_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--redis",
+        "DISCOVERY_REDIS_URL",
+        "Redis URL for the published live list",
+        default="redis://127.0.0.1:6379/0",
+        metavar="URL",
+    ),
+    Option(
+        "--cluster",
+        "DISCOVERY_CLUSTER",
+        "cluster name; the Redis key prefix is discovery:<cluster>",
+        default="default",
+    ),
+    Option(
+        "--admin-token",
+        "DISCOVERY_ADMIN_TOKEN",
+        "bearer token required by admin endpoints",
+        metavar="TOKEN",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class ZkConfig:
+    """How to reach ZooKeeper and how long our session lives without us.
+
+    Attributes:
+        hosts: kazoo connection string, optionally with a chroot
+            (``zk1:2181,zk2:2181/prod-search``).
+        session_timeout: seconds ZooKeeper keeps our session (and ephemeral nodes)
+            after it last heard from us; the bound on how long a dead process
+            stays registered.
+        connect_timeout: seconds :meth:`ZkSession.start` keeps trying before it fails.
+        operation_timeout: seconds one operation may wait (for a reconnect, say)
+            before it fails with :class:`~discovery.errors.ZkConnectionError`;
+            defaults to the session timeout.
+        auth: digest credentials ``user:password`` or None.
+    """
+
+    hosts: str
+    session_timeout: float = 10.0
+    connect_timeout: float = 30.0
+    operation_timeout: float | None = None
+    auth: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.hosts or not self.hosts.strip():
+            raise ConfigError("--zk / DISCOVERY_ZK_HOSTS: empty ZooKeeper hosts string")
+        for name in ("session_timeout", "connect_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.operation_timeout is not None and not self.operation_timeout > 0:
+            raise ConfigError(f"operation_timeout must be positive, got {self.operation_timeout}")
+        if self.auth is not None and ":" not in self.auth:
+            raise ConfigError("--zk-auth / DISCOVERY_ZK_AUTH: expected user:password")
+
+    @property
+    def effective_operation_timeout(self) -> float:
+        return (
+            self.operation_timeout if self.operation_timeout is not None else self.session_timeout
+        )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ZkConfig:
+        """Build from a namespace parsed with :data:`ZK_OPTIONS`."""
+        return cls(
+            hosts=args.zk,
+            session_timeout=args.session_timeout,
+            connect_timeout=args.zk_connect_timeout,
+            auth=args.zk_auth,
+        )
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Cluster-wide names: the cluster, the Redis URL and key prefix, the admin token."""
+
+    cluster: str = "default"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    admin_token: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.cluster or any(c in self.cluster for c in " :/\n\t"):
+            raise ConfigError(
+                f"--cluster / DISCOVERY_CLUSTER: {self.cluster!r} must be a non-empty name "
+                "without spaces, ':' or '/'"
+            )
+
+    @property
+    def redis_prefix(self) -> str:
+        return f"discovery:{self.cluster}"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ClusterConfig:
+        """Build from a namespace parsed with :data:`COMMON_OPTIONS`."""
+        return cls(cluster=args.cluster, redis_url=args.redis, admin_token=args.admin_token)

@@ -1,0 +1,200 @@
+"""A complete local backend for development: a ZooKeeper ensemble plus one Redis server."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from discovery.devcluster.redis import RedisServer
+from discovery.devcluster.zookeeper import (
+    DEFAULT_MAX_SESSION_TIMEOUT_MS,
+    DEFAULT_TICK_TIME_MS,
+    ZooKeeperEnsemble,
+)
+from discovery.errors import DevClusterError
+
+__all__ = ["DevCluster"]
+
+logger = logging.getLogger(__name__)
+
+
+class DevCluster:
+    """ZooKeeper (``zk_nodes`` servers) and Redis on loopback ports, in one work directory.
+
+    Without ``workdir`` a scratch directory is created by ``start()`` and removed by
+    ``stop()``; a given ``workdir`` is created if needed and always kept. Use as a context
+    manager, or call ``start()``/``stop()``. ``start()`` raises ``DevClusterError`` if a
+    server cannot be started or is not ready within ``start_timeout`` seconds, after
+    stopping whatever it had started; ``ValueError`` is raised for bad arguments.
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str] | None = None,
+        zk_nodes: int = 1,
+        tick_time_ms: int = DEFAULT_TICK_TIME_MS,
+        *,
+        min_session_timeout_ms: int | None = None,
+        max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS,
+        redis_port: int | None = None,
+        start_timeout: float = 60.0,
+    ) -> None:
+        if zk_nodes < 1 or zk_nodes == 2:
+            raise ValueError(f"zk_nodes must be 1 or >= 3, got {zk_nodes}")
+        if tick_time_ms < 1:
+            raise ValueError(f"tick_time_ms must be >= 1, got {tick_time_ms}")
+        self._requested_workdir = None if workdir is None else Path(workdir).absolute()
+        self._zk_nodes = zk_nodes
+        self._tick_time_ms = tick_time_ms
+        self._min_session_timeout_ms = min_session_timeout_ms
+        self._max_session_timeout_ms = max_session_timeout_ms
+        self._redis_port = redis_port
+        self._start_timeout = start_timeout
+        self._workdir: Path | None = None
+        self._owns_workdir = False
+        self._zk: ZooKeeperEnsemble | None = None
+        self._redis: RedisServer | None = None
+
+    @property
+    def zk(self) -> ZooKeeperEnsemble:
+        """The ZooKeeper ensemble; ``DevClusterError`` before ``start()``."""
+        if self._zk is None:
+            raise DevClusterError("the dev cluster is not started")
+        return self._zk
+
+    @property
+    def redis(self) -> RedisServer:
+        """The Redis server; ``DevClusterError`` before ``start()``."""
+        if self._redis is None:
+            raise DevClusterError("the dev cluster is not started")
+        return self._redis
+
+    @property
+    def workdir(self) -> Path | None:
+        """The work directory in use, or None while stopped with no ``workdir`` given."""
+        return self._workdir if self._workdir is not None else self._requested_workdir
+
+    @property
+    def running(self) -> bool:
+        """True while every ZooKeeper and Redis process is running."""
+        return (
+            self._zk is not None
+            and self._redis is not None
+            and self._zk.running
+            and self._redis.running
+        )
+
+    def start(self) -> None:
+        """Start ZooKeeper and Redis and wait until both answer.
+
+        All processes boot in parallel. On failure or interruption everything already
+        started is stopped (and a scratch directory removed) before the error propagates.
+        Raises ``DevClusterError`` if already started.
+        """
+        if self._zk is not None or self._redis is not None:
+            raise DevClusterError("the dev cluster is already started")
+        deadline = time.monotonic() + self._start_timeout
+        try:
+            workdir = self._make_workdir()
+            self._redis = RedisServer(workdir / "redis", port=self._redis_port)
+            self._zk = ZooKeeperEnsemble(
+                self._zk_nodes,
+                workdir / "zookeeper",
+                tick_time_ms=self._tick_time_ms,
+                min_session_timeout_ms=self._min_session_timeout_ms,
+                max_session_timeout_ms=self._max_session_timeout_ms,
+            )
+            # Redis is up in milliseconds; launching it first lets it boot while the
+            # ensemble waits for its JVMs.
+            self._redis.start(wait=False)
+            self._zk.start(timeout=self._start_timeout)
+            self._redis.wait_ready(max(0.0, deadline - time.monotonic()))
+        except BaseException:
+            self.stop()
+            raise
+        logger.info(
+            "dev cluster ready: zk=%s redis=%s workdir=%s",
+            self._zk.hosts,
+            self._redis.url,
+            workdir,
+        )
+
+    def stop(self) -> None:
+        """Stop every process and remove the scratch directory if ``start()`` created it.
+
+        Idempotent. Processes are always stopped and reaped; a failure to stop one is
+        raised as ``DevClusterError`` after the others have been stopped.
+        """
+        zk, redis = self._zk, self._redis
+        self._zk = self._redis = None
+        first_error: Exception | None = None
+        for server in (zk, redis):
+            if server is None:
+                continue
+            try:
+                server.stop()
+            except Exception as exc:  # keep stopping the rest; report the first failure
+                first_error = first_error or exc
+        if self._owns_workdir and self._workdir is not None:
+            _remove_scratch(self._workdir)
+        self._workdir = None
+        self._owns_workdir = False
+        if first_error is not None:
+            raise DevClusterError(f"could not stop the dev cluster: {first_error}") from first_error
+
+    def info(self) -> dict[str, Any]:
+        """Connection details for people and scripts (JSON-serialisable).
+
+        Keys: ``zk`` (kazoo hosts), ``redis`` (URL), ``workdir``, ``zk_nodes``,
+        ``tick_time_ms`` and ``pids`` (``zk1``..``zkN`` and ``redis``; None for a stopped
+        process). Raises ``DevClusterError`` before ``start()``.
+        """
+        zk, redis = self.zk, self.redis
+        pids: dict[str, int | None] = {f"zk{s.server_id}": s.pid for s in zk.servers}
+        pids["redis"] = redis.pid
+        return {
+            "zk": zk.hosts,
+            "redis": redis.url,
+            "workdir": str(self.workdir),
+            "zk_nodes": zk.size,
+            "tick_time_ms": zk.tick_time_ms,
+            "pids": pids,
+        }
+
+    def _make_workdir(self) -> Path:
+        if self._requested_workdir is not None:
+            self._requested_workdir.mkdir(parents=True, exist_ok=True)
+            self._workdir = self._requested_workdir
+        else:
+            self._workdir = Path(tempfile.mkdtemp(prefix="discovery-devcluster-"))
+            self._owns_workdir = True
+        return self._workdir
+
+    def __enter__(self) -> DevCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<DevCluster zk_nodes={self._zk_nodes} workdir={self.workdir}>"
+
+
+def _remove_scratch(path: Path) -> None:
+    try:
+        shutil.rmtree(path)
+    except OSError as exc:
+        # Leftover files in the temp directory are harmless; failing the stop over them is not.
+        logger.warning("could not remove scratch directory %s: %s", path, exc)

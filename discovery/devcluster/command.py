@@ -1,0 +1,176 @@
+"""The ``discovery devcluster`` subcommand: a local ZooKeeper and Redis until Ctrl+C.
+
+It prints where they listen (one JSON line with ``--json``), keeps them running until SIGINT
+or SIGTERM, then stops them and removes the scratch directory. A start-up failure is
+reported on stderr with exit code 1, after stopping whatever had started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+from discovery.devcluster.cluster import DevCluster
+from discovery.devcluster.zookeeper import DEFAULT_TICK_TIME_MS
+from discovery.errors import DevClusterError
+
+__all__ = ["ENV_DIR", "ENV_TICK_MS", "ENV_ZK_NODES", "add_parser", "run"]
+
+logger = logging.getLogger(__name__)
+
+ENV_ZK_NODES = "DISCOVERY_DEV_ZK_NODES"
+ENV_TICK_MS = "DISCOVERY_DEV_TICK_MS"
+ENV_DIR = "DISCOVERY_DEV_DIR"
+
+# 2 * tick is the minimum session timeout and must not exceed the 60 s maximum.
+_TICK_RANGE_MS = (10, 30_000)
+
+
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """Register ``devcluster`` on the ``discovery`` command's subparsers; returns its parser.
+
+    Defaults come from the environment when set; a bad value there is reported by argparse
+    like a bad flag, naming both.
+    """
+    parser = subparsers.add_parser(
+        "devcluster",
+        help="run a local ZooKeeper and Redis for development until Ctrl+C",
+        description=(
+            "Start a real ZooKeeper (standalone or a quorum) and a Redis server on free "
+            "loopback ports, print how to reach them, and keep them running until SIGINT or "
+            "SIGTERM. Needs Java and the Debian packages zookeeper and redis-server "
+            "(`make setup`)."
+        ),
+    )
+    # argparse runs string defaults through `type`, so a bad environment value is reported
+    # exactly like a bad flag.
+    parser.add_argument(
+        "--zk-nodes",
+        type=_zk_nodes,
+        default=os.environ.get(ENV_ZK_NODES) or "1",
+        metavar="N",
+        help=f"ZooKeeper servers: 1 (standalone) or an odd number >= 3 [env {ENV_ZK_NODES}; "
+        "default 1]",
+    )
+    parser.add_argument(
+        "--tick-time",
+        type=_tick_time,
+        default=os.environ.get(ENV_TICK_MS) or str(DEFAULT_TICK_TIME_MS),
+        metavar="MS",
+        help=f"ZooKeeper tickTime in ms; the minimum session timeout is twice this "
+        f"[env {ENV_TICK_MS}; default {DEFAULT_TICK_TIME_MS}]",
+    )
+    parser.add_argument(
+        "--dir",
+        default=os.environ.get(ENV_DIR) or None,
+        metavar="PATH",
+        help=f"work directory for configuration, data and logs, kept at exit [env {ENV_DIR}; "
+        "default: a temporary directory removed at exit]",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON line with the connection details (for scripts) instead of text",
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the cluster, print its details, block until SIGINT/SIGTERM, stop it.
+
+    Returns 0 after a clean stop, 1 if the cluster could not start (the reason goes to
+    stderr). Must run in the main thread, where signal handlers can be installed.
+    """
+    stop_requested = threading.Event()
+
+    def acknowledge(signum: int) -> None:
+        logger.info("received %s, stopping", signal.Signals(signum).name)
+        stop_requested.set()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        if not stop_requested.is_set():
+            # Event.set() takes the event's non-reentrant lock, and logging writes to a
+            # buffered stream; the interrupted main thread may be inside either right now.
+            # Doing both from another thread cannot deadlock or re-enter them.
+            threading.Thread(target=acknowledge, args=(signum,), name="devcluster-stop").start()
+
+    # Handlers go in before anything starts, so a signal during start-up still leads to a
+    # clean stop instead of killing us and orphaning the servers.
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        cluster = DevCluster(args.dir, zk_nodes=args.zk_nodes, tick_time_ms=args.tick_time)
+        try:
+            cluster.start()
+        except (DevClusterError, OSError) as exc:
+            print(f"discovery devcluster: error: {exc}", file=sys.stderr, flush=True)
+            return 1
+        try:
+            _print_info(cluster.info(), as_json=args.json, scratch=args.dir is None)
+            stop_requested.wait()
+        finally:
+            cluster.stop()
+        logger.info("dev cluster stopped")
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _print_info(info: dict[str, Any], *, as_json: bool, scratch: bool) -> None:
+    if as_json:
+        print(json.dumps(info, sort_keys=True), flush=True)
+        return
+    servers = "server" if info["zk_nodes"] == 1 else "servers"
+    kept = "removed at exit" if scratch else "kept"
+    lines = [
+        f"ZooKeeper  {info['zk']}  ({info['zk_nodes']} {servers}, tick {info['tick_time_ms']} ms)",
+        f"Redis      {info['redis']}",
+        f"Work dir   {info['workdir']}  ({kept})",
+        "",
+        f"export DISCOVERY_ZK_HOSTS={shlex.quote(info['zk'])}",
+        f"export DISCOVERY_REDIS_URL={shlex.quote(info['redis'])}",
+        "",
+        "Press Ctrl+C to stop.",
+    ]
+    print("\n".join(lines), flush=True)
+
+
+def _zk_nodes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer, got {text!r} (from --zk-nodes or {ENV_ZK_NODES})"
+        ) from None
+    if value != 1 and (value < 3 or value % 2 == 0):
+        raise argparse.ArgumentTypeError(
+            f"must be 1 or an odd number >= 3, got {value} (from --zk-nodes or {ENV_ZK_NODES})"
+        )
+    return value
+
+
+def _tick_time(text: str) -> int:
+    low, high = _TICK_RANGE_MS
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer number of milliseconds, got {text!r} "
+            f"(from --tick-time or {ENV_TICK_MS})"
+        ) from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(
+            f"must be between {low} and {high} ms, got {value} (from --tick-time or {ENV_TICK_MS})"
+        )
+    return value

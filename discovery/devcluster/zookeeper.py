@@ -1,0 +1,399 @@
+"""Real ZooKeeper servers for development and tests: one JVM per server, on loopback.
+
+A :class:`ZooKeeperServer` is one JVM; a :class:`ZooKeeperEnsemble` is one standalone server
+(size 1) or a quorum of three or more. They run the Debian package ``zookeeper`` (3.8) with
+Java 17; ``make setup`` installs both. Each server keeps its ``zoo.cfg``, data and log in its
+own directory, so a restart comes back with the same data on the same port.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from discovery.devcluster.ports import LOOPBACK, ManagedProcess, free_port, free_ports
+from discovery.errors import DevClusterError
+
+__all__ = [
+    "DEFAULT_MAX_SESSION_TIMEOUT_MS",
+    "DEFAULT_TICK_TIME_MS",
+    "QuorumPeer",
+    "ZooKeeperEnsemble",
+    "ZooKeeperServer",
+    "find_java",
+    "four_letter_word",
+    "zookeeper_classpath",
+]
+
+logger = logging.getLogger(__name__)
+
+# ZooKeeper's own default of 2000 ms makes the minimum session timeout 4 s, which makes every
+# session-expiry test slow; 500 ms keeps failure detection quick on a single machine.
+DEFAULT_TICK_TIME_MS = 500
+DEFAULT_MAX_SESSION_TIMEOUT_MS = 60_000
+
+_DEBIAN_ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
+# The Debian jar names its dependencies in its manifest, but not a logging binding; without
+# one slf4j drops every server log line, which we need for error messages.
+_DEBIAN_SLF4J_BINDING = Path("/usr/share/java/slf4j-simple.jar")
+_STANDALONE_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+_QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+# Small heap, serial GC and C1 only: a dev server holds little data, and these flags roughly
+# halve start-up time and resident memory, which matters with several JVMs on one machine.
+_JVM_FLAGS = (
+    "-Xms32m",
+    "-Xmx256m",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-XX:-UsePerfData",
+    "-Xshare:auto",
+    "-Djava.net.preferIPv4Stack=true",
+    "-Dzookeeper.jmx.log4j.disable=true",
+    "-Dorg.slf4j.simpleLogger.showDateTime=true",
+    "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd HH:mm:ss.SSS",
+)
+_SETUP_HINT = "run `make setup` (installs the Debian packages zookeeper and a Java runtime)"
+
+
+def find_java() -> str:
+    """Return the ``java`` executable: ``$JAVA``, ``$JAVA_HOME/bin/java``, or ``java`` on PATH.
+
+    Raises ``DevClusterError`` naming ``make setup`` if none is found.
+    """
+    explicit = os.environ.get("JAVA")
+    if explicit:
+        found = shutil.which(explicit)
+        if found is None:
+            raise DevClusterError(f"$JAVA={explicit!r} is not an executable; {_SETUP_HINT}")
+        return found
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = Path(java_home) / "bin" / "java"
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("java")
+    if found is None:
+        raise DevClusterError(f"no `java` found ($JAVA, $JAVA_HOME, PATH); {_SETUP_HINT}")
+    return found
+
+
+def zookeeper_classpath() -> str:
+    """Return the JVM classpath for ZooKeeper: ``$ZOOKEEPER_CLASSPATH`` or the Debian jars.
+
+    Raises ``DevClusterError`` naming ``make setup`` if the Debian jar is missing and no
+    classpath is configured.
+    """
+    explicit = os.environ.get("ZOOKEEPER_CLASSPATH")
+    if explicit:
+        return explicit
+    if not _DEBIAN_ZOOKEEPER_JAR.is_file():
+        raise DevClusterError(
+            f"{_DEBIAN_ZOOKEEPER_JAR} not found and $ZOOKEEPER_CLASSPATH is not set; {_SETUP_HINT}"
+        )
+    parts = [str(_DEBIAN_ZOOKEEPER_JAR)]
+    if _DEBIAN_SLF4J_BINDING.is_file():
+        parts.append(str(_DEBIAN_SLF4J_BINDING))
+    return os.pathsep.join(parts)
+
+
+def four_letter_word(port: int, word: str, host: str = LOOPBACK, timeout: float = 2.0) -> str:
+    """Send a ZooKeeper four-letter command (``srvr``, ``ruok``, ``mntr``...) and return the answer.
+
+    Only commands listed in the server's ``4lw.commands.whitelist`` answer. Raises
+    ``OSError`` (including ``TimeoutError``) if the server cannot be reached.
+    """
+    if len(word) != 4:
+        raise ValueError(f"four-letter words have four letters, got {word!r}")
+    chunks: list[bytes] = []
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(word.encode("ascii"))
+        while chunk := sock.recv(4096):
+            chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class QuorumPeer:
+    """One member of an ensemble as the others see it: its id and its two peer ports."""
+
+    server_id: int
+    quorum_port: int
+    election_port: int
+
+
+class ZooKeeperServer(ManagedProcess):
+    """One ZooKeeper JVM listening on ``127.0.0.1:client_port``.
+
+    ``workdir`` is this server's own directory: it gets ``zoo.cfg``, ``data/`` (with
+    ``myid`` for ensemble members) and ``zookeeper.log``. Without ``peers`` the server runs
+    standalone (``ZooKeeperServerMain``); with ``peers`` (which must include ``server_id``)
+    it is a quorum member (``QuorumPeerMain``).
+
+    ``start()`` returns once the server actually serves (``start(wait=False)`` only launches
+    the JVM). Constructor arguments are validated with ``ValueError``.
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str],
+        *,
+        server_id: int = 1,
+        client_port: int | None = None,
+        tick_time_ms: int = DEFAULT_TICK_TIME_MS,
+        min_session_timeout_ms: int | None = None,
+        max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS,
+        peers: Sequence[QuorumPeer] = (),
+    ) -> None:
+        if server_id < 1:
+            raise ValueError(f"server_id must be >= 1, got {server_id}")
+        if tick_time_ms < 1:
+            raise ValueError(f"tick_time_ms must be >= 1, got {tick_time_ms}")
+        min_timeout = 2 * tick_time_ms if min_session_timeout_ms is None else min_session_timeout_ms
+        if not 0 < min_timeout <= max_session_timeout_ms:
+            raise ValueError(
+                f"need 0 < min_session_timeout_ms ({min_timeout}) <= "
+                f"max_session_timeout_ms ({max_session_timeout_ms})"
+            )
+        if peers and server_id not in {p.server_id for p in peers}:
+            raise ValueError(f"server_id {server_id} is not among the peers {list(peers)}")
+        if len({p.server_id for p in peers}) != len(peers):
+            raise ValueError(f"peer ids must be unique: {list(peers)}")
+        directory = Path(workdir)
+        super().__init__(f"zookeeper-{server_id}", directory, directory / "zookeeper.log")
+        self._server_id = server_id
+        self._client_port = free_port() if client_port is None else client_port
+        self._tick_time_ms = tick_time_ms
+        self._min_session_timeout_ms = min_timeout
+        self._max_session_timeout_ms = max_session_timeout_ms
+        self._peers = tuple(sorted(peers, key=lambda p: p.server_id))
+
+    @property
+    def server_id(self) -> int:
+        """The ZooKeeper server id (``myid``)."""
+        return self._server_id
+
+    @property
+    def client_port(self) -> int:
+        """The port clients connect to."""
+        return self._client_port
+
+    @property
+    def address(self) -> str:
+        """``127.0.0.1:<client port>``, usable as a kazoo hosts string."""
+        return f"{LOOPBACK}:{self._client_port}"
+
+    @property
+    def tick_time_ms(self) -> int:
+        """ZooKeeper's tick: the unit of heartbeats and of the session timeout bounds."""
+        return self._tick_time_ms
+
+    @property
+    def config_path(self) -> Path:
+        """The ``zoo.cfg`` written before each start."""
+        return self._workdir / "zoo.cfg"
+
+    @property
+    def data_dir(self) -> Path:
+        """Snapshots and transaction logs; kept across restarts."""
+        return self._workdir / "data"
+
+    def mode(self) -> str | None:
+        """Return ``standalone``, ``leader`` or ``follower`` while serving, else None.
+
+        Never raises: an unreachable or not-yet-serving server gives None.
+        """
+        try:
+            answer = four_letter_word(self._client_port, "srvr", timeout=1.0)
+        except OSError:
+            return None
+        for line in answer.splitlines():
+            if line.startswith("Mode:"):
+                return line.partition(":")[2].strip()
+        return None
+
+    def _command(self) -> list[str]:
+        main_class = _QUORUM_MAIN if self._peers else _STANDALONE_MAIN
+        return [
+            find_java(),
+            *_JVM_FLAGS,
+            "-cp",
+            zookeeper_classpath(),
+            main_class,
+            str(self.config_path),
+        ]
+
+    def _prepare(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        lines = [
+            f"tickTime={self._tick_time_ms}",
+            f"dataDir={self.data_dir}",
+            f"clientPort={self._client_port}",
+            f"clientPortAddress={LOOPBACK}",
+            f"minSessionTimeout={self._min_session_timeout_ms}",
+            f"maxSessionTimeout={self._max_session_timeout_ms}",
+            "admin.enableServer=false",
+            "4lw.commands.whitelist=ruok,srvr,stat,mntr,cons",
+            # The transaction log is still written to the OS before each reply, so data
+            # survives a process restart; skipping fsync only risks data on an OS crash,
+            # and makes writes much faster for tests.
+            "forceSync=no",
+            # ZooKeeper pads each transaction log to 64 MB by default; 4 MB is plenty here.
+            "preAllocSize=4096",
+        ]
+        if self._peers:
+            lines += ["initLimit=10", "syncLimit=5", "reconfigEnabled=false"]
+            lines += [
+                f"server.{p.server_id}={LOOPBACK}:{p.quorum_port}:{p.election_port}"
+                for p in self._peers
+            ]
+            (self.data_dir / "myid").write_text(f"{self._server_id}\n", encoding="ascii")
+        self.config_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    def _probe(self) -> bool:
+        # `ruok` answers `imok` as soon as the port is open, even while a quorum member is
+        # still electing; `srvr` reports a Mode only once the server really serves.
+        try:
+            answer = four_letter_word(self._client_port, "srvr", timeout=1.0)
+        except OSError:
+            return False
+        return "Mode:" in answer
+
+
+class ZooKeeperEnsemble:
+    """A standalone ZooKeeper (``size`` 1) or a quorum of ``size`` >= 3 servers on loopback.
+
+    Ports are chosen when the ensemble is constructed and kept for its lifetime, so
+    :attr:`hosts` is stable across ``stop_server``/``start_server``. Server ``i`` lives in
+    ``workdir/zk<i+1>``. Use as a context manager to start and stop it.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        workdir: str | os.PathLike[str],
+        *,
+        tick_time_ms: int = DEFAULT_TICK_TIME_MS,
+        min_session_timeout_ms: int | None = None,
+        max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS,
+    ) -> None:
+        if size < 1 or size == 2:
+            raise ValueError(
+                f"an ensemble needs 1 server (standalone) or 3 or more (a quorum), got {size}"
+            )
+        self._workdir = Path(workdir)
+        self._tick_time_ms = tick_time_ms
+        peer_ports = free_ports(3 * size if size > 1 else 1)
+        client_ports = peer_ports[:size]
+        peers: list[QuorumPeer] = []
+        if size > 1:
+            peers = [
+                QuorumPeer(i + 1, peer_ports[size + 2 * i], peer_ports[size + 2 * i + 1])
+                for i in range(size)
+            ]
+        self._servers = [
+            ZooKeeperServer(
+                self._workdir / f"zk{i + 1}",
+                server_id=i + 1,
+                client_port=client_ports[i],
+                tick_time_ms=tick_time_ms,
+                min_session_timeout_ms=min_session_timeout_ms,
+                max_session_timeout_ms=max_session_timeout_ms,
+                peers=peers,
+            )
+            for i in range(size)
+        ]
+
+    @property
+    def size(self) -> int:
+        """The number of servers."""
+        return len(self._servers)
+
+    @property
+    def servers(self) -> list[ZooKeeperServer]:
+        """The servers, in id order (a copy of the list)."""
+        return list(self._servers)
+
+    @property
+    def hosts(self) -> str:
+        """The kazoo connection string ``127.0.0.1:p1,127.0.0.1:p2,...``."""
+        return ",".join(server.address for server in self._servers)
+
+    @property
+    def tick_time_ms(self) -> int:
+        """The tick time every server runs with."""
+        return self._tick_time_ms
+
+    @property
+    def workdir(self) -> Path:
+        """The directory holding one sub-directory per server."""
+        return self._workdir
+
+    @property
+    def running(self) -> bool:
+        """True if every server process is running (not necessarily serving)."""
+        return all(server.running for server in self._servers)
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Launch every server that is not running, then wait until all of them serve.
+
+        The JVMs boot in parallel, so this takes about as long as the slowest one. On any
+        failure (or interruption) every server is stopped before the error propagates;
+        failures are ``DevClusterError`` with the failing server's log tail.
+        """
+        deadline = time.monotonic() + timeout
+        try:
+            for server in self._servers:
+                if not server.running:
+                    server.start(wait=False)
+            for server in self._servers:
+                server.wait_ready(max(0.0, deadline - time.monotonic()))
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("ZooKeeper ready at %s (%d server(s))", self.hosts, self.size)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every server; idempotent. Each server gets ``timeout`` seconds after SIGTERM."""
+        first_error: Exception | None = None
+        for server in self._servers:
+            try:
+                server.stop(timeout)
+            except Exception as exc:  # keep stopping the others; report the first failure
+                first_error = first_error or exc
+        if first_error is not None:
+            raise DevClusterError(
+                f"could not stop every ZooKeeper server: {first_error}"
+            ) from first_error
+
+    def stop_server(self, index: int, timeout: float = 10.0) -> None:
+        """Stop server ``index`` (0-based); idempotent. The others keep running."""
+        self._servers[index].stop(timeout)
+
+    def start_server(self, index: int, timeout: float = 60.0) -> None:
+        """Start server ``index`` (0-based) again and wait until it serves.
+
+        Raises ``DevClusterError`` on failure, after stopping that server.
+        """
+        self._servers[index].start(timeout=timeout)
+
+    def __enter__(self) -> ZooKeeperEnsemble:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<ZooKeeperEnsemble size={self.size} hosts={self.hosts}>"

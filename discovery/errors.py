@@ -1,0 +1,89 @@
+"""The exception tree of the discovery framework.
+
+Every error raised by our code derives from :class:`DiscoveryError`, so an
+embedding application can catch one type. kazoo and redis-py errors are
+translated where they enter our code (see :func:`discovery.zk.translate_kazoo_error`);
+the original exception is always kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DevClusterError",
+    "DiscoveryError",
+    "InvalidInstanceError",
+    "PayloadTooLargeError",
+    "RegistrationConflictError",
+    "ZkAuthError",
+    "ZkBadVersionError",
+    "ZkConnectionError",
+    "ZkError",
+    "ZkNoNodeError",
+    "ZkNodeExistsError",
+    "ZkSessionExpiredError",
+]
+
+
+class DiscoveryError(Exception):
+    """Root of every error raised by the discovery framework."""
+
+
+class ConfigError(DiscoveryError, ValueError):
+    """A setting is missing or malformed; the message names the flag or variable."""
+
+
+class InvalidInstanceError(DiscoveryError, ValueError):
+    """A ServiceInstance document is malformed (bad JSON, missing field, wrong type)."""
+
+
+class PayloadTooLargeError(InvalidInstanceError):
+    """A ServiceInstance document exceeds the size bound (64 KiB by default)."""
+
+
+class ZkError(DiscoveryError):
+    """A ZooKeeper operation failed."""
+
+
+class ZkConnectionError(ZkError):
+    """The connection to ZooKeeper is down or an operation timed out.
+
+    The session may still be alive: callers should wait for the next CONNECTED
+    state and retry, not assume their ephemeral nodes are gone.
+    """
+
+
+class ZkSessionExpiredError(ZkConnectionError):
+    """The ZooKeeper session expired: its ephemeral nodes and watches are gone."""
+
+
+class ZkAuthError(ZkError):
+    """Authentication failed or the ACL does not allow the operation."""
+
+
+class ZkNoNodeError(ZkError):
+    """The znode does not exist."""
+
+
+class ZkNodeExistsError(ZkError):
+    """The znode already exists."""
+
+
+class ZkBadVersionError(ZkError):
+    """A conditional update or delete lost a race: the znode's version changed."""
+
+
+class RegistrationConflictError(ZkError):
+    """Another live session owns the znode of our instance id; we refuse to steal it."""
+
+    def __init__(self, path: str, owner_session: int) -> None:
+        super().__init__(
+            f"{path} is owned by another live ZooKeeper session 0x{owner_session:x}; "
+            "is another server configured with the same --id?"
+        )
+        self.path = path
+        self.owner_session = owner_session
+
+
+class DevClusterError(DiscoveryError):
+    """A local ZooKeeper or Redis process could not be started or did not answer."""

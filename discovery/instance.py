@@ -1,0 +1,632 @@
+"""The ``ServiceInstance`` document stored in ``/data_servers/<instance-id>``.
+
+Each data server registers one EPHEMERAL znode whose data is a JSON document in
+the layout Apache Curator's ``JsonInstanceSerializer`` writes for
+``ServiceInstance<T>``, so Java services using curator-x-discovery (base path
+``/``, service name ``data_servers``) can read our registrations and we can read
+theirs::
+
+    {"name":"data_servers","id":"ds-007","address":"10.0.0.7","port":9001,
+     "sslPort":null,"payload":{"shard":3,"replica":0,"docs":125000,
+     "version":"1.4.2","state":"serving"},"registrationTimeUTC":1718000000000,
+     "serviceType":"DYNAMIC","uriSpec":null,"enabled":true}
+
+Our own fields live in ``payload`` (:class:`InstancePayload`). The same
+dictionaries (:meth:`ServiceInstance.to_dict`) are embedded in the live list
+published to Redis.
+
+Failure behaviour: every malformed document or field raises
+:class:`~discovery.errors.InvalidInstanceError` whose message names the field in
+its JSON spelling (``port``, ``sslPort``, ``payload.shard``, ...); a document
+larger than the bound (:data:`MAX_INSTANCE_BYTES`, 64 KiB) raises
+:class:`~discovery.errors.PayloadTooLargeError` (a subclass) before it is
+parsed, and so does encoding an instance that would exceed it. Nothing here
+logs: readers such as the ``/data_servers`` watcher catch
+``InvalidInstanceError``, skip the child and count it. Validation runs in the
+constructors, so an instance that exists is always encodable.
+
+Compatibility rules:
+
+* Unknown top-level keys (a newer Curator's fields) are tolerated on decode and
+  dropped, as Curator itself does.
+* Unknown payload keys are kept in :attr:`InstancePayload.extra` and written
+  back, so a newer writer's fields survive a round trip through an older
+  reader. Jackson's ``"@class"`` type id (present when a Java writer uses a typed
+  payload) is kept there too and written first, where Jackson puts it.
+* ``sslPort``, ``serviceType``, ``uriSpec`` and ``enabled`` may be absent
+  (Curator's compatibility mode omits ``enabled``); they default to ``null``,
+  ``"DYNAMIC"``, ``null`` and ``true``.
+* Non-standard JSON (``NaN``, ``Infinity``), duplicate keys, JSON floats where
+  an integer is expected and booleans where an integer is expected are
+  rejected: a document that Jackson would read differently from us is not a
+  document we want to route by.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final, NoReturn
+
+from .errors import InvalidInstanceError, PayloadTooLargeError
+
+__all__ = [
+    "DEFAULT_SERVICE_TYPE",
+    "MAX_ADDRESS_LENGTH",
+    "MAX_ID_LENGTH",
+    "MAX_INSTANCE_BYTES",
+    "SERVICE_TYPES",
+    "InstancePayload",
+    "InstanceState",
+    "ServiceInstance",
+    "validate_instance_id",
+]
+
+MAX_INSTANCE_BYTES: Final = 64 * 1024
+"""Upper bound, in bytes of UTF-8 JSON, of one ServiceInstance document."""
+
+MAX_ID_LENGTH: Final = 128
+MAX_ADDRESS_LENGTH: Final = 255
+
+DEFAULT_SERVICE_TYPE: Final = "DYNAMIC"
+SERVICE_TYPES: Final = frozenset({"DYNAMIC", "STATIC", "PERMANENT", "DYNAMIC_SEQUENTIAL"})
+"""The values of Curator's ``ServiceType`` enum."""
+
+# Java readers deserialize these fields into int/long; a value they cannot hold
+# would make the node unreadable for them, so we refuse to write or accept it.
+_JAVA_INT_MAX: Final = 2**31 - 1
+_JAVA_LONG_MAX: Final = 2**63 - 1
+
+# Bounds the recursion of our own validator; json.loads has its own limit, which
+# is far higher than any sane payload needs.
+_MAX_NESTING: Final = 64
+
+_ID_PATTERN: Final = re.compile(rf"[A-Za-z0-9._:@-]{{1,{MAX_ID_LENGTH}}}")
+_CLASS_KEY: Final = "@class"
+_PAYLOAD_KEYS: Final = ("shard", "replica", "docs", "version", "state", "reason")
+_REQUIRED_PAYLOAD_KEYS: Final = ("shard", "replica", "docs", "version", "state")
+_REQUIRED_KEYS: Final = ("name", "id", "address", "port", "payload", "registrationTimeUTC")
+
+
+class InstanceState(StrEnum):
+    """What the data server asks of the search servers.
+
+    ``DRAINING`` means "finish what you sent me, send nothing new": the node stays
+    registered so operators can see it, but it is not routable.
+    """
+
+    SERVING = "serving"
+    DRAINING = "draining"
+
+
+class _FrozenJSONObject(Mapping[str, Any]):
+    """Read-only view of a validated, privately owned JSON object.
+
+    Used instead of ``types.MappingProxyType`` because instances must stay
+    picklable and deep-copyable. Nested containers are private copies too; they
+    are not frozen, so callers must treat them as read-only.
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return repr(self._data)
+
+
+def _fail(field_name: str, problem: str) -> NoReturn:
+    raise InvalidInstanceError(f"invalid ServiceInstance: {field_name}: {problem}")
+
+
+def _short(value: object, limit: int = 60) -> str:
+    # Messages end up in logs; a 60 KiB string must not.
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, list | tuple):
+        return "array"
+    return f"Python {type(value).__name__}"
+
+
+def _describe(value: object) -> str:
+    return f"{_json_type(value)} {_short(value)}"
+
+
+def _require_int(field_name: str, value: object, low: int, high: int) -> int:
+    # bool is an int subclass in Python but a distinct type in JSON and Java.
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(field_name, f"must be an integer, got {_describe(value)}")
+    if not low <= value <= high:
+        _fail(field_name, f"must be between {low} and {high}, got {value}")
+    return int(value)
+
+
+def _check_unicode(field_name: str, value: str) -> None:
+    # A lone surrogate (possible via a "\ud800" JSON escape) cannot be written
+    # back as UTF-8; catching it here keeps to_json() infallible.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        _fail(field_name, "contains a lone surrogate, which is not valid Unicode text")
+
+
+def _require_str(
+    field_name: str, value: object, *, non_empty: bool = False, max_length: int | None = None
+) -> str:
+    if not isinstance(value, str):
+        _fail(field_name, f"must be a string, got {_describe(value)}")
+    if non_empty and not value:
+        _fail(field_name, "must not be empty")
+    if max_length is not None and len(value) > max_length:
+        _fail(field_name, f"must be at most {max_length} characters, got {len(value)}")
+    _check_unicode(field_name, value)
+    return str(value)
+
+
+def _plain_json(path: str, value: object, depth: int = 0) -> Any:
+    """Return a private deep copy of ``value`` made of plain JSON types, or fail."""
+    if depth > _MAX_NESTING:
+        _fail(path, f"is nested deeper than {_MAX_NESTING} levels")
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            _fail(path, f"must be a finite number, got {value!r}")
+        return float(value)
+    if isinstance(value, str):
+        _check_unicode(path, value)
+        return str(value)
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                _fail(path, f"object keys must be strings, got {_describe(key)}")
+            _check_unicode(path, key)
+            out[key] = _plain_json(f"{path}.{_short(key, 40)[1:-1]}", item, depth + 1)
+        return out
+    if isinstance(value, list | tuple):
+        return [_plain_json(f"{path}[{i}]", item, depth + 1) for i, item in enumerate(value)]
+    _fail(path, f"must be a JSON value, got {_describe(value)}")
+
+
+def _coerce_state(field_name: str, value: object) -> InstanceState:
+    if isinstance(value, InstanceState):
+        return value
+    if isinstance(value, str):
+        try:
+            return InstanceState(value)
+        except ValueError:
+            pass
+    allowed = ", ".join(repr(s.value) for s in InstanceState)
+    _fail(field_name, f"must be one of {allowed}, got {_describe(value)}")
+
+
+def _freeze_extra(value: object) -> _FrozenJSONObject:
+    if not isinstance(value, Mapping):
+        _fail("payload", f"extra must be a mapping, got {_describe(value)}")
+    for key in value:
+        if key in _PAYLOAD_KEYS:
+            # Two sources for one field would make the written document depend
+            # on dict order; make the caller choose.
+            _fail(f"payload.{key}", "is a named payload field and must not appear in extra")
+    plain: dict[str, Any] = _plain_json("payload", value)
+    if _CLASS_KEY in plain and not isinstance(plain[_CLASS_KEY], str):
+        _fail(f"payload.{_CLASS_KEY}", f"must be a string, got {_describe(plain[_CLASS_KEY])}")
+    return _FrozenJSONObject(plain)
+
+
+def _freeze_uri_spec(value: object) -> _FrozenJSONObject | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        _fail("uriSpec", f"must be an object or null, got {_describe(value)}")
+    plain: dict[str, Any] = _plain_json("uriSpec", value)
+    if "parts" not in plain:
+        _fail("uriSpec.parts", "required field is missing")
+    parts = plain["parts"]
+    if not isinstance(parts, list):
+        _fail("uriSpec.parts", f"must be an array, got {_describe(parts)}")
+    for index, part in enumerate(parts):
+        where = f"uriSpec.parts[{index}]"
+        if not isinstance(part, dict):
+            _fail(where, f"must be an object, got {_describe(part)}")
+        if not isinstance(part.get("value"), str):
+            _fail(f"{where}.value", f"must be a string, got {_describe(part.get('value'))}")
+        if not isinstance(part.get("variable"), bool):
+            _fail(f"{where}.variable", f"must be a boolean, got {_describe(part.get('variable'))}")
+    return _FrozenJSONObject(plain)
+
+
+def validate_instance_id(value: object) -> str:
+    """Return ``value`` if it is usable as an instance id, else raise.
+
+    An id is the znode name under ``/data_servers``: 1..128 characters of
+    ``[A-Za-z0-9._:@-]``, and not ``.`` or ``..`` (which ZooKeeper rejects).
+    Raises :class:`InvalidInstanceError` naming the field ``id``.
+    """
+    if not isinstance(value, str):
+        _fail("id", f"must be a string, got {_describe(value)}")
+    if _ID_PATTERN.fullmatch(value) is None or value in (".", ".."):
+        _fail(
+            "id",
+            f"must be 1..{MAX_ID_LENGTH} characters of [A-Za-z0-9._:@-], not '.' or '..' "
+            f"(it is a ZooKeeper node name), got {_short(value)}",
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class InstancePayload:
+    """Our fields inside the Curator ``payload`` object.
+
+    ``shard`` and ``replica`` are Java ints (0..2**31-1), ``docs`` a Java long
+    (>= 0). ``reason`` is written only when not ``None``. ``extra`` holds every
+    other payload key (including Jackson's ``"@class"``) and is written back
+    unchanged; it must not repeat a named field. The constructor validates
+    everything and raises :class:`InvalidInstanceError` naming the field.
+    """
+
+    shard: int
+    replica: int
+    docs: int
+    version: str
+    state: InstanceState
+    reason: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        # object.__setattr__ because the dataclass is frozen; normalising here
+        # (int subclasses to int, "serving" to InstanceState.SERVING, extra to a
+        # private read-only copy) keeps equality and encoding canonical.
+        set_ = object.__setattr__
+        set_(self, "shard", _require_int("payload.shard", self.shard, 0, _JAVA_INT_MAX))
+        set_(self, "replica", _require_int("payload.replica", self.replica, 0, _JAVA_INT_MAX))
+        set_(self, "docs", _require_int("payload.docs", self.docs, 0, _JAVA_LONG_MAX))
+        set_(self, "version", _require_str("payload.version", self.version))
+        set_(self, "state", _coerce_state("payload.state", self.state))
+        if self.reason is not None:
+            set_(self, "reason", _require_str("payload.reason", self.reason))
+        set_(self, "extra", _freeze_extra(self.extra))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the payload as a fresh JSON-ready dict in the order we write it."""
+        out: dict[str, Any] = {}
+        if _CLASS_KEY in self.extra:
+            # Jackson writes the type id before the properties; so do we, so a
+            # payload that came from Java re-encodes byte for byte.
+            out[_CLASS_KEY] = self.extra[_CLASS_KEY]
+        out["shard"] = self.shard
+        out["replica"] = self.replica
+        out["docs"] = self.docs
+        out["version"] = self.version
+        out["state"] = self.state.value
+        if self.reason is not None:
+            out["reason"] = self.reason
+        for key, value in self.extra.items():
+            if key != _CLASS_KEY:
+                out[key] = copy.deepcopy(value)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> InstancePayload:
+        """Build a payload from a decoded JSON object.
+
+        Raises :class:`InvalidInstanceError` if ``data`` is not an object, a
+        required field is missing, or a field is invalid. ``"reason": null``
+        is read as no reason.
+        """
+        if not isinstance(data, Mapping):
+            _fail("payload", f"must be an object, got {_describe(data)}")
+        for key in _REQUIRED_PAYLOAD_KEYS:
+            if key not in data:
+                _fail(f"payload.{key}", "required field is missing")
+        return cls(
+            shard=data["shard"],
+            replica=data["replica"],
+            docs=data["docs"],
+            version=data["version"],
+            state=data["state"],
+            reason=data.get("reason"),
+            extra={k: v for k, v in data.items() if k not in _PAYLOAD_KEYS},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceInstance:
+    """One registered data server, as Curator's ``ServiceInstance<T>``.
+
+    ``registration_time_utc`` is in milliseconds since the epoch. ``uri_spec``
+    is Curator's ``UriSpec`` as JSON (``{"parts":[{"value":..,"variable":..}]}``)
+    or ``None``. ``enabled=False`` tells Curator clients (and us) not to route to
+    the instance. The constructor validates every field and raises
+    :class:`InvalidInstanceError` naming it by its JSON name (``sslPort``,
+    ``registrationTimeUTC``, ...).
+    """
+
+    name: str
+    id: str
+    address: str
+    port: int
+    ssl_port: int | None
+    payload: InstancePayload
+    registration_time_utc: int
+    service_type: str = DEFAULT_SERVICE_TYPE
+    uri_spec: Mapping[str, Any] | None = field(default=None, hash=False)
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "name", _require_str("name", self.name, non_empty=True))
+        set_(self, "id", validate_instance_id(self.id))
+        set_(
+            self,
+            "address",
+            _require_str("address", self.address, non_empty=True, max_length=MAX_ADDRESS_LENGTH),
+        )
+        set_(self, "port", _require_int("port", self.port, 1, 65535))
+        if self.ssl_port is not None:
+            set_(self, "ssl_port", _require_int("sslPort", self.ssl_port, 1, 65535))
+        if not isinstance(self.payload, InstancePayload):
+            _fail(
+                "payload",
+                f"must be an InstancePayload, got {_describe(self.payload)} "
+                "(use InstancePayload.from_dict for a decoded object)",
+            )
+        set_(
+            self,
+            "registration_time_utc",
+            _require_int("registrationTimeUTC", self.registration_time_utc, 0, _JAVA_LONG_MAX),
+        )
+        if not isinstance(self.service_type, str) or self.service_type not in SERVICE_TYPES:
+            allowed = ", ".join(sorted(SERVICE_TYPES))
+            _fail("serviceType", f"must be one of {allowed}, got {_describe(self.service_type)}")
+        set_(self, "service_type", str(self.service_type))
+        set_(self, "uri_spec", _freeze_uri_spec(self.uri_spec))
+        if not isinstance(self.enabled, bool):
+            _fail("enabled", f"must be a boolean, got {_describe(self.enabled)}")
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        id: str,
+        address: str,
+        port: int,
+        payload: InstancePayload,
+        *,
+        ssl_port: int | None = None,
+        service_type: str = DEFAULT_SERVICE_TYPE,
+        uri_spec: Mapping[str, Any] | None = None,
+        enabled: bool | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> ServiceInstance:
+        """Build a new registration stamped with ``clock()`` (seconds) as milliseconds.
+
+        ``enabled`` defaults to whether ``payload.state`` is serving, keeping the
+        drain contract. Raises :class:`InvalidInstanceError` for invalid fields or
+        a clock that returns something other than a finite, non-negative number.
+        """
+        now = clock()
+        if (
+            isinstance(now, bool)
+            or not isinstance(now, int | float)
+            or not math.isfinite(now)
+            or now < 0
+        ):
+            _fail("registrationTimeUTC", f"clock() returned {_describe(now)}")
+        if enabled is None and isinstance(payload, InstancePayload):
+            enabled = payload.state is InstanceState.SERVING
+        return cls(
+            name=name,
+            id=id,
+            address=address,
+            port=port,
+            ssl_port=ssl_port,
+            payload=payload,
+            registration_time_utc=int(now * 1000),
+            service_type=service_type,
+            uri_spec=uri_spec,
+            enabled=True if enabled is None else enabled,
+        )
+
+    @property
+    def routable(self) -> bool:
+        """Whether a search server may send queries here: enabled and serving."""
+        return self.enabled and self.payload.state is InstanceState.SERVING
+
+    def with_state(self, state: InstanceState | str, reason: str | None = None) -> ServiceInstance:
+        """Return a copy in ``state`` with ``reason`` (``None`` clears it).
+
+        Draining also sets ``enabled=False`` and serving sets ``enabled=True``,
+        so Curator clients, which only look at ``enabled``, stop and resume
+        routing with us. Raises :class:`InvalidInstanceError` for an unknown
+        state or a non-string reason.
+        """
+        new_state = _coerce_state("payload.state", state)
+        payload = dataclasses.replace(self.payload, state=new_state, reason=reason)
+        return dataclasses.replace(
+            self, payload=payload, enabled=new_state is InstanceState.SERVING
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a fresh JSON-ready dict with Curator's field names and order."""
+        return {
+            "name": self.name,
+            "id": self.id,
+            "address": self.address,
+            "port": self.port,
+            "sslPort": self.ssl_port,
+            "payload": self.payload.to_dict(),
+            "registrationTimeUTC": self.registration_time_utc,
+            "serviceType": self.service_type,
+            "uriSpec": None if self.uri_spec is None else copy.deepcopy(dict(self.uri_spec)),
+            "enabled": self.enabled,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ServiceInstance:
+        """Build an instance from a decoded JSON object (no size bound applies).
+
+        Unknown top-level keys are ignored; unknown payload keys are kept.
+        Raises :class:`InvalidInstanceError` naming the first bad field.
+        """
+        if not isinstance(data, Mapping):
+            _fail("document", f"top level must be an object, got {_json_type(data)}")
+        for key in _REQUIRED_KEYS:
+            if key not in data:
+                _fail(key, "required field is missing")
+        return cls(
+            name=data["name"],
+            id=data["id"],
+            address=data["address"],
+            port=data["port"],
+            ssl_port=data.get("sslPort"),
+            payload=InstancePayload.from_dict(data["payload"]),
+            registration_time_utc=data["registrationTimeUTC"],
+            # Present-but-null is an error (Curator never writes it); absent is
+            # an older or compatibility-mode writer.
+            service_type=data.get("serviceType", DEFAULT_SERVICE_TYPE),
+            uri_spec=data.get("uriSpec"),
+            enabled=data.get("enabled", True),
+        )
+
+    def to_json(self, *, max_bytes: int = MAX_INSTANCE_BYTES) -> bytes:
+        """Encode as compact UTF-8 JSON in Curator's field order.
+
+        Raises :class:`PayloadTooLargeError` if the result exceeds ``max_bytes``.
+        """
+        text = json.dumps(
+            self.to_dict(), separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+        raw = text.encode("utf-8")
+        if len(raw) > max_bytes:
+            raise PayloadTooLargeError(
+                f"ServiceInstance {self.id!r} encodes to {len(raw)} bytes, "
+                f"more than the bound of {max_bytes} bytes (reduce payload.extra or reason)"
+            )
+        return raw
+
+    @classmethod
+    def from_json(
+        cls, data: bytes | str, *, max_bytes: int = MAX_INSTANCE_BYTES
+    ) -> ServiceInstance:
+        """Decode a znode's data.
+
+        Raises :class:`PayloadTooLargeError` before parsing if ``data`` is larger
+        than ``max_bytes``, and :class:`InvalidInstanceError` if it is not UTF-8,
+        not JSON (including ``NaN``/``Infinity`` and duplicate keys), not an
+        object at the top level, or has an invalid field.
+        """
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
+        raw = _document_bytes(data, max_bytes)
+        if len(raw) > max_bytes:
+            raise PayloadTooLargeError(
+                f"ServiceInstance document is {len(raw)} bytes, "
+                f"more than the bound of {max_bytes} bytes"
+            )
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInstanceError(
+                f"invalid ServiceInstance: document is not valid UTF-8 ({exc.reason} "
+                f"at byte {exc.start})"
+            ) from exc
+        if not text.strip():
+            _fail("document", "is empty")
+        try:
+            decoded = json.loads(
+                text, object_pairs_hook=_object_without_duplicates, parse_constant=_reject_constant
+            )
+        except InvalidInstanceError:
+            raise
+        except json.JSONDecodeError as exc:
+            raise InvalidInstanceError(
+                f"invalid ServiceInstance: document is not valid JSON: {exc.msg} "
+                f"(line {exc.lineno}, column {exc.colno})"
+            ) from exc
+        except RecursionError as exc:
+            raise InvalidInstanceError(
+                "invalid ServiceInstance: document is nested too deeply"
+            ) from exc
+        except ValueError as exc:
+            # e.g. an integer literal longer than Python's int digit limit
+            raise InvalidInstanceError(
+                f"invalid ServiceInstance: document is not usable JSON: {exc}"
+            ) from exc
+        return cls.from_dict(decoded)
+
+
+def _document_bytes(data: object, max_bytes: int) -> bytes:
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    if isinstance(data, str):
+        # Each character is at least one UTF-8 byte, so this check cannot
+        # reject a document that fits, and it avoids encoding a huge string.
+        if len(data) > max_bytes:
+            raise PayloadTooLargeError(
+                f"ServiceInstance document is at least {len(data)} bytes, "
+                f"more than the bound of {max_bytes} bytes"
+            )
+        try:
+            return data.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidInstanceError(
+                "invalid ServiceInstance: document contains a lone surrogate, "
+                "which is not valid Unicode text"
+            ) from exc
+    if data is None:
+        _fail("document", "is empty (the znode has no data)")
+    _fail("document", f"must be bytes or str, got Python {type(data).__name__}")
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                # Readers disagree on which duplicate wins; refuse to guess.
+                _fail(key, "appears more than once in one JSON object")
+            seen.add(key)
+    return out
+
+
+def _reject_constant(token: str) -> NoReturn:
+    _fail("document", f"{token} is not valid JSON (non-finite numbers are not allowed)")

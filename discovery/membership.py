@@ -1,0 +1,384 @@
+"""An up-to-date, decoded view of a membership directory such as ``/data_servers``.
+
+:class:`MembershipWatcher` keeps one child watch on the directory and one data watch
+per child. Watch callbacks only mark what is dirty and wake a single refresh task on
+the event loop; the task waits a short coalescing window (so a burst of 100
+registrations costs one refresh, not 100), re-lists the children if the list changed,
+reads only the children that are new or whose data changed, and hands a
+:class:`MembershipChange` (snapshot plus added / removed / changed) to subscribers.
+
+Failure and session behaviour:
+
+* A child that is not a valid ServiceInstance (bad JSON, wrong fields, over the
+  size bound, or an ``id`` that differs from its znode name) is skipped, listed in
+  :attr:`MembershipChange.invalid` and counted once per version; it never stops the
+  watcher and never hides the other children.
+* While the connection is SUSPENDED the last view is kept (it is still our best
+  knowledge; readers can see :attr:`MembershipWatcher.stale`). On every reconnect,
+  and after a session expiry, the whole directory is re-read, so changes made while
+  we were away are seen even if a watch was lost with the session.
+* A refresh that fails is retried at the next reconnect, or after a short pause if
+  the connection is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from prometheus_client import CollectorRegistry
+
+from .errors import InvalidInstanceError, PayloadTooLargeError, ZkError, ZkNoNodeError
+from .instance import MAX_INSTANCE_BYTES, ServiceInstance
+from .layout import DATA_SERVERS_PATH
+from .metrics import MembershipMetrics
+from .zk import NodeStat, SessionEvent, SessionState, WatchEvent, ZkSession
+
+__all__ = ["MembershipChange", "MembershipSubscription", "MembershipWatcher"]
+
+log = logging.getLogger(__name__)
+
+_RETRY_INTERVAL = 1.0
+_EMPTY: Mapping[str, ServiceInstance] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    """One change set. ``members`` is the whole view after the change.
+
+    ``added``, ``removed`` and ``changed`` map instance ids to instances (for
+    ``removed``, the last version we saw); ``invalid`` maps the ids of children
+    currently skipped to the reason. ``resync`` is true when the change came from a
+    full re-read (start, reconnect, session expiry) or is a new subscriber's first.
+    """
+
+    generation: int
+    members: Mapping[str, ServiceInstance]
+    added: Mapping[str, ServiceInstance] = field(default_factory=lambda: _EMPTY)
+    removed: Mapping[str, ServiceInstance] = field(default_factory=lambda: _EMPTY)
+    changed: Mapping[str, ServiceInstance] = field(default_factory=lambda: _EMPTY)
+    invalid: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    resync: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.removed or self.changed)
+
+
+class MembershipSubscription:
+    """An async iterator of :class:`MembershipChange`; ends when the watcher closes.
+
+    The first item is the current view with every member in ``added``; then every
+    change set in order (none is dropped: a slow consumer sees them queued).
+    """
+
+    def __init__(self, watcher: MembershipWatcher) -> None:
+        self._watcher = watcher
+        self._queue: asyncio.Queue[MembershipChange | None] = asyncio.Queue()
+
+    def __aiter__(self) -> AsyncIterator[MembershipChange]:
+        return self
+
+    async def __anext__(self) -> MembershipChange:
+        item = await self._queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+    def close(self) -> None:
+        self._watcher._subscribers.discard(self)
+        self._queue.put_nowait(None)
+
+
+class MembershipWatcher:
+    """Watch ``path`` and keep its children decoded as :class:`ServiceInstance`.
+
+    ``async with MembershipWatcher(session) as watcher:`` reads the directory once
+    (creating it if missing), then follows it in a background task until closed.
+    """
+
+    def __init__(
+        self,
+        session: ZkSession,
+        path: str = DATA_SERVERS_PATH,
+        *,
+        coalesce_window: float = 0.05,
+        max_bytes: int = MAX_INSTANCE_BYTES,
+        read_concurrency: int = 256,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._session = session
+        self.path = path.rstrip("/") or "/"
+        self._window = coalesce_window
+        self._max_bytes = max_bytes
+        self._read_slots = asyncio.Semaphore(read_concurrency)
+        self._clock = clock
+        self._metrics = MembershipMetrics(registry if registry is not None else CollectorRegistry())
+        self._members: Mapping[str, ServiceInstance] = _EMPTY
+        self._invalid: dict[str, str] = {}
+        self._counted_invalid: dict[str, int] = {}  # child -> mzxid already counted
+        self._children: set[str] = set()
+        self._generation = 0
+        self._full = True
+        self._children_dirty = True
+        self._dirty_nodes: set[str] = set()
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._subscribers: set[MembershipSubscription] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._refreshed_at: float | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read the directory once and start following it.
+
+        Raises:
+            ZkError: the first read failed (not connected, not allowed).
+        """
+        self._session.add_listener(self._on_session_event)
+        try:
+            await self._session.ensure_path(self.path)
+            await self._refresh_once()
+        except BaseException:
+            self._session.remove_listener(self._on_session_event)
+            raise
+        self._task = asyncio.create_task(self._run(), name=f"membership:{self.path}")
+        self._task.add_done_callback(self._on_task_done)
+
+    async def aclose(self) -> None:
+        """Stop following; subscriptions end."""
+        self._session.remove_listener(self._on_session_event)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for subscription in list(self._subscribers):
+            subscription.close()
+
+    async def __aenter__(self) -> MembershipWatcher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- the view ----------------------------------------------------------------
+
+    @property
+    def members(self) -> Mapping[str, ServiceInstance]:
+        """The current valid members by id (read-only)."""
+        return self._members
+
+    @property
+    def invalid(self) -> Mapping[str, str]:
+        """Children currently skipped, with the reason."""
+        return MappingProxyType(dict(self._invalid))
+
+    @property
+    def generation(self) -> int:
+        """Increases by one with every change set."""
+        return self._generation
+
+    @property
+    def stale(self) -> bool:
+        """True while the connection is not up, so the view may be out of date."""
+        return not self._session.connected
+
+    def subscribe(self) -> MembershipSubscription:
+        """Receive the current view, then every change (see :class:`MembershipSubscription`)."""
+        subscription = MembershipSubscription(self)
+        if self._generation:
+            subscription._queue.put_nowait(
+                MembershipChange(
+                    self._generation,
+                    self._members,
+                    added=self._members,
+                    invalid=MappingProxyType(dict(self._invalid)),
+                    resync=True,
+                )
+            )
+        self._subscribers.add(subscription)
+        return subscription
+
+    async def wait_until(
+        self, predicate: Callable[[Mapping[str, ServiceInstance]], bool], timeout: float
+    ) -> Mapping[str, ServiceInstance]:
+        """Wait until ``predicate(members)`` holds; returns the members then.
+
+        Raises:
+            TimeoutError: it did not hold within ``timeout`` seconds.
+        """
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: predicate(self._members))
+            return self._members
+
+    # -- watch and session callbacks (on the loop) ----------------------------
+
+    def _on_session_event(self, event: SessionEvent) -> None:
+        if event.state is SessionState.CONNECTED:
+            # Re-read everything: after an expiry our watches are gone, and after a
+            # long disconnect a full read is the simplest proof of being current.
+            self._full = True
+            self._wake.set()
+
+    def _on_children_event(self, event: WatchEvent) -> None:
+        self._children_dirty = True
+        self._wake.set()
+
+    def _on_node_event(self, event: WatchEvent) -> None:
+        child = event.path.rsplit("/", 1)[-1]
+        if event.kind in ("changed", "deleted", "created"):
+            self._dirty_nodes.add(child)
+            self._wake.set()
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("membership watcher of %s crashed", self.path, exc_info=task.exception())
+
+    # -- refreshing -----------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            if self._window > 0:
+                # Coalescing window: let a burst of watch events settle into one read.
+                await asyncio.sleep(self._window)
+            self._wake.clear()
+            if not self._session.connected:
+                continue  # the CONNECTED event wakes us with a full re-read
+            try:
+                await self._refresh_once()
+            except ZkError as exc:
+                log.warning("refreshing %s failed, retrying: %s", self.path, exc)
+                self._full = True
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_RETRY_INTERVAL):
+                        await self._wake.wait()
+                self._wake.set()
+
+    async def _refresh_once(self) -> None:
+        full, children_dirty, dirty = self._full, self._children_dirty, self._dirty_nodes
+        self._full, self._children_dirty, self._dirty_nodes = False, False, set()
+        try:
+            await self._refresh(full, children_dirty or full, dirty)
+        except BaseException:
+            # Nothing of this round was applied: do it all again next time.
+            self._full = True
+            raise
+
+    async def _refresh(self, full: bool, relist: bool, dirty: set[str]) -> None:
+        started = self._clock()
+        if relist:
+            children = set(await self._list_children())
+            new = children - self._children
+        else:
+            children, new = self._children, set()
+        to_read = sorted(children if full else new | (dirty & children))
+        reads = await asyncio.gather(*(self._read(child) for child in to_read))
+
+        members = {child: inst for child, inst in self._members.items() if child in children}
+        invalid = {child: why for child, why in self._invalid.items() if child in children}
+        for child, result in zip(to_read, reads, strict=True):
+            members.pop(child, None)
+            invalid.pop(child, None)
+            if result is None:
+                children = children - {child}  # deleted since listed; the child watch fired
+                continue
+            instance, reason, stat = result
+            if instance is not None:
+                members[child] = instance
+            elif reason is not None:
+                invalid[child] = reason
+                if self._counted_invalid.get(child) != stat.mzxid:
+                    self._counted_invalid[child] = stat.mzxid
+                    self._metrics.skipped_total.labels(reason=reason.split(":", 1)[0]).inc()
+                    log.warning("skipping %s/%s: %s", self.path, child, reason)
+        for child in list(self._counted_invalid):
+            if child not in invalid:
+                del self._counted_invalid[child]
+
+        old = self._members
+        added = {k: v for k, v in members.items() if k not in old}
+        removed = {k: v for k, v in old.items() if k not in members}
+        changed = {k: v for k, v in members.items() if k in old and old[k] != v}
+        self._children = children
+        if full:
+            self._metrics.resyncs.inc()
+        self._metrics.refresh_seconds.observe(self._clock() - started)
+        if added or removed or changed or invalid != self._invalid or self._generation == 0:
+            await self._publish(members, added, removed, changed, invalid, resync=full)
+
+    async def _list_children(self) -> list[str]:
+        try:
+            return await self._session.get_children(self.path, watch=self._on_children_event)
+        except ZkNoNodeError:
+            # Someone deleted the directory; it comes back with the next registration.
+            await self._session.ensure_path(self.path)
+            return await self._session.get_children(self.path, watch=self._on_children_event)
+
+    async def _read(self, child: str) -> tuple[ServiceInstance | None, str | None, NodeStat] | None:
+        """Read and decode one child; None if it no longer exists."""
+        async with self._read_slots:
+            try:
+                data, stat = await self._session.get(
+                    f"{self.path}/{child}", watch=self._on_node_event
+                )
+            except ZkNoNodeError:
+                return None
+        try:
+            instance = ServiceInstance.from_json(data, max_bytes=self._max_bytes)
+        except PayloadTooLargeError as exc:
+            return None, f"too_large: {exc}", stat
+        except InvalidInstanceError as exc:
+            return None, f"malformed: {exc}", stat
+        if instance.id != child:
+            return None, f"id_mismatch: znode {child!r} holds id {instance.id!r}", stat
+        return instance, None, stat
+
+    async def _publish(
+        self,
+        members: dict[str, ServiceInstance],
+        added: dict[str, ServiceInstance],
+        removed: dict[str, ServiceInstance],
+        changed: dict[str, ServiceInstance],
+        invalid: dict[str, str],
+        *,
+        resync: bool,
+    ) -> None:
+        self._generation += 1
+        self._members = MappingProxyType(members)
+        self._invalid = invalid
+        change = MembershipChange(
+            generation=self._generation,
+            members=self._members,
+            added=MappingProxyType(added),
+            removed=MappingProxyType(removed),
+            changed=MappingProxyType(changed),
+            invalid=MappingProxyType(dict(invalid)),
+            resync=resync,
+        )
+        self._metrics.members.set(len(members))
+        self._metrics.invalid.set(len(invalid))
+        self._metrics.updates.inc()
+        if added or removed or changed:
+            log.info(
+                "%s: %d members (+%d -%d ~%d, %d invalid)",
+                self.path,
+                len(members),
+                len(added),
+                len(removed),
+                len(changed),
+                len(invalid),
+            )
+        for subscription in list(self._subscribers):
+            subscription._queue.put_nowait(change)
+        async with self._changed:
+            self._changed.notify_all()

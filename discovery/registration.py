@@ -1,0 +1,312 @@
+"""Keep one ephemeral znode per service instance for as long as it is wanted.
+
+A :class:`Registration` owns ``<base>/<instance-id>``. It creates the node when asked
+to register, rewrites it in place when the instance changes (``state: draining``,
+say), deletes it when asked to deregister, and reconciles on every reconnect:
+
+* after a session expiry (a CONNECTED event with a new session) the node is gone,
+  so it is created again, without any operator action;
+* if someone deletes the node while we want it, an existence watch brings us back;
+* if a deregister failed because the connection was down, the node is deleted at
+  the next reconnect (the session survived, so the node did too).
+
+Ownership is decided by the node's ``ephemeralOwner``. A node owned by our current
+session is ours. A node owned by a session this object held before, or one that
+carries our own address and port (an earlier incarnation of this very server, whose
+session has not timed out yet: nobody else can be listening on our port), is stale
+and is replaced. Any other owner is a live foreign session: we refuse to steal the
+node, count a conflict, raise :class:`~discovery.errors.RegistrationConflictError`
+from :meth:`register`, and keep watching the path so that we register as soon as
+the other owner's node goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from prometheus_client import CollectorRegistry
+
+from .errors import (
+    InvalidInstanceError,
+    RegistrationConflictError,
+    ZkBadVersionError,
+    ZkConnectionError,
+    ZkError,
+    ZkNodeExistsError,
+    ZkNoNodeError,
+)
+from .instance import ServiceInstance
+from .layout import DATA_SERVERS_PATH
+from .metrics import RegistrationMetrics
+from .zk import SessionEvent, SessionState, WatchEvent, ZkSession
+
+__all__ = ["Registration"]
+
+log = logging.getLogger(__name__)
+
+# Create/replace races (a stale node deleted under us, a node vanishing between
+# NodeExists and our read) resolve in a step or two; more means something is
+# fighting us, which is reported rather than looped on.
+_MAX_ATTEMPTS = 5
+# Pause between retries while connected but failing.
+_RETRY_INTERVAL = 1.0
+
+
+class Registration:
+    """The ephemeral registration of one :class:`ServiceInstance`.
+
+    Use as ``async with Registration(session, instance) as reg:`` (registers on
+    entry, deregisters on exit) or call :meth:`register` / :meth:`deregister` /
+    :meth:`aclose` yourself. The session must be started.
+    """
+
+    def __init__(
+        self,
+        session: ZkSession,
+        instance: ServiceInstance,
+        *,
+        base_path: str = DATA_SERVERS_PATH,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self._session = session
+        self._instance = instance
+        self._data = instance.to_json()
+        self.path = f"{base_path.rstrip('/')}/{instance.id}"
+        self._metrics = RegistrationMetrics(
+            registry if registry is not None else CollectorRegistry()
+        )
+        self._wanted = False
+        self._owned_session: int | None = None
+        self._past_sessions: set[int] = set()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._ever_registered = False
+        self._conflict: RegistrationConflictError | None = None
+
+    @property
+    def instance(self) -> ServiceInstance:
+        return self._instance
+
+    @property
+    def registered(self) -> bool:
+        """True while our node exists and belongs to the current session (as last seen)."""
+        return self._owned_session is not None and self._owned_session == self._session.session_id
+
+    @property
+    def conflict(self) -> RegistrationConflictError | None:
+        """The last ownership conflict, while it lasts."""
+        return self._conflict
+
+    async def register(self) -> None:
+        """Create our node and keep it until :meth:`deregister`.
+
+        Raises:
+            RegistrationConflictError: another live session owns the id; we keep
+                watching and register once its node disappears.
+            ZkConnectionError: not connected; the node is created at reconnect.
+        """
+        self._wanted = True
+        self._ensure_task()
+        await self._reconcile()
+        if self._conflict is not None:
+            raise self._conflict
+
+    async def update(self, instance: ServiceInstance) -> None:
+        """Replace the published instance (same id), in place if registered.
+
+        Raises:
+            InvalidInstanceError: the id differs or the document is too large.
+            ZkConnectionError: not connected; the new data is written at reconnect.
+        """
+        if instance.id != self._instance.id:
+            raise InvalidInstanceError(
+                f"cannot change the id of a registration ({self._instance.id!r} -> {instance.id!r})"
+            )
+        self._instance = instance
+        self._data = instance.to_json()
+        if self._wanted:
+            await self._reconcile()
+
+    async def deregister(self) -> None:
+        """Delete our node (only if it is ours) and stop re-creating it.
+
+        Raises:
+            ZkConnectionError: not connected; the node is deleted at reconnect, or
+                by ZooKeeper when the session ends.
+        """
+        self._wanted = False
+        await self._reconcile()
+
+    async def aclose(self) -> None:
+        """Deregister if possible and stop watching the session."""
+        try:
+            if self._wanted:
+                await self.deregister()
+        except ZkError as exc:
+            log.warning("deregistering %s on close failed: %s", self.path, exc)
+        finally:
+            if self._task is not None:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+                self._task = None
+
+    async def __aenter__(self) -> Registration:
+        await self.register()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- reconciliation ---------------------------------------------------------
+
+    def _ensure_task(self) -> None:
+        if self._task is None:
+            self._session.add_listener(self._on_session_event)
+            self._task = asyncio.create_task(self._run(), name=f"registration:{self.path}")
+            self._task.add_done_callback(self._on_task_done)
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        self._session.remove_listener(self._on_session_event)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("registration task for %s crashed", self.path, exc_info=task.exception())
+
+    def _on_session_event(self, event: SessionEvent) -> None:
+        if event.state is SessionState.CONNECTED:
+            if event.new_session and self._owned_session is not None:
+                # The old session's ephemeral node died with it.
+                self._past_sessions.add(self._owned_session)
+                self._owned_session = None
+                self._metrics.registered.set(0)
+            self._wake.set()
+        elif event.state is SessionState.LOST:
+            self._metrics.registered.set(0)
+
+    def _on_node_event(self, event: WatchEvent) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        """Reconcile whenever the session reconnects or our node changes under us."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._session.connected:
+                continue  # the CONNECTED event wakes us again
+            if not await self._reconcile_logged():
+                # Connected but failing (a slow server, a timeout): try again shortly
+                # rather than wait for an event that may never come.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_RETRY_INTERVAL):
+                        await self._wake.wait()
+                self._wake.set()
+
+    async def _reconcile_logged(self) -> bool:
+        try:
+            await self._reconcile()
+        except ZkConnectionError as exc:
+            log.info("reconciling %s deferred: %s", self.path, exc)
+            return False
+        except ZkError as exc:
+            log.error("reconciling %s failed: %s", self.path, exc)
+            return False
+        return True
+
+    async def _reconcile(self) -> None:
+        async with self._lock:
+            if self._wanted:
+                await self._ensure_present()
+            else:
+                await self._ensure_absent()
+
+    async def _ensure_present(self) -> None:
+        session = self._session
+        for _ in range(_MAX_ATTEMPTS):
+            current_session = session.session_id
+            try:
+                await session.create(self.path, self._data, ephemeral=True, makepath=True)
+            except ZkNodeExistsError:
+                pass
+            else:
+                self._took_ownership(current_session)
+                await self._watch_node()
+                return
+            try:
+                data, stat = await session.get(self.path)
+            except ZkNoNodeError:
+                continue  # vanished between create and get: create again
+            if stat.ephemeral_owner != 0 and stat.ephemeral_owner == current_session:
+                if self._owned_session != current_session:
+                    # Our create succeeded but its reply was lost to a connection drop.
+                    self._took_ownership(current_session)
+                if data != self._data:
+                    try:
+                        await session.set(self.path, self._data, version=stat.version)
+                    except (ZkBadVersionError, ZkNoNodeError):
+                        continue
+                await self._watch_node()
+                return
+            if self._is_stale(data, stat.ephemeral_owner):
+                log.warning(
+                    "replacing stale %s of our earlier session 0x%x",
+                    self.path,
+                    stat.ephemeral_owner,
+                )
+                with contextlib.suppress(ZkBadVersionError, ZkNoNodeError):
+                    await session.delete(self.path, version=stat.version)
+                self._metrics.replaced_stale.inc()
+                continue
+            conflict = RegistrationConflictError(self.path, stat.ephemeral_owner)
+            if self._conflict is None:
+                log.error("%s", conflict)
+                self._metrics.conflicts.inc()
+            self._conflict = conflict
+            self._metrics.registered.set(0)
+            await self._watch_node()
+            return
+        raise ZkError(f"could not register {self.path}: it kept changing under us")
+
+    def _took_ownership(self, session_id: int | None) -> None:
+        recreated = self._ever_registered
+        self._owned_session = session_id
+        self._conflict = None
+        self._metrics.creates.inc()
+        if recreated:
+            self._metrics.recreates.inc()
+            log.info("re-registered %s in session 0x%x", self.path, session_id or 0)
+        else:
+            log.info("registered %s in session 0x%x", self.path, session_id or 0)
+        self._ever_registered = True
+        self._metrics.registered.set(1)
+
+    def _is_stale(self, data: bytes, owner: int) -> bool:
+        if owner == 0:
+            return False  # a persistent node is an operator's, not a stale session's
+        if owner in self._past_sessions:
+            return True
+        try:
+            existing = ServiceInstance.from_json(data)
+        except InvalidInstanceError:
+            return False
+        return (existing.address, existing.port) == (self._instance.address, self._instance.port)
+
+    async def _watch_node(self) -> None:
+        await self._session.exists(self.path, watch=self._on_node_event)
+
+    async def _ensure_absent(self) -> None:
+        if self._owned_session is None:
+            self._metrics.registered.set(0)
+            return
+        try:
+            _, stat = await self._session.get(self.path)
+        except ZkNoNodeError:
+            pass
+        else:
+            if stat.ephemeral_owner == self._session.session_id:
+                with contextlib.suppress(ZkNoNodeError, ZkBadVersionError):
+                    await self._session.delete(self.path, version=stat.version)
+                log.info("deregistered %s", self.path)
+        self._owned_session = None
+        self._metrics.registered.set(0)

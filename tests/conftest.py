@@ -1,0 +1,153 @@
+"""Fixtures: a real ZooKeeper and a real redis-server for the whole run.
+
+The servers are started once per test session by the same code that backs
+``discovery devcluster``, on free loopback ports in a temporary directory, with a
+short ZooKeeper tick so that session timeouts of a second or two are allowed. Each
+test gets its own ZooKeeper chroot and Redis key prefix, so tests never see each
+other's nodes or keys; fault tests that stop a server get a server of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+from prometheus_client import CollectorRegistry
+
+from discovery.config import ZkConfig
+from discovery.devcluster import RedisServer, ZooKeeperEnsemble
+from discovery.zk import ZkSession
+
+from .support import SessionFactory
+
+# Fast enough to expire a session in ~1 s, slow enough for a loaded 2-core CI box.
+TICK_TIME_MS = 100
+SESSION_TIMEOUT = 2.0
+
+
+def start_ensemble(workdir: Path, size: int = 1) -> ZooKeeperEnsemble:
+    ensemble = ZooKeeperEnsemble(size, workdir, tick_time_ms=TICK_TIME_MS)
+    ensemble.start()
+    return ensemble
+
+
+@pytest.fixture(scope="session")
+def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperEnsemble]:
+    """One standalone ZooKeeper shared by the run; tests must not stop it."""
+    ensemble = start_ensemble(tmp_path_factory.mktemp("zk"))
+    yield ensemble
+    ensemble.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server shared by the run; tests must not stop it."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_zk_server(tmp_path: Path) -> Iterator[ZooKeeperEnsemble]:
+    """A standalone ZooKeeper for this test alone, which it may stop and restart."""
+    ensemble = start_ensemble(tmp_path / "zk")
+    yield ensemble
+    ensemble.stop()
+
+
+@contextlib.contextmanager
+def chroot_on(servers: str, label: str) -> Iterator[str]:
+    """Create a fresh chroot on ``servers``; yield the hosts string with it; delete it."""
+    name = "".join(c if c.isalnum() else "_" for c in label)[:60]
+    chroot = f"/test-{name}-{uuid.uuid4().hex[:8]}"
+    admin = KazooClient(hosts=servers, timeout=10)
+    admin.start(timeout=15)
+    try:
+        admin.ensure_path(chroot)
+        yield servers + chroot
+        with contextlib.suppress(Exception):
+            admin.delete(chroot, recursive=True)
+    finally:
+        admin.stop()
+        admin.close()
+
+
+@pytest.fixture
+def chroot(request: pytest.FixtureRequest) -> Iterator[Callable[[str], str]]:
+    """``chroot(servers)`` gives a hosts string with a fresh chroot, removed afterwards."""
+    with contextlib.ExitStack() as stack:
+        yield lambda servers: stack.enter_context(chroot_on(servers, request.node.name))
+
+
+@pytest.fixture
+def zk_hosts(zk_server: ZooKeeperEnsemble, chroot: Callable[[str], str]) -> str:
+    """A kazoo hosts string for the shared server with a fresh chroot of this test's own."""
+    return chroot(zk_server.hosts)
+
+
+@pytest.fixture
+def zk_ensemble(tmp_path: Path) -> Iterator[ZooKeeperEnsemble]:
+    """A 3-server ensemble for this test alone, which it may stop servers of."""
+    ensemble = start_ensemble(tmp_path / "ensemble", size=3)
+    yield ensemble
+    ensemble.stop()
+
+
+@pytest.fixture
+def redis_prefix(redis_server: RedisServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A Redis key prefix of this test's own; its keys are deleted afterwards."""
+    import redis
+
+    prefix = f"discovery:test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    """A fresh metrics registry (never the global one)."""
+    return CollectorRegistry()
+
+
+@pytest.fixture
+async def make_session(zk_hosts: str) -> AsyncIterator[SessionFactory]:
+    """Start ZooKeeper sessions in this test's chroot; all are closed afterwards."""
+    sessions: list[ZkSession] = []
+
+    async def make(
+        hosts: str | None = None,
+        *,
+        session_timeout: float = SESSION_TIMEOUT,
+        registry: CollectorRegistry | None = None,
+        auth: str | None = None,
+    ) -> ZkSession:
+        config = ZkConfig(
+            hosts=hosts or zk_hosts,
+            session_timeout=session_timeout,
+            connect_timeout=20.0,
+            auth=auth,
+        )
+        session = ZkSession.from_config(config, registry=registry)
+        sessions.append(session)
+        await session.start()
+        return session
+
+    yield make
+    await asyncio.gather(*(session.aclose() for session in sessions))
+
+
+@pytest.fixture
+async def zk_session(make_session: SessionFactory) -> ZkSession:
+    return await make_session()

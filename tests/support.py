@@ -1,0 +1,64 @@
+"""Helpers for tests: wait for a condition with a deadline, never sleep blindly."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from discovery.instance import InstancePayload, ServiceInstance
+from discovery.zk import ZkSession
+
+#: ``await make_session(hosts=None, *, session_timeout=..., registry=None, auth=None)``
+SessionFactory = Callable[..., Awaitable[ZkSession]]
+
+T = TypeVar("T")
+
+
+async def eventually(
+    probe: Callable[[], T | Awaitable[T]],
+    *,
+    timeout: float = 15.0,
+    interval: float = 0.02,
+    message: str = "condition",
+) -> T:
+    """Poll ``probe`` until it returns a truthy value; return that value.
+
+    Raises AssertionError naming ``message`` (and the last value) at the deadline.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        value = probe()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        last = value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{message} not reached within {timeout}s (last: {last!r})")
+        await asyncio.sleep(interval)  # ok-sleep: the polling interval of a deadline-bounded wait
+
+
+def make_instance(
+    instance_id: str,
+    port: int = 9001,
+    *,
+    address: str = "127.0.0.1",
+    shard: int = 0,
+    **payload: object,
+) -> ServiceInstance:
+    """A data server's ServiceInstance for tests."""
+    fields: dict[str, object] = {
+        "shard": shard,
+        "replica": 0,
+        "docs": 1000,
+        "version": "test",
+        "state": "serving",
+    }
+    fields.update(payload)
+    return ServiceInstance.create(
+        "data_servers", instance_id, address, port, InstancePayload.from_dict(fields)
+    )

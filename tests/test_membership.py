@@ -1,0 +1,175 @@
+"""The membership watch against a real ZooKeeper, including server faults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry
+
+from discovery.devcluster import ZooKeeperEnsemble
+from discovery.layout import DATA_SERVERS_PATH
+from discovery.membership import MembershipWatcher
+from discovery.registration import Registration
+from discovery.zk import SessionState
+
+from .support import SessionFactory, make_instance
+
+
+async def test_malformed_and_oversized_children_are_skipped_and_counted(
+    make_session: SessionFactory,
+) -> None:
+    session = await make_session()
+    registry = CollectorRegistry()
+    await session.ensure_path(DATA_SERVERS_PATH)
+    good = make_instance("ds-good", 9201)
+    await session.create(f"{DATA_SERVERS_PATH}/ds-good", good.to_json())
+    await session.create(f"{DATA_SERVERS_PATH}/ds-garbage", b"{not json")
+    await session.create(f"{DATA_SERVERS_PATH}/ds-wrongid", make_instance("other", 9202).to_json())
+    oversized = good.to_dict()
+    oversized["id"] = "ds-huge"
+    oversized["payload"]["blob"] = "x" * (70 * 1024)
+    await session.create(f"{DATA_SERVERS_PATH}/ds-huge", json.dumps(oversized).encode())
+
+    async with MembershipWatcher(session, coalesce_window=0, registry=registry) as watcher:
+        assert dict(watcher.members) == {"ds-good": good}
+        assert set(watcher.invalid) == {"ds-garbage", "ds-wrongid", "ds-huge"}
+        assert watcher.invalid["ds-huge"].startswith("too_large")
+
+        def skipped(reason: str) -> float | None:
+            return registry.get_sample_value(
+                "discovery_membership_skipped_total", {"reason": reason}
+            )
+
+        assert (skipped("malformed"), skipped("too_large"), skipped("id_mismatch")) == (1, 1, 1)
+        assert registry.get_sample_value("discovery_membership_invalid") == 3
+
+        # The watcher keeps going: a later good registration is seen, and fixing a
+        # malformed child makes it a member.
+        await session.create(f"{DATA_SERVERS_PATH}/ds-late", make_instance("ds-late").to_json())
+        await session.set(f"{DATA_SERVERS_PATH}/ds-garbage", make_instance("ds-garbage").to_json())
+        members = await watcher.wait_until(
+            lambda m: {"ds-late", "ds-garbage"} <= set(m), timeout=10
+        )
+        assert set(members) == {"ds-good", "ds-late", "ds-garbage"}
+        assert set(watcher.invalid) == {"ds-wrongid", "ds-huge"}
+        # Re-reading the same bad versions does not count them again.
+        assert skipped("too_large") == 1
+
+
+async def test_burst_of_registrations_is_coalesced(make_session: SessionFactory) -> None:
+    session, agent = await make_session(), await make_session()
+    async with MembershipWatcher(session, coalesce_window=0.5) as watcher:
+        changes = watcher.subscribe()
+        first = await anext(changes)
+        assert first.empty
+        assert first.resync
+        await asyncio.gather(
+            *(
+                agent.create(
+                    f"{DATA_SERVERS_PATH}/ds-{i}",
+                    make_instance(f"ds-{i}", 9300 + i).to_json(),
+                    ephemeral=True,
+                )
+                for i in range(50)
+            )
+        )
+        seen: set[str] = set()
+        batches = 0
+        async for change in changes:
+            batches += 1
+            seen |= set(change.added)
+            if len(seen) == 50:
+                break
+        assert len(watcher.members) == 50
+        # 50 watch events arrived within one window: far fewer change sets than events.
+        assert batches <= 3, batches
+        changes.close()
+
+
+async def test_subscription_diffs_added_changed_removed(make_session: SessionFactory) -> None:
+    session, agent = await make_session(), await make_session()
+    async with MembershipWatcher(session, coalesce_window=0) as watcher:
+        changes = watcher.subscribe()
+        await anext(changes)
+        instance = make_instance("ds-d", 9400)
+        registration = Registration(agent, instance)
+        await registration.register()
+        change = await anext(changes)
+        assert dict(change.added) == {"ds-d": instance}
+        await registration.update(instance.with_state("draining", reason="test"))
+        change = await anext(changes)
+        assert change.changed["ds-d"].payload.reason == "test"
+        await registration.deregister()
+        change = await anext(changes)
+        assert set(change.removed) == {"ds-d"}
+        assert change.members == {}
+        changes.close()
+
+
+async def test_session_and_watch_survive_a_zookeeper_restart(
+    own_zk_server: ZooKeeperEnsemble,
+    make_session: SessionFactory,
+    chroot: Callable[[str], str],
+) -> None:
+    hosts = chroot(own_zk_server.hosts)
+    # The session timeout must outlast the restart for the session to survive it.
+    watcher_session = await make_session(hosts, session_timeout=20)
+    agent = await make_session(hosts, session_timeout=20)
+    async with (
+        MembershipWatcher(watcher_session, coalesce_window=0) as watcher,
+        Registration(agent, make_instance("ds-before", 9501)),
+    ):
+        await watcher.wait_until(lambda m: "ds-before" in m, timeout=10)
+        events = watcher_session.subscribe()
+        session_id = watcher_session.session_id
+
+        await asyncio.to_thread(own_zk_server.stop_server, 0)
+        assert (await anext(events)).state is SessionState.SUSPENDED
+        await asyncio.to_thread(own_zk_server.start_server, 0)
+        event = await anext(events)
+
+        assert event.state is SessionState.CONNECTED
+        assert not event.new_session
+        assert watcher_session.session_id == session_id
+        assert "ds-before" in watcher.members  # the agent's session survived too
+        # The watch survived: a change after the restart is seen.
+        async with Registration(agent, make_instance("ds-after", 9502)):
+            await watcher.wait_until(lambda m: "ds-after" in m, timeout=10)
+        events.close()
+
+
+async def test_ensemble_losing_a_server_carries_on_and_changes_meanwhile_are_seen(
+    zk_ensemble: ZooKeeperEnsemble,
+    make_session: SessionFactory,
+    chroot: Callable[[str], str],
+) -> None:
+    # The watcher talks to server 0 only; the agent to servers 1 and 2.
+    first, *others = zk_ensemble.servers
+    watcher_session = await make_session(chroot(first.address), session_timeout=20)
+    suffix = watcher_session.hosts[len(first.address) :]
+    agent = await make_session(",".join(s.address for s in others) + suffix, session_timeout=20)
+    async with MembershipWatcher(watcher_session, coalesce_window=0) as watcher:
+        leaving = Registration(agent, make_instance("ds-leaving", 9601))
+        await leaving.register()
+        await watcher.wait_until(lambda m: "ds-leaving" in m, timeout=10)
+        events = watcher_session.subscribe()
+
+        await asyncio.to_thread(zk_ensemble.stop_server, 0)
+        assert (await anext(events)).state is SessionState.SUSPENDED
+        # The remaining quorum of two carries on: changes are accepted meanwhile.
+        joining = Registration(agent, make_instance("ds-joining", 9602))
+        await joining.register()
+        await leaving.deregister()
+        await asyncio.to_thread(zk_ensemble.start_server, 0)
+
+        event = await anext(events)
+        assert event.state is SessionState.CONNECTED
+        assert not event.new_session
+        members = await watcher.wait_until(
+            lambda m: "ds-joining" in m and "ds-leaving" not in m, timeout=15
+        )
+        assert set(members) == {"ds-joining"}
+        events.close()
+        await joining.aclose()

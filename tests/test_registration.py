@@ -1,0 +1,157 @@
+"""Registration of ephemeral instance nodes against a real ZooKeeper."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from discovery.devcluster import expire_session
+from discovery.errors import RegistrationConflictError
+from discovery.instance import InstanceState, ServiceInstance
+from discovery.layout import DATA_SERVERS_PATH
+from discovery.membership import MembershipWatcher
+from discovery.registration import Registration
+
+from .support import SessionFactory, eventually, make_instance
+
+
+async def test_register_is_seen_with_payload_and_deregister_removes_it(
+    make_session: SessionFactory,
+) -> None:
+    agent, observer = await make_session(), await make_session()
+    instance = make_instance("ds-1", 9101, shard=3, docs=12345)
+    async with MembershipWatcher(observer, coalesce_window=0.01) as watcher:
+        registration = Registration(agent, instance)
+        await registration.register()
+        members = await watcher.wait_until(lambda m: "ds-1" in m, timeout=10)
+        seen = members["ds-1"]
+        assert seen == instance
+        assert (seen.address, seen.port, seen.payload.shard, seen.payload.docs) == (
+            "127.0.0.1",
+            9101,
+            3,
+            12345,
+        )
+        data, stat = await observer.get(f"{DATA_SERVERS_PATH}/ds-1")
+        assert ServiceInstance.from_json(data) == instance
+        assert stat.ephemeral_owner == agent.session_id
+
+        await registration.deregister()
+        await watcher.wait_until(lambda m: "ds-1" not in m, timeout=10)
+        assert await observer.exists(f"{DATA_SERVERS_PATH}/ds-1") is None
+        await registration.aclose()
+
+
+async def test_expired_session_loses_node_and_registration_recreates_it(
+    make_session: SessionFactory,
+) -> None:
+    agent, observer = await make_session(), await make_session()
+    registry = CollectorRegistry()
+    async with (
+        MembershipWatcher(observer, coalesce_window=0) as watcher,
+        Registration(agent, make_instance("ds-exp", 9102), registry=registry) as registration,
+    ):
+        await watcher.wait_until(lambda m: "ds-exp" in m, timeout=10)
+        changes = watcher.subscribe()
+        old_session = agent.session_id
+
+        new_session = await expire_session(agent)
+
+        assert new_session != old_session
+        # The observer sees the node go (the server deleted it with the session)...
+        async for change in changes:
+            if "ds-exp" in change.removed:
+                break
+        # ...and come back, owned by the new session, without anyone asking.
+        async for change in changes:
+            if "ds-exp" in change.added:
+                break
+        _, stat = await observer.get(f"{DATA_SERVERS_PATH}/ds-exp")
+        assert stat.ephemeral_owner == new_session
+        await eventually(lambda: registration.registered, message="registered again")
+        assert registry.get_sample_value("discovery_registration_recreates_total") == 1.0
+        changes.close()
+
+
+async def test_id_conflict_with_another_live_session_is_refused(
+    make_session: SessionFactory,
+) -> None:
+    first, second = await make_session(), await make_session()
+    registry = CollectorRegistry()
+    owner = Registration(first, make_instance("ds-dup", 9103))
+    await owner.register()
+    intruder = Registration(second, make_instance("ds-dup", 9999), registry=registry)
+
+    with pytest.raises(RegistrationConflictError) as caught:
+        await intruder.register()
+
+    assert caught.value.owner_session == first.session_id
+    assert registry.get_sample_value("discovery_registration_conflicts_total") == 1.0
+    data, stat = await second.get(f"{DATA_SERVERS_PATH}/ds-dup")
+    assert stat.ephemeral_owner == first.session_id
+    assert ServiceInstance.from_json(data).port == 9103
+    assert not intruder.registered
+
+    # Once the rightful owner leaves, the waiting registration takes over by itself.
+    await owner.aclose()
+    await eventually(lambda: intruder.registered, message="intruder registered after owner left")
+    _, stat = await second.get(f"{DATA_SERVERS_PATH}/ds-dup")
+    assert stat.ephemeral_owner == second.session_id
+    await intruder.aclose()
+
+
+async def test_node_of_our_own_earlier_incarnation_is_replaced(
+    make_session: SessionFactory,
+) -> None:
+    # A server restarted before its old session timed out: same id, address and port.
+    old_process, new_process = await make_session(session_timeout=30), await make_session()
+    # What a killed process leaves behind: its node, owned by its still-live session.
+    await old_process.create(
+        f"{DATA_SERVERS_PATH}/ds-restart",
+        make_instance("ds-restart", 9104).to_json(),
+        ephemeral=True,
+        makepath=True,
+    )
+    registry = CollectorRegistry()
+
+    async with Registration(new_process, make_instance("ds-restart", 9104), registry=registry):
+        _, stat = await new_process.get(f"{DATA_SERVERS_PATH}/ds-restart")
+        assert stat.ephemeral_owner == new_process.session_id
+        assert registry.get_sample_value("discovery_registration_replaced_stale_total") == 1.0
+
+
+async def test_update_rewrites_in_place(make_session: SessionFactory) -> None:
+    agent, observer = await make_session(), await make_session()
+    instance = make_instance("ds-drain", 9105)
+    async with (
+        MembershipWatcher(observer, coalesce_window=0) as watcher,
+        Registration(agent, instance) as registration,
+    ):
+        _, before = await observer.get(f"{DATA_SERVERS_PATH}/ds-drain")
+
+        await registration.update(instance.with_state(InstanceState.DRAINING))
+
+        members = await watcher.wait_until(
+            lambda m: "ds-drain" in m and m["ds-drain"].payload.state is InstanceState.DRAINING,
+            timeout=10,
+        )
+        assert members["ds-drain"].enabled is False
+        _, after = await observer.get(f"{DATA_SERVERS_PATH}/ds-drain")
+        assert after.czxid == before.czxid  # the same node, not a delete and re-create
+        assert after.version == before.version + 1
+
+
+async def test_deleted_node_is_recreated(make_session: SessionFactory) -> None:
+    agent, operator = await make_session(), await make_session()
+    async with Registration(agent, make_instance("ds-del", 9106)) as registration:
+        path = f"{DATA_SERVERS_PATH}/ds-del"
+        _, first = await operator.get(path)
+
+        await operator.delete(path)
+
+        async def recreated() -> bool:
+            stat = await operator.exists(path)
+            return stat is not None and stat.czxid != first.czxid
+
+        await eventually(recreated, message="node re-created")
+        assert registration.registered
