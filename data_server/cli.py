@@ -17,10 +17,9 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    parser.add_argument("--log-level", default="INFO", help="logging level [default INFO]")
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         config = DataServerConfig.from_args(args)

@@ -27,6 +27,7 @@ __all__ = [
     "Option",
     "ZkConfig",
     "add_options",
+    "log_level",
     "parse_env",
     "port_number",
     "positive_float",
@@ -152,7 +153,17 @@ ZK_OPTIONS: tuple[Option, ...] = (
     ),
 )
 
+
+def log_level(text: str) -> str:
+    """argparse type: a logging level name."""
+    level = text.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise argparse.ArgumentTypeError(f"not a logging level: {text!r}")
+    return level
+
+
 COMMON_OPTIONS: tuple[Option, ...] = (
+    Option("--log-level", "DISCOVERY_LOG_LEVEL", "logging level", type=log_level, default="INFO"),
     Option(
         "--redis",
         "DISCOVERY_REDIS_URL",

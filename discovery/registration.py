@@ -296,9 +296,8 @@ class Registration:
         await self._session.exists(self.path, watch=self._on_node_event)
 
     async def _ensure_absent(self) -> None:
-        if self._owned_session is None:
-            self._metrics.registered.set(0)
-            return
+        # Checked on the server even if we think we own nothing: a create whose reply
+        # was lost to a connection drop may have left our node behind.
         try:
             _, stat = await self._session.get(self.path)
         except ZkNoNodeError:

@@ -186,7 +186,7 @@ class SessionSubscription:
 
     def __init__(self, session: ZkSession) -> None:
         self._session = session
-        self._queue: asyncio.Queue[SessionEvent] = asyncio.Queue()
+        self._queue: asyncio.Queue[SessionEvent | None] = asyncio.Queue()
         self._done = False
 
     def _put(self, event: SessionEvent) -> None:
@@ -199,14 +199,17 @@ class SessionSubscription:
         if self._done:
             raise StopAsyncIteration
         event = await self._queue.get()
+        if event is None:
+            raise StopAsyncIteration
         if event.state is SessionState.CLOSED:
             self._done = True
         return event
 
     def close(self) -> None:
-        """Stop receiving events."""
+        """Stop receiving events; a consumer waiting in ``async for`` ends."""
         self._session._subscribers.discard(self)
         self._done = True
+        self._queue.put_nowait(None)
 
 
 class ZkSession:

@@ -70,7 +70,7 @@ async def _serve(args: argparse.Namespace) -> None:
     app.cleanup_ctx.append(_membership)
     app.router.add_get("/cluster", cluster)
     app.router.add_get("/healthz", healthz)
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -87,10 +87,9 @@ async def _serve(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="search-server", description="Run one search server.")
     add_options(parser, (*ZK_OPTIONS, *COMMON_OPTIONS, *SERVER_OPTIONS))
-    parser.add_argument("--log-level", default="INFO", help="logging level [default INFO]")
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         asyncio.run(_serve(args))

@@ -132,10 +132,12 @@ async def make_session(zk_hosts: str) -> AsyncIterator[SessionFactory]:
         session_timeout: float = SESSION_TIMEOUT,
         registry: CollectorRegistry | None = None,
         auth: str | None = None,
+        operation_timeout: float | None = None,
     ) -> ZkSession:
         config = ZkConfig(
             hosts=hosts or zk_hosts,
             session_timeout=session_timeout,
+            operation_timeout=operation_timeout,
             connect_timeout=20.0,
             auth=auth,
         )

@@ -32,7 +32,7 @@ from discovery.devcluster import (
     ZooKeeperServer,
     free_ports,
 )
-from discovery.devcluster.ports import ManagedProcess
+from discovery.devcluster.process import ManagedProcess
 from discovery.devcluster.redis import redis_ping
 from discovery.devcluster.zookeeper import four_letter_word
 from discovery.errors import DevClusterError

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 import pytest
 from prometheus_client import CollectorRegistry
 
-from discovery.devcluster import expire_session
-from discovery.errors import RegistrationConflictError
+from discovery.devcluster import ZooKeeperEnsemble, expire_session
+from discovery.errors import RegistrationConflictError, ZkConnectionError
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH
 from discovery.membership import MembershipWatcher
 from discovery.registration import Registration
+from discovery.zk import SessionState, ZkSession
 
 from .support import SessionFactory, eventually, make_instance
 
@@ -155,3 +159,36 @@ async def test_deleted_node_is_recreated(make_session: SessionFactory) -> None:
 
         await eventually(recreated, message="node re-created")
         assert registration.registered
+
+
+async def test_deregister_while_disconnected_completes_at_reconnect(
+    own_zk_server: ZooKeeperEnsemble,
+    make_session: SessionFactory,
+    chroot: Callable[[str], str],
+) -> None:
+    hosts = chroot(own_zk_server.hosts)
+    # The session outlives the outage, so the node would outlive it too if forgotten.
+    agent = await make_session(hosts, session_timeout=20, operation_timeout=1)
+    registration = Registration(agent, make_instance("ds-offline", 9107))
+    await registration.register()
+    events = agent.subscribe()
+
+    await asyncio.to_thread(own_zk_server.stop_server, 0)
+    assert (await anext(events)).state is SessionState.SUSPENDED
+    with pytest.raises(ZkConnectionError):
+        await registration.deregister()
+    await asyncio.to_thread(own_zk_server.start_server, 0)
+
+    event = await anext(events)
+    assert event.state is SessionState.CONNECTED
+    assert not event.new_session
+    await eventually(
+        lambda: _absent(agent, f"{DATA_SERVERS_PATH}/ds-offline"), message="node deleted"
+    )
+    assert not registration.registered
+    events.close()
+    await registration.aclose()
+
+
+async def _absent(session: ZkSession, path: str) -> bool:
+    return await session.exists(path) is None

@@ -13,7 +13,8 @@ import shutil
 import socket
 from pathlib import Path
 
-from discovery.devcluster.ports import LOOPBACK, ManagedProcess, free_port
+from discovery.devcluster.ports import LOOPBACK, free_port
+from discovery.devcluster.process import ManagedProcess
 from discovery.errors import DevClusterError
 
 __all__ = ["RedisServer", "find_redis_server", "redis_ping"]

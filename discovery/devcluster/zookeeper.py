@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from discovery.devcluster.ports import LOOPBACK, ManagedProcess, free_port, free_ports
+from discovery.devcluster.ports import LOOPBACK, free_port, free_ports
+from discovery.devcluster.process import ManagedProcess
 from discovery.errors import DevClusterError
 
 __all__ = [

@@ -1,0 +1,109 @@
+"""The console entry points: settings from flags and environment, and a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import pytest
+
+from data_server import cli as data_server_cli
+from discovery import cli as discovery_cli
+from discovery.instance import ServiceInstance
+from discovery.layout import DATA_SERVERS_PATH
+from search_server import cli as search_server_cli
+
+from .support import SessionFactory, eventually
+
+
+@pytest.mark.parametrize(
+    "main", [data_server_cli.main, search_server_cli.main], ids=["data-server", "search-server"]
+)
+def test_help_documents_every_setting_with_its_variable(
+    main: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])  # type: ignore[operator]
+    assert exited.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for flag, env in [
+        ("--zk", "DISCOVERY_ZK_HOSTS"),
+        ("--redis", "DISCOVERY_REDIS_URL"),
+        ("--cluster", "DISCOVERY_CLUSTER"),
+        ("--session-timeout", "DISCOVERY_SESSION_TIMEOUT"),
+        ("--admin-token", "DISCOVERY_ADMIN_TOKEN"),
+        ("--host", "DISCOVERY_HOST"),
+        ("--port", "DISCOVERY_PORT"),
+        ("--id", "DISCOVERY_ID"),
+    ]:
+        assert flag in out
+        assert f"env {env}" in out
+
+
+def test_bad_flag_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        data_server_cli.main(["--session-timeout", "-1"])
+    assert exited.value.code == 2
+    assert "--session-timeout" in capsys.readouterr().err
+
+
+def test_bad_environment_value_is_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DISCOVERY_SESSION_TIMEOUT", "soon")
+    with pytest.raises(SystemExit) as exited:
+        data_server_cli.main([])
+    assert exited.value.code == 2
+    assert "DISCOVERY_SESSION_TIMEOUT='soon'" in capsys.readouterr().err
+
+
+def test_bad_instance_id_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        data_server_cli.main(["--id", "no/slashes"])
+    assert exited.value.code == 2
+    assert "--id" in capsys.readouterr().err
+
+
+def test_discovery_command_lists_its_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        discovery_cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "devcluster" in out
+    assert "demo" in out
+
+
+async def test_data_server_process_registers_when_listening_and_leaves_on_sigterm(
+    zk_hosts: str, make_session: SessionFactory
+) -> None:
+    observer = await make_session()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "data_server.cli",
+        *("--zk", zk_hosts, "--port", "0", "--id", "ds-proc", "--shard", "4"),
+        *("--session-timeout", "2", "--log-level", "WARNING"),
+    )
+    path = f"{DATA_SERVERS_PATH}/ds-proc"
+    try:
+        await eventually(lambda: observer.exists(path), timeout=30, message="registered")
+        data, _ = await observer.get(path)
+        instance = ServiceInstance.from_json(data)
+        assert (instance.id, instance.payload.shard, instance.address) == (
+            "ds-proc",
+            4,
+            "127.0.0.1",
+        )
+        # Registered only once listening: the advertised port answers.
+        _, writer = await asyncio.open_connection(instance.address, instance.port)
+        writer.close()
+        await writer.wait_closed()
+
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), timeout=20) == 0
+        # Deregistered explicitly, not left to the session timeout.
+        assert await observer.exists(path) is None
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
