@@ -421,6 +421,9 @@ class ZkSession:
             self._connected.clear()
         if state is self._state and not new_session:
             return
+        self._state = state
+        if session_id is not None:
+            self._session_id = session_id
         quiet = state in (SessionState.CONNECTED, SessionState.CLOSED)
         level = logging.INFO if quiet else logging.WARNING
         log.log(
@@ -428,12 +431,9 @@ class ZkSession:
             "ZooKeeper %s: %s (session 0x%x%s)",
             self.hosts,
             state.value,
-            session_id or 0,
+            self._session_id or 0,
             ", new" if new_session else "",
         )
-        self._state = state
-        if session_id is not None:
-            self._session_id = session_id
         self._metrics.connected.set(1 if state is SessionState.CONNECTED else 0)
         self._metrics.state_changes.labels(state=state.value).inc()
         if new_session:

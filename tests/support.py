@@ -62,3 +62,14 @@ def make_instance(
     return ServiceInstance.create(
         "data_servers", instance_id, address, port, InstancePayload.from_dict(fields)
     )
+
+
+def repeat_host(address: str, times: int = 4) -> str:
+    """A kazoo hosts string that names one server ``times`` times.
+
+    kazoo gives a connection handshake ``session_timeout / len(hosts)`` seconds. With a
+    single host, one handshake that a restarting server accepts but never answers uses up
+    the whole session timeout and the session expires; naming the host several times
+    bounds that wait to a fraction, as the host list of an ensemble does.
+    """
+    return ",".join([address] * times)

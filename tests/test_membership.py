@@ -14,7 +14,7 @@ from discovery.membership import MembershipWatcher
 from discovery.registration import Registration
 from discovery.zk import SessionState
 
-from .support import SessionFactory, make_instance
+from .support import SessionFactory, make_instance, repeat_host
 
 
 async def test_malformed_and_oversized_children_are_skipped_and_counted(
@@ -113,7 +113,7 @@ async def test_session_and_watch_survive_a_zookeeper_restart(
     make_session: SessionFactory,
     chroot: Callable[[str], str],
 ) -> None:
-    hosts = chroot(own_zk_server.hosts)
+    hosts = chroot(repeat_host(own_zk_server.hosts))
     # The session timeout must outlast the restart for the session to survive it.
     watcher_session = await make_session(hosts, session_timeout=20)
     agent = await make_session(hosts, session_timeout=20)
@@ -147,8 +147,8 @@ async def test_ensemble_losing_a_server_carries_on_and_changes_meanwhile_are_see
 ) -> None:
     # The watcher talks to server 0 only; the agent to servers 1 and 2.
     first, *others = zk_ensemble.servers
-    watcher_session = await make_session(chroot(first.address), session_timeout=20)
-    suffix = watcher_session.hosts[len(first.address) :]
+    watcher_session = await make_session(chroot(repeat_host(first.address)), session_timeout=20)
+    suffix = watcher_session.hosts[watcher_session.hosts.index("/") :]
     agent = await make_session(",".join(s.address for s in others) + suffix, session_timeout=20)
     async with MembershipWatcher(watcher_session, coalesce_window=0) as watcher:
         leaving = Registration(agent, make_instance("ds-leaving", 9601))

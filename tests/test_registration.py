@@ -16,7 +16,7 @@ from discovery.membership import MembershipWatcher
 from discovery.registration import Registration
 from discovery.zk import SessionState, ZkSession
 
-from .support import SessionFactory, eventually, make_instance
+from .support import SessionFactory, eventually, make_instance, repeat_host
 
 
 async def test_register_is_seen_with_payload_and_deregister_removes_it(
@@ -166,7 +166,7 @@ async def test_deregister_while_disconnected_completes_at_reconnect(
     make_session: SessionFactory,
     chroot: Callable[[str], str],
 ) -> None:
-    hosts = chroot(own_zk_server.hosts)
+    hosts = chroot(repeat_host(own_zk_server.hosts))
     # The session outlives the outage, so the node would outlive it too if forgotten.
     agent = await make_session(hosts, session_timeout=20, operation_timeout=1)
     registration = Registration(agent, make_instance("ds-offline", 9107))
