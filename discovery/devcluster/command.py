@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shlex
 import signal
 import sys
@@ -18,6 +17,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from discovery.config import Option, add_options
 from discovery.devcluster.cluster import DevCluster
 from discovery.devcluster.zookeeper import DEFAULT_TICK_TIME_MS
 from discovery.errors import DevClusterError
@@ -52,31 +52,7 @@ def add_parser(
             "(`make setup`)."
         ),
     )
-    # argparse runs string defaults through `type`, so a bad environment value is reported
-    # exactly like a bad flag.
-    parser.add_argument(
-        "--zk-nodes",
-        type=_zk_nodes,
-        default=os.environ.get(ENV_ZK_NODES) or "1",
-        metavar="N",
-        help=f"ZooKeeper servers: 1 (standalone) or an odd number >= 3 [env {ENV_ZK_NODES}; "
-        "default 1]",
-    )
-    parser.add_argument(
-        "--tick-time",
-        type=_tick_time,
-        default=os.environ.get(ENV_TICK_MS) or str(DEFAULT_TICK_TIME_MS),
-        metavar="MS",
-        help=f"ZooKeeper tickTime in ms; the minimum session timeout is twice this "
-        f"[env {ENV_TICK_MS}; default {DEFAULT_TICK_TIME_MS}]",
-    )
-    parser.add_argument(
-        "--dir",
-        default=os.environ.get(ENV_DIR) or None,
-        metavar="PATH",
-        help=f"work directory for configuration, data and logs, kept at exit [env {ENV_DIR}; "
-        "default: a temporary directory removed at exit]",
-    )
+    add_options(parser, DEVCLUSTER_OPTIONS)
     parser.add_argument(
         "--json",
         action="store_true",
@@ -150,13 +126,9 @@ def _zk_nodes(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be an integer, got {text!r} (from --zk-nodes or {ENV_ZK_NODES})"
-        ) from None
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
     if value != 1 and (value < 3 or value % 2 == 0):
-        raise argparse.ArgumentTypeError(
-            f"must be 1 or an odd number >= 3, got {value} (from --zk-nodes or {ENV_ZK_NODES})"
-        )
+        raise argparse.ArgumentTypeError(f"must be 1 or an odd number >= 3, got {value}")
     return value
 
 
@@ -166,11 +138,35 @@ def _tick_time(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"must be an integer number of milliseconds, got {text!r} "
-            f"(from --tick-time or {ENV_TICK_MS})"
+            f"must be an integer number of milliseconds, got {text!r}"
         ) from None
     if not low <= value <= high:
-        raise argparse.ArgumentTypeError(
-            f"must be between {low} and {high} ms, got {value} (from --tick-time or {ENV_TICK_MS})"
-        )
+        raise argparse.ArgumentTypeError(f"must be between {low} and {high} ms, got {value}")
     return value
+
+
+DEVCLUSTER_OPTIONS = (
+    Option(
+        "--zk-nodes",
+        ENV_ZK_NODES,
+        "ZooKeeper servers: 1 (standalone) or an odd number >= 3",
+        type=_zk_nodes,
+        default=1,
+        metavar="N",
+    ),
+    Option(
+        "--tick-time",
+        ENV_TICK_MS,
+        "ZooKeeper tickTime in ms; the minimum session timeout is twice this",
+        type=_tick_time,
+        default=DEFAULT_TICK_TIME_MS,
+        metavar="MS",
+    ),
+    Option(
+        "--dir",
+        ENV_DIR,
+        "work directory for configuration, data and logs, kept at exit "
+        "(unset: a temporary directory removed at exit)",
+        metavar="PATH",
+    ),
+)
