@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +109,19 @@ async def test_data_server_process_registers_when_listening_and_leaves_on_sigter
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+def test_demo_runs_a_cluster_the_search_server_sees_and_stops_cleanly(tmp_path: Path) -> None:
+    # What `make demo` runs, bounded: exit 0 only if the search server saw every data server.
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "discovery.cli", "--log-level", "WARNING"),
+            *("demo", "--data-servers", "2", "--duration", "6"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "search server sees 2 live data servers" in result.stdout
