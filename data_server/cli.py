@@ -1,34 +1,61 @@
-"""``data-server``: run one data server."""
+"""``data-server``: run one data server, or ``data-server fleet`` for many."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
-from discovery.errors import DiscoveryError
+from discovery.errors import ConfigError, DiscoveryError
 
-from .app import serve
-from .config import DataServerConfig, build_parser
+from .config import DataServerConfig, FleetConfig, build_fleet_parser, build_parser
+from .fleet import run_fleet, run_worker
+from .server import DataServer
 
 __all__ = ["main"]
 
+log = logging.getLogger(__name__)
+
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+async def serve(config: DataServerConfig) -> None:
+    """Run one data server until SIGINT/SIGTERM or ``POST /admin/drain``, then drain."""
+    server = DataServer(config)
+    loop = asyncio.get_running_loop()
+    stop = server.drain_requested
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await server.start()
+        await stop.wait()
+    finally:
+        await server.shutdown()
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    """Entry point; returns the exit code (0 after a clean drain)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    fleet = bool(args_list) and args_list[0] == "fleet"
+    parser = build_fleet_parser() if fleet else build_parser()
+    args = parser.parse_args(args_list[1:] if fleet else args_list)
+    logging.basicConfig(level=args.log_level, format=_LOG_FORMAT)
     try:
-        config = DataServerConfig.from_args(args)
-    except DiscoveryError as exc:
+        config = FleetConfig.from_args(args) if fleet else DataServerConfig.from_args(args)
+    except ConfigError as exc:
         parser.error(str(exc))
     try:
-        asyncio.run(serve(config))
-    except DiscoveryError as exc:
-        logging.getLogger("data_server").error("%s", exc)
+        if isinstance(config, FleetConfig):
+            if args.worker is None:
+                return run_fleet(config, args_list[1:])
+            asyncio.run(run_worker(config, args.worker))
+        else:
+            asyncio.run(serve(config))
+    except (DiscoveryError, OSError, ValueError) as exc:
+        # ZooKeeper unreachable, port taken, a bad --docs-file line: say it, exit 1.
+        log.error("%s", exc)
         return 1
     return 0
 

@@ -1,24 +1,35 @@
-"""Settings of one data server, built once from flags and the environment."""
+"""Settings of a data server (and of a fleet of simulated ones), built once at start-up."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from discovery.config import (
+    AGENT_OPTIONS,
     COMMON_OPTIONS,
     ZK_OPTIONS,
+    AgentConfig,
     ClusterConfig,
     Option,
     ZkConfig,
     add_options,
     port_number,
+    positive_float,
+    positive_int,
 )
 from discovery.errors import ConfigError
 from discovery.instance import validate_instance_id
 
-__all__ = ["DataServerConfig", "build_parser"]
+__all__ = [
+    "DataServerConfig",
+    "FleetConfig",
+    "build_fleet_parser",
+    "build_parser",
+]
 
 
 def _non_negative_int(text: str) -> int:
@@ -33,60 +44,209 @@ def _non_negative_int(text: str) -> int:
 
 SERVER_OPTIONS = (
     Option("--host", "DISCOVERY_HOST", "address to listen on", default="127.0.0.1"),
-    Option("--port", "DISCOVERY_PORT", "port to listen on", type=port_number, default=9001),
+    Option(
+        "--port",
+        "DISCOVERY_PORT",
+        "port to listen on (0: any free port)",
+        type=port_number,
+        default=9001,
+    ),
     Option(
         "--advertise",
         "DISCOVERY_ADVERTISE",
-        "address to publish in ZooKeeper (default: --host, or this host's name if 0.0.0.0)",
+        "address to publish in ZooKeeper (unset: --host, or this host's name for 0.0.0.0)",
     ),
-    Option("--id", "DISCOVERY_ID", "instance id (default ds-<advertised address>-<port>)"),
+    Option("--id", "DISCOVERY_ID", "instance id (unset: ds-<advertised address>-<port>)"),
     Option("--shard", "DISCOVERY_SHARD", "shard number", type=_non_negative_int, default=0),
     Option("--replica", "DISCOVERY_REPLICA", "replica number", type=_non_negative_int, default=0),
     Option(
-        "--docs", "DISCOVERY_DOCS", "generated document count", type=_non_negative_int, default=0
+        "--docs",
+        "DISCOVERY_DOCS",
+        "number of documents to generate for the shard (ignored with --docs-file)",
+        type=_non_negative_int,
+        default=2000,
+    ),
+    Option(
+        "--docs-file",
+        "DISCOVERY_DOCS_FILE",
+        'JSONL file of documents ({"id","text","title"} per line) instead of generated ones',
+        metavar="PATH",
+    ),
+    Option(
+        "--seed",
+        "DISCOVERY_SEED",
+        "seed of the generated vocabulary and documents",
+        type=_non_negative_int,
+        default=0,
+    ),
+    Option(
+        "--shutdown-timeout",
+        "DISCOVERY_SHUTDOWN_TIMEOUT",
+        "seconds to let in-flight requests finish after the drain",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+    ),
+)
+
+FLEET_OPTIONS = (
+    Option(
+        "--count", "DISCOVERY_FLEET_COUNT", "simulated data servers", type=positive_int, default=100
+    ),
+    Option(
+        "--procs",
+        "DISCOVERY_FLEET_PROCS",
+        "processes to spread them over",
+        type=positive_int,
+        default=2,
+    ),
+    Option(
+        "--base-port",
+        "DISCOVERY_FLEET_BASE_PORT",
+        "port of server 0; server i listens on base-port + i",
+        type=port_number,
+        default=9100,
+    ),
+    Option(
+        "--shards",
+        "DISCOVERY_FLEET_SHARDS",
+        "distinct shards; server i holds shard i %% shards, replica i // shards",
+        type=positive_int,
     ),
 )
 
 
+def _add_server_options(parser: argparse.ArgumentParser, fleet: bool) -> None:
+    add_options(parser, (*ZK_OPTIONS, *COMMON_OPTIONS))
+    server = [
+        o
+        for o in SERVER_OPTIONS
+        if not (fleet and o.flag in ("--port", "--id", "--shard", "--replica"))
+    ]
+    add_options(parser, server)
+    add_options(parser, AGENT_OPTIONS)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``data-server`` (one server)."""
     parser = argparse.ArgumentParser(
-        prog="data-server", description="Run one data server that registers itself in ZooKeeper."
+        prog="data-server",
+        description="Run one data server: a shard behind an HTTP search API, registered in "
+        "ZooKeeper while its health probes pass. `data-server fleet --help` for a fleet.",
     )
-    add_options(parser, (*ZK_OPTIONS, *COMMON_OPTIONS, *SERVER_OPTIONS))
+    _add_server_options(parser, fleet=False)
+    return parser
+
+
+def build_fleet_parser() -> argparse.ArgumentParser:
+    """The parser of ``data-server fleet`` (N simulated servers in P processes)."""
+    parser = argparse.ArgumentParser(
+        prog="data-server fleet",
+        description="Run N simulated data servers in P processes, each with its own port, "
+        "shard, ZooKeeper session and agent.",
+    )
+    add_options(parser, FLEET_OPTIONS)
+    _add_server_options(parser, fleet=True)
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     return parser
 
 
 @dataclass(frozen=True)
 class DataServerConfig:
+    """One data server. ``instance_id`` None means ``ds-<advertise>-<port>``."""
+
     zk: ZkConfig
     cluster: ClusterConfig
-    host: str
-    port: int
-    advertise: str
-    instance_id: str | None
-    shard: int
-    replica: int
-    docs: int
+    agent: AgentConfig
+    host: str = "127.0.0.1"
+    port: int = 9001
+    advertise: str = "127.0.0.1"
+    instance_id: str | None = None
+    shard: int = 0
+    replica: int = 0
+    docs: int = 2000
+    docs_file: Path | None = None
+    seed: int = 0
+    shutdown_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.instance_id is not None:
+            try:
+                validate_instance_id(self.instance_id)
+            except ValueError as exc:
+                raise ConfigError(f"--id / DISCOVERY_ID: {exc}") from None
+        if self.docs_file is not None and not self.docs_file.is_file():
+            raise ConfigError(f"--docs-file / DISCOVERY_DOCS_FILE: no such file {self.docs_file}")
+
+    @property
+    def probe_host(self) -> str:
+        """Where the agent sends its probes: ourselves, over loopback if we listen widely."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+
+    def with_slot(
+        self, *, port: int, shard: int, replica: int, instance_id: str
+    ) -> DataServerConfig:
+        return dataclasses.replace(
+            self, port=port, shard=shard, replica=replica, instance_id=instance_id
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DataServerConfig:
         advertise = args.advertise or (
             socket.gethostname() if args.host in ("0.0.0.0", "::") else args.host
         )
-        instance_id = args.id
-        if instance_id is not None:
-            try:
-                validate_instance_id(instance_id)
-            except ValueError as exc:
-                raise ConfigError(f"--id / DISCOVERY_ID: {exc}") from None
         return cls(
             zk=ZkConfig.from_args(args),
             cluster=ClusterConfig.from_args(args),
+            agent=AgentConfig.from_args(args),
             host=args.host,
-            port=args.port,
+            port=getattr(args, "port", 0),
             advertise=advertise,
-            instance_id=instance_id,
-            shard=args.shard,
-            replica=args.replica,
+            instance_id=getattr(args, "id", None),
+            shard=getattr(args, "shard", 0),
+            replica=getattr(args, "replica", 0),
             docs=args.docs,
+            docs_file=Path(args.docs_file) if args.docs_file else None,
+            seed=args.seed,
+            shutdown_timeout=args.shutdown_timeout,
+        )
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """N simulated data servers in P processes, from one server template."""
+
+    template: DataServerConfig
+    count: int
+    procs: int
+    base_port: int
+    shards: int
+
+    def __post_init__(self) -> None:
+        if self.procs > self.count:
+            raise ConfigError(f"--procs ({self.procs}) must not exceed --count ({self.count})")
+        if self.base_port and self.base_port + self.count - 1 > 65535:
+            raise ConfigError(f"--base-port {self.base_port} + --count {self.count} exceeds 65535")
+
+    def slot(self, index: int) -> DataServerConfig:
+        """The configuration of simulated server ``index``."""
+        return self.template.with_slot(
+            port=self.base_port + index if self.base_port else 0,
+            shard=index % self.shards,
+            replica=index // self.shards,
+            instance_id=f"ds-{index:04d}",
+        )
+
+    def worker_slice(self, worker: int) -> range:
+        """Contiguous indices run by process ``worker`` of ``procs``."""
+        return range(worker * self.count // self.procs, (worker + 1) * self.count // self.procs)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> FleetConfig:
+        return cls(
+            template=DataServerConfig.from_args(args),
+            count=args.count,
+            procs=args.procs,
+            base_port=args.base_port,
+            shards=args.shards or args.count,
         )

@@ -21,8 +21,10 @@ from typing import Any
 from .errors import ConfigError
 
 __all__ = [
+    "AGENT_OPTIONS",
     "COMMON_OPTIONS",
     "ZK_OPTIONS",
+    "AgentConfig",
     "ClusterConfig",
     "Option",
     "ZkConfig",
@@ -31,6 +33,7 @@ __all__ = [
     "parse_env",
     "port_number",
     "positive_float",
+    "positive_int",
 ]
 
 
@@ -184,6 +187,150 @@ COMMON_OPTIONS: tuple[Option, ...] = (
         metavar="TOKEN",
     ),
 )
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
+AGENT_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--probe-interval",
+        "DISCOVERY_PROBE_INTERVAL",
+        "seconds between health probes",
+        type=positive_float,
+        default=1.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--probe-timeout",
+        "DISCOVERY_PROBE_TIMEOUT",
+        "a probe not answered within this many seconds fails",
+        type=positive_float,
+        default=1.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--probe-max-latency",
+        "DISCOVERY_PROBE_MAX_LATENCY",
+        "a probe answered slower than this many seconds fails",
+        type=positive_float,
+        default=0.5,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--fall",
+        "DISCOVERY_PROBE_FALL",
+        "consecutive failed probes that take the server offline",
+        type=positive_int,
+        default=3,
+    ),
+    Option(
+        "--rise",
+        "DISCOVERY_PROBE_RISE",
+        "consecutive good probes that bring it back",
+        type=positive_int,
+        default=2,
+    ),
+    Option(
+        "--flap-max",
+        "DISCOVERY_FLAP_MAX",
+        "re-admissions allowed within --flap-window before a cool-down",
+        type=positive_int,
+        default=3,
+    ),
+    Option(
+        "--flap-window",
+        "DISCOVERY_FLAP_WINDOW",
+        "seconds over which re-admissions are counted",
+        type=positive_float,
+        default=300.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--flap-cooldown",
+        "DISCOVERY_FLAP_COOLDOWN",
+        "seconds a flapping server is held offline",
+        type=positive_float,
+        default=120.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--drain-grace",
+        "DISCOVERY_DRAIN_GRACE",
+        "seconds a draining server keeps serving before it leaves",
+        type=positive_float,
+        default=5.0,
+        metavar="SECONDS",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How the agent probes its server and when it takes it offline.
+
+    The defaults detect a dead or hung server in about ``fall * interval`` = 3 s
+    (well inside a typical 10 s session timeout, which only catches dead processes),
+    need two good probes in a row before re-admitting (one lucky answer from a
+    struggling server is not health), and hold a server that was re-admitted more
+    than three times in five minutes out for two minutes, so a flapping server does
+    not keep dragging every query's latency up on its bad swings.
+
+    Attributes:
+        probe_interval: seconds between probes.
+        probe_timeout: a probe not answered in this many seconds fails.
+        max_latency: a probe answered slower than this fails ("slow").
+        fall: consecutive failures that force the server offline.
+        rise: consecutive successes that bring it back.
+        flap_max: re-admissions allowed within ``flap_window``; one more starts a
+            cool-down of ``flap_cooldown`` seconds.
+        drain_grace: seconds a draining server keeps serving (while search servers
+            stop routing to it) before it removes its node.
+    """
+
+    probe_interval: float = 1.0
+    probe_timeout: float = 1.0
+    max_latency: float = 0.5
+    fall: int = 3
+    rise: int = 2
+    flap_max: int = 3
+    flap_window: float = 300.0
+    flap_cooldown: float = 120.0
+    drain_grace: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("probe_interval", "probe_timeout", "max_latency", "flap_window"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("flap_cooldown", "drain_grace"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative, got {getattr(self, name)!r}")
+        for name in ("fall", "rise", "flap_max"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> AgentConfig:
+        """Build from a namespace parsed with :data:`AGENT_OPTIONS`."""
+        return cls(
+            probe_interval=args.probe_interval,
+            probe_timeout=args.probe_timeout,
+            max_latency=args.probe_max_latency,
+            fall=args.fall,
+            rise=args.rise,
+            flap_max=args.flap_max,
+            flap_window=args.flap_window,
+            flap_cooldown=args.flap_cooldown,
+            drain_grace=args.drain_grace,
+        )
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ server, and every test gets a fresh one.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 
-__all__ = ["MembershipMetrics", "RegistrationMetrics", "SessionMetrics"]
+__all__ = ["AgentMetrics", "MembershipMetrics", "RegistrationMetrics", "SessionMetrics"]
 
 
 class SessionMetrics:
@@ -106,5 +106,45 @@ class MembershipMetrics:
             "discovery_membership_refresh_seconds",
             "Time to read changed children and compute one change set.",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=registry,
+        )
+
+
+class AgentMetrics:
+    """Health probes and availability decisions of one data-server agent."""
+
+    def __init__(self, registry: CollectorRegistry, states: list[str]) -> None:
+        self.state = Enum(
+            "discovery_agent_state",
+            "The agent's availability state.",
+            states=states,
+            registry=registry,
+        )
+        self.probes = Counter(
+            "discovery_agent_probes",
+            "Health probes run, by result (ok, error, timeout, slow).",
+            ["result"],
+            registry=registry,
+        )
+        self.probe_seconds = Histogram(
+            "discovery_agent_probe_seconds",
+            "Health probe latency (answered probes).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=registry,
+        )
+        self.forced_offline = Counter(
+            "discovery_agent_forced_offline",
+            "Times failing probes took the server offline, by the last failure's kind.",
+            ["reason"],
+            registry=registry,
+        )
+        self.readmissions = Counter(
+            "discovery_agent_readmissions",
+            "Times a server taken offline by probes was registered again.",
+            registry=registry,
+        )
+        self.damped = Counter(
+            "discovery_agent_flap_damped",
+            "Times a flapping server was held offline for a cool-down.",
             registry=registry,
         )

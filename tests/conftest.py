@@ -19,11 +19,13 @@ import pytest
 from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
-from discovery.config import ZkConfig
+from data_server.config import DataServerConfig
+from data_server.server import DataServer
+from discovery.config import AgentConfig, ClusterConfig, ZkConfig
 from discovery.devcluster import RedisServer, ZooKeeperEnsemble
 from discovery.zk import ZkSession
 
-from .support import SessionFactory
+from .support import FAST_AGENT, DataServerFactory, SessionFactory, eventually
 
 # Fast enough to expire a session in ~1 s, slow enough for a loaded 2-core CI box.
 TICK_TIME_MS = 100
@@ -153,3 +155,31 @@ async def make_session(zk_hosts: str) -> AsyncIterator[SessionFactory]:
 @pytest.fixture
 async def zk_session(make_session: SessionFactory) -> ZkSession:
     return await make_session()
+
+
+@pytest.fixture
+async def make_data_server(zk_hosts: str) -> AsyncIterator[DataServerFactory]:
+    """Start in-process data servers (own port, agent, session); all shut down afterwards."""
+    servers: list[DataServer] = []
+
+    async def make(
+        *, agent: AgentConfig = FAST_AGENT, admin_token: str | None = None, **fields: object
+    ) -> DataServer:
+        fields.setdefault("docs", 300)
+        config = DataServerConfig(
+            zk=ZkConfig(hosts=zk_hosts, session_timeout=SESSION_TIMEOUT, connect_timeout=20),
+            cluster=ClusterConfig(admin_token=admin_token),
+            agent=agent,
+            port=0,
+            **fields,  # type: ignore[arg-type]
+        )
+        server = DataServer(config)
+        servers.append(server)
+        await server.start()
+        agent = server.agent
+        assert agent is not None
+        await eventually(lambda: agent.status().registered, message="data server registered")
+        return server
+
+    yield make
+    await asyncio.gather(*(server.shutdown(grace=0) for server in servers))

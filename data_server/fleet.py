@@ -1,0 +1,103 @@
+"""``data-server fleet``: N simulated data servers in P processes.
+
+Each simulated server is a full :class:`~data_server.server.DataServer` with its own
+port, shard, ZooKeeper session and agent; the servers of one process share its event
+loop and one agent :class:`~discovery.loopthread.LoopThread`. The parent process starts
+P workers (``data-server fleet --worker I``), forwards SIGINT/SIGTERM to them, and
+exits non-zero if any worker failed.
+
+Caveat of sharing a loop: a ``hang`` fault with ``block_loop`` blocks every server of
+that worker process, not just one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from discovery.loopthread import LoopThread
+
+from .config import FleetConfig
+from .server import DataServer
+
+__all__ = ["run_fleet", "run_worker"]
+
+log = logging.getLogger(__name__)
+
+# Servers started at once per worker: enough to overlap ZooKeeper round trips, few
+# enough that index building does not starve the probes of servers already up.
+_START_CONCURRENCY = 8
+
+
+def run_fleet(config: FleetConfig, argv: Sequence[str]) -> int:
+    """Start ``config.procs`` worker processes with ``argv`` and wait for them."""
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "data_server.cli", "fleet", *argv, "--worker", str(i)]
+        )
+        for i in range(config.procs)
+    ]
+
+    def forward(signum: int, frame: object) -> None:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, forward)
+    codes = [worker.wait() for worker in workers]
+    failed = [i for i, code in enumerate(codes) if code != 0]
+    if failed:
+        log.error("fleet workers %s exited with %s", failed, [codes[i] for i in failed])
+        return 1
+    return 0
+
+
+async def run_worker(config: FleetConfig, worker: int) -> None:
+    """Run this worker's slice of the fleet until SIGINT/SIGTERM, then drain them all."""
+    indices = config.worker_slice(worker)
+    loop_thread = LoopThread(f"fleet-{worker}-agents")
+    loop_thread.start()
+    servers = [DataServer(config.slot(i), loop_thread=loop_thread) for i in indices]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    slots = asyncio.Semaphore(_START_CONCURRENCY)
+    started_at = time.monotonic()
+
+    async def start(server: DataServer) -> None:
+        async with slots:
+            await server.start()
+
+    try:
+        await asyncio.gather(*(start(server) for server in servers))
+        log.info(
+            "fleet worker %d: %d servers started in %.1fs",
+            worker,
+            len(servers),
+            time.monotonic() - started_at,
+        )
+        drains = [asyncio.create_task(s.drain_requested.wait()) for s in servers]
+        stopper = asyncio.create_task(stop.wait())
+        # A server asked to drain by the admin API leaves alone; a signal stops all.
+        pending = set(drains)
+        while not stop.is_set():
+            done, pending = await asyncio.wait(
+                pending | {stopper}, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done - {stopper}:
+                await servers[drains.index(task)].shutdown()
+            if not pending:
+                break
+        stopper.cancel()
+        for task in pending:
+            task.cancel()
+    finally:
+        await asyncio.gather(*(server.shutdown() for server in servers), return_exceptions=True)
+        loop_thread.stop()

@@ -1,0 +1,345 @@
+"""One data server: an in-memory shard behind an aiohttp API, with an embedded agent.
+
+Start-up order is the contract "register only when ready": load and index the
+documents, start listening, connect the agent, and only then tell the agent the
+server is ready; the agent registers after its first good probe (a real search over
+HTTP). Shutdown is the drain: the agent marks the node ``draining`` and keeps it
+for the grace period while we keep answering, removes it, then the HTTP server stops
+accepting, finishes in-flight requests, and the agent closes its session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from discovery.agent import Agent, AgentState
+from discovery.instance import InstancePayload, InstanceState, ServiceInstance
+from discovery.loopthread import LoopThread
+from discovery.probes import SearchProbe
+
+from .config import DataServerConfig
+from .corpus import Document, generate_documents, load_jsonl, sample_queries
+from .faults import Fault, FaultInjector, FaultSpecError
+from .index import InvertedIndex
+
+__all__ = ["MAX_K", "MAX_QUERY_LENGTH", "DataServer"]
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+MAX_K = 1000
+MAX_QUERY_LENGTH = 1024
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "data_server_search_requests",
+            "Search requests, by HTTP status.",
+            ["status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "data_server_search_seconds",
+            "Search latency as served (including injected faults).",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=registry,
+        )
+        self.documents = Gauge(
+            "data_server_documents", "Documents in this shard.", registry=registry
+        )
+        self.terms = Gauge("data_server_terms", "Distinct terms in the index.", registry=registry)
+        self.index_build_seconds = Gauge(
+            "data_server_index_build_seconds",
+            "Time it took to load and index the shard.",
+            registry=registry,
+        )
+
+
+class DataServer:
+    """A data server with its agent. ``await start()``, later ``await shutdown()``.
+
+    ``drain_requested`` is set by ``POST /admin/drain``; the owner (the CLI, a fleet)
+    reacts by calling :meth:`shutdown`, exactly as on SIGTERM.
+    """
+
+    def __init__(
+        self,
+        config: DataServerConfig,
+        *,
+        registry: CollectorRegistry | None = None,
+        loop_thread: LoopThread | None = None,
+    ) -> None:
+        self.config = config
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._loop_thread = loop_thread
+        self._metrics = _Metrics(self.registry)
+        self.faults = FaultInjector()
+        self.drain_requested = asyncio.Event()
+        self.index: InvertedIndex | None = None
+        self.agent: Agent | None = None
+        self.port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._admin_token = config.cluster.admin_token
+        self._stopping = False
+
+    @property
+    def instance_id(self) -> str:
+        if self.agent is not None:
+            return self.agent.instance.id
+        return self.config.instance_id or f"ds-{self.config.advertise}-{self.config.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.probe_host}:{self.port}"
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Index, listen, connect the agent, then declare readiness.
+
+        Raises:
+            DiscoveryError: ZooKeeper unreachable (the HTTP server is stopped again).
+            OSError: the port is taken.
+            ValueError: a bad ``--docs-file`` line.
+        """
+        started = time.monotonic()
+        # Indexing is CPU work; off the loop so that other servers of a fleet sharing
+        # it keep answering meanwhile.
+        self.index = await asyncio.to_thread(self._build_index)
+        self._metrics.index_build_seconds.set(time.monotonic() - started)
+        self._metrics.documents.set(self.index.document_count)
+        self._metrics.terms.set(self.index.term_count)
+
+        runner = web.AppRunner(
+            self._make_app(),
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=self.config.shutdown_timeout,
+        )
+        await runner.setup()
+        self._runner = runner
+        try:
+            site = web.TCPSite(runner, self.config.host, self.config.port)
+            await site.start()
+            self.port = int(runner.addresses[0][1])
+            self.agent = Agent(
+                self._instance(),
+                SearchProbe(self.url, sample_queries(20, seed=self.config.seed, variant=1), k=10),
+                zk=self.config.zk,
+                config=self.config.agent,
+                registry=self.registry,
+                loop_thread=self._loop_thread,
+            )
+            await self.agent.astart()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self.agent.set_ready()
+        log.info(
+            "data server %s: %d documents indexed, listening on %s:%d",
+            self.instance_id,
+            self.index.document_count,
+            self.config.host,
+            self.port,
+        )
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Drain (see the module doc), stop serving, close the agent. Idempotent."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self.agent is not None:
+            await self.agent.adrain(grace)
+        # Releases requests hung by a fault, so that they end rather than time out.
+        self.faults.set(Fault())
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.agent is not None:
+            await self.agent.astop()
+        log.info("data server %s stopped", self.instance_id)
+
+    def _build_index(self) -> InvertedIndex:
+        config = self.config
+        documents: list[Document]
+        if config.docs_file is not None:
+            documents = load_jsonl(config.docs_file)
+        else:
+            documents = generate_documents(config.docs, shard=config.shard, seed=config.seed)
+        return InvertedIndex(documents)
+
+    def _instance(self) -> ServiceInstance:
+        config = self.config
+        assert self.index is not None
+        assert self.port is not None
+        return ServiceInstance.create(
+            "data_servers",
+            config.instance_id or f"ds-{config.advertise}-{self.port}",
+            config.advertise,
+            self.port,
+            InstancePayload(
+                shard=config.shard,
+                replica=config.replica,
+                docs=self.index.document_count,
+                version=VERSION,
+                state=InstanceState.SERVING,
+            ),
+        )
+
+    # -- HTTP --------------------------------------------------------------------
+
+    def _make_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._json_errors])
+        app.router.add_get("/search", self.search)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
+        app.router.add_post("/admin/drain", self.admin_drain)
+        app.router.add_post("/admin/offline", self.admin_offline)
+        app.router.add_post("/admin/online", self.admin_online)
+        app.router.add_post("/admin/fault", self.admin_fault)
+        app.router.add_get("/admin/status", self.admin_status)
+        return app
+
+    @web.middleware
+    async def _json_errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        # Unknown paths and wrong methods answer JSON like every other error.
+        try:
+            response: web.StreamResponse = await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return _error(exc.status, exc.reason)
+        return response
+
+    async def search(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        query = request.query.get("q")
+        if query is None or not query.strip():
+            return self._count(_error(400, "missing query parameter 'q'"))
+        if len(query) > MAX_QUERY_LENGTH:
+            return self._count(
+                _error(400, f"query longer than {MAX_QUERY_LENGTH} characters ({len(query)})")
+            )
+        raw_k = request.query.get("k", "10")
+        try:
+            k = int(raw_k)
+        except ValueError:
+            return self._count(_error(400, f"'k' must be an integer, got {raw_k!r}"))
+        if not 1 <= k <= MAX_K:
+            return self._count(_error(400, f"'k' must be in 1..{MAX_K}, got {k}"))
+        if await self.faults.apply():
+            return self._count(_error(500, "injected error"))
+        assert self.index is not None
+        hits = self.index.search(query, k)
+        took = time.perf_counter() - started
+        self._metrics.latency.observe(took)
+        return self._count(
+            web.json_response(
+                {
+                    "hits": [
+                        {"id": hit.id, "score": hit.score, "title": hit.title} for hit in hits
+                    ],
+                    "shard": self.config.shard,
+                    "took_ms": round(took * 1000, 3),
+                }
+            )
+        )
+
+    def _count(self, response: web.Response) -> web.Response:
+        self._metrics.requests.labels(status=str(response.status)).inc()
+        return response
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        status = self.agent.status() if self.agent is not None else None
+        ready = self.index is not None and status is not None and status.registered
+        body = {"ready": ready, "agent": None if status is None else status.to_dict()}
+        return web.json_response(body, status=200 if ready else 503)
+
+    # -- admin -------------------------------------------------------------------
+
+    def _refuse_admin(self, request: web.Request) -> web.Response | None:
+        token = self._admin_token
+        if token is None:
+            # Without a token, admin is reachable from this machine only.
+            try:
+                loopback = ipaddress.ip_address(request.remote or "").is_loopback
+            except ValueError:
+                loopback = False
+            if not loopback:
+                return _error(
+                    403, "admin is only allowed from loopback unless --admin-token is set"
+                )
+            return None
+        header = request.headers.get("Authorization", "")
+        if not header.startswith("Bearer "):
+            return _error(401, "admin requires 'Authorization: Bearer <token>'")
+        if not hmac.compare_digest(header[len("Bearer ") :].encode(), token.encode()):
+            return _error(403, "wrong admin token")
+        return None
+
+    async def admin_drain(self, request: web.Request) -> web.Response:
+        if (refused := self._refuse_admin(request)) is not None:
+            return refused
+        self.drain_requested.set()
+        return web.json_response({"status": "draining"}, status=202)
+
+    async def admin_offline(self, request: web.Request) -> web.Response:
+        if (refused := self._refuse_admin(request)) is not None:
+            return refused
+        assert self.agent is not None
+        await self.agent.atake_offline("admin")
+        return web.json_response(self.agent.status().to_dict())
+
+    async def admin_online(self, request: web.Request) -> web.Response:
+        if (refused := self._refuse_admin(request)) is not None:
+            return refused
+        assert self.agent is not None
+        await self.agent.abring_online()
+        return web.json_response(self.agent.status().to_dict())
+
+    async def admin_fault(self, request: web.Request) -> web.Response:
+        if (refused := self._refuse_admin(request)) is not None:
+            return refused
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "body must be JSON")
+        try:
+            fault = Fault.from_json(body)
+        except FaultSpecError as exc:
+            return _error(400, str(exc))
+        self.faults.set(fault)
+        log.warning("%s: fault set to %s", self.instance_id, fault.to_dict())
+        return web.json_response({"fault": fault.to_dict()})
+
+    async def admin_status(self, request: web.Request) -> web.Response:
+        if (refused := self._refuse_admin(request)) is not None:
+            return refused
+        status = self.agent.status() if self.agent is not None else None
+        return web.json_response(
+            {
+                "id": self.instance_id,
+                "port": self.port,
+                "fault": self.faults.fault.to_dict(),
+                "agent": None if status is None else status.to_dict(),
+                "serving": status is not None and status.state is AgentState.SERVING,
+            }
+        )

@@ -1,0 +1,526 @@
+"""The data-server agent: register when ready, probe, go offline when unhealthy, drain.
+
+An :class:`Agent` is embedded in a data server. It owns the server's ZooKeeper
+session and its :class:`~discovery.registration.Registration`, and it runs on a
+:class:`~discovery.loopthread.LoopThread`, never on the server's own event loop: the
+case we exist for is a server whose ZooKeeper session is alive (kazoo's threads keep
+pinging) while the server itself cannot answer, and an agent on a blocked loop could
+not take it offline.
+
+Life of a server, as the agent sees it::
+
+    STARTING --(ready and one good probe)--> SERVING
+    SERVING --(fall failed probes)--> OFFLINE --(rise good probes)--> SERVING
+    OFFLINE --(rise good probes, but re-admitted flap_max times within flap_window)-->
+        DAMPED --(flap_cooldown elapsed and rise good probes)--> SERVING
+    any --(take_offline)--> ADMIN_OFFLINE --(bring_online and a good probe)--> SERVING
+    any --(drain)--> DRAINING: node marked draining, grace period, node removed
+    any --(stop)--> STOPPED
+
+"Offline" always means our node is deleted, so search servers stop routing to us;
+the ZooKeeper session stays open, so coming back is one create. After a session
+expiry the registration re-creates the node by itself if, and only if, the agent
+still wants to be online.
+
+The public methods are thread-safe and come in two flavours: blocking ones for
+threaded servers (``start``, ``drain``, ``stop``...) and awaitable ones for asyncio
+servers (``astart``, ``adrain``, ``astop``...), which wait without blocking the
+caller's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry
+
+from .config import AgentConfig, ZkConfig
+from .errors import DiscoveryError, ZkError
+from .instance import InstanceState, ServiceInstance
+from .layout import DATA_SERVERS_PATH
+from .loopthread import LoopThread
+from .metrics import AgentMetrics
+from .probes import Probe, ProbeFailed
+from .registration import Registration
+from .zk import ZkSession
+
+__all__ = ["Agent", "AgentState", "AgentStatus", "ProbeResult"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class AgentState(enum.StrEnum):
+    STARTING = "starting"
+    SERVING = "serving"
+    OFFLINE = "offline"
+    DAMPED = "damped"
+    ADMIN_OFFLINE = "admin_offline"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe's outcome. ``kind`` is ok, error, timeout or slow."""
+
+    ok: bool
+    kind: str
+    latency: float
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    """A consistent snapshot of the agent, safe to read from any thread."""
+
+    state: AgentState
+    reason: str | None
+    ready: bool
+    registered: bool
+    consecutive_failures: int
+    consecutive_successes: int
+    last_probe: ProbeResult | None
+    damped_for: float | None  # seconds of cool-down left
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value,
+            "reason": self.reason,
+            "ready": self.ready,
+            "registered": self.registered,
+            "consecutive_failures": self.consecutive_failures,
+            "consecutive_successes": self.consecutive_successes,
+            "last_probe": None
+            if self.last_probe is None
+            else {
+                "ok": self.last_probe.ok,
+                "kind": self.last_probe.kind,
+                "latency_ms": round(self.last_probe.latency * 1000, 3),
+                "reason": self.last_probe.reason,
+            },
+            "damped_for_s": self.damped_for,
+        }
+
+
+class Agent:
+    """Keep one data server registered exactly while it is healthy.
+
+    Args:
+        instance: what to register (its id is the znode name).
+        probe: the health check, e.g. :class:`~discovery.probes.SearchProbe`.
+        zk: how to reach ZooKeeper; the agent opens its own session.
+        config: probe schedule, thresholds, flap damping, drain grace.
+        registry: where the agent's, registration's and session's metrics go.
+        loop_thread: a shared :class:`LoopThread` (a fleet shares one); by default
+            the agent starts and stops one of its own.
+        clock: monotonic seconds, for flap-damping windows and probe latency.
+    """
+
+    def __init__(
+        self,
+        instance: ServiceInstance,
+        probe: Probe,
+        *,
+        zk: ZkConfig,
+        config: AgentConfig | None = None,
+        registry: CollectorRegistry | None = None,
+        loop_thread: LoopThread | None = None,
+        base_path: str = DATA_SERVERS_PATH,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._instance = instance
+        self._probe = probe
+        self._zk = zk
+        self._config = config or AgentConfig()
+        self._registry = registry if registry is not None else CollectorRegistry()
+        self._owns_thread = loop_thread is None
+        self._thread = loop_thread or LoopThread(f"agent-{instance.id}")
+        self._base_path = base_path
+        self._clock = clock
+        self._metrics = AgentMetrics(self._registry, [s.value for s in AgentState])
+        # Everything below is touched only on the agent's loop, except the immutable
+        # status snapshot, which other threads read.
+        self._session: ZkSession | None = None
+        self._registration: Registration | None = None
+        self._task: asyncio.Task[None] | None = None
+        # asyncio primitives bind to a loop on first use, which is the agent's.
+        self._ready = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._state = AgentState.STARTING
+        self._reason: str | None = None
+        self._failures = 0
+        self._successes = 0
+        self._last_probe: ProbeResult | None = None
+        self._readmissions: deque[float] = deque()
+        self._damped_until: float | None = None
+        self._status = self._snapshot()
+
+    # -- public, thread-safe --------------------------------------------------
+
+    @property
+    def instance(self) -> ServiceInstance:
+        return self._instance
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self._registry
+
+    @property
+    def session(self) -> ZkSession | None:
+        """The agent's ZooKeeper session, for diagnostics and fault injection.
+
+        It lives on the agent's loop thread: read its properties, but await its
+        methods only through :meth:`call`.
+        """
+        return self._session
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on the agent's loop (for code that must touch its session)."""
+        return await self._on_agent_loop(coro)
+
+    def status(self) -> AgentStatus:
+        """The latest snapshot; ``registered`` is read live from the registration."""
+        status = self._status
+        registration = self._registration
+        registered = registration is not None and registration.registered
+        if registered != status.registered:
+            status = AgentStatus(**{**status.__dict__, "registered": registered})
+        return status
+
+    def start(self, timeout: float | None = None) -> None:
+        """Connect to ZooKeeper (blocking). Probing begins after :meth:`set_ready`.
+
+        Raises:
+            DiscoveryError: ZooKeeper could not be reached (see ``ZkConfig``).
+        """
+        self._thread.start()
+        try:
+            self._thread.run(self._start(), timeout)
+        except BaseException:
+            self._stop_thread()
+            raise
+
+    async def astart(self) -> None:
+        """:meth:`start` for asyncio callers (does not block their loop)."""
+        self._thread.start()
+        try:
+            await self._on_agent_loop(self._start())
+        except BaseException:
+            await asyncio.to_thread(self._stop_thread)
+            raise
+
+    def set_ready(self) -> None:
+        """The server is ready (index loaded, port listening): start probing.
+
+        The node is created after the first good probe, never before.
+        """
+        self._thread.loop.call_soon_threadsafe(self._set_ready)
+
+    def take_offline(self, reason: str = "admin") -> None:
+        """Remove our node and stay offline until :meth:`bring_online`."""
+        self._thread.run(self._take_offline_admin(reason))
+
+    async def atake_offline(self, reason: str = "admin") -> None:
+        await self._on_agent_loop(self._take_offline_admin(reason))
+
+    def bring_online(self) -> None:
+        """Undo :meth:`take_offline`: register again after the next good probe."""
+        self._thread.run(self._bring_online())
+
+    async def abring_online(self) -> None:
+        await self._on_agent_loop(self._bring_online())
+
+    def update_instance(self, instance: ServiceInstance) -> None:
+        """Publish a new version of our instance (same id), in place if registered."""
+        self._thread.run(self._update_instance(instance))
+
+    async def aupdate_instance(self, instance: ServiceInstance) -> None:
+        await self._on_agent_loop(self._update_instance(instance))
+
+    def drain(self, grace: float | None = None) -> None:
+        """Mark our node draining, keep serving for ``grace`` seconds, then remove it.
+
+        Blocks for the grace period. Search servers stop routing to a draining node;
+        afterwards the caller stops accepting requests, finishes in-flight ones and
+        exits. Probes no longer change anything once draining has begun.
+        """
+        self._thread.run(self._drain(grace))
+
+    async def adrain(self, grace: float | None = None) -> None:
+        await self._on_agent_loop(self._drain(grace))
+
+    def stop(self) -> None:
+        """Deregister (if still registered), close the session, stop the loop thread."""
+        if self._thread.running:
+            try:
+                self._thread.run(self._stop(), timeout=30)
+            finally:
+                self._stop_thread()
+
+    async def astop(self) -> None:
+        if self._thread.running:
+            try:
+                await self._on_agent_loop(self._stop())
+            finally:
+                await asyncio.to_thread(self._stop_thread)
+
+    aclose = astop
+
+    def __enter__(self) -> Agent:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Agent:
+        await self.astart()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.astop()
+
+    async def _on_agent_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(self._thread.submit(coro))
+
+    def _stop_thread(self) -> None:
+        if self._owns_thread:
+            self._thread.stop()
+
+    # -- on the agent's loop -------------------------------------------------
+
+    async def _start(self) -> None:
+        session = ZkSession.from_config(self._zk, registry=self._registry)
+        await session.start()
+        self._session = session
+        self._registration = Registration(
+            session, self._instance, base_path=self._base_path, registry=self._registry
+        )
+        self._task = asyncio.create_task(self._probe_loop(), name=f"agent:{self._instance.id}")
+        self._task.add_done_callback(self._on_task_done)
+        self._publish()
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("agent %s probe loop crashed", self._instance.id, exc_info=task.exception())
+
+    def _set_ready(self) -> None:
+        self._ready.set()
+        self._wake.set()
+        self._publish()
+
+    async def _probe_loop(self) -> None:
+        await self._ready.wait()
+        while self._state not in (AgentState.DRAINING, AgentState.STOPPED):
+            started = self._clock()
+            result = await self._probe_once()
+            if self._state in (AgentState.DRAINING, AgentState.STOPPED):
+                return
+            await self._decide(result)
+            # The next probe is due one interval after this one started; an admin
+            # change wakes us early so its effect does not wait for the schedule.
+            delay = max(0.0, started + self._config.probe_interval - self._clock())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            self._wake.clear()
+
+    async def _probe_once(self) -> ProbeResult:
+        config = self._config
+        started = self._clock()
+        try:
+            async with asyncio.timeout(config.probe_timeout):
+                await self._probe.check()
+        except TimeoutError:
+            result = ProbeResult(
+                False,
+                "timeout",
+                self._clock() - started,
+                f"timed out after {config.probe_timeout:g}s",
+            )
+        except ProbeFailed as exc:
+            result = ProbeResult(False, "error", self._clock() - started, str(exc))
+        except Exception as exc:  # a probe is user code: any failure is a verdict, not a crash
+            result = ProbeResult(
+                False, "error", self._clock() - started, f"{type(exc).__name__}: {exc}"
+            )
+        else:
+            latency = self._clock() - started
+            if latency > config.max_latency:
+                result = ProbeResult(
+                    False,
+                    "slow",
+                    latency,
+                    f"answered in {latency * 1000:.0f} ms > {config.max_latency * 1000:.0f} ms",
+                )
+            else:
+                result = ProbeResult(True, "ok", latency)
+        self._metrics.probes.labels(result=result.kind).inc()
+        if result.kind in ("ok", "slow"):
+            self._metrics.probe_seconds.observe(result.latency)
+        if not result.ok:
+            log.debug("probe of %s failed: %s", self._instance.id, result.reason)
+        return result
+
+    async def _decide(self, result: ProbeResult) -> None:
+        config = self._config
+        self._last_probe = result
+        if result.ok:
+            self._successes += 1
+            self._failures = 0
+        else:
+            self._failures += 1
+            self._successes = 0
+        state = self._state
+        now = self._clock()
+        if state is AgentState.STARTING and result.ok:
+            await self._admit("ready")
+        elif state is AgentState.SERVING and self._failures >= config.fall:
+            reason = f"{self._failures} failed probes, last: {result.reason}"
+            self._metrics.forced_offline.labels(reason=result.kind).inc()
+            log.warning("taking %s offline: %s", self._instance.id, reason)
+            await self._leave(AgentState.OFFLINE, reason)
+        elif state is AgentState.OFFLINE and self._successes >= config.rise:
+            while self._readmissions and now - self._readmissions[0] > config.flap_window:
+                self._readmissions.popleft()
+            if len(self._readmissions) >= config.flap_max:
+                self._damped_until = now + config.flap_cooldown
+                self._metrics.damped.inc()
+                reason = (
+                    f"flapping: re-admitted {len(self._readmissions)} times in "
+                    f"{config.flap_window:g}s; held out for {config.flap_cooldown:g}s"
+                )
+                log.warning("%s is %s", self._instance.id, reason)
+                self._set_state(AgentState.DAMPED, reason)
+            else:
+                await self._readmit(now)
+        elif (
+            state is AgentState.DAMPED
+            and self._damped_until is not None
+            and now >= self._damped_until
+            and self._successes >= config.rise
+        ):
+            # A fresh start: the cool-down is the penalty for the old flaps.
+            self._readmissions.clear()
+            self._damped_until = None
+            await self._readmit(now)
+        self._publish()
+
+    async def _readmit(self, now: float) -> None:
+        self._readmissions.append(now)
+        self._metrics.readmissions.inc()
+        log.info("%s is healthy again; re-registering", self._instance.id)
+        await self._admit(None)
+
+    async def _admit(self, why: str | None) -> None:
+        assert self._registration is not None
+        self._set_state(AgentState.SERVING, None)
+        try:
+            await self._registration.register()
+        except ZkError as exc:
+            # The registration keeps trying (at reconnect, or when a conflicting
+            # node goes); our intent is recorded, the error is not ours to raise.
+            log.error("registering %s failed for now: %s", self._instance.id, exc)
+        else:
+            if why:
+                log.info("%s registered (%s)", self._instance.id, why)
+
+    async def _leave(self, state: AgentState, reason: str) -> None:
+        assert self._registration is not None
+        self._set_state(state, reason)
+        try:
+            await self._registration.deregister()
+        except ZkError as exc:
+            log.error("deregistering %s failed for now: %s", self._instance.id, exc)
+
+    async def _take_offline_admin(self, reason: str) -> None:
+        if self._state in (AgentState.DRAINING, AgentState.STOPPED):
+            return
+        log.info("taking %s offline on request: %s", self._instance.id, reason)
+        await self._leave(AgentState.ADMIN_OFFLINE, reason)
+        self._publish()
+
+    async def _bring_online(self) -> None:
+        if self._state is not AgentState.ADMIN_OFFLINE:
+            return
+        self._successes = self._failures = 0
+        self._set_state(AgentState.STARTING, None)
+        self._wake.set()
+        self._publish()
+
+    async def _update_instance(self, instance: ServiceInstance) -> None:
+        assert self._registration is not None
+        self._instance = instance
+        await self._registration.update(instance)
+
+    async def _drain(self, grace: float | None) -> None:
+        assert self._registration is not None
+        if self._state in (AgentState.DRAINING, AgentState.STOPPED):
+            return
+        grace = self._config.drain_grace if grace is None else grace
+        was_registered = self._registration.registered
+        self._set_state(AgentState.DRAINING, "draining")
+        self._publish()
+        log.info("draining %s (grace %gs)", self._instance.id, grace)
+        if was_registered:
+            draining = self._instance.with_state(InstanceState.DRAINING, reason="draining")
+            try:
+                await self._update_instance(draining)
+            except DiscoveryError as exc:
+                log.error("marking %s draining failed: %s", self._instance.id, exc)
+            # The grace period is the contract with the search servers: they stop
+            # routing to a draining node within it, while we keep answering.
+            await asyncio.sleep(grace)
+        try:
+            await self._registration.deregister()
+        except ZkError as exc:
+            log.error("deregistering %s after drain failed: %s", self._instance.id, exc)
+        log.info("%s drained", self._instance.id)
+
+    async def _stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._set_state(AgentState.STOPPED, None)
+        if self._registration is not None:
+            await self._registration.aclose()
+        closer = getattr(self._probe, "aclose", None)
+        if closer is not None:
+            await closer()
+        if self._session is not None:
+            await self._session.aclose()
+        self._publish()
+
+    def _set_state(self, state: AgentState, reason: str | None) -> None:
+        self._state = state
+        self._reason = reason
+        self._metrics.state.state(state.value)
+
+    def _publish(self) -> None:
+        self._status = self._snapshot()
+
+    def _snapshot(self) -> AgentStatus:
+        damped_for = None
+        if self._state is AgentState.DAMPED and self._damped_until is not None:
+            damped_for = max(0.0, round(self._damped_until - self._clock(), 3))
+        return AgentStatus(
+            state=self._state,
+            reason=self._reason,
+            ready=self._ready.is_set(),
+            registered=self._registration is not None and self._registration.registered,
+            consecutive_failures=self._failures,
+            consecutive_successes=self._successes,
+            last_probe=self._last_probe,
+            damped_for=damped_for,
+        )

@@ -1,0 +1,144 @@
+"""Health probes: how the agent decides that its server can answer queries.
+
+A probe is any object with ``async def check(self) -> None`` that returns when the
+server is healthy and raises otherwise (:class:`ProbeFailed` for a clear reason; any
+other exception also counts as a failure, with its type as the reason). The agent
+runs probes on its own loop thread, with a timeout, and also fails a probe that
+answered but took longer than the latency threshold: a slow server is as bad as a
+dead one for a fan-out that waits for the slowest shard.
+
+The default for a data server is :class:`SearchProbe`: a real search query against
+the server's own HTTP endpoint, so the probe exercises the same path (event loop,
+index, serialisation) as the queries of the search servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import aiohttp
+from yarl import URL
+
+__all__ = [
+    "CallableProbe",
+    "HttpProbe",
+    "Probe",
+    "ProbeFailed",
+    "SearchProbe",
+]
+
+log = logging.getLogger(__name__)
+
+
+class ProbeFailed(Exception):
+    """A probe's verdict: the server is not healthy, for the reason given."""
+
+
+@runtime_checkable
+class Probe(Protocol):
+    """Returns if healthy, raises if not. Runs on the agent's loop thread."""
+
+    async def check(self) -> None: ...
+
+
+class HttpProbe:
+    """GET ``url`` and expect ``expect_status``.
+
+    The aiohttp session is created on first use on the agent's loop (sessions belong
+    to one loop) and closed by :meth:`aclose`.
+    """
+
+    def __init__(self, url: str, *, expect_status: int = 200) -> None:
+        self.url = url
+        self._expect_status = expect_status
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # No pooled keep-alive: a probe must see a server that stopped accepting
+            # new connections, not ride an old one.
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True),
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+        return self._session
+
+    def _next_url(self) -> str:
+        return self.url
+
+    async def _verify(self, response: aiohttp.ClientResponse) -> None:
+        if response.status != self._expect_status:
+            raise ProbeFailed(f"HTTP {response.status} from {response.url}")
+
+    async def check(self) -> None:
+        try:
+            async with self._client().get(self._next_url()) as response:
+                await self._verify(response)
+        except aiohttp.ClientError as exc:
+            raise ProbeFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+class SearchProbe(HttpProbe):
+    """A real search query against the server's own ``/search`` endpoint.
+
+    Cycles through ``queries`` so that no single cached answer hides a slow index,
+    and checks that the answer is a JSON object with a ``hits`` list.
+    """
+
+    def __init__(self, base_url: str, queries: Sequence[str], *, k: int = 10) -> None:
+        if not queries:
+            raise ValueError("SearchProbe needs at least one query")
+        super().__init__(base_url.rstrip("/") + "/search")
+        self._queries = itertools.cycle(list(queries))
+        self._k = k
+
+    def _next_url(self) -> str:
+        query = next(self._queries)
+        return str(URL(self.url).with_query(q=query, k=str(self._k)))
+
+    async def _verify(self, response: aiohttp.ClientResponse) -> None:
+        await super()._verify(response)
+        try:
+            body = await response.json()
+        except (aiohttp.ContentTypeError, ValueError) as exc:
+            raise ProbeFailed(f"search answer is not JSON: {exc}") from exc
+        if not isinstance(body, dict) or not isinstance(body.get("hits"), list):
+            raise ProbeFailed("search answer has no 'hits' list")
+
+
+class CallableProbe:
+    """Wrap a function: healthy if it returns a truthy value (or None) without raising.
+
+    A coroutine function runs on the agent's loop; a plain function runs in a worker
+    thread so that it cannot block the agent (a timed-out call keeps its thread until
+    it returns: Python cannot kill a thread).
+    """
+
+    def __init__(self, func: Callable[[], object] | Callable[[], Awaitable[object]]) -> None:
+        self._func = func
+
+    async def check(self) -> None:
+        if inspect.iscoroutinefunction(self._func):
+            result = await self._func()
+        else:
+            result = await asyncio.to_thread(self._func)
+            if inspect.isawaitable(result):
+                result = await result
+        if result is False:
+            raise ProbeFailed(f"{getattr(self._func, '__name__', 'probe')} returned False")
+
+    def __repr__(self) -> str:
+        return f"CallableProbe({self._func!r})"

@@ -1,0 +1,323 @@
+"""The data server and its embedded agent, in process, against a real ZooKeeper."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from data_server.corpus import sample_queries
+from data_server.server import MAX_QUERY_LENGTH, DataServer
+from discovery.agent import AgentState
+from discovery.devcluster import expire_session
+from discovery.instance import InstanceState
+from discovery.layout import DATA_SERVERS_PATH
+from discovery.membership import MembershipWatcher
+
+from .support import FAST_AGENT, DataServerFactory, SessionFactory, eventually
+
+
+async def _post(server: DataServer, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as client,
+        client.post(f"{server.url}{path}", json=body, **kwargs) as response,
+    ):
+        return response.status, await response.json()
+
+
+async def _get(server: DataServer, path: str, **params: str) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as client,
+        client.get(f"{server.url}{path}", params=params) as response,
+    ):
+        return response.status, await response.json()
+
+
+async def _set_fault(server: DataServer, **fault: Any) -> None:
+    status, body = await _post(server, "/admin/fault", fault)
+    assert status == 200, body
+
+
+def _state(server: DataServer) -> AgentState:
+    assert server.agent is not None
+    return server.agent.status().state
+
+
+async def test_registers_only_when_ready_with_the_brief_payload(
+    make_session: SessionFactory, make_data_server: DataServerFactory
+) -> None:
+    observer = await make_session()
+    async with MembershipWatcher(observer, coalesce_window=0) as watcher:
+        changes = watcher.subscribe()
+        await anext(changes)  # the empty start
+        server = await make_data_server(shard=5, replica=1, docs=400, instance_id="ds-ready")
+        change = await anext(changes)
+        instance = change.added["ds-ready"]
+        # Seen in ZooKeeper means ready: the advertised port answers real searches now.
+        query = sample_queries(1, variant=3)[0]
+        async with (
+            aiohttp.ClientSession() as client,
+            client.get(
+                f"http://{instance.address}:{instance.port}/search", params={"q": query}
+            ) as response,
+        ):
+            assert response.status == 200
+            assert (await response.json())["shard"] == 5
+        assert instance.port == server.port
+        assert instance.name == "data_servers"
+        payload = instance.payload
+        assert (payload.shard, payload.replica, payload.docs) == (5, 1, 400)
+        assert payload.state is InstanceState.SERVING
+        assert payload.version
+        assert instance.enabled
+        status, body = await _get(server, "/readyz")
+        assert status == 200
+        assert body["agent"]["registered"] is True
+        changes.close()
+
+
+async def test_search_answers_top_k_hits(make_data_server: DataServerFactory) -> None:
+    server = await make_data_server(shard=2, docs=500)
+    queries = sample_queries(30, variant=4)
+    answered = 0
+    for query in queries:
+        status, body = await _get(server, "/search", q=query, k="5")
+        assert status == 200
+        assert body["shard"] == 2
+        assert isinstance(body["took_ms"], float)
+        scores = [hit["score"] for hit in body["hits"]]
+        assert len(scores) <= 5
+        assert scores == sorted(scores, reverse=True)
+        assert all(hit["id"].startswith("s2-") for hit in body["hits"])
+        answered += bool(scores)
+    # Realistic queries over a realistic vocabulary mostly find something.
+    assert answered > 20
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({}, "missing query parameter 'q'"),
+        ({"q": "  "}, "missing query parameter 'q'"),
+        ({"q": "x" * (MAX_QUERY_LENGTH + 1)}, "longer than"),
+        ({"q": "a", "k": "0"}, "'k' must be in 1..1000"),
+        ({"q": "a", "k": "1001"}, "'k' must be in 1..1000"),
+        ({"q": "a", "k": "ten"}, "'k' must be an integer"),
+    ],
+)
+async def test_bad_queries_get_400_with_a_json_message(
+    make_data_server: DataServerFactory, params: dict[str, str], message: str
+) -> None:
+    server = await make_data_server()
+    status, body = await _get(server, "/search", **params)
+    assert status == 400
+    assert message in body["error"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("not json", "body must be JSON"),
+        ([1, 2], "JSON object"),
+        ({"mode": "explode"}, "'mode' must be one of"),
+        ({"mode": "slow"}, "'delay_ms' must be an integer"),
+        ({"mode": "slow", "delay_ms": -5}, "'delay_ms' must be an integer"),
+        ({"mode": "error", "rate": 1.5}, "'rate' must be a number in 0..1"),
+        ({"mode": "error", "rate": True}, "'rate' must be a number in 0..1"),
+        ({"mode": "hang", "block_loop": "yes"}, "'block_loop' must be a boolean"),
+        ({"mode": "none", "extra": 1}, "unknown fields"),
+    ],
+)
+async def test_bad_admin_input_gets_400_and_changes_nothing(
+    make_data_server: DataServerFactory, body: Any, message: str
+) -> None:
+    server = await make_data_server()
+    if isinstance(body, str):
+        status, answer = await _post(server, "/admin/fault", data=body)
+    else:
+        status, answer = await _post(server, "/admin/fault", body)
+    assert status == 400
+    assert message in answer["error"]
+    assert server.faults.fault.mode == "none"
+    assert (await _get(server, "/readyz"))[0] == 200  # still registered and serving
+
+
+async def test_admin_requires_the_token_when_one_is_set(
+    make_data_server: DataServerFactory,
+) -> None:
+    server = await make_data_server(admin_token="s3cret")
+    status, body = await _post(server, "/admin/fault", {"mode": "none"})
+    assert status == 401
+    assert "Bearer" in body["error"]
+    status, _ = await _post(
+        server, "/admin/fault", {"mode": "none"}, headers={"Authorization": "Bearer wrong"}
+    )
+    assert status == 403
+    status, _ = await _post(server, "/admin/offline", headers={"Authorization": "Bearer s3cret"})
+    assert status == 200
+    assert _state(server) is AgentState.ADMIN_OFFLINE
+    # Searching needs no token.
+    assert (await _get(server, "/search", q="a"))[0] == 200
+
+
+async def test_admin_without_token_is_refused_from_other_hosts(
+    make_data_server: DataServerFactory,
+) -> None:
+    server = await make_data_server()
+
+    class Transport:
+        def __init__(self, peer: str) -> None:
+            self.peer = peer
+
+        def get_extra_info(self, name: str, default: Any = None) -> Any:
+            return (self.peer, 40000) if name == "peername" else default
+
+    remote = make_mocked_request("POST", "/admin/offline", transport=Transport("10.1.2.3"))
+    local = make_mocked_request("POST", "/admin/offline", transport=Transport("127.0.0.1"))
+    refused = server._refuse_admin(remote)
+    assert refused is not None
+    assert refused.status == 403
+    assert server._refuse_admin(local) is None
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind"),
+    [({"mode": "slow", "delay_ms": 400}, "slow"), ({"mode": "error", "rate": 1.0}, "error")],
+)
+async def test_failing_probes_take_the_server_offline_and_recovery_brings_it_back(
+    make_session: SessionFactory,
+    make_data_server: DataServerFactory,
+    fault: dict[str, Any],
+    kind: str,
+) -> None:
+    observer = await make_session()
+    server = await make_data_server(instance_id="ds-sick")
+    path = f"{DATA_SERVERS_PATH}/ds-sick"
+    await eventually(lambda: observer.exists(path), message="registered")
+    assert server.agent is not None
+    session_before = server.agent.status()
+
+    await _set_fault(server, **fault)
+
+    await eventually(lambda: _state(server) is AgentState.OFFLINE, message="offline")
+    assert await observer.exists(path) is None
+    status = server.agent.status()
+    assert status.consecutive_failures >= FAST_AGENT.fall
+    assert status.reason is not None
+    assert status.reason.startswith(f"{FAST_AGENT.fall} failed probes")
+    forced = server.registry.get_sample_value(
+        "discovery_agent_forced_offline_total", {"reason": kind}
+    )
+    assert forced == 1
+
+    await _set_fault(server, mode="none")
+
+    await eventually(lambda: _state(server) is AgentState.SERVING, message="serving again")
+    await eventually(lambda: observer.exists(path), message="re-registered")
+    assert server.agent.status().consecutive_successes >= FAST_AGENT.rise
+    assert server.registry.get_sample_value("discovery_agent_readmissions_total") == 1
+    assert session_before.ready
+
+
+async def test_flap_damping_holds_a_flapping_server_out(
+    make_session: SessionFactory, make_data_server: DataServerFactory
+) -> None:
+    observer = await make_session()
+    agent_config = dataclasses.replace(FAST_AGENT, flap_max=1, flap_cooldown=1.5)
+    server = await make_data_server(instance_id="ds-flap", agent=agent_config)
+    path = f"{DATA_SERVERS_PATH}/ds-flap"
+    await eventually(lambda: observer.exists(path), message="registered")
+
+    async def flap() -> None:
+        await _set_fault(server, mode="error", rate=1.0)
+        await eventually(lambda: _state(server) is AgentState.OFFLINE, message="offline")
+        await _set_fault(server, mode="none")
+
+    await flap()
+    await eventually(lambda: _state(server) is AgentState.SERVING, message="re-admitted once")
+    await flap()
+    # Healthy again, but one re-admission in the window is the limit: held out.
+    await eventually(lambda: _state(server) is AgentState.DAMPED, message="damped")
+    assert await observer.exists(path) is None
+    assert server.registry.get_sample_value("discovery_agent_flap_damped_total") == 1
+    assert server.agent is not None
+    damped = server.agent.status()
+    assert damped.reason is not None
+    assert "flapping" in damped.reason
+    # After the cool-down it comes back by itself.
+    await eventually(lambda: _state(server) is AgentState.SERVING, message="after cool-down")
+    await eventually(lambda: observer.exists(path), message="re-registered")
+
+
+async def test_session_expiry_reregisters_without_operator(
+    make_session: SessionFactory, make_data_server: DataServerFactory
+) -> None:
+    observer = await make_session()
+    server = await make_data_server(instance_id="ds-expiry")
+    agent = server.agent
+    assert agent is not None
+    session = agent.session
+    assert session is not None
+    path = f"{DATA_SERVERS_PATH}/ds-expiry"
+    await eventually(lambda: observer.exists(path), message="registered")
+    old = session.session_id
+
+    new = await agent.call(expire_session(session))
+
+    assert new != old
+
+    async def owned_by_new_session() -> bool:
+        stat = await observer.exists(path)
+        return stat is not None and stat.ephemeral_owner == new
+
+    await eventually(owned_by_new_session, message="re-registered in the new session")
+    assert agent.status().state is AgentState.SERVING
+
+
+async def test_expiry_while_offline_does_not_reregister(
+    make_session: SessionFactory, make_data_server: DataServerFactory
+) -> None:
+    observer = await make_session()
+    server = await make_data_server(instance_id="ds-expiry-off")
+    agent = server.agent
+    assert agent is not None
+    path = f"{DATA_SERVERS_PATH}/ds-expiry-off"
+    await eventually(lambda: observer.exists(path), message="registered")
+    await _post(server, "/admin/offline")
+    assert await observer.exists(path) is None
+    session = agent.session
+    assert session is not None
+
+    await agent.call(expire_session(session))
+    # Let the probe loop run a few rounds in the new session before looking.
+    rounds = agent.registry.get_sample_value("discovery_agent_probes_total", {"result": "ok"})
+    assert rounds is not None
+    await eventually(
+        lambda: (
+            (agent.registry.get_sample_value("discovery_agent_probes_total", {"result": "ok"}) or 0)
+            >= rounds + 3
+        ),
+        message="more probes",
+    )
+    assert await observer.exists(path) is None
+    assert agent.status().state is AgentState.ADMIN_OFFLINE
+
+    await _post(server, "/admin/online")
+    await eventually(lambda: observer.exists(path), message="online again")
+
+
+async def test_hang_fault_holds_requests_until_cleared(
+    make_data_server: DataServerFactory,
+) -> None:
+    server = await make_data_server()
+    await _set_fault(server, mode="hang")
+    pending = asyncio.ensure_future(_get(server, "/search", q="a"))
+    await eventually(lambda: _state(server) is AgentState.OFFLINE, message="offline")
+    assert not pending.done()
+    await _set_fault(server, mode="none")
+    status, _ = await asyncio.wait_for(pending, timeout=10)
+    assert status == 200

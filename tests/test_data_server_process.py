@@ -1,0 +1,184 @@
+"""Data servers as real processes: drain on SIGTERM, kill -9, a blocked loop, a fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import aiohttp
+
+from data_server.corpus import sample_queries
+from discovery.instance import InstanceState, ServiceInstance
+from discovery.layout import DATA_SERVERS_PATH
+from discovery.membership import MembershipWatcher
+
+from .support import SessionFactory, eventually
+
+# Probe every 0.1 s, offline after 2 failures; a short drain grace.
+FAST_FLAGS = (
+    *("--probe-interval", "0.1", "--probe-timeout", "0.5", "--probe-max-latency", "0.25"),
+    *("--fall", "2", "--rise", "2", "--drain-grace", "1", "--session-timeout", "2"),
+    *("--docs", "300", "--log-level", "WARNING"),
+)
+
+
+@contextlib.asynccontextmanager
+async def data_server_process(
+    zk_hosts: str, *args: str
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "data_server.cli", "--zk", zk_hosts, *FAST_FLAGS, *args
+    )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def _instance(session: Any, instance_id: str) -> ServiceInstance | None:
+    stat = await session.exists(f"{DATA_SERVERS_PATH}/{instance_id}")
+    if stat is None:
+        return None
+    data, _ = await session.get(f"{DATA_SERVERS_PATH}/{instance_id}")
+    return ServiceInstance.from_json(data)
+
+
+async def test_sigterm_drains_without_failing_a_request(
+    zk_hosts: str, make_session: SessionFactory
+) -> None:
+    observer = await make_session()
+    async with (
+        MembershipWatcher(observer, coalesce_window=0) as watcher,
+        data_server_process(zk_hosts, "--port", "0", "--id", "ds-drain") as process,
+    ):
+        members = await watcher.wait_until(lambda m: "ds-drain" in m, timeout=30)
+        instance = members["ds-drain"]
+        url = f"http://{instance.address}:{instance.port}"
+        queries = sample_queries(50, variant=5)
+        statuses: list[int] = []
+
+        def routable() -> bool:
+            # What a search server does: route only to serving members.
+            current = watcher.members.get("ds-drain")
+            return current is not None and current.routable
+
+        async def client(worker: int) -> None:
+            async with aiohttp.ClientSession() as session:
+                n = worker
+                while routable():
+                    query = queries[n % len(queries)]
+                    n += 1
+                    async with session.get(f"{url}/search", params={"q": query}) as response:
+                        statuses.append(response.status)
+
+        clients = [asyncio.create_task(client(i)) for i in range(4)]
+        await eventually(lambda: len(statuses) >= 20, message="load running")
+        # Requests still in flight when the server stops accepting must complete too.
+        async with aiohttp.ClientSession() as session:
+            slow = await session.post(f"{url}/admin/fault", json={"mode": "slow", "delay_ms": 200})
+            assert slow.status == 200
+
+        process.send_signal(signal.SIGTERM)
+
+        draining = await watcher.wait_until(
+            lambda m: "ds-drain" not in m or m["ds-drain"].payload.state is InstanceState.DRAINING,
+            timeout=10,
+        )
+        assert draining["ds-drain"].payload.state is InstanceState.DRAINING
+        assert draining["ds-drain"].enabled is False
+        await watcher.wait_until(lambda m: "ds-drain" not in m, timeout=15)
+        await asyncio.gather(*clients)
+        assert await asyncio.wait_for(process.wait(), timeout=20) == 0
+    assert len(statuses) >= 20
+    assert set(statuses) == {200}
+
+
+async def test_kill_9_removes_the_node_after_the_session_timeout(
+    zk_hosts: str, make_session: SessionFactory
+) -> None:
+    observer = await make_session()
+    async with data_server_process(zk_hosts, "--port", "0", "--id", "ds-kill") as process:
+        await eventually(lambda: _instance(observer, "ds-kill"), timeout=30, message="registered")
+        loop = asyncio.get_running_loop()
+        killed_at = loop.time()
+        process.kill()
+        await process.wait()
+        await eventually(
+            lambda: _absent(observer, "ds-kill"), timeout=20, message="node removed by expiry"
+        )
+        # Gone because ZooKeeper expired the session: not before it could have.
+        assert loop.time() - killed_at < 20
+
+
+async def _absent(session: Any, instance_id: str) -> bool:
+    return await _instance(session, instance_id) is None
+
+
+async def test_blocked_event_loop_is_taken_offline_while_the_session_lives(
+    zk_hosts: str, make_session: SessionFactory
+) -> None:
+    observer = await make_session()
+    path = f"{DATA_SERVERS_PATH}/ds-blocked"
+    async with (
+        MembershipWatcher(observer, coalesce_window=0) as watcher,
+        data_server_process(zk_hosts, "--port", "0", "--id", "ds-blocked") as process,
+    ):
+        members = await watcher.wait_until(lambda m: "ds-blocked" in m, timeout=30)
+        instance = members["ds-blocked"]
+        _, before = await observer.get(path)
+        changes = watcher.subscribe()
+        async with aiohttp.ClientSession() as session:
+            answer = await session.post(
+                f"http://{instance.address}:{instance.port}/admin/fault",
+                json={"mode": "hang", "block_loop": True, "duration_ms": 4000},
+            )
+            assert answer.status == 200
+        # The next search (a probe) blocks the server's loop for 4 s: far longer than
+        # the probe budget, far shorter than nothing-at-all from a dead process.
+        async for change in changes:
+            if "ds-blocked" in change.removed:
+                break
+        # Once the loop is free the server is healthy again and comes back in the SAME
+        # session: it was alive all along, only its agent took it offline.
+        async for change in changes:
+            if "ds-blocked" in change.added:
+                break
+        _, after = await observer.get(path)
+        assert after.ephemeral_owner == before.ephemeral_owner
+        assert after.czxid != before.czxid
+        changes.close()
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), timeout=20) == 0
+
+
+async def test_fleet_of_20_in_2_processes_registers_all_and_deregisters_on_stop(
+    zk_hosts: str, make_session: SessionFactory
+) -> None:
+    observer = await make_session()
+    args: Sequence[str] = (
+        *("fleet", "--zk", zk_hosts, "--count", "20", "--procs", "2", "--base-port", "0"),
+        *("--docs", "200", "--drain-grace", "0.5", "--probe-interval", "0.2"),
+        *("--log-level", "WARNING"),
+    )
+    async with MembershipWatcher(observer, coalesce_window=0.05) as watcher:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "data_server.cli", *args
+        )
+        try:
+            members = await watcher.wait_until(lambda m: len(m) == 20, timeout=90)
+            assert sorted(members) == [f"ds-{i:04d}" for i in range(20)]
+            assert len({(m.address, m.port) for m in members.values()}) == 20
+            assert {m.payload.shard for m in members.values()} == set(range(20))
+            process.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(process.wait(), timeout=60) == 0
+            await watcher.wait_until(lambda m: not m, timeout=15)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()

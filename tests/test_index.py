@@ -1,0 +1,393 @@
+"""The shard's documents (generated or loaded) and its BM25 inverted index."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import string
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from data_server.corpus import (
+    MAX_DOC_TOKENS,
+    MIN_DOC_TOKENS,
+    VOCABULARY_SIZE,
+    Document,
+    generate_documents,
+    load_jsonl,
+    sample_queries,
+    vocabulary,
+)
+from data_server.index import BM25_B, BM25_K1, Hit, InvertedIndex, tokenize
+
+
+def doc(doc_id: str, text: str, title: str = "") -> Document:
+    return Document(id=doc_id, title=title, text=text)
+
+
+def bm25_term(tf: int, dl: int, avgdl: float, n: int, df: int) -> float:
+    """The BM25 formula written out independently of the index."""
+    idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+    return idf * tf * (BM25_K1 + 1) / (tf + BM25_K1 * (1 - BM25_B + BM25_B * dl / avgdl))
+
+
+def brute_force(documents: list[Document], query: str, k: int) -> list[tuple[str, float]]:
+    """Score every document from its raw text: the reference the index must match."""
+    tokenized = [re.findall(r"\w+", f"{d.title}\n{d.text}".lower()) for d in documents]
+    avgdl = sum(map(len, tokenized)) / len(tokenized)
+    terms = list(dict.fromkeys(re.findall(r"\w+", query.lower())))
+    counts = [Counter(tokens) for tokens in tokenized]
+    scored = []
+    for document, tokens, tf in zip(documents, tokenized, counts, strict=True):
+        score = 0.0
+        for term in terms:
+            if tf[term]:
+                df = sum(1 for c in counts if c[term])
+                score += bm25_term(tf[term], len(tokens), avgdl, len(documents), df)
+        if score:
+            scored.append((document.id, score))
+    scored.sort(key=lambda item: (-item[1], item[0]))
+    return scored[:k]
+
+
+# --- generated corpus -------------------------------------------------------------------
+
+
+def test_generation_is_deterministic() -> None:
+    first = generate_documents(40, shard=3, seed=7)
+    assert first == generate_documents(40, shard=3, seed=7)
+    assert [d.id for d in first] == [f"s3-{n}" for n in range(40)]
+    # Document n does not depend on how many are generated.
+    assert generate_documents(10, shard=3, seed=7) == first[:10]
+
+
+def test_generation_differs_by_shard_and_seed() -> None:
+    base = generate_documents(20, shard=1)
+    other_shard = generate_documents(20, shard=2)
+    other_seed = generate_documents(20, shard=1, seed=1)
+    assert [d.text for d in base] != [d.text for d in other_shard]
+    assert {d.text for d in base}.isdisjoint(d.text for d in other_shard)
+    assert {d.text for d in base}.isdisjoint(d.text for d in other_seed)
+
+
+def test_generated_documents_look_like_documents() -> None:
+    documents = generate_documents(300, shard=0)
+    lengths = [len(tokenize(d.text)) for d in documents]
+    assert min(lengths) >= MIN_DOC_TOKENS
+    assert max(lengths) <= MAX_DOC_TOKENS
+    assert len(set(lengths)) > 50, "lengths should vary"
+    words = set(vocabulary(0))
+    for document in documents:
+        assert document.title
+        assert set(tokenize(document.title)) <= set(tokenize(document.text))
+        assert set(tokenize(document.text)) <= words
+        assert document.text.endswith(".")
+        assert document.text[0].isupper()
+
+
+def test_generation_rejects_negative_arguments() -> None:
+    assert generate_documents(0, shard=0) == []
+    with pytest.raises(ValueError, match="count"):
+        generate_documents(-1, shard=0)
+    with pytest.raises(ValueError, match="shard"):
+        generate_documents(1, shard=-1)
+
+
+def test_vocabulary_is_large_unique_and_cached() -> None:
+    words = vocabulary(0)
+    assert len(words) == VOCABULARY_SIZE
+    assert len(set(words)) == len(words)
+    assert all(re.fullmatch(r"[a-z]+", w) for w in words)
+    assert vocabulary(0) is words
+    assert vocabulary(1) != words
+    # Frequent words are short, as in natural language.
+    head = sum(map(len, words[:100])) / 100
+    tail = sum(map(len, words[-1000:])) / 1000
+    assert head < tail
+
+
+def test_word_frequencies_are_zipf_like() -> None:
+    counts = Counter(t for d in generate_documents(2000, shard=5) for t in tokenize(d.text))
+    frequencies = sorted(counts.values(), reverse=True)
+    # Zipf with s ~ 1 predicts f(1) / f(100) ~ 100 (about 126 for s = 1.05).
+    assert frequencies[0] > 40 * frequencies[99]
+    assert frequencies[0] < 400 * frequencies[99]
+    # Log-log slope between ranks 10 and 1000 is close to -s.
+    slope = (math.log(frequencies[999]) - math.log(frequencies[9])) / (
+        math.log(1000) - math.log(10)
+    )
+    assert -1.3 < slope < -0.8
+    # A long tail: many distinct words, a good share of them seen once or twice.
+    assert len(counts) > 10_000
+
+
+def test_sample_queries_are_deterministic_short_and_from_the_vocabulary() -> None:
+    queries = sample_queries(200, seed=0)
+    assert queries == sample_queries(200, seed=0)
+    assert queries != sample_queries(200, seed=0, variant=1)
+    words = vocabulary(0)
+    common = set(words[:50])
+    known = set(words)
+    sizes = Counter(len(q.split()) for q in queries)
+    assert set(sizes) == {1, 2, 3}
+    for query in queries:
+        terms = query.split()
+        assert len(set(terms)) == len(terms)
+        assert set(terms) <= known
+        assert not set(terms) & common, "queries avoid stop words"
+    with pytest.raises(ValueError, match="count"):
+        sample_queries(-1)
+
+
+def test_sample_queries_hit_a_realistic_share_of_a_shard() -> None:
+    index = InvertedIndex(generate_documents(5000, shard=1))
+    queries = sample_queries(200, seed=0)
+    shares = [index.match_count(q) / index.document_count for q in queries]
+    realistic = [s for s in shares if 0 < s < 0.5]
+    assert len(realistic) >= 0.95 * len(queries)
+    # Neither all rare nor all common: a spread of hit counts.
+    assert min(shares) < 0.01
+    assert max(shares) > 0.05
+    assert all(index.search(q, 10) for q in queries if index.match_count(q))
+
+
+# --- JSONL loading ----------------------------------------------------------------------
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_load_jsonl(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "docs.jsonl",
+        [
+            json.dumps({"id": "a", "title": "Alpha", "text": "first text", "extra": 1}),
+            "",
+            "   ",
+            json.dumps({"id": "b", "text": "second text"}),
+            json.dumps({"id": "c", "title": None, "text": "Zürich ünïcode"}),
+        ],
+    )
+    assert load_jsonl(path) == [
+        Document("a", "Alpha", "first text"),
+        Document("b", "", "second text"),
+        Document("c", "", "Zürich ünïcode"),
+    ]
+    assert load_jsonl(str(path)) == load_jsonl(path)
+
+
+def test_load_jsonl_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("", encoding="utf-8")
+    assert load_jsonl(path) == []
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "message"),
+    [
+        ("{not json", "invalid JSON"),
+        ('["a", "list"]', "expected a JSON object"),
+        ('{"text": "no id"}', "'id' must be a non-empty string"),
+        ('{"id": "", "text": "empty id"}', "'id' must be a non-empty string"),
+        ('{"id": 5, "text": "numeric id"}', "'id' must be a non-empty string"),
+        ('{"id": "x"}', "'text' must be a string"),
+        ('{"id": "x", "text": "t", "title": 3}', "'title' must be a string"),
+        ('{"id": "a", "text": "again"}', "duplicate id 'a' \\(first on line 1\\)"),
+    ],
+)
+def test_load_jsonl_bad_line_names_file_and_line(
+    tmp_path: Path, bad_line: str, message: str
+) -> None:
+    path = write_lines(
+        tmp_path / "docs.jsonl",
+        ['{"id": "a", "text": "ok"}', "", bad_line, '{"id": "z", "text": "never read"}'],
+    )
+    with pytest.raises(ValueError, match=message) as info:
+        load_jsonl(path)
+    assert str(info.value).startswith(f"{path}, line 3: ")
+
+
+def test_load_jsonl_invalid_utf8_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "docs.jsonl"
+    path.write_bytes(b'{"id": "a", "text": "ok"}\n{"id": "b", "text": "\xff"}\n')
+    with pytest.raises(ValueError, match=r"line 2: not valid UTF-8"):
+        load_jsonl(path)
+
+
+def test_load_jsonl_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        load_jsonl(tmp_path / "absent.jsonl")
+
+
+# --- tokenizer --------------------------------------------------------------------------
+
+
+def test_tokenize() -> None:
+    assert tokenize("Hello, World! snake_case x2 -- ok.") == [
+        "hello",
+        "world",
+        "snake_case",
+        "x2",
+        "ok",
+    ]
+    assert tokenize("Café NAÏVE 東京 Straße") == ["café", "naïve", "東京", "straße"]
+    assert tokenize("") == []
+    assert tokenize(" ,.;\n\t") == []
+
+
+def test_ascii_fast_path_matches_the_regex() -> None:
+    rng = random.Random(1)
+    alphabet = string.printable + "\x00\x1c\x1f\x7f"
+    for _ in range(500):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        assert tokenize(text) == re.findall(r"\w+", text.lower()), repr(text)
+
+
+# --- BM25 -------------------------------------------------------------------------------
+
+
+def test_higher_term_frequency_ranks_higher_at_equal_length() -> None:
+    index = InvertedIndex(
+        [doc("once", "apple pear plum fig"), doc("twice", "apple apple plum fig"), doc("no", "x")]
+    )
+    hits = index.search("apple", 10)
+    assert [h.id for h in hits] == ["twice", "once"]
+    assert hits[0].score > hits[1].score
+
+
+def test_shorter_document_ranks_higher_at_equal_term_frequency() -> None:
+    index = InvertedIndex(
+        [doc("long", "apple b c d e f g h i j"), doc("short", "apple b c"), doc("other", "z")]
+    )
+    assert [h.id for h in index.search("apple", 10)] == ["short", "long"]
+
+
+def test_rare_terms_outweigh_common_ones() -> None:
+    documents = [doc(f"filler{n}", "common words here") for n in range(8)]
+    documents += [doc("has-common", "common alpha beta"), doc("has-rare", "rare alpha beta")]
+    index = InvertedIndex(documents)
+    assert index.idf("rare") > index.idf("common")
+    hits = index.search("common rare", 3)
+    assert hits[0].id == "has-rare"
+
+
+def test_score_matches_hand_computation() -> None:
+    documents = [
+        doc("d1", "the cat sat on the mat", title="Cats"),
+        doc("d2", "the dog sat"),
+        doc("d3", "a cat and a cat and a dog"),
+        doc("d4", "nothing relevant at all"),
+    ]
+    index = InvertedIndex(documents)
+    # Lengths include the title: d1 = 7, d2 = 3, d3 = 8, d4 = 4 tokens.
+    avgdl = (7 + 3 + 8 + 4) / 4
+    assert index.average_length == avgdl
+    # "cats" (title of d1) is a different token from "cat": df(cat) = 2, df(dog) = 2.
+    expected_d3 = bm25_term(2, 8, avgdl, 4, 2) + bm25_term(1, 8, avgdl, 4, 2)
+    expected_d1 = bm25_term(1, 7, avgdl, 4, 2)
+    expected_d2 = bm25_term(1, 3, avgdl, 4, 2)
+    hits = {h.id: h.score for h in index.search("Cat DOG cat", 10)}
+    assert set(hits) == {"d1", "d2", "d3"}
+    assert hits["d3"] == pytest.approx(expected_d3, abs=1e-9)
+    assert hits["d1"] == pytest.approx(expected_d1, abs=1e-9)
+    assert hits["d2"] == pytest.approx(expected_d2, abs=1e-9)
+    assert index.idf("cat") == pytest.approx(math.log(1 + (4 - 2 + 0.5) / (2 + 0.5)), abs=1e-12)
+
+
+def test_title_is_indexed_and_returned() -> None:
+    index = InvertedIndex([doc("a", "body text", title="Unique Heading"), doc("b", "other")])
+    assert index.search("heading", 5) == [
+        Hit("a", index.search("heading", 5)[0].score, "Unique Heading")
+    ]
+
+
+def test_large_term_frequencies_are_exact() -> None:
+    documents = [
+        doc("many", " ".join(["spam"] * 300 + ["eggs"] * 255 + ["ham"] * 254)),
+        doc("few", "spam eggs ham toast"),
+    ]
+    index = InvertedIndex(documents)
+    reference = dict(brute_force(documents, "spam eggs ham", 10))
+    hits = {h.id: h.score for h in index.search("spam eggs ham", 10)}
+    assert hits == pytest.approx(reference, abs=1e-9)
+    assert hits["many"] > bm25_term(254, 809, index.average_length, 2, 2) * 2
+
+
+def test_index_matches_brute_force_on_a_generated_shard() -> None:
+    documents = generate_documents(300, shard=9)
+    index = InvertedIndex(documents)
+    words = vocabulary(0)
+    queries = [
+        *sample_queries(30, seed=0),
+        " ".join(words[:3]),  # stop words: nearly every document matches
+        f"{words[0]} {words[0].upper()} unknownword",
+    ]
+    for query in queries:
+        expected = brute_force(documents, query, 10)
+        hits = index.search(query, 10)
+        assert [h.id for h in hits] == [i for i, _ in expected], query
+        assert [h.score for h in hits] == pytest.approx([s for _, s in expected], abs=1e-9)
+
+
+# --- search API -------------------------------------------------------------------------
+
+
+def test_top_k_is_ordered_and_limited() -> None:
+    documents = [doc(f"d{n:02}", " ".join(["word"] * (n + 1) + ["pad"] * 20)) for n in range(30)]
+    index = InvertedIndex(documents)
+    hits = index.search("word", 5)
+    assert len(hits) == 5
+    assert [h.id for h in hits] == ["d29", "d28", "d27", "d26", "d25"]
+    scores = [h.score for h in hits]
+    assert scores == sorted(scores, reverse=True)
+    assert len(index.search("word", 100)) == 30
+    assert index.search("word", 0) == []
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        index.search("word", -1)
+
+
+def test_ties_are_broken_by_document_id() -> None:
+    documents = [doc(i, "same text here") for i in ["c", "a", "e", "b", "d"]]
+    index = InvertedIndex(documents)
+    assert [h.id for h in index.search("same", 3)] == ["a", "b", "c"]
+    assert [h.id for h in index.search("text same", 10)] == ["a", "b", "c", "d", "e"]
+
+
+def test_repeated_query_terms_count_once() -> None:
+    index = InvertedIndex([doc("a", "apple pie"), doc("b", "banana split"), doc("c", "apple")])
+    assert index.search("apple apple APPLE", 5) == index.search("apple", 5)
+
+
+def test_unknown_and_empty_queries() -> None:
+    index = InvertedIndex([doc("a", "apple pie"), doc("b", "banana split")])
+    assert index.search("", 10) == []
+    assert index.search("  ?! ", 10) == []
+    assert index.search("durian", 10) == []
+    assert [h.id for h in index.search("durian pie", 10)] == ["a"]
+    assert index.match_count("durian") == 0
+    assert index.match_count("pie banana apple") == 2
+
+
+def test_counts_and_empty_index() -> None:
+    index = InvertedIndex([doc("a", "apple pie"), doc("b", "Apple split", title="Fruit")])
+    assert index.document_count == 2
+    assert index.term_count == 4
+    assert index.posting_count == 5
+    assert index.document_frequency("APPLE") == 2
+    empty = InvertedIndex([])
+    assert empty.document_count == 0
+    assert empty.term_count == 0
+    assert empty.search("anything", 10) == []
+    blank = InvertedIndex([doc("x", ""), doc("y", "...")])
+    assert blank.search("x", 10) == []
+
+
+def test_duplicate_ids_are_rejected() -> None:
+    with pytest.raises(ValueError, match="duplicate document id 'a'"):
+        InvertedIndex([doc("a", "one"), doc("b", "two"), doc("a", "three")])
