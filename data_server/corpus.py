@@ -23,6 +23,8 @@ from functools import lru_cache
 from itertools import accumulate
 
 __all__ = [
+    "MAX_DOC_TOKENS",
+    "MIN_DOC_TOKENS",
     "VOCABULARY_SIZE",
     "ZIPF_EXPONENT",
     "Document",
@@ -85,7 +87,8 @@ def vocabulary(seed: int = 0) -> tuple[str, ...]:
 
     Words are built from syllables; like real words, frequent ones tend to be short
     (Zipf's law of abbreviation). Cached per process, so the simulated servers of a
-    fleet share one copy.
+    fleet share one copy; the words are interned, so the term strings of their indexes
+    (which are interned too) are these same objects.
     """
     rng = random.Random(f"vocabulary:{seed}")
     words: list[str] = []
@@ -101,7 +104,7 @@ def vocabulary(seed: int = 0) -> tuple[str, ...]:
             if len(word) > 1 and word not in seen:
                 break
         seen.add(word)
-        words.append(word)
+        words.append(sys.intern(word))
     return tuple(words)
 
 

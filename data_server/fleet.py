@@ -76,6 +76,11 @@ async def run_worker(config: FleetConfig, worker: int) -> None:
             await server.start()
 
     try:
+        # Index every shard before any server goes live: indexing holds the GIL, and
+        # doing it while earlier servers are being probed would starve their probes
+        # and make them flap during start-up.
+        for server in servers:
+            await server.load()
         await asyncio.gather(*(start(server) for server in servers))
         log.info(
             "fleet worker %d: %d servers started in %.1fs",

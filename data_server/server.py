@@ -109,21 +109,31 @@ class DataServer:
 
     # -- lifecycle ---------------------------------------------------------------
 
+    async def load(self) -> None:
+        """Load and index the shard (once).
+
+        Raises:
+            ValueError: a bad ``--docs-file`` line.
+        """
+        if self.index is not None:
+            return
+        started = time.monotonic()
+        # Off the loop, so that a slow load does not stall what else runs on it.
+        self.index = await asyncio.to_thread(self._build_index)
+        self._metrics.index_build_seconds.set(time.monotonic() - started)
+        self._metrics.documents.set(self.index.document_count)
+        self._metrics.terms.set(self.index.term_count)
+
     async def start(self) -> None:
-        """Index, listen, connect the agent, then declare readiness.
+        """Index (unless :meth:`load` did), listen, connect the agent, declare readiness.
 
         Raises:
             DiscoveryError: ZooKeeper unreachable (the HTTP server is stopped again).
             OSError: the port is taken.
             ValueError: a bad ``--docs-file`` line.
         """
-        started = time.monotonic()
-        # Indexing is CPU work; off the loop so that other servers of a fleet sharing
-        # it keep answering meanwhile.
-        self.index = await asyncio.to_thread(self._build_index)
-        self._metrics.index_build_seconds.set(time.monotonic() - started)
-        self._metrics.documents.set(self.index.document_count)
-        self._metrics.terms.set(self.index.term_count)
+        await self.load()
+        assert self.index is not None
 
         runner = web.AppRunner(
             self._make_app(),

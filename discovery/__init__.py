@@ -1,6 +1,7 @@
 """Service discovery for search clusters.
 
-The framework: a ZooKeeper session bridged into asyncio (:class:`ZkSession`), the
+The framework: the data-server :class:`Agent` (registration while healthy, health
+probes, drain), a ZooKeeper session bridged into asyncio (:class:`ZkSession`), the
 Curator-compatible :class:`ServiceInstance`, ephemeral :class:`Registration` of an
 instance, and a :class:`MembershipWatcher` that keeps a decoded view of
 ``/data_servers``. The applications ``data_server`` and ``search_server`` are built on
@@ -8,7 +9,8 @@ it; ``discovery.devcluster`` runs a real local ZooKeeper and Redis for developme
 and tests. See docs/ARCHITECTURE.md.
 """
 
-from .config import ClusterConfig, ZkConfig
+from .agent import Agent, AgentState, AgentStatus
+from .config import AgentConfig, ClusterConfig, ZkConfig
 from .errors import (
     ConfigError,
     DevClusterError,
@@ -27,6 +29,7 @@ from .errors import (
 from .instance import MAX_INSTANCE_BYTES, InstancePayload, InstanceState, ServiceInstance
 from .layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from .membership import MembershipChange, MembershipWatcher
+from .probes import CallableProbe, HttpProbe, Probe, ProbeFailed, SearchProbe
 from .registration import Registration
 from .zk import SessionEvent, SessionState, ZkSession
 
@@ -35,18 +38,27 @@ __all__ = [
     "MAX_INSTANCE_BYTES",
     "SEARCH_ELECTION_PATH",
     "SEARCH_MEMBERS_PATH",
+    "Agent",
+    "AgentConfig",
+    "AgentState",
+    "AgentStatus",
+    "CallableProbe",
     "ClusterConfig",
     "ConfigError",
     "DevClusterError",
     "DiscoveryError",
+    "HttpProbe",
     "InstancePayload",
     "InstanceState",
     "InvalidInstanceError",
     "MembershipChange",
     "MembershipWatcher",
     "PayloadTooLargeError",
+    "Probe",
+    "ProbeFailed",
     "Registration",
     "RegistrationConflictError",
+    "SearchProbe",
     "ServiceInstance",
     "SessionEvent",
     "SessionState",

@@ -240,6 +240,9 @@ class ZooKeeperServer(ManagedProcess):
             f"minSessionTimeout={self._min_session_timeout_ms}",
             f"maxSessionTimeout={self._max_session_timeout_ms}",
             "admin.enableServer=false",
+            # Every client connects from 127.0.0.1 here; ZooKeeper's default limit of 60
+            # connections per address would refuse a fleet of 100 simulated servers.
+            "maxClientCnxns=0",
             "4lw.commands.whitelist=ruok,srvr,stat,mntr,cons",
             # The transaction log is still written to the OS before each reply, so data
             # survives a process restart; skipping fsync only risks data on an OS crash,

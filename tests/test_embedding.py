@@ -1,0 +1,93 @@
+"""The agent embedded in a plain threaded server, as the README shows it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from discovery import (
+    Agent,
+    AgentState,
+    HttpProbe,
+    InstancePayload,
+    InstanceState,
+    ServiceInstance,
+    ZkConfig,
+)
+from discovery.membership import MembershipWatcher
+
+from .support import FAST_AGENT, SessionFactory
+
+
+class Handler(BaseHTTPRequestHandler):
+    healthy = True
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.healthy else 503)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # keep test output quiet
+
+
+@pytest.fixture
+def threaded_server() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    thread.join()
+    server.server_close()
+
+
+async def test_threaded_server_registers_goes_offline_and_drains(
+    zk_hosts: str, make_session: SessionFactory, threaded_server: ThreadingHTTPServer
+) -> None:
+    port = threaded_server.server_address[1]
+    instance = ServiceInstance.create(
+        "data_servers",
+        "ds-threaded",
+        "127.0.0.1",
+        port,
+        InstancePayload(shard=1, replica=0, docs=10, version="1", state="serving"),
+    )
+    agent = Agent(
+        instance,
+        HttpProbe(f"http://127.0.0.1:{port}/healthz"),
+        zk=ZkConfig(hosts=zk_hosts, session_timeout=2),
+        config=FAST_AGENT,
+    )
+    observer = await make_session()
+    async with MembershipWatcher(observer, coalesce_window=0) as watcher:
+        # The threaded server's side uses the blocking API, as its own code would.
+        await asyncio.to_thread(agent.start)
+        try:
+            agent.set_ready()
+            await watcher.wait_until(lambda m: "ds-threaded" in m, timeout=10)
+
+            Handler.healthy = False
+            await watcher.wait_until(lambda m: "ds-threaded" not in m, timeout=10)
+            assert agent.status().state is AgentState.OFFLINE
+            Handler.healthy = True
+            await watcher.wait_until(lambda m: "ds-threaded" in m, timeout=10)
+
+            drain = asyncio.create_task(asyncio.to_thread(agent.drain, 1.0))
+            members = await watcher.wait_until(
+                lambda m: m["ds-threaded"].payload.state is InstanceState.DRAINING, timeout=10
+            )
+            assert not members["ds-threaded"].routable
+            await drain
+            assert (
+                "ds-threaded" not in watcher.members
+                or await watcher.wait_until(lambda m: "ds-threaded" not in m, timeout=10)
+                is not None
+            )
+        finally:
+            Handler.healthy = True
+            await asyncio.to_thread(agent.stop)
