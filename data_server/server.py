@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from discovery.agent import Agent, AgentState
+from discovery.errors import ConfigError
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.loopthread import LoopThread
 from discovery.probes import SearchProbe
@@ -113,7 +114,7 @@ class DataServer:
         """Load and index the shard (once).
 
         Raises:
-            ValueError: a bad ``--docs-file`` line.
+            ConfigError: the ``--docs-file`` cannot be read or has a bad line.
         """
         if self.index is not None:
             return
@@ -130,7 +131,7 @@ class DataServer:
         Raises:
             DiscoveryError: ZooKeeper unreachable (the HTTP server is stopped again).
             OSError: the port is taken.
-            ValueError: a bad ``--docs-file`` line.
+            ConfigError: a bad ``--docs-file``.
         """
         await self.load()
         assert self.index is not None
@@ -187,7 +188,10 @@ class DataServer:
         config = self.config
         documents: list[Document]
         if config.docs_file is not None:
-            documents = load_jsonl(config.docs_file)
+            try:
+                documents = load_jsonl(config.docs_file)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"--docs-file: {exc}") from exc
         else:
             documents = generate_documents(config.docs, shard=config.shard, seed=config.seed)
         return InvertedIndex(documents)

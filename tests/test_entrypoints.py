@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from data_server import cli as data_server_cli
@@ -16,7 +18,7 @@ from discovery.instance import ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH
 from search_server import cli as search_server_cli
 
-from .support import SessionFactory, eventually
+from .support import DataServerFactory, SessionFactory, eventually
 
 
 @pytest.mark.parametrize(
@@ -125,3 +127,43 @@ def test_demo_runs_a_cluster_the_search_server_sees_and_stops_cleanly(tmp_path: 
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "search server sees 2 live data servers" in result.stdout
+
+
+def test_bad_docs_file_line_is_reported_naming_the_flag(tmp_path: Path) -> None:
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"id": "a", "text": "fine"}\n{"id": 7, "text": "bad id"}\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "data_server.cli", "--docs-file", str(docs), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "--docs-file" in result.stderr
+    assert "line 2" in result.stderr
+
+
+async def test_docs_file_documents_are_searchable(
+    tmp_path: Path, make_data_server: DataServerFactory
+) -> None:
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(
+        "\n".join(
+            json.dumps(doc)
+            for doc in [
+                {"id": "d1", "title": "Zookeeper", "text": "ephemeral nodes vanish"},
+                {"id": "d2", "title": "Redis", "text": "a live list in one key"},
+                {"id": "d3", "text": "nodes and keys and lists"},
+            ]
+        )
+        + "\n"
+    )
+    server = await make_data_server(docs_file=docs)
+    async with (
+        aiohttp.ClientSession() as client,
+        client.get(f"{server.url}/search", params={"q": "ephemeral nodes"}) as response,
+    ):
+        body = await response.json()
+    assert [hit["id"] for hit in body["hits"]] == ["d1", "d3"]
+    assert server.agent is not None
+    assert server.agent.instance.payload.docs == 3
