@@ -17,6 +17,7 @@ from discovery.config import (
     Option,
     ZkConfig,
     add_options,
+    non_negative_int,
     port_number,
     positive_float,
     positive_int,
@@ -30,16 +31,6 @@ __all__ = [
     "build_fleet_parser",
     "build_parser",
 ]
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return value
 
 
 SERVER_OPTIONS = (
@@ -57,13 +48,13 @@ SERVER_OPTIONS = (
         "address to publish in ZooKeeper (unset: --host, or this host's name for 0.0.0.0)",
     ),
     Option("--id", "DISCOVERY_ID", "instance id (unset: ds-<advertised address>-<port>)"),
-    Option("--shard", "DISCOVERY_SHARD", "shard number", type=_non_negative_int, default=0),
-    Option("--replica", "DISCOVERY_REPLICA", "replica number", type=_non_negative_int, default=0),
+    Option("--shard", "DISCOVERY_SHARD", "shard number", type=non_negative_int, default=0),
+    Option("--replica", "DISCOVERY_REPLICA", "replica number", type=non_negative_int, default=0),
     Option(
         "--docs",
         "DISCOVERY_DOCS",
         "number of documents to generate for the shard (ignored with --docs-file)",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=2000,
     ),
     Option(
@@ -76,7 +67,7 @@ SERVER_OPTIONS = (
         "--seed",
         "DISCOVERY_SEED",
         "seed of the generated vocabulary and documents",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=0,
     ),
     Option(

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import time
@@ -194,7 +195,7 @@ class Agent:
         registration = self._registration
         registered = registration is not None and registration.registered
         if registered != status.registered:
-            status = AgentStatus(**{**status.__dict__, "registered": registered})
+            status = dataclasses.replace(status, registered=registered)
         return status
 
     def start(self, timeout: float | None = None) -> None:

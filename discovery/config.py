@@ -29,7 +29,9 @@ __all__ = [
     "Option",
     "ZkConfig",
     "add_options",
+    "int_range",
     "log_level",
+    "non_negative_int",
     "parse_env",
     "port_number",
     "positive_float",
@@ -48,15 +50,29 @@ def positive_float(text: str) -> float:
     return value
 
 
-def port_number(text: str) -> int:
-    """argparse type: a TCP port, 0 meaning "any free port"."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be 0..65535, got {text!r}")
-    return value
+def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in ``low..high`` (no upper bound if ``high`` is None)."""
+    bounds = f"{low}..{high}" if high is not None else f">= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text!r}")
+        return value
+
+    parse.__name__ = f"int {bounds}"
+    return parse
+
+
+#: argparse type: a TCP port, 0 meaning "any free port".
+port_number = int_range(0, 65535)
+#: argparse type: an integer >= 1.
+positive_int = int_range(1)
+#: argparse type: an integer >= 0.
+non_negative_int = int_range(0)
 
 
 @dataclass(frozen=True)
@@ -187,17 +203,6 @@ COMMON_OPTIONS: tuple[Option, ...] = (
         metavar="TOKEN",
     ),
 )
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
 
 
 AGENT_OPTIONS: tuple[Option, ...] = (

@@ -23,23 +23,13 @@ import time
 import urllib.request
 from types import FrameType
 
-from .config import positive_float
+from .config import int_range, positive_float
 from .devcluster import DevCluster, free_port
 from .errors import DevClusterError
 
 __all__ = ["add_parser", "run"]
 
 log = logging.getLogger(__name__)
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 1 <= value <= 200:
-        raise argparse.ArgumentTypeError(f"must be 1..200, got {text!r}")
-    return value
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,7 +39,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Start a local cluster and keep it running until Ctrl-C.",
     )
     parser.add_argument(
-        "--data-servers", type=_count, default=5, metavar="N", help="data servers [default 5]"
+        "--data-servers",
+        type=int_range(1, 200),
+        default=5,
+        metavar="N",
+        help="data servers [default 5]",
     )
     parser.add_argument(
         "--duration",

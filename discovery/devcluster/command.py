@@ -17,7 +17,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from discovery.config import Option, add_options
+from discovery.config import Option, add_options, int_range
 from discovery.devcluster.cluster import DevCluster
 from discovery.devcluster.zookeeper import DEFAULT_TICK_TIME_MS
 from discovery.errors import DevClusterError
@@ -132,19 +132,6 @@ def _zk_nodes(text: str) -> int:
     return value
 
 
-def _tick_time(text: str) -> int:
-    low, high = _TICK_RANGE_MS
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be an integer number of milliseconds, got {text!r}"
-        ) from None
-    if not low <= value <= high:
-        raise argparse.ArgumentTypeError(f"must be between {low} and {high} ms, got {value}")
-    return value
-
-
 DEVCLUSTER_OPTIONS = (
     Option(
         "--zk-nodes",
@@ -158,7 +145,7 @@ DEVCLUSTER_OPTIONS = (
         "--tick-time",
         ENV_TICK_MS,
         "ZooKeeper tickTime in ms; the minimum session timeout is twice this",
-        type=_tick_time,
+        type=int_range(*_TICK_RANGE_MS),
         default=DEFAULT_TICK_TIME_MS,
         metavar="MS",
     ),
