@@ -321,3 +321,22 @@ async def test_hang_fault_holds_requests_until_cleared(
     await _set_fault(server, mode="none")
     status, _ = await asyncio.wait_for(pending, timeout=10)
     assert status == 200
+
+
+async def test_admin_drain_asks_the_owner_to_drain(
+    make_session: SessionFactory, make_data_server: DataServerFactory
+) -> None:
+    observer = await make_session()
+    server = await make_data_server(instance_id="ds-admin-drain")
+    status, body = await _post(server, "/admin/drain")
+    assert (status, body) == (202, {"status": "draining"})
+    assert server.drain_requested.is_set()
+    # What the CLI does on that event (as on SIGTERM):
+    async with MembershipWatcher(observer, coalesce_window=0) as watcher:
+        shutdown = asyncio.create_task(server.shutdown(grace=0.5))
+        members = await watcher.wait_until(
+            lambda m: m["ds-admin-drain"].payload.state is InstanceState.DRAINING, timeout=10
+        )
+        assert members["ds-admin-drain"].payload.reason == "draining"
+        await shutdown
+        await watcher.wait_until(lambda m: "ds-admin-drain" not in m, timeout=10)
