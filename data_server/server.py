@@ -16,7 +16,6 @@ import ipaddress
 import json
 import logging
 import time
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -24,6 +23,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 
 from discovery.agent import Agent, AgentState
 from discovery.errors import ConfigError
+from discovery.http import MAX_QUERY_LENGTH, int_param, json_error, json_errors, query_text
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.loopthread import LoopThread
 from discovery.probes import SearchProbe
@@ -39,11 +39,6 @@ log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 MAX_K = 1000
-MAX_QUERY_LENGTH = 1024
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
 
 
 class _Metrics:
@@ -217,7 +212,7 @@ class DataServer:
     # -- HTTP --------------------------------------------------------------------
 
     def _make_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._json_errors])
+        app = web.Application(middlewares=[json_errors])
         app.router.add_get("/search", self.search)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
@@ -229,35 +224,15 @@ class DataServer:
         app.router.add_get("/admin/status", self.admin_status)
         return app
 
-    @web.middleware
-    async def _json_errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        # Unknown paths and wrong methods answer JSON like every other error.
-        try:
-            response: web.StreamResponse = await handler(request)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            return _error(exc.status, exc.reason)
-        return response
-
     async def search(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
-        query = request.query.get("q")
-        if query is None or not query.strip():
-            return self._count(_error(400, "missing query parameter 'q'"))
-        if len(query) > MAX_QUERY_LENGTH:
-            return self._count(
-                _error(400, f"query longer than {MAX_QUERY_LENGTH} characters ({len(query)})")
-            )
-        raw_k = request.query.get("k", "10")
         try:
-            k = int(raw_k)
-        except ValueError:
-            return self._count(_error(400, f"'k' must be an integer, got {raw_k!r}"))
-        if not 1 <= k <= MAX_K:
-            return self._count(_error(400, f"'k' must be in 1..{MAX_K}, got {k}"))
+            query = query_text(request)
+            k = int_param(request, "k", 10, 1, MAX_K)
+        except ValueError as exc:
+            return self._count(json_error(400, str(exc)))
         if await self.faults.apply():
-            return self._count(_error(500, "injected error"))
+            return self._count(json_error(500, "injected error"))
         assert self.index is not None
         hits = self.index.search(query, k)
         took = time.perf_counter() - started
@@ -298,15 +273,15 @@ class DataServer:
             except ValueError:
                 loopback = False
             if not loopback:
-                return _error(
+                return json_error(
                     403, "admin is only allowed from loopback unless --admin-token is set"
                 )
             return None
         header = request.headers.get("Authorization", "")
         if not header.startswith("Bearer "):
-            return _error(401, "admin requires 'Authorization: Bearer <token>'")
+            return json_error(401, "admin requires 'Authorization: Bearer <token>'")
         if not hmac.compare_digest(header[len("Bearer ") :].encode(), token.encode()):
-            return _error(403, "wrong admin token")
+            return json_error(403, "wrong admin token")
         return None
 
     async def admin_drain(self, request: web.Request) -> web.Response:
@@ -335,11 +310,11 @@ class DataServer:
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "body must be JSON")
+            return json_error(400, "body must be JSON")
         try:
             fault = Fault.from_json(body)
         except FaultSpecError as exc:
-            return _error(400, str(exc))
+            return json_error(400, str(exc))
         self.faults.set(fault)
         log.warning("%s: fault set to %s", self.instance_id, fault.to_dict())
         return web.json_response({"fault": fault.to_dict()})

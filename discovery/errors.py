@@ -12,8 +12,11 @@ __all__ = [
     "ConfigError",
     "DevClusterError",
     "DiscoveryError",
+    "FencedError",
     "InvalidInstanceError",
     "PayloadTooLargeError",
+    "RedisOperationError",
+    "RedisUnavailableError",
     "RegistrationConflictError",
     "ZkAuthError",
     "ZkBadVersionError",
@@ -87,3 +90,48 @@ class RegistrationConflictError(ZkError):
 
 class DevClusterError(DiscoveryError):
     """A local ZooKeeper or Redis process could not be started or did not answer."""
+
+
+class FencedError(DiscoveryError):
+    """A live-list publish or heartbeat was refused: Redis holds a newer epoch or version.
+
+    Another leader (a newer epoch) or another writer in our epoch has published. The
+    publisher has been deposed and must stop leading; retrying cannot succeed.
+    ``reason`` is ``"epoch"`` or ``"version"``; ``stored_epoch`` and ``stored_version``
+    are what Redis holds.
+    """
+
+    def __init__(
+        self,
+        *,
+        epoch: int,
+        version: int,
+        stored_epoch: int,
+        stored_version: int,
+        reason: str,
+    ) -> None:
+        super().__init__(
+            f"publish of epoch {epoch} version {version} refused ({reason} fence): Redis holds "
+            f"epoch {stored_epoch} version {stored_version}; another leader has taken over"
+        )
+        self.epoch = epoch
+        self.version = version
+        self.stored_epoch = stored_epoch
+        self.stored_version = stored_version
+        self.reason = reason
+
+
+class RedisOperationError(DiscoveryError):
+    """A Redis command failed with an error reply or an unexpected answer.
+
+    redis-py errors are translated where they enter our code
+    (:func:`discovery.publisher.translate_redis_error`); the original is ``__cause__``.
+    """
+
+
+class RedisUnavailableError(RedisOperationError):
+    """Redis cannot be reached or cannot serve writes right now (connection refused or lost,
+    timeout, loading its data, read-only replica).
+
+    The outcome of a write that failed this way is unknown: it may have been applied.
+    """

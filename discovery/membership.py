@@ -111,6 +111,7 @@ class MembershipWatcher:
         max_bytes: int = MAX_INSTANCE_BYTES,
         read_concurrency: int = 256,
         registry: CollectorRegistry | None = None,
+        metrics: MembershipMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._session = session
@@ -119,7 +120,11 @@ class MembershipWatcher:
         self._max_bytes = max_bytes
         self._read_slots = asyncio.Semaphore(read_concurrency)
         self._clock = clock
-        self._metrics = MembershipMetrics(registry if registry is not None else CollectorRegistry())
+        # ``metrics`` lets an owner that creates watchers repeatedly (a leader, once per
+        # term) keep one set of metrics on its registry.
+        self._metrics = metrics or MembershipMetrics(
+            registry if registry is not None else CollectorRegistry()
+        )
         self._members: Mapping[str, ServiceInstance] = _EMPTY
         self._invalid: dict[str, str] = {}
         self._counted_invalid: dict[str, int] = {}  # child -> mzxid already counted

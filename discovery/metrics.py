@@ -8,9 +8,18 @@ server, and every test gets a fresh one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 
-__all__ = ["AgentMetrics", "MembershipMetrics", "RegistrationMetrics", "SessionMetrics"]
+__all__ = [
+    "AgentMetrics",
+    "LiveListMetrics",
+    "MembershipMetrics",
+    "PublisherMetrics",
+    "RegistrationMetrics",
+    "SessionMetrics",
+]
 
 
 class SessionMetrics:
@@ -148,3 +157,122 @@ class AgentMetrics:
             "Times a flapping server was held offline for a cool-down.",
             registry=registry,
         )
+
+
+class PublisherMetrics:
+    """The leader's writes of the live list (:class:`~discovery.publisher.LivePublisher`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.publishes = Counter(
+            "discovery_publisher_publishes",
+            "Live-list writes, by kind (full, diff, heartbeat) and result (ok, fenced, error).",
+            ["kind", "result"],
+            registry=registry,
+        )
+        self.publish_seconds = Histogram(
+            "discovery_publisher_publish_seconds",
+            "Time for one fenced write to Redis (encoding included), by kind.",
+            ["kind"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=registry,
+        )
+        self.epoch = Gauge(
+            "discovery_publisher_epoch",
+            "The epoch this publisher writes with.",
+            registry=registry,
+        )
+        self.version = Gauge(
+            "discovery_publisher_version",
+            "The last version this publisher wrote successfully.",
+            registry=registry,
+        )
+        self.snapshot_bytes = Gauge(
+            "discovery_publisher_snapshot_bytes",
+            "Size of the last snapshot written, in bytes of JSON.",
+            registry=registry,
+        )
+        self.servers = Gauge(
+            "discovery_publisher_servers",
+            "Data servers in the last snapshot written.",
+            registry=registry,
+        )
+
+
+class LiveListMetrics:
+    """The live list a search server routes with (:class:`~discovery.livelist.LiveListReader`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.age_seconds = Gauge(
+            "discovery_livelist_age_seconds",
+            "Seconds since the list was last confirmed current against Redis.",
+            registry=registry,
+        )
+        self.epoch = Gauge(
+            "discovery_livelist_epoch",
+            "Epoch of the list in use.",
+            registry=registry,
+        )
+        self.version = Gauge(
+            "discovery_livelist_version",
+            "Version of the list in use.",
+            registry=registry,
+        )
+        self.servers = Gauge(
+            "discovery_livelist_servers",
+            "Data servers in the list in use (routable or not).",
+            registry=registry,
+        )
+        self.routable = Gauge(
+            "discovery_livelist_routable",
+            "Routable data servers in the list in use.",
+            registry=registry,
+        )
+        self.connected = Gauge(
+            "discovery_livelist_connected",
+            "1 while subscribed to the events channel, else 0.",
+            registry=registry,
+        )
+        self.diffs_applied = Counter(
+            "discovery_livelist_diffs_applied",
+            "Diff events applied to the list.",
+            registry=registry,
+        )
+        self.refetches = Counter(
+            "discovery_livelist_refetches",
+            "Snapshot fetches, by cause (start, gap, epoch, full, reconcile, reconnect).",
+            ["cause"],
+            registry=registry,
+        )
+        self.malformed = Counter(
+            "discovery_livelist_malformed",
+            "Malformed items skipped, by kind (snapshot, event, server).",
+            ["kind"],
+            registry=registry,
+        )
+        self.stale = Counter(
+            "discovery_livelist_stale_rejected",
+            "Snapshots or events refused because they would move the list backwards, by kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self.redis_errors = Counter(
+            "discovery_livelist_redis_errors",
+            "Failed Redis operations, by operation (subscribe, listen, fetch, reconcile).",
+            ["operation"],
+            registry=registry,
+        )
+        self.propagation_seconds = Histogram(
+            "discovery_livelist_propagation_seconds",
+            "Delay from the leader's published_at to the list being applied here "
+            "(includes clock skew between the hosts).",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=registry,
+        )
+
+    def track_age(self, age: Callable[[], float]) -> None:
+        """Compute the age gauge with ``age()`` on every scrape.
+
+        On scrape, not on a timer, so the gauge keeps growing while Redis is unreachable
+        and nothing in the reader runs.
+        """
+        self.age_seconds.set_function(age)

@@ -1,99 +1,50 @@
-"""``search-server``: run one search server."""
+"""``search-server``: run one search server until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
-from aiohttp import web
-from prometheus_client import CollectorRegistry
+from discovery.errors import ConfigError, DiscoveryError
 
-from discovery.config import COMMON_OPTIONS, ZK_OPTIONS, Option, ZkConfig, add_options, port_number
-from discovery.errors import DiscoveryError
-from discovery.membership import MembershipWatcher
-from discovery.zk import ZkSession
+from .config import SearchServerConfig, build_parser
+from .server import SearchServer
 
 __all__ = ["main"]
 
 log = logging.getLogger(__name__)
 
-SERVER_OPTIONS = (
-    Option("--host", "DISCOVERY_HOST", "address to listen on", default="127.0.0.1"),
-    Option("--port", "DISCOVERY_PORT", "port to listen on", type=port_number, default=8080),
-    Option("--id", "DISCOVERY_ID", "search server id (default ss-<host>-<port>)"),
-)
 
-ZK = web.AppKey("zk", ZkConfig)
-WATCHER = web.AppKey("watcher", MembershipWatcher)
-SELF_ID = web.AppKey("self_id", str)
-
-
-async def cluster(request: web.Request) -> web.Response:
-    watcher = request.app[WATCHER]
-    servers = [
-        {
-            "id": inst.id,
-            "address": inst.address,
-            "port": inst.port,
-            "shard": inst.payload.shard,
-            "state": inst.payload.state.value,
-        }
-        for inst in sorted(watcher.members.values(), key=lambda i: i.id)
-    ]
-    return web.json_response(
-        {"self": request.app[SELF_ID], "generation": watcher.generation, "servers": servers}
-    )
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-async def _membership(app: web.Application) -> AsyncIterator[None]:
-    registry = CollectorRegistry()
-    async with (
-        ZkSession.from_config(app[ZK], registry=registry) as session,
-        MembershipWatcher(session, registry=registry) as watcher,
-    ):
-        app[WATCHER] = watcher
-        yield
-
-
-async def _serve(args: argparse.Namespace) -> None:
-    app = web.Application()
-    app[ZK] = ZkConfig.from_args(args)
-    app[SELF_ID] = args.id or f"ss-{args.host}-{args.port}"
-    app.cleanup_ctx.append(_membership)
-    app.router.add_get("/cluster", cluster)
-    app.router.add_get("/healthz", healthz)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
+async def serve(config: SearchServerConfig) -> None:
+    server = SearchServer(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        await web.TCPSite(runner, args.host, args.port).start()
-        log.info("search server %s on %s:%d", app[SELF_ID], args.host, args.port)
+        await server.start()
         await stop.wait()
     finally:
-        await runner.cleanup()
+        await server.shutdown()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="search-server", description="Run one search server.")
-    add_options(parser, (*ZK_OPTIONS, *COMMON_OPTIONS, *SERVER_OPTIONS))
+    """Entry point; returns the exit code."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        asyncio.run(_serve(args))
-    except DiscoveryError as exc:
+        config = SearchServerConfig.from_args(args)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    try:
+        asyncio.run(serve(config))
+    except (DiscoveryError, OSError) as exc:
         log.error("%s", exc)
         return 1
     return 0

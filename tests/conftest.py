@@ -24,8 +24,16 @@ from data_server.server import DataServer
 from discovery.config import AgentConfig, ClusterConfig, ZkConfig
 from discovery.devcluster import RedisServer, ZooKeeperEnsemble
 from discovery.zk import ZkSession
+from search_server.config import SearchServerConfig
+from search_server.server import SearchServer
 
-from .support import FAST_AGENT, DataServerFactory, SessionFactory, eventually
+from .support import (
+    FAST_AGENT,
+    DataServerFactory,
+    SearchServerFactory,
+    SessionFactory,
+    eventually,
+)
 
 # Fast enough to expire a session in ~1 s, slow enough for a loaded 2-core CI box.
 TICK_TIME_MS = 100
@@ -183,3 +191,30 @@ async def make_data_server(zk_hosts: str) -> AsyncIterator[DataServerFactory]:
 
     yield make
     await asyncio.gather(*(server.shutdown(grace=0) for server in servers))
+
+
+@pytest.fixture
+async def make_search_server(
+    zk_hosts: str, redis_server: RedisServer, redis_prefix: str
+) -> AsyncIterator[SearchServerFactory]:
+    """Start in-process search servers sharing this test's chroot and Redis prefix."""
+    servers: list[SearchServer] = []
+    cluster = redis_prefix.removeprefix("discovery:")
+
+    async def make(*, redis_url: str | None = None, **fields: object) -> SearchServer:
+        fields.setdefault("heartbeat_interval", 0.2)
+        fields.setdefault("heartbeat_ttl", 2.0)
+        fields.setdefault("reconcile_interval", 1.0)
+        config = SearchServerConfig(
+            zk=ZkConfig(hosts=zk_hosts, session_timeout=SESSION_TIMEOUT, connect_timeout=20),
+            cluster=ClusterConfig(cluster=cluster, redis_url=redis_url or redis_server.url),
+            port=0,
+            **fields,  # type: ignore[arg-type]
+        )
+        server = SearchServer(config)
+        servers.append(server)
+        await server.start()
+        return server
+
+    yield make
+    await asyncio.gather(*(server.shutdown() for server in servers))

@@ -12,6 +12,7 @@ from data_server.server import DataServer
 from discovery.config import AgentConfig
 from discovery.instance import InstancePayload, ServiceInstance
 from discovery.zk import ZkSession
+from search_server.server import SearchServer
 
 #: Agent settings that make tests quick: a probe every 0.1 s, offline after two failures.
 FAST_AGENT = AgentConfig(
@@ -28,6 +29,8 @@ FAST_AGENT = AgentConfig(
 
 #: ``await make_data_server(*, agent=FAST_AGENT, admin_token=None, **DataServerConfig fields)``
 DataServerFactory = Callable[..., Awaitable[DataServer]]
+#: ``await make_search_server(*, redis_url=None, **SearchServerConfig fields)``
+SearchServerFactory = Callable[..., Awaitable[SearchServer]]
 
 
 #: ``await make_session(hosts=None, *, session_timeout=..., registry=None, auth=None)``

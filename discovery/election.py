@@ -1,0 +1,222 @@
+"""Leader election among search servers, through kazoo's election recipe.
+
+kazoo's :class:`~kazoo.recipe.election.Election` is a blocking recipe: ``run(func)``
+waits (in ZooKeeper terms: an EPHEMERAL_SEQUENTIAL node, watching only its
+predecessor, so there is no herd) until this contender holds the lowest node, calls
+``func`` and releases the node when ``func`` returns. :class:`LeaderElection` runs it
+in a thread of its own and makes ``func`` hand over to the event loop: the actual
+leadership work is an asyncio task (``lead(leadership)``), which can be cancelled,
+never code running in kazoo's threads.
+
+The **epoch** of a leadership is the ``czxid`` of the winning election node: issued
+by ZooKeeper, strictly greater for every later node, so a newer leader always has a
+higher epoch than every earlier one. Publishers fence their writes with it.
+
+Session behaviour:
+
+* SUSPENDED: leadership continues; the leadership task itself must stop writing at
+  once (see :class:`~discovery.leader.LeaderDuty`): we may already have lost the
+  node, we just cannot know yet.
+* LOST: the node is gone with the session, so someone else may lead already. The
+  leadership task is cancelled at once, and we contend again in the new session.
+* If the leadership task ends by itself (e.g. a fenced publish proved us deposed),
+  we release the node and contend again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.exceptions import KazooException
+from kazoo.recipe.election import Election
+
+from .zk import SessionEvent, SessionState, ZkSession
+
+__all__ = ["LeaderElection", "Leadership"]
+
+log = logging.getLogger(__name__)
+
+# Pause before contending again after an unexpected recipe error, so that a
+# persistent failure (an ACL problem, say) does not spin.
+_RETRY_PAUSE = 1.0
+
+
+@dataclass(frozen=True)
+class Leadership:
+    """One term of leadership: its fencing ``epoch`` and the election node's path."""
+
+    epoch: int
+    node: str
+    session_id: int
+
+
+class LeaderElection:
+    """Contend for leadership under ``path`` for as long as this object is open.
+
+    ``lead(leadership)`` is awaited on the event loop each time we win; it should run
+    until cancelled (LOST, close) or return/raise to give leadership up.
+    """
+
+    def __init__(
+        self,
+        session: ZkSession,
+        path: str,
+        identifier: str,
+        lead: Callable[[Leadership], Coroutine[Any, Any, None]],
+    ) -> None:
+        self._session = session
+        self.path = path
+        self.identifier = identifier
+        self._lead = lead
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._connected = threading.Event()
+        self._election: Election | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._current: Leadership | None = None
+        self._terms = 0
+
+    # -- state, on the loop -------------------------------------------------------
+
+    @property
+    def leadership(self) -> Leadership | None:
+        """The current term while we lead, else None."""
+        return self._current
+
+    @property
+    def is_leader(self) -> bool:
+        return self._current is not None
+
+    @property
+    def terms(self) -> int:
+        """How many times we have won so far."""
+        return self._terms
+
+    async def contenders(self) -> list[str]:
+        """Identifiers of all contenders, the leader first (a ZooKeeper read)."""
+        election = Election(self._session.client, self.path, self.identifier)
+        result: list[str] = await asyncio.to_thread(election.contenders)
+        return result
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Join the election (returns at once; leadership comes when it comes)."""
+        self._loop = asyncio.get_running_loop()
+        self._session.add_listener(self._on_session_event)
+        if self._session.connected:
+            self._connected.set()
+        self._thread = threading.Thread(
+            target=self._contend, name=f"election:{self.identifier}", daemon=True
+        )
+        self._thread.start()
+
+    async def aclose(self) -> None:
+        """Leave the election; if leading, cancel the leadership task and release."""
+        self._closing.set()
+        self._connected.set()  # wake the thread if it waits for a connection
+        election = self._election
+        if election is not None:
+            election.cancel()
+        self._cancel_leadership()
+        self._session.remove_listener(self._on_session_event)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30)
+            if self._thread.is_alive():
+                log.warning("election thread of %s did not stop", self.identifier)
+            self._thread = None
+
+    async def __aenter__(self) -> LeaderElection:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def _on_session_event(self, event: SessionEvent) -> None:
+        if event.state is SessionState.CONNECTED:
+            self._connected.set()
+        else:
+            self._connected.clear()
+        if event.state is SessionState.LOST and self._task is not None:
+            log.warning("%s: session lost while leading; resigning", self.identifier)
+            self._cancel_leadership()
+
+    def _cancel_leadership(self) -> None:
+        task = self._task
+        if task is None or self._loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            self._loop.call_soon_threadsafe(task.cancel)
+
+    # -- the election thread -----------------------------------------------------
+
+    def _contend(self) -> None:
+        client = self._session.client
+        while not self._closing.is_set():
+            self._connected.wait()
+            if self._closing.is_set():
+                break
+            # A fresh recipe object per attempt: kazoo's lock remembers its last node.
+            election = Election(client, self.path, self.identifier)
+            self._election = election
+            try:
+                election.run(self._hold, election)
+            except KazooException as exc:
+                log.warning("%s: election attempt failed: %s", self.identifier, exc)
+                self._closing.wait(_RETRY_PAUSE)
+            except Exception:
+                log.exception("%s: election attempt crashed", self.identifier)
+                self._closing.wait(_RETRY_PAUSE)
+            finally:
+                self._election = None
+
+    def _hold(self, election: Election) -> None:
+        """Called by the recipe in our thread while we hold the lowest node."""
+        if self._closing.is_set() or self._loop is None:
+            return
+        node = f"{self.path}/{election.lock.node}"
+        client = self._session.client
+        # Blocking ZooKeeper reads are fine here: this is our own thread, not the loop
+        # and not kazoo's.
+        stat = client.exists(node)
+        client_id = client.client_id
+        if stat is None or client_id is None:
+            return  # lost the node already: contend again
+        leadership = Leadership(epoch=stat.czxid, node=node, session_id=client_id[0])
+        future = asyncio.run_coroutine_threadsafe(self._run_leadership(leadership), self._loop)
+        with contextlib.suppress(concurrent.futures.CancelledError):
+            future.result()
+
+    async def _run_leadership(self, leadership: Leadership) -> None:
+        if self._closing.is_set() or not self._session.connected:
+            return
+        self._terms += 1
+        self._current = leadership
+        log.info("%s leads with epoch %d (%s)", self.identifier, leadership.epoch, leadership.node)
+        self._task = asyncio.create_task(
+            self._lead(leadership), name=f"leadership:{self.identifier}:{leadership.epoch}"
+        )
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            if not self._task.cancelled():
+                raise  # we ourselves are being cancelled
+            log.info("%s: leadership of epoch %d cancelled", self.identifier, leadership.epoch)
+        except Exception:
+            log.exception(
+                "%s: leadership of epoch %d ended with an error", self.identifier, leadership.epoch
+            )
+        else:
+            log.info("%s gave up leadership of epoch %d", self.identifier, leadership.epoch)
+        finally:
+            self._task = None
+            self._current = None

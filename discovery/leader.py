@@ -1,0 +1,209 @@
+"""What the elected leader does: watch ``/data_servers`` and publish the live list.
+
+Only the leader watches ZooKeeper's membership (one watcher for the cluster, not one
+per search server) and writes the live list to Redis, through the fenced
+:class:`~discovery.publisher.LivePublisher`. A term of leadership is one call of
+:class:`LeaderDuty`; it runs as a task of :class:`~discovery.election.LeaderElection`
+until cancelled.
+
+Within a term:
+
+* the first write is the full snapshot (a new epoch starts at version 1);
+* every membership change is published as the new snapshot plus a diff against what
+  was last published (added, changed, removed with a reason), so readers can apply it
+  or refetch;
+* a heartbeat refreshes ``<prefix>:leader`` every ``heartbeat_interval``; if it finds
+  the snapshot missing (Redis restarted empty, FLUSHALL), the full snapshot is
+  republished, so the list is back within one heartbeat interval;
+* while the ZooKeeper connection is SUSPENDED nothing is written at all: we may
+  already have been replaced. On reconnection in the same session the full snapshot
+  is republished; on LOST the election cancels the term;
+* a write refused by the fence (:class:`~discovery.errors.FencedError`) proves a newer
+  leader exists: the term ends and the election contends again;
+* Redis errors (outage, error replies) are logged and retried at the next heartbeat
+  with a full snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
+
+from .election import Leadership
+from .errors import FencedError, RedisOperationError
+from .instance import ServiceInstance
+from .layout import DATA_SERVERS_PATH
+from .membership import MembershipSubscription, MembershipWatcher
+from .metrics import MembershipMetrics, PublisherMetrics
+from .publisher import LivePublisher
+from .zk import SessionEvent, SessionState, ZkSession
+
+__all__ = ["LeaderDuty"]
+
+log = logging.getLogger(__name__)
+
+
+def _removal_reason(instance: ServiceInstance) -> str:
+    # ZooKeeper does not say why a node went; what the node last said is our best clue.
+    if instance.payload.reason:
+        return instance.payload.reason
+    return "node deleted (deregistered, forced offline or session expired)"
+
+
+class LeaderDuty:
+    """``await duty(leadership)`` runs one term of leadership until cancelled or fenced."""
+
+    def __init__(
+        self,
+        session: ZkSession,
+        redis: aioredis.Redis,
+        prefix: str,
+        leader_id: str,
+        *,
+        watch_path: str = DATA_SERVERS_PATH,
+        coalesce_window: float = 0.05,
+        heartbeat_interval: float = 1.0,
+        heartbeat_ttl: float = 5.0,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self._session = session
+        self._redis = redis
+        self._prefix = prefix
+        self._leader_id = leader_id
+        self._watch_path = watch_path
+        self._window = coalesce_window
+        self._heartbeat_interval = heartbeat_interval
+        self._heartbeat_ttl = heartbeat_ttl
+        registry = registry if registry is not None else CollectorRegistry()
+        # Created once: every term reuses them (a registry refuses duplicates).
+        self._membership_metrics = MembershipMetrics(registry)
+        self._publisher_metrics = PublisherMetrics(registry)
+
+    async def __call__(self, leadership: Leadership) -> None:
+        publisher = LivePublisher(
+            self._redis,
+            self._prefix,
+            leader_id=self._leader_id,
+            epoch=leadership.epoch,
+            heartbeat_ttl=self._heartbeat_ttl,
+            metrics=self._publisher_metrics,
+        )
+        term = _Term(self, publisher, leadership)
+        self._session.add_listener(term.on_session_event)
+        try:
+            async with MembershipWatcher(
+                self._session,
+                self._watch_path,
+                coalesce_window=self._window,
+                metrics=self._membership_metrics,
+            ) as watcher:
+                await term.run(watcher)
+        finally:
+            self._session.remove_listener(term.on_session_event)
+
+
+class _Term:
+    """The state of one term: what was last published and whether we may write."""
+
+    def __init__(self, duty: LeaderDuty, publisher: LivePublisher, leadership: Leadership):
+        self._duty = duty
+        self._publisher = publisher
+        self._leadership = leadership
+        self._published: Mapping[str, ServiceInstance] | None = None  # None: full next
+        self._wake = asyncio.Event()
+
+    def on_session_event(self, event: SessionEvent) -> None:
+        if event.state is SessionState.CONNECTED and not event.new_session:
+            # Back in the same session after SUSPENDED: we are still the leader, but
+            # changes may have been skipped while we could not write.
+            self._published = None
+            self._wake.set()
+        elif event.state is SessionState.SUSPENDED:
+            log.warning(
+                "leader %s (epoch %d): ZooKeeper suspended, publishing paused",
+                self._duty._leader_id,
+                self._leadership.epoch,
+            )
+
+    async def run(self, watcher: MembershipWatcher) -> None:
+        changes = watcher.subscribe()
+        follower = asyncio.create_task(self._follow(changes), name="leader:follow-changes")
+        loop = asyncio.get_running_loop()
+        interval = self._duty._heartbeat_interval
+        next_beat = loop.time() + interval
+        try:
+            while True:
+                await self._publish_if_due(watcher.members)
+                delay = next_beat - loop.time()
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(delay):
+                            await self._wake.wait()
+                    if self._wake.is_set():
+                        continue
+                await self._heartbeat()
+                next_beat = loop.time() + interval
+        finally:
+            changes.close()
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+
+    async def _follow(self, changes: MembershipSubscription) -> None:
+        # Only a wake-up: what to publish is computed from the watcher's current view.
+        async for _ in changes:
+            self._wake.set()
+
+    def _may_write(self) -> bool:
+        session = self._duty._session
+        # Never write unless connected in the session that won this term.
+        return session.connected and session.session_id == self._leadership.session_id
+
+    async def _publish_if_due(self, members: Mapping[str, ServiceInstance]) -> None:
+        self._wake.clear()
+        if not self._may_write():
+            return
+        published = self._published
+        try:
+            if published is None:
+                await self._publisher.publish_full(members)
+            else:
+                added = {k: v for k, v in members.items() if k not in published}
+                changed = {k: v for k, v in members.items() if k in published and published[k] != v}
+                removed = {k: _removal_reason(v) for k, v in published.items() if k not in members}
+                if not (added or changed or removed):
+                    return
+                await self._publisher.publish_change(
+                    members, added=added, changed=changed, removed=removed
+                )
+        except RedisOperationError as exc:
+            log.warning("leader: publishing failed, retrying with a full snapshot: %s", exc)
+            self._published = None
+            return
+        except FencedError:
+            log.error(
+                "leader %s (epoch %d) was fenced off: a newer leader has published; resigning",
+                self._duty._leader_id,
+                self._leadership.epoch,
+            )
+            raise
+        self._published = members
+
+    async def _heartbeat(self) -> None:
+        if not self._may_write():
+            return
+        try:
+            present = await self._publisher.heartbeat()
+        except RedisOperationError as exc:
+            log.warning("leader: heartbeat failed: %s", exc)
+            self._published = None
+            return
+        if not present:
+            log.warning("leader: the live list is missing from Redis; republishing it")
+            self._published = None
+            self._wake.set()

@@ -1,0 +1,68 @@
+"""Prometheus metrics of the search server's fan-out.
+
+Like every component of the project, :class:`FanOutMetrics` registers on the
+:class:`~prometheus_client.CollectorRegistry` it is given, never the global one: the
+application decides what it exposes, and each test gets a fresh registry. Names are
+prefixed ``search_server_fanout_`` so they cannot collide with the HTTP handler's own
+``search_server_*`` metrics.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["QUERY_OUTCOMES", "SHARD_RESULTS", "FanOutMetrics"]
+
+#: Label values of ``search_server_fanout_queries_total{outcome}``.
+QUERY_OUTCOMES = ("complete", "partial", "overloaded")
+#: Label values of ``search_server_fanout_shard_requests_total{result}``.
+SHARD_RESULTS = ("ok", "error", "timeout")
+
+
+class FanOutMetrics:
+    """Counters, histogram and gauge of one :class:`~search_server.fanout.FanOut`.
+
+    Raises ``ValueError`` (from prometheus_client) if ``registry`` already holds these
+    names, i.e. when two fan-outs are given the same registry.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.queries = Counter(
+            "search_server_fanout_queries",
+            "Queries fanned out, by outcome (complete, partial, overloaded = refused).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.query_seconds = Histogram(
+            "search_server_fanout_query_seconds",
+            "Wall time of an admitted query's fan-out and merge (bounded by its deadline).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=registry,
+        )
+        self.shard_requests = Counter(
+            "search_server_fanout_shard_requests",
+            "Requests to data servers, by result (ok, error, timeout).",
+            ["result"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "search_server_fanout_retries",
+            "Requests sent to another replica of a shard after one failed.",
+            registry=registry,
+        )
+        self.ejections = Counter(
+            "search_server_fanout_ejections",
+            "Times a data server was ejected for consecutive failures or timeouts.",
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "search_server_fanout_in_flight",
+            "Queries currently in the fan-out (admission control refuses beyond the limit).",
+            registry=registry,
+        )
+        # Export every label value from the start, so that rates and alerts see zeros
+        # rather than missing series before the first partial or overloaded query.
+        for outcome in QUERY_OUTCOMES:
+            self.queries.labels(outcome=outcome)
+        for result in SHARD_RESULTS:
+            self.shard_requests.labels(result=result)

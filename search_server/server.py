@@ -1,0 +1,258 @@
+"""One search server: election, the leader's publishing, the live list, the fan-out.
+
+Every search server
+
+* registers ``/search_servers/members/<id>`` (EPHEMERAL) for status and dashboards;
+* joins the election; while it leads, it watches ``/data_servers`` and publishes the
+  live list to Redis (:class:`~discovery.leader.LeaderDuty`);
+* reads the live list from Redis (:class:`~discovery.livelist.LiveListReader`), the
+  leader included, and routes queries with it;
+* fans ``GET /search`` out to one live replica per shard under a deadline
+  (:class:`~search_server.fanout.FanOut`).
+
+Start-up listens first (so the id can default to the real port), then connects.
+Shutdown leaves the election first, so a successor takes over while we still answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from importlib import resources
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+from aiohttp import web
+from discovery.livelist import LiveListReader
+from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from discovery.election import LeaderElection
+from discovery.http import MAX_QUERY_LENGTH, int_param, json_error, json_errors
+from discovery.instance import InstancePayload, InstanceState, ServiceInstance
+from discovery.layout import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
+from discovery.leader import LeaderDuty
+from discovery.registration import Registration
+from discovery.zk import ZkSession
+
+from .config import SearchServerConfig
+from .fanout import FanOut, Overloaded
+
+__all__ = ["MAX_K", "MAX_QUERY_LENGTH", "SearchServer"]
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+MAX_K = 1000
+
+
+class SearchServer:
+    """A search server. ``await start()``, later ``await shutdown()``."""
+
+    def __init__(
+        self, config: SearchServerConfig, *, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.config = config
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.port: int | None = None
+        self.server_id = config.server_id or ""
+        self._runner: web.AppRunner | None = None
+        self._stack = contextlib.AsyncExitStack()
+        self.session: ZkSession | None = None
+        self.election: LeaderElection | None = None
+        self.reader: LiveListReader | None = None
+        self.fanout: FanOut | None = None
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def is_leader(self) -> bool:
+        return self.election is not None and self.election.is_leader
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen, connect to ZooKeeper and Redis, join the election.
+
+        Raises:
+            DiscoveryError: ZooKeeper unreachable (everything started is stopped again).
+            OSError: the port is taken.
+        """
+        config = self.config
+        runner = web.AppRunner(self._make_app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runner = runner
+        try:
+            await web.TCPSite(runner, config.host, config.port).start()
+            self.port = int(runner.addresses[0][1])
+            self.server_id = config.server_id or f"ss-{config.advertise}-{self.port}"
+            await self._connect()
+        except BaseException:
+            await self.shutdown()
+            raise
+        log.info("search server %s listening on %s:%d", self.server_id, config.host, self.port)
+
+    async def _connect(self) -> None:
+        config, stack = self.config, self._stack
+        self.session = await stack.enter_async_context(
+            ZkSession.from_config(config.zk, registry=self.registry)
+        )
+        # Redis outages are survivable (the reader keeps the last list), so a client
+        # that cannot connect yet is not a start-up failure.
+        redis = aioredis.Redis.from_url(
+            config.cluster.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
+        )
+        stack.push_async_callback(redis.aclose)
+        self.reader = await stack.enter_async_context(
+            LiveListReader(
+                redis,
+                config.cluster.redis_prefix,
+                reconcile_interval=config.reconcile_interval,
+                registry=self.registry,
+            )
+        )
+        http = aiohttp.ClientSession(
+            # Pooled keep-alive connections: no connection set-up on the query path.
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=64, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+        stack.push_async_callback(http.close)
+        self.fanout = FanOut(
+            http,
+            max_in_flight=config.max_in_flight,
+            eject_after=config.eject_after,
+            eject_cooldown=config.eject_cooldown,
+            registry=self.registry,
+        )
+        await stack.enter_async_context(
+            Registration(self.session, self._member_instance(), base_path=SEARCH_MEMBERS_PATH)
+        )
+        duty = LeaderDuty(
+            self.session,
+            redis,
+            config.cluster.redis_prefix,
+            self.server_id,
+            heartbeat_interval=config.heartbeat_interval,
+            heartbeat_ttl=config.heartbeat_ttl,
+            registry=self.registry,
+        )
+        # Entered last, so left first on shutdown: a successor can take over while
+        # this server still answers queries.
+        self.election = await stack.enter_async_context(
+            LeaderElection(self.session, SEARCH_ELECTION_PATH, self.server_id, duty)
+        )
+
+    async def shutdown(self) -> None:
+        """Leave the election, stop serving, close everything. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self._stack.aclose()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        log.info("search server %s stopped", self.server_id)
+
+    def _member_instance(self) -> ServiceInstance:
+        assert self.port is not None
+        return ServiceInstance.create(
+            "search_servers",
+            self.server_id,
+            self.config.advertise,
+            self.port,
+            InstancePayload(
+                shard=0, replica=0, docs=0, version=VERSION, state=InstanceState.SERVING
+            ),
+        )
+
+    # -- HTTP --------------------------------------------------------------------
+
+    def _make_app(self) -> web.Application:
+        app = web.Application(middlewares=[json_errors])
+        app.router.add_get("/search", self.search)
+        app.router.add_get("/cluster", self.cluster)
+        app.router.add_get("/", self.dashboard)
+        app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        return app
+
+    async def search(self, request: web.Request) -> web.Response:
+        query = request.query.get("q")
+        if query is None or not query.strip():
+            return json_error(400, "missing query parameter 'q'")
+        if len(query) > MAX_QUERY_LENGTH:
+            return json_error(
+                400, f"query longer than {MAX_QUERY_LENGTH} characters ({len(query)})"
+            )
+        try:
+            k = int_param(request, "k", 10, 1, MAX_K)
+            timeout_ms = int_param(
+                request, "timeout_ms", self.config.default_timeout_ms, 1, self.config.max_timeout_ms
+            )
+        except ValueError as exc:
+            return json_error(400, str(exc))
+        if self.reader is None or self.fanout is None:
+            return json_error(503, "starting")
+        live = self.reader.current
+        if live.version == 0:
+            return json_error(503, "no live list yet")
+        try:
+            result = await self.fanout.search(list(live.servers.values()), query, k, timeout_ms)
+        except Overloaded as exc:
+            return json_error(503, f"overloaded: {exc}")
+        return web.json_response(result.to_dict())
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        return web.json_response(self.cluster_view())
+
+    def cluster_view(self) -> dict[str, Any]:
+        """What ``GET /cluster`` answers: the list this server routes with, and whose it is."""
+        reader = self.reader
+        live = reader.current if reader is not None else None
+        ejected = self.fanout.ejected() if self.fanout is not None else set()
+        servers = []
+        if live is not None:
+            for instance in sorted(live.servers.values(), key=lambda i: i.id):
+                servers.append(
+                    {
+                        "id": instance.id,
+                        "address": instance.address,
+                        "port": instance.port,
+                        "shard": instance.payload.shard,
+                        "replica": instance.payload.replica,
+                        "state": instance.payload.state.value,
+                        "enabled": instance.enabled,
+                        "ejected": instance.id in ejected,
+                    }
+                )
+        return {
+            "self": self.server_id,
+            "is_leader": self.is_leader,
+            "leader": live.leader if live is not None else None,
+            "epoch": live.epoch if live is not None else 0,
+            "version": live.version if live is not None else 0,
+            "published_at": live.published_at if live is not None else None,
+            "age_ms": round(reader.age() * 1000) if reader is not None else None,
+            "redis_connected": reader.connected if reader is not None else False,
+            "now_ms": int(time.time() * 1000),
+            "servers": servers,
+        }
+
+    async def dashboard(self, request: web.Request) -> web.Response:
+        page = resources.files("search_server").joinpath("dashboard.html").read_text("utf-8")
+        return web.Response(text=page, content_type="text/html")
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        reader = self.reader
+        ready = reader is not None and reader.current.version > 0
+        body = {"ready": ready, "version": reader.current.version if reader else 0}
+        return web.json_response(body, status=200 if ready else 503)

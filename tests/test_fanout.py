@@ -1,0 +1,361 @@
+"""The search server's fan-out, against real in-process data servers over real HTTP.
+
+The server lists are passed to the fan-out directly (what the live list would hold), so
+the data servers' agents taking a sick server offline in ZooKeeper does not matter here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from data_server.corpus import sample_queries
+from data_server.server import DataServer
+from discovery.devcluster.ports import free_port
+from discovery.errors import DiscoveryError
+from discovery.instance import ServiceInstance
+from search_server.fanout import FanOut, FanOutResult, Overloaded
+
+from .support import DataServerFactory, eventually, make_instance
+
+QUERIES = sample_queries(12, variant=7)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A pooled keep-alive session, as the search server's app creates it."""
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=64)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        yield session
+
+
+class FakeClock:
+    """Times ejections; ``advance`` stands for waiting out a cool-down."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _instance(server: DataServer) -> ServiceInstance:
+    assert server.agent is not None
+    return server.agent.instance
+
+
+# The deadline plus room for this shared test loop (several servers and, at times, a
+# garbage collection): a bound that proves a hung server is never waited for.
+SLACK = 1.0
+
+
+async def _set_fault(http: aiohttp.ClientSession, server: DataServer, **fault: Any) -> None:
+    async with http.post(f"{server.url}/admin/fault", json=fault) as response:
+        assert response.status == 200, await response.text()
+
+
+async def _direct(
+    http: aiohttp.ClientSession, server: DataServer, query: str, k: int
+) -> dict[str, Any]:
+    async with http.get(f"{server.url}/search", params={"q": query, "k": str(k)}) as response:
+        assert response.status == 200
+        body: dict[str, Any] = await response.json()
+        return body
+
+
+def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(f"search_server_fanout_{name}", labels) or 0.0
+
+
+def _stopped(instance_id: str, shard: int, replica: int = 0) -> ServiceInstance:
+    """A registration whose port nobody listens on: connections are refused."""
+    return make_instance(instance_id, free_port(), shard=shard, replica=replica)
+
+
+async def _timed(
+    fanout: FanOut, servers: list[ServiceInstance], timeout_ms: int, query: str = QUERIES[0]
+) -> tuple[FanOutResult, float]:
+    started = time.monotonic()
+    result = await fanout.search(servers, query, 10, timeout_ms)
+    return result, time.monotonic() - started
+
+
+async def test_merges_the_top_k_of_one_replica_per_shard(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    registry: CollectorRegistry,
+) -> None:
+    s0, s1a, s1b, s2 = await asyncio.gather(
+        make_data_server(shard=0, instance_id="ds-s0"),
+        make_data_server(shard=1, replica=0, instance_id="ds-s1a"),
+        make_data_server(shard=1, replica=1, instance_id="ds-s1b"),
+        make_data_server(shard=2, instance_id="ds-s2"),
+    )
+    servers = [_instance(s) for s in (s0, s1a, s1b, s2)]
+    fanout = FanOut(http, registry=registry, rng=random.Random(1))
+    k = 7
+    trimmed = 0
+    for query in QUERIES:
+        answers = [await _direct(http, s, query, k) for s in (s0, s1a, s2)]
+        # Replicas hold the same documents, so either one is the shard's answer.
+        assert (await _direct(http, s1b, query, k))["hits"] == answers[1]["hits"]
+        union = [
+            (hit["id"], hit["score"], answer["shard"])
+            for answer in answers
+            for hit in answer["hits"]
+        ]
+        trimmed += len(union) > k
+        expected = sorted(union, key=lambda hit: (-hit[1], hit[0]))[:k]
+
+        result = await fanout.search(servers, query, k, 5000)
+
+        assert [(hit["id"], hit["score"], hit["shard"]) for hit in result.hits] == expected
+        assert all(hit["id"].startswith(f"s{hit['shard']}-") for hit in result.hits)
+        assert all("title" in hit for hit in result.hits)  # the data server's fields are kept
+        assert result.shards == {"total": 3, "ok": 3, "failed": 0, "timed_out": 0}
+        assert result.partial is False
+    assert trimmed > 0  # the merge really had to choose among more than k hits
+
+    body = json.loads(json.dumps(result.to_dict()))
+    assert set(body) == {"hits", "shards", "partial", "took_ms"}
+    assert all(type(n) is int for n in body["shards"].values())
+    assert isinstance(body["took_ms"], float)
+    assert _sample(registry, "queries_total", outcome="complete") == len(QUERIES)
+    assert _sample(registry, "shard_requests_total", result="ok") == 3 * len(QUERIES)
+    assert _sample(registry, "shard_requests_total", result="error") == 0
+    assert _sample(registry, "in_flight") == 0
+
+
+async def test_draining_and_disabled_instances_are_not_queried(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    registry: CollectorRegistry,
+) -> None:
+    server = await make_data_server(shard=0, instance_id="ds-live")
+    live = _instance(server)
+    servers = [
+        live,
+        # Same shard, draining, on a port that refuses: routing to it would fail.
+        dataclasses.replace(live, id="ds-draining", port=free_port()).with_state("draining"),
+        # Shards that only non-routable servers hold are not part of the query at all.
+        _stopped("ds-drain-5", shard=5).with_state("draining"),
+        dataclasses.replace(_stopped("ds-disabled-6", shard=6), enabled=False),
+    ]
+    fanout = FanOut(http, registry=registry, rng=random.Random(2))
+
+    for query in QUERIES:
+        result = await fanout.search(servers, query, 10, 5000)
+        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0}
+        assert not result.partial
+
+    assert _sample(registry, "shard_requests_total", result="error") == 0
+    assert _sample(registry, "retries_total") == 0
+
+
+@pytest.mark.parametrize("failure", ["error", "stopped"])
+async def test_a_failing_replica_is_retried_on_a_healthy_one(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    registry: CollectorRegistry,
+    failure: str,
+) -> None:
+    healthy = await make_data_server(shard=0, replica=0, instance_id="ds-healthy")
+    if failure == "error":
+        sick_server = await make_data_server(shard=0, replica=1, instance_id="ds-sick")
+        await _set_fault(http, sick_server, mode="error", rate=1.0)
+        sick = _instance(sick_server)
+    else:
+        sick = _stopped("ds-sick", shard=0, replica=1)
+    servers = [_instance(healthy), sick]
+    # A high ejection threshold keeps the sick replica in play for every query.
+    fanout = FanOut(http, registry=registry, rng=random.Random(3), eject_after=1000)
+
+    for query in QUERIES:
+        result = await fanout.search(servers, query, 10, 5000)
+        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0}
+        assert not result.partial
+        assert all(hit["shard"] == 0 for hit in result.hits)
+
+    errors = _sample(registry, "shard_requests_total", result="error")
+    assert errors >= 1  # the sick replica was chosen first at least once...
+    assert _sample(registry, "retries_total") == errors  # ...and each time the other one answered
+    assert _sample(registry, "shard_requests_total", result="ok") == len(QUERIES)
+    assert _sample(registry, "queries_total", outcome="complete") == len(QUERIES)
+
+
+async def test_consecutive_failures_eject_until_the_cooldown_ends(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    registry: CollectorRegistry,
+) -> None:
+    healthy = await make_data_server(shard=0, instance_id="ds-healthy")
+    stopped = _stopped("ds-stopped", shard=0, replica=1)
+    servers = [_instance(healthy), stopped]
+    clock = FakeClock()
+    fanout = FanOut(
+        http, registry=registry, rng=random.Random(4), eject_after=3, eject_cooldown=10, clock=clock
+    )
+
+    def errors() -> float:
+        return _sample(registry, "shard_requests_total", result="error")
+
+    async def query_until(condition: str, done: Any) -> None:
+        for query in QUERIES * 10:
+            result = await fanout.search(servers, query, 10, 5000)
+            assert not result.partial
+            if done():
+                return
+        raise AssertionError(f"{condition} not reached")
+
+    await query_until("ejection", lambda: fanout.ejected() == {"ds-stopped"})
+    assert errors() == 3
+    assert _sample(registry, "ejections_total") == 1
+
+    for query in QUERIES:
+        await fanout.search(servers, query, 10, 5000)
+    assert errors() == 3  # skipped while ejected
+    assert fanout.ejected() == {"ds-stopped"}
+
+    clock.advance(10)
+    assert fanout.ejected() == set()
+    # Tried again after the cool-down; a single failure ejects it again.
+    await query_until("a new attempt", lambda: errors() == 4)
+    assert fanout.ejected() == {"ds-stopped"}
+    assert _sample(registry, "ejections_total") == 2
+
+
+async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    registry: CollectorRegistry,
+) -> None:
+    hung, healthy = await asyncio.gather(
+        make_data_server(shard=0, instance_id="ds-hung"),
+        make_data_server(shard=1, instance_id="ds-ok"),
+    )
+    servers = [_instance(hung), _instance(healthy)]
+    clock = FakeClock()
+    fanout = FanOut(http, registry=registry, eject_after=3, eject_cooldown=30, clock=clock)
+    timeout_ms = 400
+    await _set_fault(http, hung, mode="hang")
+    try:
+        for _ in range(3):
+            result, elapsed = await _timed(fanout, servers, timeout_ms)
+            assert elapsed < timeout_ms / 1000 + SLACK
+            assert result.partial
+            assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1}
+            assert all(hit["shard"] == 1 for hit in result.hits)
+        assert fanout.ejected() == {"ds-hung"}
+        assert _sample(registry, "shard_requests_total", result="timeout") == 3
+
+        # Ejected: its shard has no other replica, so it fails at once, without waiting.
+        result, elapsed = await _timed(fanout, servers, timeout_ms)
+        assert elapsed < timeout_ms / 1000
+        assert result.partial
+        assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0}
+        assert _sample(registry, "shard_requests_total", result="timeout") == 3
+
+        # After the cool-down it is tried again, and one more timeout re-ejects it.
+        clock.advance(30)
+        result, elapsed = await _timed(fanout, servers, timeout_ms)
+        assert elapsed < timeout_ms / 1000 + SLACK
+        assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1}
+        assert fanout.ejected() == {"ds-hung"}
+        assert _sample(registry, "ejections_total") == 2
+        assert _sample(registry, "queries_total", outcome="partial") == 5
+        assert _sample(registry, "in_flight") == 0
+
+        # A query cancelled from outside (its client went away) charges the data server
+        # nothing: after another cool-down, one charged timeout would re-eject it.
+        clock.advance(30)
+        answered = _sample(registry, "shard_requests_total", result="ok")
+        query = asyncio.create_task(fanout.search(servers, QUERIES[1], 10, 60_000))
+        await eventually(
+            lambda: _sample(registry, "shard_requests_total", result="ok") > answered,
+            message="the healthy shard answered, the hung one is outstanding",
+        )
+        query.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await query
+        assert fanout.ejected() == set()
+        assert _sample(registry, "shard_requests_total", result="timeout") == 4
+        assert fanout.in_flight == 0
+    finally:
+        await _set_fault(http, hung, mode="none")
+
+
+async def test_admission_control_refuses_beyond_max_in_flight(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    registry: CollectorRegistry,
+) -> None:
+    server = await make_data_server(shard=0, instance_id="ds-slow")
+    servers = [_instance(server)]
+    fanout = FanOut(http, registry=registry, max_in_flight=2)
+    await _set_fault(http, server, mode="slow", delay_ms=1000)
+    running = [
+        asyncio.create_task(fanout.search(servers, query, 10, 10_000)) for query in QUERIES[:2]
+    ]
+    await eventually(lambda: fanout.in_flight == 2, message="two queries in flight")
+
+    refused = fanout.search(servers, QUERIES[2], 10, 10_000)
+    with pytest.raises(Overloaded) as info:
+        # Raised on the coroutine's very first step: nothing sent, nothing queued.
+        refused.send(None)
+    assert isinstance(info.value, DiscoveryError)
+    assert not any(task.done() for task in running)
+    assert _sample(registry, "queries_total", outcome="overloaded") == 1
+
+    results = await asyncio.gather(*running)
+    assert all(not result.partial for result in results)
+    assert fanout.in_flight == 0
+    await _set_fault(http, server, mode="none")
+    assert not (await fanout.search(servers, QUERIES[2], 10, 5000)).partial  # admitted again
+    assert _sample(registry, "queries_total", outcome="complete") == 3
+
+
+async def test_an_answer_for_another_shard_is_a_failure(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    registry: CollectorRegistry,
+) -> None:
+    server = await make_data_server(shard=3, instance_id="ds-shard3")
+    real = _instance(server)
+    # A stale registration: shard 0 claimed, but the port now serves shard 3.
+    stale = dataclasses.replace(real, payload=dataclasses.replace(real.payload, shard=0))
+    fanout = FanOut(http, registry=registry)
+
+    result = await fanout.search([stale], QUERIES[0], 10, 5000)
+
+    assert result.shards == {"total": 1, "ok": 0, "failed": 1, "timed_out": 0}
+    assert result.hits == []
+    assert result.partial
+
+
+async def test_no_servers_and_bad_arguments(
+    http: aiohttp.ClientSession, registry: CollectorRegistry
+) -> None:
+    fanout = FanOut(http, registry=registry)
+    result = await fanout.search([], "anything", 10, 100)
+    assert result.to_dict()["shards"] == {"total": 0, "ok": 0, "failed": 0, "timed_out": 0}
+    assert not result.partial
+    with pytest.raises(ValueError, match="k must be"):
+        await fanout.search([], "anything", 0, 100)
+    with pytest.raises(ValueError, match="timeout_ms must be"):
+        await fanout.search([], "anything", 10, 0)
+    with pytest.raises(ValueError, match="max_in_flight"):
+        FanOut(http, max_in_flight=0)
+    with pytest.raises(ValueError, match="eject_after"):
+        FanOut(http, eject_after=0)

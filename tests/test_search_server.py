@@ -1,0 +1,294 @@
+"""Search servers for real: election, fenced publishing, the live list, the fan-out."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from data_server.corpus import sample_queries
+from data_server.server import DataServer
+from discovery.devcluster import RedisServer, expire_session
+from discovery.errors import FencedError
+from discovery.instance import InstanceState
+from discovery.publisher import LivePublisher
+from search_server.server import SearchServer
+
+from .support import DataServerFactory, SearchServerFactory, eventually
+
+
+async def _get(url: str, **params: str) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as client, client.get(url, params=params) as response:
+        return response.status, await response.json()
+
+
+def _ids(server: SearchServer) -> set[str]:
+    assert server.reader is not None
+    return set(server.reader.current.servers)
+
+
+def _leaders(servers: list[SearchServer]) -> list[SearchServer]:
+    return [s for s in servers if s.is_leader]
+
+
+async def _all_see(servers: list[SearchServer], ids: set[str], timeout: float = 15) -> None:
+    await eventually(
+        lambda: all(_ids(s) == ids for s in servers), timeout=timeout, message=f"all see {ids}"
+    )
+
+
+async def test_three_search_servers_one_leader_same_list(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    data = [await make_data_server(shard=i, instance_id=f"ds-{i}") for i in range(2)]
+    search = [await make_search_server(server_id=f"ss-{i}") for i in range(3)]
+
+    await _all_see(search, {"ds-0", "ds-1"})
+    await eventually(lambda: len(_leaders(search)) == 1, message="one leader")
+    leader = _leaders(search)[0]
+    views = [(await _get(f"{s.url}/cluster"))[1] for s in search]
+    assert {v["leader"] for v in views} == {leader.server_id}
+    assert len({(v["epoch"], v["version"]) for v in views}) == 1
+    assert [v["is_leader"] for v in views].count(True) == 1
+    assert all({d["id"] for d in v["servers"]} == {"ds-0", "ds-1"} for v in views)
+    assert all(isinstance(v["age_ms"], int) for v in views)
+    # Only the leader watches /data_servers.
+    assert leader.election is not None
+    for server in search:
+        watching = server.registry.get_sample_value("discovery_membership_resyncs_total")
+        assert (watching or 0) > 0 if server is leader else not watching
+    # Each of them answers queries over both shards.
+    for server in search:
+        status, body = await _get(f"{server.url}/search", q=sample_queries(1, variant=6)[0])
+        assert status == 200
+        assert body["shards"] == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0}
+        assert body["partial"] is False
+    assert data
+
+
+async def test_leader_expiry_hands_over_to_a_higher_epoch_and_the_old_one_is_fenced(
+    make_search_server: SearchServerFactory,
+    make_data_server: DataServerFactory,
+    redis_server: RedisServer,
+    redis_prefix: str,
+) -> None:
+    await make_data_server(instance_id="ds-a")
+    search = [await make_search_server(server_id=f"ss-{i}") for i in range(3)]
+    await _all_see(search, {"ds-a"})
+    await eventually(lambda: len(_leaders(search)) == 1, message="one leader")
+    old = _leaders(search)[0]
+    assert old.election is not None
+    old_term = old.election.leadership
+    assert old_term is not None
+    assert old.session is not None
+
+    await expire_session(old.session)
+
+    def new_leader() -> SearchServer | None:
+        leaders = _leaders(search)
+        if len(leaders) != 1:
+            return None
+        term = leaders[0].election.leadership if leaders[0].election else None
+        return leaders[0] if term is not None and term.epoch > old_term.epoch else None
+
+    leader = await eventually(new_leader, message="a leader with a higher epoch")
+    assert leader.election is not None
+    new_epoch = leader.election.leadership.epoch  # type: ignore[union-attr]
+    await eventually(
+        lambda: all(s.reader is not None and s.reader.current.epoch == new_epoch for s in search),
+        message="everyone follows the new epoch",
+    )
+    assert all(_ids(s) == {"ds-a"} for s in search)
+    # The deposed leader, were it to come back with its old epoch, cannot overwrite.
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        stale = LivePublisher(client, redis_prefix, leader_id=old.server_id, epoch=old_term.epoch)
+        with pytest.raises(FencedError):
+            await stale.publish_full({})
+    finally:
+        await client.aclose()
+    assert all(_ids(s) == {"ds-a"} for s in search)
+
+
+async def test_data_server_offline_drained_or_gone_leaves_every_list(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    offline, drained, stopped = [
+        await make_data_server(shard=i, instance_id=name)
+        for i, name in enumerate(["ds-offline", "ds-drained", "ds-stopped"])
+    ]
+    search = [await make_search_server(server_id=f"ss-{i}") for i in range(3)]
+    await _all_see(search, {"ds-offline", "ds-drained", "ds-stopped"})
+
+    async with aiohttp.ClientSession() as client:
+        await client.post(f"{offline.url}/admin/fault", json={"mode": "error", "rate": 1.0})
+    await _all_see(search, {"ds-drained", "ds-stopped"})
+
+    draining = asyncio.create_task(drained.shutdown(grace=1.0))
+
+    def sees_draining(server: SearchServer) -> bool:
+        assert server.reader is not None
+        instance = server.reader.current.servers.get("ds-drained")
+        return instance is not None and instance.payload.state is InstanceState.DRAINING
+
+    await eventually(lambda: all(sees_draining(s) for s in search), message="draining seen")
+    await draining
+    await _all_see(search, {"ds-stopped"})
+
+    await stopped.shutdown(grace=0)
+    await _all_see(search, set())
+
+
+async def test_redis_restarted_empty_gets_the_list_back_and_queries_keep_working(
+    tmp_path: Path,
+    make_search_server: SearchServerFactory,
+    make_data_server: DataServerFactory,
+) -> None:
+    redis = RedisServer(tmp_path / "redis")
+    redis.start()
+    try:
+        await make_data_server(shard=0, instance_id="ds-r0")
+        await make_data_server(shard=1, instance_id="ds-r1")
+        search = [
+            await make_search_server(server_id=f"ss-{i}", redis_url=redis.url) for i in range(2)
+        ]
+        await _all_see(search, {"ds-r0", "ds-r1"})
+        query = sample_queries(1, variant=7)[0]
+
+        await asyncio.to_thread(redis.stop)
+        # Every search server keeps routing with its last known list.
+        for server in search:
+            status, body = await _get(f"{server.url}/search", q=query)
+            assert status == 200
+            assert body["shards"]["ok"] == 2
+        await eventually(
+            lambda: all((_cluster_age(s) or 0) > 500 for s in search), message="age grows"
+        )
+
+        await asyncio.to_thread(redis.start)  # empty: no persistence
+        client = aioredis.Redis.from_url(redis.url)
+        try:
+            await eventually(
+                lambda: client.exists(f"discovery:{search[0].config.cluster.cluster}:live"),
+                message="the leader republished",
+            )
+        finally:
+            await client.aclose()
+        await _all_see(search, {"ds-r0", "ds-r1"})
+        await eventually(
+            lambda: all((_cluster_age(s) or 0) < 2000 for s in search), message="fresh again"
+        )
+    finally:
+        redis.stop()
+
+
+def _cluster_age(server: SearchServer) -> int | None:
+    return server.cluster_view()["age_ms"]
+
+
+async def test_search_merges_all_shards_like_direct_queries(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    data = [await make_data_server(shard=i, docs=300, instance_id=f"ds-m{i}") for i in range(3)]
+    search = await make_search_server(server_id="ss-merge")
+    await _all_see([search], {"ds-m0", "ds-m1", "ds-m2"})
+    for query in sample_queries(10, variant=8):
+        direct: list[tuple[float, str]] = []
+        for server in data:
+            _, body = await _get(f"{server.url}/search", q=query, k="5")
+            direct += [(hit["score"], hit["id"]) for hit in body["hits"]]
+        expected = sorted(direct, key=lambda h: (-h[0], h[1]))[:5]
+        status, body = await _get(f"{search.url}/search", q=query, k="5")
+        assert status == 200
+        assert [(h["score"], h["id"]) for h in body["hits"]] == expected
+        assert all(h["id"].startswith(f"s{h['shard']}-") for h in body["hits"])
+
+
+async def test_hung_data_server_never_stalls_a_query(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    healthy = await make_data_server(shard=0, instance_id="ds-ok")
+    hung = await make_data_server(shard=1, instance_id="ds-hung")
+    search = await make_search_server(server_id="ss-hang", eject_after=100)
+    await _all_see([search], {"ds-ok", "ds-hung"})
+    query = sample_queries(1, variant=9)[0]
+
+    async with aiohttp.ClientSession() as client:
+        await client.post(f"{hung.url}/admin/fault", json={"mode": "hang"})
+    partial_seen = False
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        status, body = await _get(f"{search.url}/search", q=query, timeout_ms="300")
+        elapsed = time.monotonic() - started
+        assert status == 200
+        # The 300 ms deadline holds: the slack is for HTTP and this shared test loop.
+        assert elapsed < 0.3 + 1.0, elapsed
+        if body["partial"]:
+            partial_seen = True
+            assert body["shards"]["timed_out"] + body["shards"]["failed"] == 1
+        else:
+            # Complete again only once the hung server is out of the list.
+            assert body["shards"] == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0}
+            break
+    else:
+        pytest.fail("the hung server was never removed from the live list")
+    assert partial_seen
+    assert "ds-hung" not in _ids(search)
+    assert healthy.port is not None
+    async with aiohttp.ClientSession() as client:
+        await client.post(f"{hung.url}/admin/fault", json={"mode": "none"})
+
+
+async def test_overload_is_refused_at_once_and_bad_parameters_get_400(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    slow: DataServer = await make_data_server(
+        shard=0, instance_id="ds-slow", agent=_lenient_agent()
+    )
+    search = await make_search_server(server_id="ss-busy", max_in_flight=2)
+    await _all_see([search], {"ds-slow"})
+    async with aiohttp.ClientSession() as client:
+        await client.post(f"{slow.url}/admin/fault", json={"mode": "slow", "delay_ms": 1500})
+    busy = [
+        asyncio.create_task(_get(f"{search.url}/search", q="a", timeout_ms="3000"))
+        for _ in range(2)
+    ]
+    await eventually(
+        lambda: (search.registry.get_sample_value("search_server_fanout_in_flight") or 0) == 2,
+        message="two queries in flight",
+    )
+    started = time.monotonic()
+    status, body = await _get(f"{search.url}/search", q="a")
+    assert status == 503
+    assert "overloaded" in body["error"]
+    assert time.monotonic() - started < 0.5  # refused at once, not queued
+    await asyncio.gather(*busy)
+    async with aiohttp.ClientSession() as client:
+        await client.post(f"{slow.url}/admin/fault", json={"mode": "none"})
+
+    for params, message in [
+        ({}, "missing query parameter 'q'"),
+        ({"q": "a", "k": "0"}, "'k' must be in 1..1000"),
+        ({"q": "a", "k": "x"}, "'k' must be an integer"),
+        ({"q": "a", "timeout_ms": "0"}, "'timeout_ms' must be in"),
+        ({"q": "a", "timeout_ms": "99999999"}, "'timeout_ms' must be in"),
+        ({"q": "x" * 2000}, "longer than"),
+    ]:
+        status, body = await _get(f"{search.url}/search", **params)
+        assert status == 400
+        assert message in body["error"]
+
+
+def _lenient_agent() -> Any:
+    import dataclasses
+
+    from .support import FAST_AGENT
+
+    # Slow on purpose for this test: the agent must not take it offline meanwhile.
+    return dataclasses.replace(FAST_AGENT, max_latency=5.0, probe_timeout=5.0)
