@@ -201,12 +201,18 @@ async def make_search_server(
     servers: list[SearchServer] = []
     cluster = redis_prefix.removeprefix("discovery:")
 
-    async def make(*, redis_url: str | None = None, **fields: object) -> SearchServer:
+    async def make(
+        *,
+        redis_url: str | None = None,
+        zk: str | None = None,
+        session_timeout: float = SESSION_TIMEOUT,
+        **fields: object,
+    ) -> SearchServer:
         fields.setdefault("heartbeat_interval", 0.2)
         fields.setdefault("heartbeat_ttl", 2.0)
         fields.setdefault("reconcile_interval", 1.0)
         config = SearchServerConfig(
-            zk=ZkConfig(hosts=zk_hosts, session_timeout=SESSION_TIMEOUT, connect_timeout=20),
+            zk=ZkConfig(hosts=zk or zk_hosts, session_timeout=session_timeout, connect_timeout=20),
             cluster=ClusterConfig(cluster=cluster, redis_url=redis_url or redis_server.url),
             port=0,
             **fields,  # type: ignore[arg-type]

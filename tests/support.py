@@ -29,7 +29,7 @@ FAST_AGENT = AgentConfig(
 
 #: ``await make_data_server(*, agent=FAST_AGENT, admin_token=None, **DataServerConfig fields)``
 DataServerFactory = Callable[..., Awaitable[DataServer]]
-#: ``await make_search_server(*, redis_url=None, **SearchServerConfig fields)``
+#: ``await make_search_server(*, redis_url=None, zk=None, session_timeout=..., **fields)``
 SearchServerFactory = Callable[..., Awaitable[SearchServer]]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +14,13 @@ import redis.asyncio as aioredis
 
 from data_server.corpus import sample_queries
 from data_server.server import DataServer
-from discovery.devcluster import RedisServer, expire_session
+from discovery.devcluster import RedisServer, ZooKeeperEnsemble, expire_session
 from discovery.errors import FencedError
 from discovery.instance import InstanceState
 from discovery.publisher import LivePublisher
 from search_server.server import SearchServer
 
-from .support import DataServerFactory, SearchServerFactory, eventually
+from .support import DataServerFactory, SearchServerFactory, eventually, repeat_host
 
 
 async def _get(url: str, **params: str) -> tuple[int, Any]:
@@ -292,3 +293,56 @@ def _lenient_agent() -> Any:
 
     # Slow on purpose for this test: the agent must not take it offline meanwhile.
     return dataclasses.replace(FAST_AGENT, max_latency=5.0, probe_timeout=5.0)
+
+
+async def test_suspended_leader_stops_publishing_and_resumes_in_the_same_session(
+    zk_ensemble: ZooKeeperEnsemble,
+    chroot: Callable[[str], str],
+    make_search_server: SearchServerFactory,
+    redis_server: RedisServer,
+) -> None:
+    first = zk_ensemble.servers[0]
+    # The leader talks to server 0 only, so stopping it suspends the leader alone.
+    leader = await make_search_server(
+        server_id="ss-suspend", zk=chroot(repeat_host(first.address)), session_timeout=20
+    )
+    assert leader.reader is not None
+    await eventually(lambda: leader.is_leader, message="leads")
+    await leader.reader.wait_until(lambda live: live.version > 0, timeout=10)
+    assert leader.session is not None
+    session_id = leader.session.session_id
+    prefix = leader.config.cluster.redis_prefix
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        epoch, version = map(int, await client.hmget(f"{prefix}:fence", "epoch", "version"))
+
+        await asyncio.to_thread(zk_ensemble.stop_server, 0)
+        # No heartbeat while suspended: the leader key runs out (TTL 2 s)...
+        await eventually(
+            lambda: _missing(client, f"{prefix}:leader"), timeout=10, message="heartbeat stopped"
+        )
+        # ...and nothing was published meanwhile.
+        assert list(map(int, await client.hmget(f"{prefix}:fence", "epoch", "version"))) == [
+            epoch,
+            version,
+        ]
+        assert leader.is_leader  # suspended is not lost
+
+        await asyncio.to_thread(zk_ensemble.start_server, 0)
+        # Same session, same term: a full republish in the same epoch, heartbeats again.
+        await eventually(
+            lambda: _fence_above(client, prefix, epoch, version), message="republished"
+        )
+        assert leader.session.session_id == session_id
+        assert await client.exists(f"{prefix}:leader")
+    finally:
+        await client.aclose()
+
+
+async def _missing(client: aioredis.Redis, key: str) -> bool:
+    return not await client.exists(key)
+
+
+async def _fence_above(client: aioredis.Redis, prefix: str, epoch: int, version: int) -> bool:
+    stored = await client.hmget(f"{prefix}:fence", "epoch", "version")
+    return int(stored[0]) == epoch and int(stored[1]) > version
