@@ -93,6 +93,14 @@ SEARCH_OPTIONS = (
         metavar="SECONDS",
     ),
     Option(
+        "--zk-fallback-after",
+        "DISCOVERY_ZK_FALLBACK_AFTER",
+        "if Redis is unreachable this many seconds (plus up to 50%% jitter), route with a "
+        "direct read of /data_servers until it is back (unset: never)",
+        type=positive_float,
+        metavar="SECONDS",
+    ),
+    Option(
         "--reconcile-interval",
         "DISCOVERY_RECONCILE_INTERVAL",
         "seconds between checks of the local live list against Redis",
@@ -129,6 +137,7 @@ class SearchServerConfig:
     heartbeat_interval: float = 1.0
     heartbeat_ttl: float = 5.0
     reconcile_interval: float = 30.0
+    zk_fallback_after: float | None = None
 
     def __post_init__(self) -> None:
         if self.server_id is not None:
@@ -161,4 +170,5 @@ class SearchServerConfig:
             heartbeat_interval=args.heartbeat_interval,
             heartbeat_ttl=args.heartbeat_ttl,
             reconcile_interval=args.reconcile_interval,
+            zk_fallback_after=args.zk_fallback_after,
         )

@@ -16,24 +16,29 @@ Shutdown leaves the election first, so a successor takes over while we still ans
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import random
 import time
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
-from discovery.livelist import LiveListReader
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from discovery.election import LeaderElection
+from discovery.errors import ZkError
 from discovery.http import MAX_QUERY_LENGTH, int_param, json_error, json_errors
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.layout import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.leader import LeaderDuty
+from discovery.livelist import LiveListReader
+from discovery.membership import MembershipWatcher
 from discovery.registration import Registration
 from discovery.zk import ZkSession
 
@@ -64,6 +69,7 @@ class SearchServer:
         self.election: LeaderElection | None = None
         self.reader: LiveListReader | None = None
         self.fanout: FanOut | None = None
+        self._fallback: _ZkFallback | None = None
         self._stopped = False
 
     @property
@@ -142,6 +148,10 @@ class SearchServer:
             heartbeat_ttl=config.heartbeat_ttl,
             registry=self.registry,
         )
+        if config.zk_fallback_after is not None:
+            fallback = _ZkFallback(self.session, self.reader, config.zk_fallback_after)
+            await stack.enter_async_context(fallback)
+            self._fallback = fallback
         # Entered last, so left first on shutdown: a successor can take over while
         # this server still answers queries.
         self.election = await stack.enter_async_context(
@@ -199,14 +209,22 @@ class SearchServer:
             return json_error(400, str(exc))
         if self.reader is None or self.fanout is None:
             return json_error(503, "starting")
-        live = self.reader.current
-        if live.version == 0:
+        servers = self._routing_list()
+        if servers is None:
             return json_error(503, "no live list yet")
         try:
-            result = await self.fanout.search(list(live.servers.values()), query, k, timeout_ms)
+            result = await self.fanout.search(servers, query, k, timeout_ms)
         except Overloaded as exc:
             return json_error(503, f"overloaded: {exc}")
         return web.json_response(result.to_dict())
+
+    def _routing_list(self) -> list[ServiceInstance] | None:
+        """The servers to route with: the live list, or the ZooKeeper fallback's view."""
+        if self._fallback is not None and self._fallback.active:
+            return list(self._fallback.members.values())
+        if self.reader is None or self.reader.current.version == 0:
+            return None
+        return list(self.reader.current.servers.values())
 
     async def cluster(self, request: web.Request) -> web.Response:
         return web.json_response(self.cluster_view())
@@ -217,8 +235,9 @@ class SearchServer:
         live = reader.current if reader is not None else None
         ejected = self.fanout.ejected() if self.fanout is not None else set()
         servers = []
-        if live is not None:
-            for instance in sorted(live.servers.values(), key=lambda i: i.id):
+        routing = self._routing_list() or []
+        if routing:
+            for instance in sorted(routing, key=lambda i: i.id):
                 servers.append(
                     {
                         "id": instance.id,
@@ -240,6 +259,9 @@ class SearchServer:
             "published_at": live.published_at if live is not None else None,
             "age_ms": round(reader.age() * 1000) if reader is not None else None,
             "redis_connected": reader.connected if reader is not None else False,
+            "source": "zookeeper"
+            if self._fallback is not None and self._fallback.active
+            else "redis",
             "now_ms": int(time.time() * 1000),
             "servers": servers,
         }
@@ -256,3 +278,68 @@ class SearchServer:
         ready = reader is not None and reader.current.version > 0
         body = {"ready": ready, "version": reader.current.version if reader else 0}
         return web.json_response(body, status=200 if ready else 503)
+
+
+class _ZkFallback:
+    """Route with a direct read of ``/data_servers`` while Redis is down for long.
+
+    Off by default: every search server watching ZooKeeper is the herd the leader
+    exists to avoid. When enabled, it starts only after Redis has been unreachable
+    for ``after`` seconds plus a random jitter of up to half that (so that a fleet of
+    search servers does not hit ZooKeeper at the same instant), and stops as soon as
+    the live list is current again.
+    """
+
+    def __init__(self, session: ZkSession, reader: LiveListReader, after: float) -> None:
+        self._session = session
+        self._reader = reader
+        self._after = after
+        self._watcher: MembershipWatcher | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._watcher is not None
+
+    @property
+    def members(self) -> Mapping[str, ServiceInstance]:
+        return self._watcher.members if self._watcher is not None else {}
+
+    async def __aenter__(self) -> _ZkFallback:
+        self._task = asyncio.create_task(self._run(), name="zk-fallback")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._stop()
+
+    async def _run(self) -> None:
+        threshold = self._after * (1 + random.random() / 2)
+        while True:
+            outage = not self._reader.connected and self._reader.age() > threshold
+            if outage and self._watcher is None:
+                log.warning(
+                    "Redis unreachable for %.1fs: routing with a direct ZooKeeper read",
+                    self._reader.age(),
+                )
+                watcher = MembershipWatcher(self._session)
+                try:
+                    await watcher.start()
+                except ZkError as exc:
+                    log.warning("ZooKeeper fallback failed to start: %s", exc)
+                else:
+                    self._watcher = watcher
+            elif self._reader.connected and self._watcher is not None:
+                log.info("Redis is back: routing with the published live list again")
+                await self._stop()
+                threshold = self._after * (1 + random.random() / 2)
+            # A check per second is plenty against an outage threshold of seconds.
+            await asyncio.sleep(min(1.0, self._after / 2))
+
+    async def _stop(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            await watcher.aclose()

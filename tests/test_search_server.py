@@ -346,3 +346,67 @@ async def _missing(client: aioredis.Redis, key: str) -> bool:
 async def _fence_above(client: aioredis.Redis, prefix: str, epoch: int, version: int) -> bool:
     stored = await client.hmget(f"{prefix}:fence", "epoch", "version")
     return int(stored[0]) == epoch and int(stored[1]) > version
+
+
+async def test_fenced_leader_resigns_and_rejoins_with_a_higher_epoch(
+    make_search_server: SearchServerFactory, redis_server: RedisServer, redis_prefix: str
+) -> None:
+    leader = await make_search_server(server_id="ss-fenced")
+    assert leader.reader is not None
+    await leader.reader.wait_until(lambda live: live.version > 0, timeout=10)
+    assert leader.election is not None
+    term = leader.election.leadership
+    assert term is not None
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        # Someone with a newer epoch publishes: our leader's next write is refused...
+        usurper = LivePublisher(client, redis_prefix, leader_id="usurper", epoch=term.epoch + 1)
+        await usurper.publish_full({})
+        # ...so it gives the term up and wins a new one, whose node is newer still.
+        await eventually(
+            lambda: leader.election is not None and leader.election.terms >= 2,
+            message="a second term",
+        )
+        await leader.reader.wait_until(
+            lambda live: live.leader == "ss-fenced" and live.epoch > term.epoch + 1, timeout=10
+        )
+    finally:
+        await client.aclose()
+
+
+async def test_optional_zookeeper_fallback_during_a_long_redis_outage(
+    tmp_path: Path,
+    make_search_server: SearchServerFactory,
+    make_data_server: DataServerFactory,
+) -> None:
+    redis = RedisServer(tmp_path / "redis")
+    redis.start()
+    try:
+        await make_data_server(shard=0, instance_id="ds-f0")
+        search = await make_search_server(
+            server_id="ss-fallback", redis_url=redis.url, zk_fallback_after=0.5
+        )
+        plain = await make_search_server(server_id="ss-plain", redis_url=redis.url)
+        await _all_see([search, plain], {"ds-f0"})
+
+        await asyncio.to_thread(redis.stop)
+        await eventually(
+            lambda: search.cluster_view()["source"] == "zookeeper", message="fallback on"
+        )
+        # A server that joins during the outage is routed to by the fallback only.
+        await make_data_server(shard=1, instance_id="ds-f1")
+        await eventually(
+            lambda: {s["id"] for s in search.cluster_view()["servers"]} == {"ds-f0", "ds-f1"},
+            message="fallback sees the newcomer",
+        )
+        status, body = await _get(f"{search.url}/search", q=sample_queries(1, variant=10)[0])
+        assert status == 200
+        assert body["shards"]["total"] == 2
+        assert plain.cluster_view()["source"] == "redis"
+        assert {s["id"] for s in plain.cluster_view()["servers"]} == {"ds-f0"}
+
+        await asyncio.to_thread(redis.start)
+        await eventually(lambda: search.cluster_view()["source"] == "redis", message="back")
+        await _all_see([search, plain], {"ds-f0", "ds-f1"})
+    finally:
+        redis.stop()
