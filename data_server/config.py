@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,13 +16,15 @@ from discovery.config import (
     Option,
     ZkConfig,
     add_options,
+    advertised_address,
+    checked_id,
+    listen_options,
     non_negative_int,
     port_number,
     positive_float,
     positive_int,
 )
 from discovery.errors import ConfigError
-from discovery.instance import validate_instance_id
 
 __all__ = [
     "DataServerConfig",
@@ -34,20 +35,7 @@ __all__ = [
 
 
 SERVER_OPTIONS = (
-    Option("--host", "DISCOVERY_HOST", "address to listen on", default="127.0.0.1"),
-    Option(
-        "--port",
-        "DISCOVERY_PORT",
-        "port to listen on (0: any free port)",
-        type=port_number,
-        default=9001,
-    ),
-    Option(
-        "--advertise",
-        "DISCOVERY_ADVERTISE",
-        "address to publish in ZooKeeper (unset: --host, or this host's name for 0.0.0.0)",
-    ),
-    Option("--id", "DISCOVERY_ID", "instance id (unset: ds-<advertised address>-<port>)"),
+    *listen_options(9001, "ds"),
     Option("--shard", "DISCOVERY_SHARD", "shard number", type=non_negative_int, default=0),
     Option("--replica", "DISCOVERY_REPLICA", "replica number", type=non_negative_int, default=0),
     Option(
@@ -161,11 +149,7 @@ class DataServerConfig:
     shutdown_timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.instance_id is not None:
-            try:
-                validate_instance_id(self.instance_id)
-            except ValueError as exc:
-                raise ConfigError(f"--id / DISCOVERY_ID: {exc}") from None
+        checked_id(self.instance_id)
         if self.docs_file is not None and not self.docs_file.is_file():
             raise ConfigError(f"--docs-file / DISCOVERY_DOCS_FILE: no such file {self.docs_file}")
 
@@ -183,16 +167,13 @@ class DataServerConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DataServerConfig:
-        advertise = args.advertise or (
-            socket.gethostname() if args.host in ("0.0.0.0", "::") else args.host
-        )
         return cls(
             zk=ZkConfig.from_args(args),
             cluster=ClusterConfig.from_args(args),
             agent=AgentConfig.from_args(args),
             host=args.host,
             port=getattr(args, "port", 0),
-            advertise=advertise,
+            advertise=advertised_address(args.host, args.advertise),
             instance_id=getattr(args, "id", None),
             shard=getattr(args, "shard", 0),
             replica=getattr(args, "replica", 0),

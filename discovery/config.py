@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .instance import validate_instance_id
 
 __all__ = [
     "AGENT_OPTIONS",
@@ -29,7 +31,10 @@ __all__ = [
     "Option",
     "ZkConfig",
     "add_options",
+    "advertised_address",
+    "checked_id",
     "int_range",
+    "listen_options",
     "log_level",
     "non_negative_int",
     "parse_env",
@@ -276,6 +281,51 @@ AGENT_OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS",
     ),
 )
+
+
+def listen_options(default_port: int, id_prefix: str) -> tuple[Option, ...]:
+    """``--host``, ``--port``, ``--advertise`` and ``--id`` of a server process."""
+    return (
+        Option("--host", "DISCOVERY_HOST", "address to listen on", default="127.0.0.1"),
+        Option(
+            "--port",
+            "DISCOVERY_PORT",
+            "port to listen on (0: any free port)",
+            type=port_number,
+            default=default_port,
+        ),
+        Option(
+            "--advertise",
+            "DISCOVERY_ADVERTISE",
+            "address to publish in ZooKeeper (unset: --host, or this host's name for 0.0.0.0)",
+        ),
+        Option(
+            "--id",
+            "DISCOVERY_ID",
+            f"instance id (unset: {id_prefix}-<advertised address>-<port>)",
+        ),
+    )
+
+
+def advertised_address(host: str, advertise: str | None) -> str:
+    """The address other machines reach us at: ``advertise``, else ``host`` if specific."""
+    if advertise:
+        return advertise
+    return socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+
+
+def checked_id(value: str | None) -> str | None:
+    """``--id`` validated as a znode name (None stays None).
+
+    Raises:
+        ConfigError: naming the flag and the rule broken.
+    """
+    if value is None:
+        return None
+    try:
+        return validate_instance_id(value)
+    except ValueError as exc:
+        raise ConfigError(f"--id / DISCOVERY_ID: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
 from dataclasses import dataclass
 
 from discovery.config import (
@@ -13,31 +12,19 @@ from discovery.config import (
     Option,
     ZkConfig,
     add_options,
+    advertised_address,
+    checked_id,
     int_range,
-    port_number,
+    listen_options,
     positive_float,
     positive_int,
 )
 from discovery.errors import ConfigError
-from discovery.instance import validate_instance_id
 
 __all__ = ["SearchServerConfig", "build_parser"]
 
 SEARCH_OPTIONS = (
-    Option("--host", "DISCOVERY_HOST", "address to listen on", default="127.0.0.1"),
-    Option(
-        "--port",
-        "DISCOVERY_PORT",
-        "port to listen on (0: any free port)",
-        type=port_number,
-        default=8080,
-    ),
-    Option(
-        "--advertise",
-        "DISCOVERY_ADVERTISE",
-        "address to publish in ZooKeeper (unset: --host, or this host's name for 0.0.0.0)",
-    ),
-    Option("--id", "DISCOVERY_ID", "search server id (unset: ss-<advertised address>-<port>)"),
+    *listen_options(8080, "ss"),
     Option(
         "--timeout-ms",
         "DISCOVERY_QUERY_TIMEOUT_MS",
@@ -140,11 +127,7 @@ class SearchServerConfig:
     zk_fallback_after: float | None = None
 
     def __post_init__(self) -> None:
-        if self.server_id is not None:
-            try:
-                validate_instance_id(self.server_id)
-            except ValueError as exc:
-                raise ConfigError(f"--id / DISCOVERY_ID: {exc}") from None
+        checked_id(self.server_id)
         if self.default_timeout_ms > self.max_timeout_ms:
             raise ConfigError("--timeout-ms must not exceed --max-timeout-ms")
         if self.heartbeat_ttl <= self.heartbeat_interval:
@@ -152,15 +135,12 @@ class SearchServerConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SearchServerConfig:
-        advertise = args.advertise or (
-            socket.gethostname() if args.host in ("0.0.0.0", "::") else args.host
-        )
         return cls(
             zk=ZkConfig.from_args(args),
             cluster=ClusterConfig.from_args(args),
             host=args.host,
             port=args.port,
-            advertise=advertise,
+            advertise=advertised_address(args.host, args.advertise),
             server_id=args.id,
             default_timeout_ms=args.timeout_ms,
             max_timeout_ms=args.max_timeout_ms,

@@ -16,8 +16,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from data_server.config import DataServerConfig
 from data_server.server import DataServer
@@ -224,3 +227,38 @@ async def make_search_server(
 
     yield make
     await asyncio.gather(*(server.shutdown() for server in servers))
+
+
+def fast_redis_client(url: str) -> aioredis.Redis:
+    """A client that fails within a fraction of a second when Redis is down, but retries
+    a command once on a fresh connection (after a restart the pooled one is dead)."""
+    return aioredis.Redis.from_url(
+        url,
+        retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 2),
+        socket_timeout=5,
+        socket_connect_timeout=1,
+    )
+
+
+@pytest.fixture
+async def client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    """A client of the shared Redis (use with ``redis_prefix``; never flush it)."""
+    client = aioredis.Redis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server for this test alone, which it may flush, stop and restart."""
+    server = RedisServer(tmp_path / "own-redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def own_client(own_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = fast_redis_client(own_redis.url)
+    yield client
+    await client.aclose()

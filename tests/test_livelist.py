@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 
 from discovery.devcluster import RedisServer
 from discovery.instance import ServiceInstance
@@ -20,44 +16,6 @@ from discovery.livelist import LiveList, LiveListReader
 from discovery.publisher import LivePublisher, RedisKeys
 
 from .support import eventually, make_instance
-
-
-def fast_client(url: str) -> aioredis.Redis:
-    """A client that fails within a fraction of a second when Redis is down."""
-    return aioredis.Redis.from_url(
-        url,
-        retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 2),
-        socket_timeout=5,
-        socket_connect_timeout=1,
-    )
-
-
-@pytest.fixture
-async def client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server for this test alone, which it may stop and restart."""
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def own_client(own_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = fast_client(own_redis.url)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-def registry() -> CollectorRegistry:
-    return CollectorRegistry()
 
 
 def view(*instances: ServiceInstance) -> dict[str, ServiceInstance]:

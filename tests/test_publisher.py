@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -14,8 +13,6 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from prometheus_client import CollectorRegistry
 from redis.asyncio.client import PubSub
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 
 from discovery.devcluster import RedisServer
 from discovery.errors import DiscoveryError, FencedError, RedisUnavailableError
@@ -25,40 +22,6 @@ from discovery.publisher import FENCE_SCRIPT, HeartbeatStatus, LivePublisher, Re
 from .support import eventually, make_instance
 
 NOW = 1_700_000_000.25  # a fixed wall clock: published_at is 1700000000250
-
-
-def fast_client(url: str) -> aioredis.Redis:
-    """A client that fails within a fraction of a second when Redis is down, but retries
-    a command once on a fresh connection (after a restart the pooled one is dead)."""
-    return aioredis.Redis.from_url(
-        url,
-        retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 2),
-        socket_timeout=5,
-        socket_connect_timeout=1,
-    )
-
-
-@pytest.fixture
-async def client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server for this test alone, which it may flush, stop and restart."""
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def own_client(own_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = fast_client(own_redis.url)
-    yield client
-    await client.aclose()
 
 
 def view(*instances: ServiceInstance) -> dict[str, ServiceInstance]:
