@@ -4,19 +4,24 @@ The framework: the data-server :class:`Agent` (registration while healthy, healt
 probes, drain), a ZooKeeper session bridged into asyncio (:class:`ZkSession`), the
 Curator-compatible :class:`ServiceInstance`, ephemeral :class:`Registration` of an
 instance, and a :class:`MembershipWatcher` that keeps a decoded view of
-``/data_servers``. The applications ``data_server`` and ``search_server`` are built on
-it; ``discovery.devcluster`` runs a real local ZooKeeper and Redis for development
-and tests. See docs/ARCHITECTURE.md.
+``/data_servers``. Search servers use :class:`LeaderElection`, :class:`LeaderDuty`,
+:class:`LivePublisher` and :class:`LiveListReader`. The applications ``data_server``
+and ``search_server`` are built on it; ``discovery.devcluster`` runs a real local
+ZooKeeper and Redis for development and tests. See docs/ARCHITECTURE.md.
 """
 
 from .agent import Agent, AgentState, AgentStatus
 from .config import AgentConfig, ClusterConfig, ZkConfig
+from .election import LeaderElection, Leadership
 from .errors import (
     ConfigError,
     DevClusterError,
     DiscoveryError,
+    FencedError,
     InvalidInstanceError,
     PayloadTooLargeError,
+    RedisOperationError,
+    RedisUnavailableError,
     RegistrationConflictError,
     ZkAuthError,
     ZkBadVersionError,
@@ -28,8 +33,11 @@ from .errors import (
 )
 from .instance import MAX_INSTANCE_BYTES, InstancePayload, InstanceState, ServiceInstance
 from .layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
+from .leader import LeaderDuty
+from .livelist import LiveList, LiveListReader
 from .membership import MembershipChange, MembershipWatcher
 from .probes import CallableProbe, HttpProbe, Probe, ProbeFailed, SearchProbe
+from .publisher import LivePublisher
 from .registration import Registration
 from .zk import SessionEvent, SessionState, ZkSession
 
@@ -47,15 +55,24 @@ __all__ = [
     "ConfigError",
     "DevClusterError",
     "DiscoveryError",
+    "FencedError",
     "HttpProbe",
     "InstancePayload",
     "InstanceState",
     "InvalidInstanceError",
+    "LeaderDuty",
+    "LeaderElection",
+    "Leadership",
+    "LiveList",
+    "LiveListReader",
+    "LivePublisher",
     "MembershipChange",
     "MembershipWatcher",
     "PayloadTooLargeError",
     "Probe",
     "ProbeFailed",
+    "RedisOperationError",
+    "RedisUnavailableError",
     "Registration",
     "RegistrationConflictError",
     "SearchProbe",
