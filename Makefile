@@ -4,8 +4,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# Debian packages the tests and the demo run for real: ZooKeeper (Java) and Redis.
-DEB_PACKAGES := zookeeper redis-server default-jre-headless
+# Debian packages the tests and the demo run for real: ZooKeeper (Java) and Redis;
+# Chromium for the dashboard's browser test; docker-compose to validate the compose file.
+DEB_PACKAGES := zookeeper redis-server default-jre-headless chromium docker-compose
 STAMP  := $(VENV)/.installed
 
 .PHONY: setup system-packages test lint typecheck pytest demo devcluster clean

@@ -1,4 +1,4 @@
-"""``data-server``: run one data server, or ``data-server fleet`` for many."""
+"""``data-server``: one data server; ``data-server fleet``: many; ``data-server loadgen``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from discovery.errors import ConfigError, DiscoveryError
 
+from . import loadgen
 from .config import DataServerConfig, FleetConfig, build_fleet_parser, build_parser
 from .fleet import run_fleet, run_worker
 from .server import DataServer
@@ -38,6 +39,8 @@ async def serve(config: DataServerConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (0 after a clean drain)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "loadgen":
+        return loadgen.main(args_list[1:])
     fleet = bool(args_list) and args_list[0] == "fleet"
     parser = build_fleet_parser() if fleet else build_parser()
     args = parser.parse_args(args_list[1:] if fleet else args_list)

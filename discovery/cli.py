@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from discovery import demo
+from discovery import demo, status
 from discovery.devcluster import command as devcluster_command
 
 __all__ = ["build_parser", "main"]
@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # not subscriptable at run time before Python 3.12
 _SUBCOMMANDS: tuple[Callable[[_SubParsers], object], ...] = (
     devcluster_command.add_parser,
     demo.add_parser,
+    status.add_parser,
 )
 
 

@@ -1,129 +1,567 @@
-"""``discovery demo``: a local cluster you can watch, in one command.
+"""``discovery demo``: the whole system on one machine, with a scripted failure scenario.
 
-It starts the development ZooKeeper and Redis (:class:`~discovery.devcluster.DevCluster`),
-then data servers and one search server as separate processes (their own console
-entry points, so each has its own ZooKeeper session, as in production), prints where
-to look, and stops everything on Ctrl-C / SIGTERM or after ``--duration`` seconds.
+It runs a 3-server ZooKeeper ensemble and Redis (its own, unless
+``DISCOVERY_ZK_HOSTS`` / ``DISCOVERY_REDIS_URL`` name others), 3 search servers,
+``--nodes`` data servers (most as a fleet over two processes, the few that will be
+crashed and drained as processes of their own) and a load generator sending real
+queries through the search servers. Every component is a separate process started
+from its own console entry point, so each has its own ZooKeeper session, as in
+production; the demo only drives them from outside (signals and admin calls) and
+watches what the search servers route with (``GET /cluster``).
 
-This is the interim demo of the foundation; the 100-node demo with a dashboard
-replaces it.
+The scenario, each phase timed until every search server's list is right:
+
+1. everything registered, one leader, the live list published, queries complete;
+2. 5 data servers crash (SIGKILL) → removed after the session timeout;
+3. 3 data servers turn slow → their agents take them offline → removed;
+4. 2 data servers drain (SIGTERM) → removed, with no failed query;
+5. the leading search server is killed → a new leader with a higher epoch;
+6. faults cleared, crashed and drained servers and the dead search server restarted
+   → back to all of them.
+
+It prints a status line while it waits and a summary table at the end, and exits 0
+only if every phase reached its expected state.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
-import subprocess
+import socket
 import sys
-import threading
 import time
-import urllib.request
-from types import FrameType
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
 
 from .config import int_range, positive_float
-from .devcluster import DevCluster, free_port
+from .devcluster import DevCluster, free_port, free_ports
 from .errors import DevClusterError
 
 __all__ = ["add_parser", "run"]
 
 log = logging.getLogger(__name__)
 
+# Short enough that the demo's phases take seconds; the session timeout is the bound
+# on how long a crashed server stays listed.
+SESSION_TIMEOUT = "4"
+DOCS_PER_SERVER = "1000"
+CRASHED, SLOWED, DRAINED = 5, 3, 2
+
+View = dict[str, Any]
+
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="run a local ZooKeeper, Redis, data servers and a search server",
-        description="Start a local cluster and keep it running until Ctrl-C.",
+        help="run ZooKeeper, Redis, search servers, a fleet of data servers and a failure scenario",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     parser.add_argument(
-        "--data-servers",
-        type=int_range(1, 200),
-        default=5,
-        metavar="N",
-        help="data servers [default 5]",
+        "--nodes", type=int_range(12, 1000), default=100, help="data servers [default 100]"
+    )
+    parser.add_argument(
+        "--search-servers", type=int_range(2, 9), default=3, help="search servers [default 3]"
+    )
+    parser.add_argument(
+        "--rate",
+        type=positive_float,
+        default=20.0,
+        help="queries per second from the load generator [default 20]",
     )
     parser.add_argument(
         "--duration",
         type=positive_float,
+        default=30.0,
         metavar="SECONDS",
-        help="stop by itself after this long [default: run until Ctrl-C]",
+        help="with --no-chaos: how long to run [default 30]",
+    )
+    parser.add_argument(
+        "--no-chaos", action="store_true", help="start everything, run for --duration, no failures"
+    )
+    parser.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="leave everything up at the end until Ctrl-C (prints the dashboard URL)",
     )
     parser.set_defaults(func=run)
 
 
-def _fetch_json(url: str, timeout: float = 2.0) -> object:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.load(response)
+@dataclass
+class PhaseResult:
+    name: str
+    expected: str
+    ok: bool
+    converge_s: float | None
+    outcomes: dict[str, int]
+    p50_ms: float
+    p99_ms: float
 
 
-def _stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
-    for process in processes:
-        process.terminate()
-    for process in processes:
+@dataclass
+class _Query:
+    t: float
+    outcome: str
+    ms: float
+
+
+@dataclass
+class _Cluster:
+    """The processes of the demo and how to reach them."""
+
+    zk: str
+    redis: str
+    workdir: str
+    nodes: int
+    search_ports: list[int] = field(default_factory=list)
+    search: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
+    singles: dict[str, tuple[int, int, asyncio.subprocess.Process | None]] = field(
+        default_factory=dict
+    )  # id -> (port, shard, process)
+    fleet: asyncio.subprocess.Process | None = None
+    fleet_base_port: int = 0
+    loadgen: asyncio.subprocess.Process | None = None
+    queries: list[_Query] = field(default_factory=list)
+
+    @property
+    def shards(self) -> int:
+        return max(1, self.nodes // 2)
+
+    @property
+    def fleet_count(self) -> int:
+        return self.nodes - CRASHED - DRAINED
+
+    def fleet_id(self, index: int) -> str:
+        return f"ds-{index:04d}"
+
+    def all_ids(self) -> set[str]:
+        return {self.fleet_id(i) for i in range(self.fleet_count)} | set(self.singles)
+
+
+async def _spawn(*argv: str, stdout: int | None = None) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, *argv, stdout=stdout, stdin=asyncio.subprocess.DEVNULL
+    )
+
+
+def _common(cluster: _Cluster) -> list[str]:
+    return [
+        *("--zk", cluster.zk, "--redis", cluster.redis, "--session-timeout", SESSION_TIMEOUT),
+        # The narration is the demo's output; the components speak only of errors.
+        *("--log-level", "ERROR"),
+    ]
+
+
+def _agent_flags() -> list[str]:
+    return [
+        *("--docs", DOCS_PER_SERVER, "--probe-interval", "0.5", "--fall", "3", "--rise", "2"),
+        *("--drain-grace", "2"),
+    ]
+
+
+async def _start_search(cluster: _Cluster, index: int) -> None:
+    port = cluster.search_ports[index]
+    cluster.search[index] = await _spawn(
+        *("-m", "search_server.cli", *_common(cluster), "--id", f"search-{index + 1}"),
+        *("--port", str(port), "--heartbeat-interval", "0.5", "--heartbeat-ttl", "3"),
+        *("--reconcile-interval", "5"),
+    )
+
+
+async def _start_single(cluster: _Cluster, instance_id: str) -> None:
+    port, shard, _ = cluster.singles[instance_id]
+    process = await _spawn(
+        *("-m", "data_server.cli", *_common(cluster), *_agent_flags()),
+        *("--id", instance_id, "--port", str(port), "--shard", str(shard), "--replica", "1"),
+    )
+    cluster.singles[instance_id] = (port, shard, process)
+
+
+async def _views(cluster: _Cluster, http: aiohttp.ClientSession) -> list[View]:
+    async def one(port: int) -> View | None:
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+            async with http.get(f"http://127.0.0.1:{port}/cluster") as response:
+                view: View = await response.json()
+                return view
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+
+    alive = [i for i, p in cluster.search.items() if p.returncode is None]
+    views = await asyncio.gather(*(one(cluster.search_ports[i]) for i in alive))
+    return [v for v in views if v is not None]
+
+
+def _serving_ids(view: View) -> set[str]:
+    return {s["id"] for s in view["servers"] if s["state"] == "serving"}
+
+
+def _leaders(views: list[View]) -> set[str]:
+    return {v["self"] for v in views if v["is_leader"]}
+
+
+def _percentile(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+
+async def _read_queries(cluster: _Cluster) -> None:
+    assert cluster.loadgen is not None
+    assert cluster.loadgen.stdout is not None
+    async for line in cluster.loadgen.stdout:
+        with contextlib.suppress(ValueError, KeyError):
+            record = json.loads(line)
+            cluster.queries.append(_Query(record["t"], record["outcome"], record["ms"]))
+
+
+def _outcomes_since(cluster: _Cluster, since: float) -> tuple[dict[str, int], list[float]]:
+    outcomes = {"ok": 0, "partial": 0, "overloaded": 0, "error": 0}
+    latencies = []
+    for query in cluster.queries:
+        if query.t >= since:
+            outcomes[query.outcome] = outcomes.get(query.outcome, 0) + 1
+            latencies.append(query.ms)
+    return outcomes, latencies
+
+
+async def _wait(
+    cluster: _Cluster,
+    http: aiohttp.ClientSession,
+    label: str,
+    predicate: Callable[[list[View]], bool],
+    timeout: float,
+) -> float | None:
+    """Poll the search servers until ``predicate(views)``; seconds taken, or None."""
+    started = time.monotonic()
+    last_line = 0.0
+    while True:
+        views = await _views(cluster, http)
+        elapsed = time.monotonic() - started
+        if views and predicate(views):
+            return elapsed
+        if elapsed > timeout:
+            return None
+        if time.monotonic() - last_line >= 2:
+            last_line = time.monotonic()
+            print(f"  [{label}] {_status_line(cluster, views)}", flush=True)
+        # The polling interval of a deadline-bounded wait.
+        await asyncio.sleep(0.25)
+
+
+def _status_line(cluster: _Cluster, views: list[View]) -> str:
+    if not views:
+        return "no search server answers yet"
+    live = sorted(len(_serving_ids(v)) for v in views)
+    leaders = ",".join(sorted(_leaders(views))) or "none"
+    epoch = max(v["epoch"] for v in views)
+    recent, _ = _outcomes_since(cluster, time.time() - 2)
+    return (
+        f"live {live[0]}..{live[-1]}/{cluster.nodes} on {len(views)} search servers, "
+        f"leader {leaders} epoch {epoch} | last 2 s: {recent['ok']} ok, "
+        f"{recent['partial']} partial, {recent['error'] + recent['overloaded']} failed"
+    )
+
+
+async def _post(http: aiohttp.ClientSession, url: str, body: Any = None) -> None:
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        async with http.post(url, json=body) as response:
+            await response.read()
+
+
+class _Scenario:
+    def __init__(self, cluster: _Cluster, http: aiohttp.ClientSession) -> None:
+        self.cluster = cluster
+        self.http = http
+        self.results: list[PhaseResult] = []
+
+    async def phase(
+        self,
+        name: str,
+        expected: str,
+        action: Callable[[], Awaitable[None]],
+        predicate: Callable[[list[View]], bool],
+        timeout: float,
+        *,
+        no_failures: bool = False,
+    ) -> bool:
+        print(f"\n== {name}: {expected}", flush=True)
+        since = time.time()
+        await action()
+        converge = await _wait(self.cluster, self.http, name, predicate, timeout)
+        outcomes, latencies = _outcomes_since(self.cluster, since)
+        ok = converge is not None
+        if no_failures and outcomes["error"] + outcomes["overloaded"]:
+            ok = False
+        result = PhaseResult(
+            name,
+            expected,
+            ok,
+            converge,
+            outcomes,
+            _percentile(latencies, 0.5),
+            _percentile(latencies, 0.99),
+        )
+        self.results.append(result)
+        status = "reached" if converge is not None else "NOT reached"
+        took = f" in {converge:.1f} s" if converge is not None else f" within {timeout:g} s"
+        print(
+            f"   {status}{took}; queries: {_fmt_outcomes(outcomes)}, "
+            f"p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms",
+            flush=True,
+        )
+        return ok
+
+
+def _fmt_outcomes(outcomes: dict[str, int]) -> str:
+    return ", ".join(f"{v} {k}" for k, v in outcomes.items())
+
+
+def _print_summary(results: Sequence[PhaseResult]) -> None:
+    print(
+        "\nphase                         result   converged   ok  partial  failed  p50 ms  p99 ms"
+    )
+    for r in results:
+        failed = r.outcomes["error"] + r.outcomes["overloaded"]
+        converged = f"{r.converge_s:.1f} s" if r.converge_s is not None else "-"
+        print(
+            f"{r.name:<29} {'ok' if r.ok else 'FAILED':<8} {converged:>9} "
+            f"{r.outcomes['ok']:>4} {r.outcomes['partial']:>8} {failed:>7} "
+            f"{r.p50_ms:>7.1f} {r.p99_ms:>7.1f}",
+            flush=True,
+        )
+
+
+async def _scenario(cluster: _Cluster, args: argparse.Namespace, stop: asyncio.Event) -> bool:
+    nodes = cluster.nodes
+    every = cluster.all_ids()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+        scenario = _Scenario(cluster, http)
+
+        def converged(expected_ids: set[str]) -> Callable[[list[View]], bool]:
+            def check(views: list[View]) -> bool:
+                return (
+                    len(views) == sum(p.returncode is None for p in cluster.search.values())
+                    and all(_serving_ids(v) == expected_ids for v in views)
+                    and len(_leaders(views)) == 1
+                    and len({(v["epoch"], v["version"]) for v in views}) == 1
+                )
+
+            return check
+
+        async def nothing() -> None:
+            return None
+
+        ok = await scenario.phase(
+            "1. start",
+            f"{nodes} registered, one leader, list published",
+            nothing,
+            converged(every),
+            timeout=300,
+        )
+        if not ok or args.no_chaos:
+            if ok:
+                print(f"\nrunning for {args.duration:g} s without failures", flush=True)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(args.duration):
+                        while not stop.is_set():
+                            await _wait(cluster, http, "steady", lambda v: False, 5)
+                outcomes, _latencies = _outcomes_since(cluster, 0)
+                print(f"queries: {_fmt_outcomes(outcomes)}", flush=True)
+            _print_summary(scenario.results)
+            return ok
+
+        singles = sorted(cluster.singles)
+        crashed, drained = singles[:CRASHED], singles[CRASHED : CRASHED + DRAINED]
+        slowed = [cluster.fleet_id(i) for i in range(1, cluster.fleet_count, 7)][:SLOWED]
+        remaining = every - set(crashed)
+
+        async def crash() -> None:
+            for instance_id in crashed:
+                process = cluster.singles[instance_id][2]
+                assert process is not None
+                process.kill()
+                await process.wait()
+
+        await scenario.phase(
+            f"2. crash {CRASHED} data servers",
+            f"removed after the {SESSION_TIMEOUT} s session timeout",
+            crash,
+            converged(remaining),
+            timeout=60,
+        )
+
+        remaining -= set(slowed)
+
+        async def slow_down() -> None:
+            for instance_id in slowed:
+                port = cluster.fleet_base_port + int(instance_id.removeprefix("ds-"))
+                await _post(
+                    http, f"http://127.0.0.1:{port}/admin/fault", {"mode": "slow", "delay_ms": 1500}
+                )
+
+        await scenario.phase(
+            f"3. slow down {SLOWED} data servers",
+            "their probes take them offline",
+            slow_down,
+            converged(remaining),
+            timeout=60,
+        )
+
+        remaining -= set(drained)
+
+        async def drain() -> None:
+            for instance_id in drained:
+                process = cluster.singles[instance_id][2]
+                assert process is not None
+                process.send_signal(signal.SIGTERM)
+
+        await scenario.phase(
+            f"4. drain {DRAINED} data servers",
+            "removed with no failed query",
+            drain,
+            converged(remaining),
+            timeout=60,
+            no_failures=True,
+        )
+
+        views = await _views(cluster, http)
+        old_leader = next(iter(_leaders(views)), None)
+        old_epoch = max((v["epoch"] for v in views), default=0)
+        killed = next(i for i in cluster.search if f"search-{i + 1}" == old_leader)
+
+        async def kill_leader() -> None:
+            process = cluster.search[killed]
             process.kill()
-            process.wait()
+            await process.wait()
+
+        def new_leader(views: list[View]) -> bool:
+            return converged(remaining)(views) and all(
+                v["epoch"] > old_epoch and v["leader"] != old_leader for v in views
+            )
+
+        await scenario.phase(
+            "5. kill the leader",
+            f"{old_leader} replaced, higher epoch",
+            kill_leader,
+            new_leader,
+            timeout=60,
+        )
+
+        async def recover() -> None:
+            for instance_id in slowed:
+                port = cluster.fleet_base_port + int(instance_id.removeprefix("ds-"))
+                await _post(http, f"http://127.0.0.1:{port}/admin/fault", {"mode": "none"})
+            for instance_id in crashed + drained:
+                await _start_single(cluster, instance_id)
+            await _start_search(cluster, killed)
+
+        await scenario.phase(
+            "6. recover", f"back to {nodes}", recover, converged(every), timeout=120
+        )
+        _print_summary(scenario.results)
+        return all(r.ok for r in scenario.results)
+
+
+async def _run(args: argparse.Namespace, zk: str, redis: str, workdir: str) -> bool:
+    cluster = _Cluster(zk=zk, redis=redis, workdir=workdir, nodes=args.nodes)
+    cluster.search_ports = free_ports(args.search_servers)
+    cluster.fleet_base_port = free_port()
+    # The fleet's ports are base + index: make sure that range is free as a whole.
+    while not _range_free(cluster.fleet_base_port, cluster.fleet_count):
+        cluster.fleet_base_port = free_port()
+    for j, port in enumerate(free_ports(CRASHED + DRAINED)):
+        shard = (cluster.shards - CRASHED - DRAINED + j) % cluster.shards
+        cluster.singles[f"ds-solo-{j}"] = (port, shard, None)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    reader: asyncio.Task[None] | None = None
+    try:
+        print(f"ZooKeeper {zk}\nRedis     {redis}", flush=True)
+        for index in range(args.search_servers):
+            await _start_search(cluster, index)
+        cluster.fleet = await _spawn(
+            *("-m", "data_server.cli", "fleet", *_common(cluster), *_agent_flags()),
+            *("--count", str(cluster.fleet_count), "--procs", "2"),
+            *("--shards", str(cluster.shards), "--base-port", str(cluster.fleet_base_port)),
+        )
+        for instance_id in cluster.singles:
+            await _start_single(cluster, instance_id)
+        targets = [f"http://127.0.0.1:{port}" for port in cluster.search_ports]
+        cluster.loadgen = await _spawn(
+            *("-m", "data_server.cli", "loadgen", "--json", "--rate", str(args.rate)),
+            *(arg for url in targets for arg in ("--target", url)),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        reader = asyncio.create_task(_read_queries(cluster))
+        print(f"dashboard: http://127.0.0.1:{cluster.search_ports[0]}/", flush=True)
+        ok = await _scenario(cluster, args, stop)
+        if args.keep_running and not stop.is_set():
+            print(
+                f"\nstill running; dashboard http://127.0.0.1:{cluster.search_ports[0]}/ "
+                "— Ctrl-C to stop",
+                flush=True,
+            )
+            await stop.wait()
+        return ok
+    finally:
+        await _stop_all(cluster)
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+
+def _range_free(base: int, count: int) -> bool:
+    for port in range(base, base + count):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+async def _stop_all(cluster: _Cluster) -> None:
+    processes = [cluster.loadgen, *cluster.search.values(), cluster.fleet]
+    processes += [entry[2] for entry in cluster.singles.values()]
+    alive = [p for p in processes if p is not None and p.returncode is None]
+    for process in alive:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+    for process in alive:
+        try:
+            await asyncio.wait_for(process.wait(), timeout=20)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
 
 
 def run(args: argparse.Namespace) -> int:
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    processes: list[subprocess.Popen[bytes]] = []
-    deadline = None if args.duration is None else time.monotonic() + args.duration
+    zk = os.environ.get("DISCOVERY_ZK_HOSTS")
+    redis = os.environ.get("DISCOVERY_REDIS_URL")
     try:
         with contextlib.ExitStack() as stack:
-            cluster = stack.enter_context(DevCluster(tick_time_ms=500))
-            # Registered after the cluster, so it runs first: servers deregister while
-            # ZooKeeper is still up.
-            stack.callback(_stop_all, processes)
-            info = cluster.info()
-            common = ["--zk", str(info["zk"]), "--redis", str(info["redis"])]
-            common += ["--session-timeout", "4"]
-            search_port = free_port()
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "search_server.cli", *common, "--port", str(search_port)]
-                )
-            )
-            for shard in range(args.data_servers):
-                processes.append(
-                    subprocess.Popen(
-                        [
-                            *(sys.executable, "-m", "data_server.cli", *common),
-                            *("--port", "0", "--shard", str(shard), "--id", f"ds-{shard}"),
-                        ]
-                    )
-                )
-            cluster_url = f"http://127.0.0.1:{search_port}/cluster"
-            print(f"ZooKeeper {info['zk']}  Redis {info['redis']}", flush=True)
-            print(f"search server view: {cluster_url}", flush=True)
-            seen = -1
-            while not stop.wait(1.0):
-                if any(p.poll() is not None for p in processes):
-                    log.error("a demo process exited; stopping")
-                    return 1
-                with contextlib.suppress(OSError, ValueError):
-                    view = _fetch_json(cluster_url)
-                    servers = view.get("servers", []) if isinstance(view, dict) else []
-                    if len(servers) != seen:
-                        seen = len(servers)
-                        print(f"search server sees {seen} live data servers", flush=True)
-                if deadline is not None and time.monotonic() >= deadline:
-                    break
-            # Stopped by a signal is a normal end; a timed run must have seen them all.
-            return 0 if stop.is_set() or seen == args.data_servers else 1
+            if not (zk and redis):
+                print("starting a 3-server ZooKeeper ensemble and Redis…", flush=True)
+                cluster = stack.enter_context(DevCluster(zk_nodes=3, tick_time_ms=500))
+                info = cluster.info()
+                zk = zk or str(info["zk"])
+                redis = redis or str(info["redis"])
+                workdir = str(info["workdir"])
+            else:
+                workdir = ""
+            ok = asyncio.run(_run(args, zk, redis, workdir))
     except DevClusterError as exc:
         print(f"discovery demo: {exc}", file=sys.stderr)
         return 1
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    return 0 if ok else 1

@@ -43,6 +43,7 @@ from discovery.registration import Registration
 from discovery.zk import ZkSession
 
 from .config import SearchServerConfig
+from .dashboard import EventStream, MemberCache, QueryStats
 from .fanout import FanOut, Overloaded
 
 __all__ = ["MAX_K", "MAX_QUERY_LENGTH", "SearchServer"]
@@ -71,6 +72,10 @@ class SearchServer:
         self.fanout: FanOut | None = None
         self._fallback: _ZkFallback | None = None
         self._stopped = False
+        # The dashboard: queries of the last seconds, the search servers, the stream.
+        self.query_stats = QueryStats()
+        self._members = MemberCache(lambda: self.session)
+        self._events = EventStream(self.dashboard_snapshot)
 
     @property
     def url(self) -> str:
@@ -164,6 +169,7 @@ class SearchServer:
             return
         self._stopped = True
         await self._stack.aclose()
+        await self._members.aclose()
         if self._runner is not None:
             await self._runner.cleanup()
         log.info("search server %s stopped", self.server_id)
@@ -187,9 +193,12 @@ class SearchServer:
         app.router.add_get("/search", self.search)
         app.router.add_get("/cluster", self.cluster)
         app.router.add_get("/", self.dashboard)
+        app.router.add_get("/events", self._events.handle)
         app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        # Open dashboard streams end first, so the runner's cleanup never waits for them.
+        app.on_shutdown.append(self._events.close)
         return app
 
     async def search(self, request: web.Request) -> web.Response:
@@ -215,7 +224,9 @@ class SearchServer:
         try:
             result = await self.fanout.search(servers, query, k, timeout_ms)
         except Overloaded as exc:
+            self.query_stats.record_overloaded()
             return json_error(503, f"overloaded: {exc}")
+        self.query_stats.record(result.took_ms, result.partial)
         return web.json_response(result.to_dict())
 
     def _routing_list(self) -> list[ServiceInstance] | None:
@@ -269,6 +280,23 @@ class SearchServer:
     async def dashboard(self, request: web.Request) -> web.Response:
         page = resources.files("search_server").joinpath("dashboard.html").read_text("utf-8")
         return web.Response(text=page, content_type="text/html")
+
+    async def dashboard_snapshot(self) -> dict[str, Any]:
+        """One event of ``GET /events``: :meth:`cluster_view` plus ``cluster``,
+        ``stale_after_ms``, ``search_servers`` (leader and self marked) and ``stats``."""
+        view = self.cluster_view()
+        members = await self._members.get()
+        for member in members:
+            member["leader"] = member["id"] == view["leader"]
+            member["self"] = member["id"] == self.server_id
+        view["cluster"] = self.config.cluster.cluster
+        # The list's age is reset by events and by the reconciler: with a quiet leader
+        # it grows to reconcile_interval while all is well. Beyond that, it is stale.
+        view["stale_after_ms"] = round(max(5.0, self.config.reconcile_interval + 5.0) * 1000)
+        view["search_servers"] = members
+        view["search_servers_stale"] = self._members.stale
+        view["stats"] = self.query_stats.snapshot()
+        return view
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

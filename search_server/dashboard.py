@@ -1,0 +1,305 @@
+"""The live dashboard's data: query statistics, the search servers, the event stream.
+
+``GET /`` is a static page (``dashboard.html``, no external assets) that opens an
+``EventSource`` on ``GET /events``. This module serves that stream: every
+``interval`` seconds one server-sent event whose data is a JSON snapshot, built by the
+search server (its ``cluster_view()`` plus ``search_servers`` and ``stats``).
+
+* :class:`QueryStats` is a rolling window of the last seconds of queries, fed by the
+  ``/search`` handler: rate, p50/p99 latency and the partial share, exact for the
+  counts and computed from at most a bounded number of latency samples per second.
+* :class:`MemberCache` lists ``/search_servers/members/*`` with the ZooKeeper
+  session's async methods, at most once per ``ttl`` seconds, one refresh at a time;
+  a snapshot waits for a refresh only briefly and otherwise uses the last list.
+* :class:`EventStream` is the ``/events`` handler. Each open stream ends when its
+  client goes away (the next write fails) or when :meth:`EventStream.close` is called
+  (the application's ``on_shutdown``), so shutting the server down never waits for a
+  dashboard left open in a browser.
+
+Everything runs on the server's event loop and is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from aiohttp import web
+
+from discovery.errors import DiscoveryError
+from discovery.instance import ServiceInstance
+from discovery.layout import SEARCH_MEMBERS_PATH
+from discovery.zk import ZkSession
+
+__all__ = ["EventStream", "MemberCache", "QueryStats"]
+
+log = logging.getLogger(__name__)
+
+#: Latency samples kept per second of the window; beyond that, counts stay exact and the
+#: percentiles come from the first samples of the second (plenty for a dashboard).
+_SAMPLES_PER_SECOND: Final = 2000
+#: A write to a dashboard client that takes longer than this ends its stream: a client
+#: that does not read must not hold a handler (and the server's shutdown) forever.
+_WRITE_TIMEOUT: Final = 5.0
+
+
+@dataclass(slots=True)
+class _Second:
+    """The queries of one second of the window."""
+
+    second: int
+    queries: int = 0
+    partial: int = 0
+    overloaded: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+
+
+def _percentile(ordered: list[float], fraction: float) -> float:
+    """Nearest-rank percentile of a sorted, non-empty list."""
+    rank = max(1, math.ceil(fraction * len(ordered)))
+    return ordered[rank - 1]
+
+
+class QueryStats:
+    """A rolling window of the last ``window`` seconds of queries.
+
+    :meth:`record` is called once per answered query, :meth:`record_overloaded` once
+    per query refused by admission control. :meth:`snapshot` gives the rate (answered
+    queries per second), p50/p99 latency in ms and the partial share over the window
+    (over the time since creation while that is shorter, so the first seconds after
+    start-up are not under-reported).
+    """
+
+    def __init__(
+        self, window: float = 10.0, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not window >= 1:
+            raise ValueError(f"window must be at least 1 second, got {window!r}")
+        self.window = window
+        self._clock = clock
+        self._started = clock()
+        self._seconds: deque[_Second] = deque()
+        self.total = 0
+
+    def _bucket(self) -> _Second:
+        second = math.floor(self._clock())
+        if not self._seconds or self._seconds[-1].second != second:
+            self._seconds.append(_Second(second))
+            self._expire(second)
+        return self._seconds[-1]
+
+    def _expire(self, now_second: int) -> None:
+        oldest = now_second - math.ceil(self.window)
+        while self._seconds and self._seconds[0].second < oldest:
+            self._seconds.popleft()
+
+    def record(self, latency_ms: float, partial: bool) -> None:
+        """One answered query: its fan-out time and whether the answer was partial."""
+        bucket = self._bucket()
+        bucket.queries += 1
+        self.total += 1
+        if partial:
+            bucket.partial += 1
+        if len(bucket.latencies_ms) < _SAMPLES_PER_SECOND:
+            bucket.latencies_ms.append(latency_ms)
+
+    def record_overloaded(self) -> None:
+        """One query refused by admission control (not counted in the rate)."""
+        self._bucket().overloaded += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{"window_s", "queries", "rate", "p50_ms", "p99_ms", "partial_rate",
+        "overloaded", "total"}``; latencies are ``None`` without queries in the window."""
+        now = self._clock()
+        # Whole seconds: the current, partly elapsed second counts as a fraction.
+        start = now - self.window
+        seconds = [s for s in self._seconds if s.second + 1 > start]
+        queries = sum(s.queries for s in seconds)
+        partial = sum(s.partial for s in seconds)
+        latencies = sorted(x for s in seconds for x in s.latencies_ms)
+        span = max(1.0, min(self.window, now - self._started))
+        return {
+            "window_s": self.window,
+            "queries": queries,
+            "rate": round(queries / span, 2),
+            "p50_ms": round(_percentile(latencies, 0.50), 2) if latencies else None,
+            "p99_ms": round(_percentile(latencies, 0.99), 2) if latencies else None,
+            "partial_rate": round(partial / queries, 4) if queries else 0.0,
+            "overloaded": sum(s.overloaded for s in seconds),
+            "total": self.total,
+        }
+
+
+class MemberCache:
+    """The search servers registered under ``/search_servers/members``, cached.
+
+    ``session`` returns the server's ZooKeeper session (``None`` before it exists).
+    :meth:`get` refreshes when the list is older than ``ttl`` seconds, waiting at most
+    ``wait`` seconds for it; a refresh that fails (ZooKeeper unreachable) keeps the
+    last list, marked ``stale``.
+    """
+
+    def __init__(
+        self,
+        session: Callable[[], ZkSession | None],
+        *,
+        ttl: float = 3.0,
+        wait: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._session = session
+        self._ttl = ttl
+        self._wait = wait
+        self._clock = clock
+        self._members: list[dict[str, Any]] = []
+        self._fetched_at: float | None = None
+        self.stale = True
+        self._refresh: asyncio.Task[None] | None = None
+
+    async def get(self) -> list[dict[str, Any]]:
+        """``[{"id", "address", "port"}…]`` sorted by id (the last known list)."""
+        fresh = self._fetched_at is not None and self._clock() - self._fetched_at < self._ttl
+        if not fresh:
+            if self._refresh is None or self._refresh.done():
+                self._refresh = asyncio.create_task(self._load(), name="dashboard-members")
+            # shield: a snapshot that stops waiting must not cancel the shared refresh.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._refresh), self._wait)
+        return [dict(member) for member in self._members]
+
+    async def _load(self) -> None:
+        session = self._session()
+        if session is None:
+            return
+        try:
+            children = await session.get_children(SEARCH_MEMBERS_PATH)
+            results = await asyncio.gather(
+                *(session.get(f"{SEARCH_MEMBERS_PATH}/{child}") for child in children),
+                return_exceptions=True,
+            )
+        except DiscoveryError as exc:
+            log.debug("dashboard: cannot list search servers: %s", exc)
+            self.stale = True
+            self._fetched_at = self._clock()  # retry after ttl, not on every snapshot
+            return
+        members = []
+        for child, result in zip(children, results, strict=True):
+            if isinstance(result, BaseException):
+                continue  # gone between the listing and the read
+            member: dict[str, Any] = {"id": child, "address": None, "port": None}
+            try:
+                instance = ServiceInstance.from_json(result[0])
+            except (DiscoveryError, ValueError):
+                pass  # listed by id alone
+            else:
+                member.update(id=instance.id, address=instance.address, port=instance.port)
+            members.append(member)
+        self._members = sorted(members, key=lambda m: str(m["id"]))
+        self._fetched_at = self._clock()
+        self.stale = False
+
+    async def aclose(self) -> None:
+        task, self._refresh = self._refresh, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class EventStream:
+    """The ``GET /events`` handler: a server-sent event with ``snapshot()`` every
+    ``interval`` seconds, until the client leaves or :meth:`close` is called.
+
+    Snapshots are shared: several dashboards open at once cost one snapshot per
+    interval, not one each.
+    """
+
+    def __init__(
+        self, snapshot: Callable[[], Awaitable[dict[str, Any]]], *, interval: float = 1.0
+    ) -> None:
+        self._snapshot = snapshot
+        self._interval = interval
+        self._closing = asyncio.Event()
+        self._streams: set[asyncio.Task[Any]] = set()
+        self._cached: tuple[float, bytes] | None = None
+        self._building: asyncio.Task[bytes] | None = None
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    async def _data(self) -> bytes:
+        now = time.monotonic()
+        if self._cached is not None and now - self._cached[0] < self._interval / 2:
+            return self._cached[1]
+        if self._building is None or self._building.done():
+            self._building = asyncio.create_task(self._build(), name="dashboard-snapshot")
+        return await asyncio.shield(self._building)
+
+    async def _build(self) -> bytes:
+        document = await self._snapshot()
+        data = json.dumps(document, separators=(",", ":")).encode()
+        self._cached = (time.monotonic(), data)
+        return data
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if self._closing.is_set():
+            raise web.HTTPServiceUnavailable(reason="shutting down")
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache, no-store",
+                "X-Accel-Buffering": "no",  # no buffering in a reverse proxy
+            }
+        )
+        task = asyncio.current_task()
+        assert task is not None
+        self._streams.add(task)
+        try:
+            await response.prepare(request)
+            # The browser reconnects 2 s after a dropped stream (server restart).
+            await self._write(response, b"retry: 2000\n\n")
+            while not self._closing.is_set():
+                try:
+                    data = await self._data()
+                except Exception:
+                    # A bug in a snapshot must not end every open dashboard for good.
+                    log.exception("dashboard snapshot failed")
+                else:
+                    await self._write(response, b"data: " + data + b"\n\n")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), self._interval)
+        except (ConnectionError, TimeoutError) as exc:
+            # ConnectionResetError (aiohttp's ClientConnectionResetError is one): the
+            # client went away; TimeoutError: it stopped reading.
+            log.debug("dashboard stream ended: %s", type(exc).__name__)
+        finally:
+            self._streams.discard(task)
+        return response
+
+    @staticmethod
+    async def _write(response: web.StreamResponse, data: bytes) -> None:
+        async with asyncio.timeout(_WRITE_TIMEOUT):
+            await response.write(data)
+
+    async def close(self, app: web.Application | None = None) -> None:
+        """End every open stream (usable as an ``on_shutdown`` hook); idempotent."""
+        self._closing.set()
+        streams = list(self._streams)
+        if streams:
+            # Each handler sees the event within a loop iteration or, mid-write, within
+            # the write timeout; wait for them so the runner's cleanup does not.
+            await asyncio.wait(streams, timeout=_WRITE_TIMEOUT + 1)
+        building, self._building = self._building, None
+        if building is not None and not building.done():
+            building.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await building
