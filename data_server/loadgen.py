@@ -4,8 +4,8 @@ Open loop: a query is started every ``1/rate`` seconds whether or not earlier on
 have answered (a closed loop would slow down with the system and hide its stalls).
 Queries are drawn from the same vocabulary as the generated shards, so they hit a
 realistic share of documents. Targets are used round-robin; a target that refuses
-the connection (a search server that died) is skipped for that query and the next
-one is tried, as a load balancer would.
+the connection (a search server that died) or answers 503 (not ready, or shedding
+load) is skipped for that query and the next one is tried, as a load balancer would.
 
 Each outcome is ``ok`` (complete), ``partial``, ``overloaded`` (503) or ``error``.
 With ``--json`` every query is one JSON line on stdout (``{"t","outcome","ms"}``), for
@@ -144,7 +144,10 @@ async def run_loadgen(config: LoadConfig, stop: asyncio.Event) -> dict[str, int]
                         body = await response.json()
                         outcome = "partial" if body.get("partial") else "ok"
                     elif response.status == 503:
+                        # Not ready (no live list yet) or shedding load: another search
+                        # server may take it, as behind a load balancer.
                         outcome = "overloaded"
+                        continue
                     break
             except aiohttp.ClientConnectionError:
                 continue  # that search server is gone: try the next one
