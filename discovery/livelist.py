@@ -57,12 +57,12 @@ import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 from redis.asyncio.client import PubSub
 
-from .errors import InvalidInstanceError
+from .errors import DiscoveryError, InvalidInstanceError
 from .instance import ServiceInstance
 from .metrics import LiveListMetrics
 from .publisher import RedisKeys, translate_redis_error
 
-__all__ = ["LiveList", "LiveListReader"]
+__all__ = ["LiveList", "LiveListReader", "MalformedLiveListError", "parse_snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class LiveList:
 LiveList.EMPTY = LiveList(epoch=0, version=0, leader="", published_at=0)
 
 
-class _MalformedError(Exception):
+class MalformedLiveListError(DiscoveryError):
     """A snapshot or event we cannot use; ``position`` if its epoch and version were readable."""
 
     def __init__(self, message: str, position: tuple[int, int] | None = None) -> None:
@@ -139,7 +139,7 @@ class _Event:
 
 
 def _malformed(message: str, position: tuple[int, int] | None = None) -> NoReturn:
-    raise _MalformedError(message, position)
+    raise MalformedLiveListError(message, position)
 
 
 def _reject_constant(token: str) -> NoReturn:
@@ -149,7 +149,7 @@ def _reject_constant(token: str) -> NoReturn:
 def _decode(raw: bytes | str, what: str) -> dict[str, Any]:
     try:
         document = json.loads(raw, parse_constant=_reject_constant)
-    except _MalformedError:
+    except MalformedLiveListError:
         raise
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, too deep
         _malformed(f"{what} is not valid JSON: {exc}")
@@ -170,7 +170,7 @@ def _short(value: object) -> str:
     return text if len(text) <= _LOG_LIMIT else text[: _LOG_LIMIT - 3] + "..."
 
 
-def _parse_snapshot(raw: bytes | str) -> tuple[LiveList, list[str]]:
+def parse_snapshot(raw: bytes | str) -> tuple[LiveList, list[str]]:
     """Decode ``P:live``; returns the list and the problems of skipped server entries."""
     document = _decode(raw, "snapshot")
     epoch = _integer(document, "epoch", "snapshot")
@@ -236,8 +236,10 @@ def _parse_event(raw: bytes | str) -> _Event:
             if not isinstance(rid, str):
                 _malformed(f"removed entries must be objects with an id, got {_short(entry)}")
             removed.append(rid)
-    except _MalformedError as exc:
-        raise _MalformedError(f"event epoch {epoch} version {version}: {exc}", position) from None
+    except MalformedLiveListError as exc:
+        raise MalformedLiveListError(
+            f"event epoch {epoch} version {version}: {exc}", position
+        ) from None
     return _Event(epoch, version, prev, leader, published_at, full, tuple(upserts), tuple(removed))
 
 
@@ -517,7 +519,7 @@ class LiveListReader:
         current = self._current
         try:
             event = _parse_event(data)
-        except _MalformedError as exc:
+        except MalformedLiveListError as exc:
             self._skip("event", str(exc))
             # Something newer was published that we could not read: get the snapshot.
             if exc.position is not None and exc.position > current.position:
@@ -596,8 +598,8 @@ class LiveListReader:
             return
         self._missing_logged = False
         try:
-            snapshot, problems = _parse_snapshot(raw)
-        except _MalformedError as exc:
+            snapshot, problems = parse_snapshot(raw)
+        except MalformedLiveListError as exc:
             self._skip("snapshot", str(exc))
             return
         if snapshot.position < current.position:

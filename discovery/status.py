@@ -59,7 +59,7 @@ from .errors import (
 )
 from .instance import ServiceInstance
 from .layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
-from .livelist import LiveList, _MalformedError, _parse_snapshot
+from .livelist import LiveList, MalformedLiveListError, parse_snapshot
 from .publisher import RedisKeys, translate_redis_error
 from .zk import NodeStat, ZkSession
 
@@ -73,8 +73,14 @@ __all__ = [
     "StatusError",
     "add_parser",
     "collect_status",
+    "compare",
+    "describe_redis",
     "fetch_status",
     "format_text",
+    "read_contenders",
+    "read_directory",
+    "read_redis",
+    "redact_url",
     "run",
 ]
 
@@ -464,8 +470,8 @@ def _parse_published(raw: bytes | str | None) -> Published:
     if raw is None:
         return Published(None, error="missing")
     try:
-        live, problems = _parse_snapshot(raw)
-    except _MalformedError as exc:
+        live, problems = parse_snapshot(raw)
+    except MalformedLiveListError as exc:
         return Published(None, error=f"invalid: {exc}")
     return Published(live, skipped=tuple(problems))
 
@@ -659,6 +665,10 @@ def _seconds(ms: int) -> str:
     return f"{ms / 1000:.1f}s"
 
 
+def _plain(value: object) -> str:
+    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
+
+
 def _state(instance: ServiceInstance) -> str:
     state = instance.payload.state.value
     if not instance.enabled and state == "serving":
@@ -677,8 +687,9 @@ def format_text(status: ClusterStatus) -> str:
     if leader is None:
         lines.append("leader     none (no search server in the election)")
     else:
-        others = len(status.contenders) - 1
-        lines.append(f"leader     {leader.id}  epoch {leader.czxid}  ({others} other contenders)")
+        count = len(status.contenders)
+        contenders = f"{count} contender" + ("" if count == 1 else "s")
+        lines.append(f"leader     {leader.id}  epoch {leader.czxid}  ({contenders})")
     heartbeat = status.heartbeat
     if heartbeat is None:
         lines.append("heartbeat  missing: no leader is publishing")
@@ -746,10 +757,10 @@ def format_text(status: ClusterStatus) -> str:
         lines.append(f"  published, not registered: {', '.join(diff.published_not_registered)}")
     for mismatch in diff.mismatched:
         changes = ", ".join(
-            f"{name} {registered!r} registered, {published!r} published"
+            f"{name} {_plain(registered)} -> {_plain(published)}"
             for name, (registered, published) in sorted(mismatch.fields.items())
         )
-        lines.append(f"  differs {mismatch.id}: {changes}")
+        lines.append(f"  differs {mismatch.id} (registered -> published): {changes}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,350 @@
+"""``discovery status`` against a real ZooKeeper, Redis, data servers and search servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import uuid
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from discovery.cli import build_parser
+from discovery.devcluster import RedisServer, free_port
+from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
+from discovery.publisher import LivePublisher, RedisKeys
+from discovery.status import collect_status, format_text
+
+from .support import (
+    DataServerFactory,
+    SearchServerFactory,
+    SessionFactory,
+    eventually,
+    make_instance,
+)
+
+CLI_TIMEOUT = 60.0
+
+
+async def run_cli(*args: str) -> tuple[int, str, str]:
+    """``python -m discovery.cli status ARGS`` in a subprocess; (exit code, stdout, stderr).
+
+    Asynchronous, so that the servers of the test keep running on this loop meanwhile.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISCOVERY_")}
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "discovery.cli", "--log-level", "WARNING", "status", *args),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        async with asyncio.timeout(CLI_TIMEOUT):
+            out, err = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+def cluster_args(zk_hosts: str, redis_url: str, redis_prefix: str) -> list[str]:
+    cluster = redis_prefix.removeprefix("discovery:")
+    return ["--zk", zk_hosts, "--redis", redis_url, "--cluster", cluster]
+
+
+def data_server_ids(document: dict[str, Any]) -> dict[str, int]:
+    return {
+        server["id"]: shard["shard"]
+        for shard in document["data_servers"]["shards"]
+        for server in shard["servers"]
+    }
+
+
+async def test_in_sync_cluster_shows_leader_epoch_servers_and_no_differences(
+    zk_hosts: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    client: aioredis.Redis,
+    make_session: SessionFactory,
+    make_data_server: DataServerFactory,
+    make_search_server: SearchServerFactory,
+) -> None:
+    data = [await make_data_server(shard=i, instance_id=f"ds-{i}") for i in range(2)]
+    search = [await make_search_server(server_id=f"ss-{i}") for i in range(2)]
+
+    def settled() -> bool:
+        lists = [s.reader.current if s.reader else None for s in search]
+        return any(s.is_leader for s in search) and all(
+            live is not None and set(live.servers) == {"ds-0", "ds-1"} for live in lists
+        )
+
+    await eventually(settled, message="a leader, and both live lists hold both data servers")
+    leader = next(s for s in search if s.is_leader)
+    assert leader.election is not None
+    assert leader.election.leadership is not None
+    epoch = leader.election.leadership.epoch
+
+    status = await collect_status(await make_session(), client, redis_prefix)
+    document = status.to_dict()
+    assert document["leader"]["id"] == leader.server_id
+    assert document["leader"]["epoch"] == epoch
+    assert document["contenders"][0]["id"] == leader.server_id
+    assert {c["id"] for c in document["contenders"]} == {"ss-0", "ss-1"}
+    assert {s["id"] for s in document["search_servers"]["servers"]} == {"ss-0", "ss-1"}
+    assert data_server_ids(document) == {"ds-0": 0, "ds-1": 1}
+    by_id = {s["id"]: s for shard in document["data_servers"]["shards"] for s in shard["servers"]}
+    for server in data:
+        assert by_id[server.instance_id]["port"] == server.port
+        assert by_id[server.instance_id]["state"] == "serving"
+    published = document["published"]
+    assert published["present"] is True
+    assert published["version"] > 0
+    assert published["epoch"] == epoch
+    assert published["leader"] == leader.server_id
+    assert published["count"] == 2
+    assert published["age_ms"] >= 0
+    heartbeat = document["heartbeat"]
+    assert heartbeat["leader"] == leader.server_id
+    assert heartbeat["epoch"] == epoch
+    assert heartbeat["ttl_ms"] > 0
+    assert document["differences"] == {
+        "in_sync": True,
+        "registered_not_published": [],
+        "published_not_registered": [],
+        "mismatched": [],
+        "no_leader": False,
+        "heartbeat_missing": False,
+        "published_missing": False,
+        "leader_mismatch": [],
+    }
+    assert json.loads(json.dumps(document)) == document  # plain JSON all the way down
+
+    # The command line, as an operator runs it: JSON, then text.
+    args = cluster_args(zk_hosts, redis_server.url, redis_prefix)
+    code, out, err = await run_cli(*args, "--json")
+    assert code == 0, err
+    cli_document = json.loads(out)
+    assert cli_document["leader"]["id"] == leader.server_id
+    assert cli_document["leader"]["epoch"] == epoch
+    assert data_server_ids(cli_document) == {"ds-0": 0, "ds-1": 1}
+    assert cli_document["published"]["version"] > 0
+    assert cli_document["differences"]["in_sync"] is True
+
+    code, out, err = await run_cli(*args)
+    assert code == 0, err
+    assert f"leader     {leader.server_id}  epoch {epoch}" in out
+    lines = out.splitlines()
+    shard0, shard1 = lines.index("  shard 0"), lines.index("  shard 1")
+    assert "ds-0" in lines[shard0 + 1]
+    assert "ds-1" in lines[shard1 + 1]
+    assert f"127.0.0.1:{data[1].port}" in lines[shard1 + 1]
+    assert "serving" in lines[shard1 + 1]
+    assert lines[-1] == "differences: none"
+
+
+async def test_differences_between_registered_and_published_are_listed(
+    zk_hosts: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    client: aioredis.Redis,
+    make_session: SessionFactory,
+) -> None:
+    # No search servers run: we play the registrations and the leader's publish ourselves.
+    session = await make_session()
+    registered = {
+        "ds-a": make_instance("ds-a", 9001, shard=0),
+        "ds-b": make_instance("ds-b", 9002, shard=1),
+    }
+    for instance in registered.values():
+        await session.create(
+            f"{DATA_SERVERS_PATH}/{instance.id}", instance.to_json(), ephemeral=True, makepath=True
+        )
+    publisher = LivePublisher(client, redis_prefix, leader_id="ss-old", epoch=7, heartbeat_ttl=60)
+    published = {
+        "ds-a": make_instance("ds-a", 9101, shard=0).with_state("draining", "drain"),
+        "ds-c": make_instance("ds-c", 9003, shard=2),
+    }
+    version = await publisher.publish_full(published)
+
+    status = await collect_status(session, client, redis_prefix)
+    differences = status.to_dict()["differences"]
+    assert differences["in_sync"] is False
+    assert differences["registered_not_published"] == ["ds-b"]
+    assert differences["published_not_registered"] == ["ds-c"]
+    assert differences["mismatched"] == [
+        {
+            "id": "ds-a",
+            "fields": {
+                "enabled": {"registered": True, "published": False},
+                "port": {"registered": 9001, "published": 9101},
+                "state": {"registered": "serving", "published": "draining"},
+            },
+        }
+    ]
+    assert differences["no_leader"] is True  # nobody is in the election
+    assert differences["heartbeat_missing"] is False
+    assert differences["published_missing"] is False
+    assert status.published.live is not None
+    assert status.published.live.version == version
+    assert status.published.live.epoch == 7
+    text = format_text(status)
+    assert "registered, not published: ds-b" in text
+    assert "published, not registered: ds-c" in text
+    assert (
+        "differs ds-a (registered -> published): enabled true -> false, port 9001 -> 9101, "
+        "state serving -> draining"
+    ) in text
+    (ds_b_line,) = [line for line in text.splitlines() if line.startswith("    ds-b ")]
+    assert ds_b_line.endswith("[not published]")
+    assert "differences: none" not in text
+
+    # Two contenders join the election (as kazoo's recipe names its nodes): the first
+    # leads with its node's czxid as epoch, which the published list does not match.
+    nodes = [
+        await session.create(
+            f"{SEARCH_ELECTION_PATH}/{uuid.uuid4().hex}__lock__",
+            name.encode(),
+            ephemeral=True,
+            sequence=True,
+            makepath=True,
+        )
+        for name in ("ss-new", "ss-next")
+    ]
+    first = await session.exists(nodes[0])
+    assert first is not None
+    # The heartbeat runs out: nobody is publishing.
+    await client.delete(RedisKeys(redis_prefix).leader)
+
+    status = await collect_status(session, client, redis_prefix)
+    document = status.to_dict()
+    assert document["leader"]["id"] == "ss-new"
+    assert document["leader"]["epoch"] == first.czxid
+    assert [c["id"] for c in document["contenders"]] == ["ss-new", "ss-next"]
+    assert document["heartbeat"] is None
+    differences = document["differences"]
+    assert differences["no_leader"] is False
+    assert differences["heartbeat_missing"] is True
+    assert differences["leader_mismatch"] == [
+        f"published by 'ss-old' epoch 7, elected 'ss-new' epoch {first.czxid}"
+    ]
+    text = format_text(status)
+    assert "heartbeat missing: no leader is publishing" in text
+    assert "leader mismatch: published by 'ss-old' epoch 7" in text
+
+    # The same through the command line: exit 0, differences in the document.
+    code, out, err = await run_cli(
+        *cluster_args(zk_hosts, redis_server.url, redis_prefix), "--json"
+    )
+    assert code == 0, err
+    cli_differences = json.loads(out)["differences"]
+    assert cli_differences["registered_not_published"] == ["ds-b"]
+    assert cli_differences["published_not_registered"] == ["ds-c"]
+    assert cli_differences["heartbeat_missing"] is True
+
+
+async def test_malformed_children_and_snapshot_are_listed_not_fatal(
+    zk_hosts: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    client: aioredis.Redis,
+    make_session: SessionFactory,
+) -> None:
+    session = await make_session()
+    good = make_instance("ds-ok", 9001, shard=3)
+    children = {
+        "ds-ok": good.to_json(),
+        "not-json": b"{not json",
+        "empty": b"",
+        "wrong-id": make_instance("someone-else", 9002).to_json(),
+        "no-port": json.dumps({**good.to_dict(), "id": "no-port", "port": None}).encode(),
+    }
+    for child, data in children.items():
+        await session.create(f"{DATA_SERVERS_PATH}/{child}", data, makepath=True)
+    await session.create(f"{SEARCH_MEMBERS_PATH}/ss-bad", b"[]", makepath=True)
+    keys = RedisKeys(redis_prefix)
+    await client.set(keys.live, b"garbage")
+    await client.set(keys.leader, b"{", px=60_000)
+
+    status = await collect_status(session, client, redis_prefix)
+    document = status.to_dict()
+    assert data_server_ids(document) == {"ds-ok": 3}
+    invalid = {entry["id"]: entry["reason"] for entry in document["data_servers"]["invalid"]}
+    assert set(invalid) == {"not-json", "empty", "wrong-id", "no-port"}
+    assert invalid["not-json"].startswith("malformed: ")
+    assert "not valid JSON" in invalid["not-json"]
+    assert invalid["wrong-id"].startswith("id_mismatch: ")
+    assert "port" in invalid["no-port"]
+    assert [e["id"] for e in document["search_servers"]["invalid"]] == ["ss-bad"]
+    assert document["search_servers"]["count"] == 0
+    assert document["published"]["present"] is False
+    assert document["published"]["error"].startswith("invalid: ")
+    assert document["heartbeat"]["error"].startswith("not valid JSON")
+    assert document["differences"]["published_missing"] is True
+    # Invalid children are not "registered": only the valid one is missing from the list.
+    assert document["differences"]["registered_not_published"] == ["ds-ok"]
+    text = format_text(status)
+    assert "  invalid\n    empty: malformed:" in text
+    assert "heartbeat  unreadable: not valid JSON" in text
+
+    code, out, err = await run_cli(*cluster_args(zk_hosts, redis_server.url, redis_prefix))
+    assert code == 0, err
+    assert "not-json: malformed:" in out
+    assert "published list invalid:" in out
+
+
+async def test_unreachable_zookeeper_exits_1_naming_it(redis_server: RedisServer) -> None:
+    port = free_port()
+    code, out, err = await run_cli(
+        *("--zk", f"127.0.0.1:{port}", "--zk-connect-timeout", "1", "--redis", redis_server.url)
+    )
+    assert code == 1
+    assert out == ""
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"discovery status: cannot reach ZooKeeper at 127.0.0.1:{port}: ")
+    assert "Redis" not in last
+
+
+async def test_unreachable_redis_exits_1_naming_it_without_its_password(zk_hosts: str) -> None:
+    port = free_port()
+    code, out, err = await run_cli(
+        *("--zk", zk_hosts, "--redis", f"redis://:s3cret@127.0.0.1:{port}/0")
+    )
+    assert code == 1
+    assert out == ""
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(
+        f"discovery status: cannot reach Redis at redis://:***@127.0.0.1:{port}/0"
+    )
+    assert "s3cret" not in err
+
+
+def test_parser_options_and_log_level(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    args = parser.parse_args(["status"])
+    assert args.zk_connect_timeout == 5.0  # shorter than a server's start-up bound
+    assert args.json is False
+    # The top-level --log-level is not overwritten by the subcommand's default...
+    assert parser.parse_args(["--log-level", "DEBUG", "status"]).log_level == "DEBUG"
+    # ... and may be given after the subcommand too.
+    assert parser.parse_args(["status", "--log-level", "error"]).log_level == "ERROR"
+    args = parser.parse_args(
+        ["status", "--zk", "h:1/c", "--redis", "redis://r:2/0", "--cluster", "c1", "--json"]
+    )
+    assert (args.zk, args.redis, args.cluster, args.json) == ("h:1/c", "redis://r:2/0", "c1", True)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["status", "--help"])
+    help_text = capsys.readouterr().out
+    for name in (
+        "--zk ",
+        "DISCOVERY_ZK_HOSTS",
+        "--redis",
+        "DISCOVERY_REDIS_URL",
+        "--cluster",
+        "--json",
+    ):
+        assert name in help_text
