@@ -37,7 +37,7 @@ lint: setup
 	$(BIN)/ruff format --check discovery
 
 typecheck: setup
-	$(BIN)/mypy discovery
+	$(BIN)/mypy discovery data_server search_server
 
 pytest: setup
 	$(BIN)/pytest -q

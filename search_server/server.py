@@ -169,9 +169,9 @@ class SearchServer:
             return
         self._stopped = True
         await self._stack.aclose()
-        await self._members.aclose()
         if self._runner is not None:
-            await self._runner.cleanup()
+            await self._runner.cleanup()  # its on_shutdown ends the dashboard streams
+        await self._members.aclose()
         log.info("search server %s stopped", self.server_id)
 
     def _member_instance(self) -> ServiceInstance:

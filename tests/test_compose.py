@@ -1,0 +1,486 @@
+"""docker-compose.yml: valid for docker-compose, and every command in it is one we accept.
+
+There is no Docker engine in CI, so nothing runs in containers here. What is checked:
+``docker-compose config`` accepts the file; each service that runs one of our console
+scripts has an argv (``entrypoint`` + ``command``) that the script's real parser and
+settings accept with the service's environment applied; and the topology adds up to
+the demo's: 3 ZooKeeper nodes, 100 data servers, 3 search servers, one load
+generator, Prometheus scraping all of them, the README pointing at the right ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from data_server.config import DataServerConfig, FleetConfig
+from data_server.config import build_fleet_parser as build_fleet_parser
+from data_server.config import build_parser as build_data_server_parser
+from discovery import cli as discovery_cli
+from search_server.config import SearchServerConfig
+from search_server.config import build_parser as build_search_server_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+
+DATA_SERVERS = 100
+SEARCH_SERVERS = 3
+ZK_NODES = 3
+
+
+def _scripts() -> set[str]:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        return set(tomllib.load(f)["project"]["scripts"])
+
+
+# -- the compose file, as docker-compose resolves it -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.fail(
+            "docker-compose is not installed: `make setup` installs it (the Debian package "
+            "docker-compose), then rerun the tests"
+        )
+    # Our own DISCOVERY_* settings must not leak into the interpolation of the file.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISCOVERY_", "COMPOSE_"))}
+    result = subprocess.run(
+        [exe, "-f", str(COMPOSE_FILE), "config"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
+    config = yaml.safe_load(result.stdout)
+    assert isinstance(config, dict)
+    assert config.get("services"), "no services in docker-compose.yml"
+    return config
+
+
+def _services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    services: dict[str, dict[str, Any]] = compose["services"]
+    return services
+
+
+def _argv(service: dict[str, Any]) -> list[str]:
+    """What the container runs: entrypoint + command (our image sets no ENTRYPOINT)."""
+    argv: list[str] = []
+    for key in ("entrypoint", "command"):
+        value = service.get(key)
+        if value is None:
+            continue
+        argv += shlex.split(value) if isinstance(value, str) else [str(v) for v in value]
+    return argv
+
+
+def _environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, None) for item in env)
+    # A variable without a value is passed through from the host: unset here.
+    return {k: str(v) for k, v in env.items() if v is not None}
+
+
+def _image(service: dict[str, Any]) -> str:
+    return str(service.get("image", ""))
+
+
+@dataclass(frozen=True)
+class Process:
+    """One service that runs one of our console scripts."""
+
+    service: str
+    argv: list[str]
+    env: dict[str, str]
+
+    @property
+    def subcommand(self) -> str | None:
+        return self.argv[1] if len(self.argv) > 1 and not self.argv[1].startswith("-") else None
+
+    @property
+    def kind(self) -> str:
+        """``search-server``, ``data-server``, ``data-server fleet``, ``data-server loadgen``…"""
+        return self.argv[0] if self.subcommand is None else f"{self.argv[0]} {self.subcommand}"
+
+
+def _processes(compose: dict[str, Any]) -> list[Process]:
+    scripts = _scripts()
+    return [
+        Process(name, argv, _environment(service))
+        for name, service in _services(compose).items()
+        if (argv := _argv(service)) and argv[0] in scripts
+    ]
+
+
+def _of_kind(compose: dict[str, Any], kind: str) -> list[Process]:
+    return [p for p in _processes(compose) if p.kind == kind]
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """Exactly the container's DISCOVERY_* variables (our parsers read them when built)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key in list(os.environ):
+            if key.startswith("DISCOVERY_"):
+                mp.delenv(key)
+        for key, value in env.items():
+            mp.setenv(key, value)
+        yield
+
+
+def _parse(
+    process: Process, build: Callable[[], argparse.ArgumentParser], args: list[str]
+) -> argparse.Namespace:
+    """Parse ``args`` as the container would: its environment applied, the real parser."""
+    err = io.StringIO()
+    with _environ(process.env), contextlib.redirect_stderr(err):
+        try:
+            return build().parse_args(args)
+        except SystemExit:
+            pass
+    pytest.fail(
+        f"service {process.service}: `{shlex.join(process.argv)}` is refused:\n"
+        f"{err.getvalue().strip()}"
+    )
+
+
+# Parsers of our subcommands, by (script, subcommand); loadgen is looked up separately.
+_PARSERS: dict[tuple[str, str | None], Callable[[], argparse.ArgumentParser]] = {
+    ("search-server", None): build_search_server_parser,
+    ("data-server", None): build_data_server_parser,
+    ("data-server", "fleet"): build_fleet_parser,
+}
+
+
+def _settings(process: Process) -> object:
+    """The settings object the process would run with (parsed and validated)."""
+    script, sub = process.argv[0], process.subcommand
+    if script == "discovery":
+        return _parse(process, discovery_cli.build_parser, process.argv[1:])
+    build = _PARSERS.get((script, sub))
+    assert build is not None, f"service {process.service}: no parser known for {process.kind}"
+    args = _parse(process, build, process.argv[2:] if sub else process.argv[1:])
+    with _environ(process.env):
+        if sub == "fleet":
+            return FleetConfig.from_args(args)
+        if script == "data-server":
+            return DataServerConfig.from_args(args)
+        return SearchServerConfig.from_args(args)
+
+
+def test_compose_file_is_valid(compose: dict[str, Any]) -> None:
+    assert _processes(compose), "no service runs data-server, search-server or discovery"
+
+
+def test_services_built_from_this_project_run_our_scripts(compose: dict[str, Any]) -> None:
+    scripts = _scripts()
+    for name, service in _services(compose).items():
+        if "build" in service:
+            argv = _argv(service)
+            assert argv, f"service {name}: no command (the image's default is only --help)"
+            assert argv[0] in scripts, f"service {name}: runs {argv[0]!r}, not one of {scripts}"
+
+
+def test_every_command_is_accepted_by_our_parsers(compose: dict[str, Any]) -> None:
+    checked = [p.service for p in _processes(compose) if p.kind != "data-server loadgen"]
+    for process in _processes(compose):
+        if process.kind != "data-server loadgen":
+            _settings(process)
+    assert checked
+
+
+def _loadgen_parser() -> Callable[[], argparse.ArgumentParser] | None:
+    """The loadgen parser, if the subcommand exists (it is being written in parallel)."""
+    candidates = (
+        ("data_server.config", "build_loadgen_parser"),
+        ("data_server.loadgen", "build_parser"),
+        ("data_server.loadgen", "build_loadgen_parser"),
+    )
+    for module_name, attr in candidates:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue
+            raise
+        builder = getattr(module, attr, None)
+        if callable(builder):
+            return builder  # type: ignore[no-any-return]
+    return None
+
+
+def test_loadgen_command_is_accepted(compose: dict[str, Any]) -> None:
+    loadgens = _of_kind(compose, "data-server loadgen")
+    assert len(loadgens) == 1, f"expected one load generator, got {[p.service for p in loadgens]}"
+    (process,) = loadgens
+    build = _loadgen_parser()
+    if build is not None:
+        _parse(process, build, process.argv[2:])
+        return
+    # No importable parser: ask the real command for its help and check the flags we use.
+    help_run = subprocess.run(
+        [sys.executable, "-m", "data_server.cli", "loadgen", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if help_run.returncode != 0 or "usage: data-server loadgen" not in help_run.stdout:
+        pytest.skip(
+            "`data-server loadgen` does not exist yet; the loadgen service's command "
+            f"`{shlex.join(process.argv)}` is checked once it does"
+        )
+    flags = {a.split("=", 1)[0] for a in process.argv[2:] if a.startswith("--")}
+    missing = sorted(f for f in flags if f not in help_run.stdout)
+    assert not missing, f"data-server loadgen does not document {missing}"
+
+
+# -- the topology --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataServerSlot:
+    service: str
+    instance_id: str
+    advertise: str
+    host: str
+    port: int
+    shard: int
+    replica: int
+
+
+def _data_servers(compose: dict[str, Any]) -> list[DataServerSlot]:
+    """Every data server the file starts, single or in a fleet, as its settings say."""
+    slots: list[DataServerSlot] = []
+    for process in _processes(compose):
+        settings = _settings(process) if process.kind != "data-server loadgen" else None
+        if isinstance(settings, FleetConfig):
+            fleet_args = _parse(process, build_fleet_parser, process.argv[2:])
+            # `--worker I` runs slice I of the fleet only; otherwise the whole fleet runs.
+            indices = (
+                range(settings.count)
+                if fleet_args.worker is None
+                else settings.worker_slice(fleet_args.worker)
+            )
+            servers = [settings.slot(i) for i in indices]
+        elif isinstance(settings, DataServerConfig):
+            servers = [settings]
+        else:
+            continue
+        for server in servers:
+            slots.append(
+                DataServerSlot(
+                    process.service,
+                    server.instance_id or f"ds-{server.advertise}-{server.port}",
+                    server.advertise,
+                    server.host,
+                    server.port,
+                    server.shard,
+                    server.replica,
+                )
+            )
+    return slots
+
+
+def _search_servers(compose: dict[str, Any]) -> list[tuple[str, SearchServerConfig]]:
+    result = []
+    for process in _of_kind(compose, "search-server"):
+        settings = _settings(process)
+        assert isinstance(settings, SearchServerConfig)
+        result.append((process.service, settings))
+    return result
+
+
+def _reachable_names(compose: dict[str, Any], service: str) -> set[str]:
+    """Names other containers resolve to this service: its name, hostname, aliases."""
+    spec = _services(compose)[service]
+    names = {service}
+    if spec.get("hostname"):
+        names.add(str(spec["hostname"]))
+    networks = spec.get("networks")
+    if isinstance(networks, dict):
+        for net in networks.values():
+            names.update((net or {}).get("aliases") or [])
+    return names
+
+
+def test_zookeeper_ensemble(compose: dict[str, Any]) -> None:
+    zks = {n: s for n, s in _services(compose).items() if _image(s).startswith("zookeeper:")}
+    assert len(zks) == ZK_NODES
+    ids = set()
+    for name, service in zks.items():
+        assert _image(service).startswith("zookeeper:3.8"), f"{name}: {_image(service)}"
+        env = _environment(service)
+        ids.add(env["ZOO_MY_ID"])
+        servers = env["ZOO_SERVERS"].split()
+        assert sorted(s.split("=", 1)[1].split(":", 1)[0] for s in servers) == sorted(zks)
+        assert all(s.endswith(";2181") for s in servers), servers
+        extra = env.get("ZOO_CFG_EXTRA", "").split()
+        assert env.get("ZOO_MAX_CLIENT_CNXNS") == "0" or "maxClientCnxns=0" in extra, (
+            f"{name}: a fleet container holds 50 sessions from one address; "
+            "maxClientCnxns must be 0 (unlimited)"
+        )
+        whitelist = set(env.get("ZOO_4LW_COMMANDS_WHITELIST", "").split(","))
+        assert {"ruok", "srvr", "mntr"} <= whitelist
+        assert service.get("healthcheck"), f"{name}: no health check"
+    assert ids == {"1", "2", "3"}
+
+    # Every process of ours lists the whole ensemble (see ARCHITECTURE.md on --zk).
+    for process in _processes(compose):
+        settings = _settings(process) if process.kind != "data-server loadgen" else None
+        if isinstance(settings, FleetConfig):
+            settings = settings.template
+        if isinstance(settings, DataServerConfig | SearchServerConfig):
+            hosts_string = settings.zk.hosts
+            hosts = {h.rsplit(":", 1)[0] for h in hosts_string.split("/", 1)[0].split(",")}
+            assert hosts == set(zks), f"{process.service}: --zk {hosts_string}"
+
+
+def test_redis(compose: dict[str, Any]) -> None:
+    redises = [n for n, s in _services(compose).items() if _image(s).startswith("redis:")]
+    assert len(redises) == 1
+    for name, settings in _search_servers(compose):
+        assert re.match(rf"redis://{redises[0]}:6379(/|$)", settings.cluster.redis_url), name
+
+
+def test_one_hundred_data_servers_with_distinct_ids_ports_and_shards(
+    compose: dict[str, Any],
+) -> None:
+    slots = _data_servers(compose)
+    assert len(slots) == DATA_SERVERS
+    duplicate_ids = [i for i, n in Counter(s.instance_id for s in slots).items() if n > 1]
+    assert not duplicate_ids, (
+        f"instance ids registered by more than one container: {duplicate_ids[:5]}...; "
+        "the second would be refused (the first owner keeps the node)"
+    )
+    assert len({(s.advertise, s.port) for s in slots}) == DATA_SERVERS
+    assert len({(s.shard, s.replica) for s in slots}) == DATA_SERVERS
+    for slot in slots:
+        assert slot.host == "0.0.0.0", f"{slot.service}: listens on {slot.host} only"
+        assert slot.advertise in _reachable_names(compose, slot.service), (
+            f"{slot.service} advertises {slot.advertise!r}, which other containers cannot resolve"
+        )
+    per_container = Counter(s.service for s in slots)
+    assert sorted(per_container.values()) == [50, 50], per_container
+    # Each container holds a replica of every shard: stopping one keeps queries complete.
+    shards = {
+        service: {s.shard for s in slots if s.service == service} for service in per_container
+    }
+    assert len(set(map(frozenset, shards.values()))) == 1, shards
+
+
+def test_three_search_servers_one_on_the_host(compose: dict[str, Any]) -> None:
+    searches = _search_servers(compose)
+    assert len(searches) == SEARCH_SERVERS
+    assert len({s.server_id for _, s in searches}) == SEARCH_SERVERS
+    for name, settings in searches:
+        assert settings.server_id, f"{name}: no --id"
+        assert settings.host == "0.0.0.0"
+        assert settings.port == 8080
+        assert settings.advertise in _reachable_names(compose, name)
+    assert any(8080 in _published(compose, name) for name, _ in searches)
+
+
+def test_one_load_generator_targets_every_search_server(compose: dict[str, Any]) -> None:
+    (loadgen,) = _of_kind(compose, "data-server loadgen")
+    argv = loadgen.argv
+    targets = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--target"}
+    expected = {f"http://{s.advertise}:{s.port}" for _, s in _search_servers(compose)}
+    assert targets == expected
+    assert "--rate" in argv
+
+
+def _published(compose: dict[str, Any], service: str) -> dict[int, int]:
+    """Container port -> host port."""
+    result = {}
+    for port in _services(compose)[service].get("ports") or []:
+        if isinstance(port, dict):
+            result[int(port["target"])] = int(port["published"])
+        else:
+            parts = str(port).split("/")[0].split(":")
+            result[int(parts[-1])] = int(parts[-2] if len(parts) > 1 else parts[-1])
+    return result
+
+
+def _prometheus(compose: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    proms = [n for n, s in _services(compose).items() if "prometheus" in _image(s)]
+    assert len(proms) == 1
+    name = proms[0]
+    for volume in _services(compose)[name].get("volumes") or []:
+        if isinstance(volume, dict):
+            source, target = volume.get("source"), volume.get("target")
+        else:
+            source, target, *_ = str(volume).split(":")
+        if target == "/etc/prometheus/prometheus.yml":
+            path = Path(str(source))
+            path = path if path.is_absolute() else ROOT / path
+            assert path.is_relative_to(ROOT / "deploy"), path
+            return name, yaml.safe_load(path.read_text())
+    pytest.fail(f"service {name} mounts no /etc/prometheus/prometheus.yml")
+
+
+def test_prometheus_scrapes_every_search_and_data_server(compose: dict[str, Any]) -> None:
+    _, config = _prometheus(compose)
+    targets = set()
+    for job in config["scrape_configs"]:
+        assert job.get("metrics_path", "/metrics") == "/metrics", job["job_name"]
+        assert "file_sd_configs" not in job, "only static targets are checked"
+        for static in job.get("static_configs") or []:
+            targets.update(static["targets"])
+    searches = {f"{s.advertise}:{s.port}" for _, s in _search_servers(compose)}
+    data = {f"{s.advertise}:{s.port}" for s in _data_servers(compose)}
+    assert len(data) == DATA_SERVERS
+    assert searches - targets == set(), "search servers Prometheus does not scrape"
+    assert data - targets == set(), "data servers Prometheus does not scrape"
+
+
+def test_readme_docker_section(compose: dict[str, Any]) -> None:
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"^## Docker\n(.*?)(?=^## )", readme, re.S | re.M)
+    assert match, "README.md has no '## Docker' section before the next section"
+    section = match.group(1)
+    assert "docker compose up" in section or "docker-compose up" in section
+    prometheus, _ = _prometheus(compose)
+    dashboard = next(
+        _published(compose, n)[8080]
+        for n, _ in _search_servers(compose)
+        if 8080 in _published(compose, n)
+    )
+    assert f"http://localhost:{dashboard}/" in section
+    assert f"http://localhost:{_published(compose, prometheus)[9090]}" in section
+
+
+def test_dockerfile_and_dockerignore() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim\b", dockerfile, re.M)
+    users = re.findall(r"^USER\s+(\S+)", dockerfile, re.M)
+    assert users, "the image must set a USER"
+    assert users[-1] not in ("root", "0"), "the image must not run as root"
+    installs = re.findall(r"pip install [^\n&]*", dockerfile)
+    assert installs
+    assert not any("[dev]" in i or "-e " in i for i in installs), installs
+    ignored = set((ROOT / ".dockerignore").read_text().split())
+    assert {".venv", ".git", "bench/results"} <= ignored
+    assert any("__pycache__" in line for line in ignored)

@@ -1,0 +1,285 @@
+"""The search server's live dashboard: ``GET /``, its event stream ``GET /events``, and
+the page itself in a real headless Chromium (Debian's ``chromium``, driven by Playwright).
+
+The browser test keeps a screenshot of the page as an artefact in ``bench/results/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from data_server.corpus import sample_queries
+from data_server.server import DataServer
+from search_server.dashboard import QueryStats
+from search_server.server import SearchServer
+
+from .support import DataServerFactory, SearchServerFactory, eventually
+
+CHROMIUM = os.environ.get("DISCOVERY_TEST_CHROMIUM", "/usr/bin/chromium")
+SCREENSHOT = Path(__file__).resolve().parent.parent / "bench" / "results" / "dashboard.png"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# Browser waits (ms): generous for a loaded CI box; each ends as soon as the page agrees.
+UI_TIMEOUT_MS = 20_000
+
+
+async def _live_count(search: SearchServer, count: int) -> None:
+    await eventually(
+        lambda: search.reader is not None and len(search.reader.current.servers) == count,
+        timeout=30,
+        message=f"{count} data servers in the live list",
+    )
+
+
+async def _first_event(response: aiohttp.ClientResponse) -> dict[str, Any]:
+    """The data of the first ``data:`` event of a server-sent event stream."""
+    async with asyncio.timeout(10):
+        while True:
+            line = await response.content.readline()
+            assert line, "the stream ended before its first event"
+            if line.startswith(b"data: "):
+                document: dict[str, Any] = json.loads(line[len(b"data: ") :])
+                return document
+
+
+@contextlib.asynccontextmanager
+async def _stream(url: str) -> AsyncIterator[aiohttp.ClientResponse]:
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=15)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as client,
+        client.get(f"{url}/events") as response,
+    ):
+        yield response
+
+
+async def _post(server: DataServer, path: str) -> int:
+    async with aiohttp.ClientSession() as client, client.post(f"{server.url}{path}") as response:
+        return response.status
+
+
+async def _search(search: SearchServer, queries: list[str]) -> None:
+    async with aiohttp.ClientSession() as client:
+        for query in queries:
+            async with client.get(f"{search.url}/search", params={"q": query}) as response:
+                assert response.status == 200
+
+
+# -- the rolling window ----------------------------------------------------------------
+
+
+def test_query_stats_rolling_window() -> None:
+    now = [1000.0]
+    stats = QueryStats(window=10, clock=lambda: now[0])
+    empty = stats.snapshot()
+    assert empty["rate"] == 0
+    assert empty["p50_ms"] is None
+    assert empty["partial_rate"] == 0
+    for i in range(100):  # 1..100 ms over 5 s, every 4th partial
+        now[0] += 0.05
+        stats.record(float(i + 1), partial=i % 4 == 0)
+    stats.record_overloaded()
+    snap = stats.snapshot()
+    assert snap["queries"] == 100
+    assert snap["rate"] == pytest.approx(100 / 5, rel=0.01)  # since creation, < window
+    assert snap["p50_ms"] == 50
+    assert snap["p99_ms"] == 99
+    assert snap["partial_rate"] == 0.25
+    assert snap["overloaded"] == 1
+    now[0] += 30  # all of it leaves the window; the total stays
+    later = stats.snapshot()
+    assert later["queries"] == 0
+    assert later["p99_ms"] is None
+    assert later["total"] == 100
+    with pytest.raises(ValueError, match="window"):
+        QueryStats(window=0)
+
+
+# -- HTTP ------------------------------------------------------------------------------
+
+
+async def test_page_is_self_contained(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    search = await make_search_server(server_id="ss-page")
+    async with aiohttp.ClientSession() as client, client.get(f"{search.url}/") as response:
+        assert response.status == 200
+        assert response.content_type == "text/html"
+        page = await response.text()
+    assert "EventSource('/events')" in page or 'EventSource("/events")' in page
+    # Works with no internet: nothing is loaded from anywhere else.
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "@import" not in page
+    assert "innerHTML" not in page
+
+
+async def test_events_stream_snapshots_and_ends_with_its_client_and_on_shutdown(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    await make_data_server(shard=0, docs=100, instance_id="ds-ev")
+    search = await make_search_server(server_id="ss-events")
+    await _live_count(search, 1)
+    await eventually(lambda: search.is_leader, message="leader")
+    await _search(search, sample_queries(3, variant=1))
+
+    async with _stream(search.url) as response:
+        assert response.status == 200
+        assert response.content_type == "text/event-stream"
+        event = await _first_event(response)
+    assert {
+        "self", "is_leader", "leader", "epoch", "version", "age_ms", "redis_connected",
+        "source", "servers", "cluster", "stale_after_ms", "search_servers", "stats",
+    } <= event.keys()  # fmt: skip
+    assert event["self"] == event["leader"] == "ss-events"
+    assert event["version"] > 0
+    assert event["epoch"] > 0
+    assert [s["id"] for s in event["servers"]] == ["ds-ev"]
+    assert event["servers"][0]["state"] == "serving"
+    assert event["search_servers"] == [
+        {
+            "id": "ss-events",
+            "address": search.config.advertise,
+            "port": search.port,
+            "leader": True,
+            "self": True,
+        }
+    ]
+    stats = event["stats"]
+    assert stats["queries"] == 3
+    assert stats["rate"] > 0
+    assert stats["p50_ms"] > 0
+    assert stats["p99_ms"] >= stats["p50_ms"]
+    assert stats["partial_rate"] == 0
+
+    # The client went away: the server notices at its next write and ends the stream.
+    await eventually(lambda: search._events.open_streams == 0, message="stream closed")
+
+    # A stream left open does not hold up the shutdown, and it ends for the client.
+    async with _stream(search.url) as response:
+        await _first_event(response)
+        assert search._events.open_streams == 1
+        async with asyncio.timeout(15):  # aiohttp alone would wait 60 s for the handler
+            await search.shutdown()
+            rest = await response.content.read()
+        assert not rest.strip() or rest.startswith(b"data: ")
+        assert response.content.at_eof()
+    assert search._events.open_streams == 0
+
+
+# -- the page in a real browser ----------------------------------------------------------
+
+
+def _playwright() -> Any:
+    """Playwright's async API, and Chromium present; a clear failure otherwise."""
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(
+            f"Chromium not found at {CHROMIUM}: `make setup` installs the Debian package "
+            "`chromium` (or: apt-get install chromium)",
+            pytrace=False,
+        )
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        pytest.fail(
+            "the Python package `playwright` is missing: `make setup` installs the dev "
+            "extra (pip install -e '.[dev]')",
+            pytrace=False,
+        )
+    return async_playwright
+
+
+async def test_dashboard_in_chromium_shows_a_server_going_offline_without_reload(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    async_playwright = _playwright()
+    from playwright.async_api import expect
+
+    data = await asyncio.gather(
+        *(make_data_server(shard=i, docs=100, instance_id=f"ds-{i:02d}") for i in range(20))
+    )
+    search = await make_search_server(server_id="ss-dash")
+    await _live_count(search, 20)
+    await eventually(lambda: search.is_leader, message="leader")
+    victim = next(server for server in data if server.instance_id == "ds-07")
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = await browser.new_context(viewport={"width": 1440, "height": 900})
+            page = await context.new_page()
+            loads: list[str] = []
+            page.on("load", lambda _page: loads.append(page.url))
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+            await page.goto(f"{search.url}/", wait_until="load")
+            # A reload would lose this.
+            await page.evaluate("window.__testMarker = 'first-load'")
+
+            serving = page.locator('.tile[data-state="serving"]')
+            await expect(serving).to_have_count(20, timeout=UI_TIMEOUT_MS)
+            for i in range(20):
+                tile = page.locator(f'[data-id="ds-{i:02d}"][data-state="serving"]')
+                await expect(tile).to_have_count(1)
+            await expect(page.locator(".shard")).to_have_count(20)
+
+            # Header: the leader, a published version, and the search servers.
+            await expect(page.locator("#leader")).to_have_text("ss-dash")
+            version = await page.locator("#version").text_content()
+            assert version is not None
+            assert int(version) > 0
+            leader_chip = page.locator('#search-servers [data-leader="true"]')
+            await expect(leader_chip).to_have_attribute("data-id", "ss-dash", timeout=UI_TIMEOUT_MS)
+            await expect(page.locator("body")).to_have_attribute("data-connected", "true")
+
+            # Statistics appear once queries go through /search.
+            await _search(search, sample_queries(30, variant=3))
+            await page.wait_for_function(
+                "() => Number(document.getElementById('rate').textContent) > 0"
+                " && Number(document.getElementById('p99').textContent) > 0",
+                timeout=UI_TIMEOUT_MS,
+            )
+            await expect(page.locator("#partial")).to_have_text("0.0")
+
+            # One data server is forced offline: its tile turns offline, no reload.
+            assert await _post(victim, "/admin/offline") == 200
+            offline = page.locator('[data-id="ds-07"][data-state="offline"]')
+            await expect(offline).to_have_count(1, timeout=UI_TIMEOUT_MS)
+            await expect(serving).to_have_count(19)
+            await expect(page.locator("#n-offline")).to_have_text("1")
+            await expect(page.locator("#n-serving")).to_have_text("19")
+
+            assert loads == [f"{search.url}/"], f"the page was reloaded: {loads}"
+            assert await page.evaluate("window.__testMarker") == "first-load"
+            navigations = await page.evaluate("performance.getEntriesByType('navigation').length")
+            assert navigations == 1
+            assert await page.evaluate("window.__dashboard.events") >= 2
+            assert errors == [], f"JavaScript errors on the page: {errors}"
+
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            await page.screenshot(path=str(SCREENSHOT), full_page=True)
+            await context.close()
+        finally:
+            await browser.close()
+
+    image = SCREENSHOT.read_bytes()
+    assert image.startswith(PNG_SIGNATURE), "the screenshot is not a PNG"
+    assert len(image) > 10_000, f"the screenshot is suspiciously small ({len(image)} bytes)"
