@@ -87,6 +87,14 @@ FLEET_OPTIONS = (
         default=9100,
     ),
     Option(
+        "--first-index",
+        "DISCOVERY_FLEET_FIRST_INDEX",
+        "number of this fleet's first server, so that several fleets (one per host or "
+        "container) get distinct ids ds-<number>, shards and replicas",
+        type=non_negative_int,
+        default=0,
+    ),
+    Option(
         "--shards",
         "DISCOVERY_FLEET_SHARDS",
         "distinct shards; server i holds shard i %% shards, replica i // shards",
@@ -193,6 +201,7 @@ class FleetConfig:
     procs: int
     base_port: int
     shards: int
+    first_index: int = 0
 
     def __post_init__(self) -> None:
         if self.procs > self.count:
@@ -201,12 +210,17 @@ class FleetConfig:
             raise ConfigError(f"--base-port {self.base_port} + --count {self.count} exceeds 65535")
 
     def slot(self, index: int) -> DataServerConfig:
-        """The configuration of simulated server ``index``."""
+        """The configuration of this fleet's server ``index`` (0-based within the fleet).
+
+        Ids, shards and replicas count from ``first_index`` (cluster-wide), ports from
+        ``base_port`` (this host's).
+        """
+        number = self.first_index + index
         return self.template.with_slot(
             port=self.base_port + index if self.base_port else 0,
-            shard=index % self.shards,
-            replica=index // self.shards,
-            instance_id=f"ds-{index:04d}",
+            shard=number % self.shards,
+            replica=number // self.shards,
+            instance_id=f"ds-{number:04d}",
         )
 
     def worker_slice(self, worker: int) -> range:
@@ -221,4 +235,5 @@ class FleetConfig:
             procs=args.procs,
             base_port=args.base_port,
             shards=args.shards or args.count,
+            first_index=args.first_index,
         )

@@ -31,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import sys
@@ -42,7 +43,7 @@ from typing import Any
 import aiohttp
 
 from .config import int_range, positive_float
-from .devcluster import DevCluster, free_port, free_ports
+from .devcluster import DevCluster
 from .errors import DevClusterError
 
 __all__ = ["add_parser", "run"]
@@ -129,6 +130,7 @@ class _Cluster:
     fleet_base_port: int = 0
     loadgen: asyncio.subprocess.Process | None = None
     queries: list[_Query] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def shards(self) -> int:
@@ -247,7 +249,7 @@ async def _wait(
         elapsed = time.monotonic() - started
         if views and predicate(views):
             return elapsed
-        if elapsed > timeout:
+        if elapsed > timeout or cluster.stop.is_set():
             return None
         if time.monotonic() - last_line >= 2:
             last_line = time.monotonic()
@@ -292,6 +294,8 @@ class _Scenario:
         *,
         no_failures: bool = False,
     ) -> bool:
+        if self.cluster.stop.is_set():
+            return False  # interrupted: the remaining phases are skipped
         print(f"\n== {name}: {expected}", flush=True)
         since = time.time()
         await action()
@@ -472,15 +476,15 @@ async def _scenario(cluster: _Cluster, args: argparse.Namespace, stop: asyncio.E
 
 async def _run(args: argparse.Namespace, zk: str, redis: str, workdir: str) -> bool:
     cluster = _Cluster(zk=zk, redis=redis, workdir=workdir, nodes=args.nodes)
-    cluster.search_ports = free_ports(args.search_servers)
-    cluster.fleet_base_port = free_port()
-    # The fleet's ports are base + index: make sure that range is free as a whole.
-    while not _range_free(cluster.fleet_base_port, cluster.fleet_count):
-        cluster.fleet_base_port = free_port()
-    for j, port in enumerate(free_ports(CRASHED + DRAINED)):
+    taken: set[int] = set()
+    search_base = _free_block(args.search_servers, taken)
+    cluster.search_ports = list(range(search_base, search_base + args.search_servers))
+    cluster.fleet_base_port = _free_block(cluster.fleet_count, taken)
+    singles_base = _free_block(CRASHED + DRAINED, taken)
+    for j in range(CRASHED + DRAINED):
         shard = (cluster.shards - CRASHED - DRAINED + j) % cluster.shards
-        cluster.singles[f"ds-solo-{j}"] = (port, shard, None)
-    stop = asyncio.Event()
+        cluster.singles[f"ds-solo-{j}"] = (singles_base + j, shard, None)
+    stop = cluster.stop
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
@@ -519,6 +523,31 @@ async def _run(args: argparse.Namespace, zk: str, redis: str, workdir: str) -> b
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+
+def _free_block(count: int, taken: set[int]) -> int:
+    """A free block of ``count`` ports below the kernel's ephemeral range.
+
+    Ports picked inside the ephemeral range can be taken by an outgoing connection
+    (ours: hundreds of them) between the pick and the bind, which a fleet does only
+    after indexing its shards.
+    """
+    low, high = 20_000, _ephemeral_low() - count
+    for _ in range(200):
+        base = random.randrange(low, max(low + 1, high))
+        block = set(range(base, base + count))
+        if not block & taken and _range_free(base, count):
+            taken |= block
+            return base
+    raise DevClusterError(f"no block of {count} free ports between {low} and {high}")
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            return int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def _range_free(base: int, count: int) -> bool:

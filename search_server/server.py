@@ -168,9 +168,13 @@ class SearchServer:
         if self._stopped:
             return
         self._stopped = True
-        await self._stack.aclose()
+        # First hand leadership over, then stop taking queries and finish those in
+        # flight (their fan-out still needs the HTTP pool), then close the rest.
+        if self.election is not None:
+            await self.election.aclose()
         if self._runner is not None:
             await self._runner.cleanup()  # its on_shutdown ends the dashboard streams
+        await self._stack.aclose()
         await self._members.aclose()
         log.info("search server %s stopped", self.server_id)
 
