@@ -204,6 +204,10 @@ def _serving_ids(view: View) -> set[str]:
     return {s["id"] for s in view["servers"] if s["state"] == "serving"}
 
 
+def _listed_ids(view: View) -> set[str]:
+    return {s["id"] for s in view["servers"]}
+
+
 def _leaders(views: list[View]) -> set[str]:
     return {v["self"] for v in views if v["is_leader"]}
 
@@ -353,7 +357,8 @@ async def _scenario(cluster: _Cluster, args: argparse.Namespace, stop: asyncio.E
             def check(views: list[View]) -> bool:
                 return (
                     len(views) == sum(p.returncode is None for p in cluster.search.values())
-                    and all(_serving_ids(v) == expected_ids for v in views)
+                    # Gone from the list, not merely draining: the phase is over.
+                    and all(_listed_ids(v) == _serving_ids(v) == expected_ids for v in views)
                     and len(_leaders(views)) == 1
                     and len({(v["epoch"], v["version"]) for v in views}) == 1
                 )
