@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 
+from discovery.entrypoint import configure_logging, stop_on_signals
 from discovery.errors import ConfigError, DiscoveryError
 
 from . import loadgen
@@ -19,16 +19,11 @@ __all__ = ["main"]
 
 log = logging.getLogger(__name__)
 
-_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
 
 async def serve(config: DataServerConfig) -> None:
     """Run one data server until SIGINT/SIGTERM or ``POST /admin/drain``, then drain."""
     server = DataServer(config)
-    loop = asyncio.get_running_loop()
-    stop = server.drain_requested
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = stop_on_signals(server.drain_requested)
     try:
         await server.start()
         await stop.wait()
@@ -44,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fleet = bool(args_list) and args_list[0] == "fleet"
     parser = build_fleet_parser() if fleet else build_parser()
     args = parser.parse_args(args_list[1:] if fleet else args_list)
-    logging.basicConfig(level=args.log_level, format=_LOG_FORMAT)
+    configure_logging(args.log_level)
     try:
         config = FleetConfig.from_args(args) if fleet else DataServerConfig.from_args(args)
     except ConfigError as exc:

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from discovery.entrypoint import stop_on_signals
 from discovery.loopthread import LoopThread
 
 from .config import FleetConfig
@@ -64,10 +65,7 @@ async def run_worker(config: FleetConfig, worker: int) -> None:
     loop_thread = LoopThread(f"fleet-{worker}-agents")
     loop_thread.start()
     servers = [DataServer(config.slot(i), loop_thread=loop_thread) for i in indices]
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = stop_on_signals()
     slots = asyncio.Semaphore(_START_CONCURRENCY)
     started_at = time.monotonic()
 

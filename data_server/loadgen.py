@@ -21,7 +21,6 @@ import itertools
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from discovery.config import Option, add_options, int_range, non_negative_int, positive_float
+from discovery.entrypoint import configure_logging, stop_on_signals
 
 from .corpus import sample_queries
 
@@ -193,7 +193,7 @@ async def run_loadgen(config: LoadConfig, stop: asyncio.Event) -> dict[str, int]
 def main(argv: Sequence[str]) -> int:
     parser = build_loadgen_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper())
+    configure_logging(args.log_level)
     targets = args.targets or [
         t for t in os.environ.get("DISCOVERY_LOAD_TARGETS", "").split(",") if t
     ]
@@ -210,10 +210,7 @@ def main(argv: Sequence[str]) -> int:
     )
 
     async def serve() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
+        stop = stop_on_signals()
         await run_loadgen(config, stop)
 
     asyncio.run(serve())

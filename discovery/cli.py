@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from discovery import demo, status
 from discovery.devcluster import command as devcluster_command
+from discovery.entrypoint import configure_logging
 
 __all__ = ["build_parser", "main"]
 
@@ -23,7 +24,6 @@ logger = logging.getLogger(__name__)
 
 ENV_LOG_LEVEL = "DISCOVERY_LOG_LEVEL"
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 if TYPE_CHECKING:  # not subscriptable at run time before Python 3.12
     _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Bad arguments make argparse exit with status 2 and a message naming the flag.
     """
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format=_LOG_FORMAT, stream=sys.stderr)
+    configure_logging(args.log_level)
     func: Callable[[argparse.Namespace], int] = args.func
     return func(args)
 

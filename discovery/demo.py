@@ -44,6 +44,7 @@ import aiohttp
 
 from .config import int_range, positive_float
 from .devcluster import DevCluster
+from .entrypoint import stop_on_signals
 from .errors import DevClusterError
 
 __all__ = ["add_parser", "run"]
@@ -489,10 +490,7 @@ async def _run(args: argparse.Namespace, zk: str, redis: str, workdir: str) -> b
     for j in range(CRASHED + DRAINED):
         shard = (cluster.shards - CRASHED - DRAINED + j) % cluster.shards
         cluster.singles[f"ds-solo-{j}"] = (singles_base + j, shard, None)
-    stop = cluster.stop
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = stop_on_signals(cluster.stop)
     reader: asyncio.Task[None] | None = None
     try:
         print(f"ZooKeeper {zk}\nRedis     {redis}", flush=True)

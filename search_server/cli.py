@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 
+from discovery.entrypoint import configure_logging, stop_on_signals
 from discovery.errors import ConfigError, DiscoveryError
 
 from .config import SearchServerConfig, build_parser
@@ -20,10 +20,7 @@ log = logging.getLogger(__name__)
 
 async def serve(config: SearchServerConfig) -> None:
     server = SearchServer(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = stop_on_signals()
     try:
         await server.start()
         await stop.wait()
@@ -35,9 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     try:
         config = SearchServerConfig.from_args(args)
     except ConfigError as exc:

@@ -1,0 +1,30 @@
+"""What every console entry point does the same way: logging and stop signals.
+
+Only entry points call these: library code never configures logging or installs
+signal handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+__all__ = ["LOG_FORMAT", "configure_logging", "stop_on_signals"]
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: str) -> None:
+    """Log to stderr at ``level`` (a name such as ``INFO``) in the common format."""
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+
+
+def stop_on_signals(event: asyncio.Event | None = None) -> asyncio.Event:
+    """Return ``event`` (or a new one), set on SIGINT or SIGTERM by the running loop."""
+    stop = event if event is not None else asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
