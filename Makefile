@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 DEB_PACKAGES := zookeeper redis-server default-jre-headless chromium docker-compose
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-packages test lint typecheck pytest demo devcluster clean
+.PHONY: setup system-packages test lint typecheck pytest demo devcluster bench clean
 
 setup: system-packages $(STAMP)
 
@@ -49,6 +49,16 @@ devcluster: setup
 
 demo: setup
 	$(BIN)/discovery demo
+
+# Every benchmark, one after the other (they would distort each other in parallel);
+# each writes bench/results/<name>.json and can also be run alone.
+BENCHES := index fleet fanout zk_load scale
+bench: setup
+	@for b in $(BENCHES); do \
+	  if [ -f bench/bench_$$b.py ]; then \
+	    echo "== bench/bench_$$b.py"; $(BIN)/python bench/bench_$$b.py || exit 1; \
+	  fi; \
+	done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
