@@ -171,7 +171,7 @@ class PublisherMetrics:
         )
         self.publish_seconds = Histogram(
             "discovery_publisher_publish_seconds",
-            "Time for one fenced write to Redis (encoding included), by kind.",
+            "Time for one fenced write to Redis (the script call, after encoding), by kind.",
             ["kind"],
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=registry,
