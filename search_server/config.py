@@ -64,6 +64,13 @@ SEARCH_OPTIONS = (
         metavar="SECONDS",
     ),
     Option(
+        "--max-ejected-percent",
+        "DISCOVERY_MAX_EJECTED_PERCENT",
+        "most data servers (in percent, at least one) ejected locally at once",
+        type=int_range(0, 100),
+        default=50,
+    ),
+    Option(
         "--heartbeat-interval",
         "DISCOVERY_HEARTBEAT_INTERVAL",
         "seconds between the leader's heartbeats (and Redis data-loss checks)",
@@ -121,6 +128,7 @@ class SearchServerConfig:
     max_in_flight: int = 256
     eject_after: int = 3
     eject_cooldown: float = 10.0
+    max_ejected_percent: int = 50
     heartbeat_interval: float = 1.0
     heartbeat_ttl: float = 5.0
     reconcile_interval: float = 30.0
@@ -147,6 +155,7 @@ class SearchServerConfig:
             max_in_flight=args.max_in_flight,
             eject_after=args.eject_after,
             eject_cooldown=args.eject_cooldown,
+            max_ejected_percent=args.max_ejected_percent,
             heartbeat_interval=args.heartbeat_interval,
             heartbeat_ttl=args.heartbeat_ttl,
             reconcile_interval=args.reconcile_interval,

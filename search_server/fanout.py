@@ -15,10 +15,12 @@ and sick ones within a few probes; the fan-out bounds what is left over:
 * **Retry on failure** (connection error, non-200, bad JSON) to another replica of the
   shard while time remains, each replica at most once per query.
 * **Outlier ejection.** A data server that failed or timed out ``eject_after`` times in a
-  row is skipped for ``eject_cooldown`` seconds. This covers the seconds before its
-  agent takes it offline, and failures the agent cannot see (a network partition
-  between search and data servers only); without it every query would pay a full
-  timeout for that server in the meantime.
+  row is skipped for ``eject_cooldown`` seconds, as long as no more than
+  ``max_ejected_share`` of the servers (at least one) are ejected at once. This covers
+  the seconds before its agent takes it offline, and failures the agent cannot see (a
+  network partition between search and data servers only); without it every query
+  would pay a full timeout for that server in the meantime. The cap keeps a moment of
+  trouble on our side (a CPU stall) from ejecting everything at once.
 * **Admission control.** At most ``max_in_flight`` queries at once; the next one is
   refused at once with :class:`Overloaded` rather than queued, so that a slow cluster
   cannot make requests pile up on the search server (the original outage).
@@ -186,6 +188,7 @@ class FanOut:
         max_in_flight: int = 256,
         eject_after: int = 3,
         eject_cooldown: float = 10.0,
+        max_ejected_share: float = 0.5,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
@@ -196,10 +199,15 @@ class FanOut:
             raise ValueError(f"eject_after must be >= 1, got {eject_after}")
         if not eject_cooldown >= 0:
             raise ValueError(f"eject_cooldown must be >= 0 seconds, got {eject_cooldown}")
+        if not 0 <= max_ejected_share <= 1:
+            raise ValueError(f"max_ejected_share must be in 0..1, got {max_ejected_share}")
         self._http = http
         self._max_in_flight = max_in_flight
         self._eject_after = eject_after
         self._eject_cooldown = eject_cooldown
+        self._max_ejected_share = max_ejected_share
+        # Routable data servers in the last list we fanned out to: the base of the cap.
+        self._known = 0
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = FanOutMetrics(self.registry)
         self._clock = clock
@@ -271,6 +279,7 @@ class FanOut:
             if instance.routable:
                 by_shard.setdefault(instance.payload.shard, []).append(instance)
         self._prune(by_shard)
+        self._known = sum(len(replicas) for replicas in by_shard.values())
         calls = [_ShardCall(shard, replicas) for shard, replicas in sorted(by_shard.items())]
         tasks = {
             asyncio.create_task(
@@ -442,7 +451,11 @@ class FanOut:
         now = self._clock()
         # After a cool-down the count is still at the limit: one more failure re-ejects.
         # Failures of requests sent before the ejection do not extend it.
-        if health.failures >= self._eject_after and not health.is_ejected(now):
+        if (
+            health.failures >= self._eject_after
+            and not health.is_ejected(now)
+            and not self._ejection_cap_reached(now)
+        ):
             health.ejected_until = now + self._eject_cooldown
             self.metrics.ejections.inc()
             log.warning(
@@ -465,6 +478,21 @@ class FanOut:
                 result,
                 detail,
             )
+
+    def _ejection_cap_reached(self, now: float) -> bool:
+        # When many servers fail at once the cause is more likely on our side (a CPU
+        # stall, a network blip) than theirs; ejecting them all would turn a slow moment
+        # into empty answers. Discovery still removes servers that are really down.
+        ejected = sum(1 for h in self._health.values() if h.is_ejected(now))
+        if ejected + 1 > max(1, int(self._max_ejected_share * self._known)):
+            log.warning(
+                "not ejecting more data servers: %d of %d already ejected (cap %.0f%%)",
+                ejected,
+                self._known,
+                self._max_ejected_share * 100,
+            )
+            return True
+        return False
 
     def _record_success(self, instance: ServiceInstance) -> None:
         self.metrics.shard_requests.labels(result="ok").inc()

@@ -139,6 +139,7 @@ class SearchServer:
             max_in_flight=config.max_in_flight,
             eject_after=config.eject_after,
             eject_cooldown=config.eject_cooldown,
+            max_ejected_share=config.max_ejected_percent / 100,
             registry=self.registry,
         )
         await stack.enter_async_context(

@@ -359,3 +359,24 @@ async def test_no_servers_and_bad_arguments(
         FanOut(http, max_in_flight=0)
     with pytest.raises(ValueError, match="eject_after"):
         FanOut(http, eject_after=0)
+
+
+async def test_no_more_than_the_cap_is_ejected_at_once(
+    http: aiohttp.ClientSession, registry: CollectorRegistry
+) -> None:
+    # Four servers failing together look like trouble on our side: half at most go.
+    servers = [_stopped(f"ds-down-{i}", shard=i) for i in range(4)]
+    fanout = FanOut(http, registry=registry, eject_after=1, max_ejected_share=0.5)
+    for _ in range(3):
+        result = await fanout.search(servers, QUERIES[0], 10, 2000)
+        assert result.shards["total"] == 4
+    assert len(fanout.ejected()) == 2
+    assert _sample(registry, "ejections_total") == 2
+
+
+async def test_one_server_can_always_be_ejected(
+    http: aiohttp.ClientSession, registry: CollectorRegistry
+) -> None:
+    fanout = FanOut(http, registry=registry, eject_after=1, max_ejected_share=0.1)
+    await fanout.search([_stopped("ds-alone", shard=0)], QUERIES[0], 10, 2000)
+    assert fanout.ejected() == {"ds-alone"}
