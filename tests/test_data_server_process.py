@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 
 from data_server.corpus import sample_queries
+from discovery.errors import ZkNoNodeError
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH
 from discovery.membership import MembershipWatcher
@@ -42,10 +43,10 @@ async def data_server_process(
 
 
 async def _instance(session: Any, instance_id: str) -> ServiceInstance | None:
-    stat = await session.exists(f"{DATA_SERVERS_PATH}/{instance_id}")
-    if stat is None:
+    try:
+        data, _ = await session.get(f"{DATA_SERVERS_PATH}/{instance_id}")
+    except ZkNoNodeError:
         return None
-    data, _ = await session.get(f"{DATA_SERVERS_PATH}/{instance_id}")
     return ServiceInstance.from_json(data)
 
 
