@@ -82,7 +82,11 @@ class ProbeResult:
 
 @dataclass(frozen=True)
 class AgentStatus:
-    """A consistent snapshot of the agent, safe to read from any thread."""
+    """A consistent snapshot of the agent, safe to read from any thread.
+
+    It is published once a decision's ZooKeeper work has returned, so for a moment the
+    node may already be gone (or back) while the status still shows the old state.
+    """
 
     state: AgentState
     reason: str | None

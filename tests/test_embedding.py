@@ -20,7 +20,7 @@ from discovery import (
 )
 from discovery.membership import MembershipWatcher
 
-from .support import FAST_AGENT, SessionFactory
+from .support import FAST_AGENT, SessionFactory, eventually
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -73,7 +73,9 @@ async def test_threaded_server_registers_goes_offline_and_drains(
 
             Handler.healthy = False
             await watcher.wait_until(lambda m: "ds-threaded" not in m, timeout=10)
-            assert agent.status().state is AgentState.OFFLINE
+            # The status is published once the deregistration has returned, a moment
+            # after the watcher may have seen the node go.
+            await eventually(lambda: agent.status().state is AgentState.OFFLINE, message="offline")
             Handler.healthy = True
             await watcher.wait_until(lambda m: "ds-threaded" in m, timeout=10)
 
