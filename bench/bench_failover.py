@@ -35,8 +35,6 @@ import contextlib
 import json
 import logging
 import math
-import os
-import platform
 import signal
 import statistics
 import sys
@@ -47,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from common import machine
 
 from discovery.config import ZkConfig
 from discovery.devcluster import DevCluster
@@ -497,12 +496,7 @@ def main() -> int:
                 "benchmark": "failover",
                 "command": " ".join([Path(sys.executable).name, *sys.argv]),
                 "parameters": {k: v for k, v in vars(args).items() if k not in _INTERNAL},
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "platform": platform.platform(),
-                    "load_average": os.getloadavg(),
-                },
+                "machine": machine(),
                 "session_timeout_s": args.session_timeout,
                 "zk_tick_ms": outcome["zk_tick_ms"],
                 "notes": (

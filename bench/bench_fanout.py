@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import random
 import shlex
 import signal
@@ -55,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from common import machine
 
 from data_server.corpus import sample_queries
 from discovery.devcluster import DevCluster
@@ -668,12 +668,7 @@ def main() -> int:
             f"aiohttp.ClientTimeout(total={d / 1000}) per request, own process",
             "bare_aiohttp": "the baseline worker on the healthy cluster, same query count",
         },
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "load_average": os.getloadavg(),
-        },
+        "machine": machine(),
         "results": results,
         "targets": goals,
         "wall_s": round(time.monotonic() - started, 1),

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import signal
 import subprocess
 import sys
@@ -26,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import machine
 from kazoo.client import KazooClient
 
 from discovery.devcluster import DevCluster
@@ -167,11 +166,7 @@ def main() -> int:
             {
                 "benchmark": "fleet",
                 "parameters": vars(args),
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "platform": platform.platform(),
-                },
+                "machine": machine(),
                 "fleet": fleet,
                 "baseline_one_process_each": baseline,
                 "rss_per_server_ratio_baseline_over_fleet": round(ratio, 2),

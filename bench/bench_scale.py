@@ -29,8 +29,6 @@ import contextlib
 import gc
 import json
 import logging
-import os
-import platform
 import statistics
 import sys
 import time
@@ -41,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from common import machine
 from prometheus_client import CollectorRegistry
 
 from discovery.config import ZkConfig
@@ -395,11 +394,7 @@ def main() -> int:
                 "benchmark": "scale",
                 "command": " ".join([Path(sys.executable).name, *sys.argv]),
                 "parameters": vars(args),
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "platform": platform.platform(),
-                },
+                "machine": machine(),
                 "notes": (
                     "apply_ms: from the ZooKeeper create/delete returning to all readers' "
                     "current reflecting it; leader_event_ms: from the same point to the event "

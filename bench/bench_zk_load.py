@@ -35,8 +35,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import platform
 import statistics
 import sys
 import threading
@@ -47,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from common import machine
 
 from discovery.config import ZkConfig
 from discovery.devcluster import DevCluster
@@ -431,11 +430,7 @@ def main() -> int:
                 "benchmark": "zk_load",
                 "command": " ".join([Path(sys.executable).name, *sys.argv]),
                 "parameters": vars(args),
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "platform": platform.platform(),
-                },
+                "machine": machine(),
                 "notes": (
                     "packets_per_change: ZooKeeper mntr zk_packets_received+zk_packets_sent "
                     "delta per change minus the idle (ping) rate measured just before; includes "
