@@ -37,6 +37,7 @@ from typing import Any
 from kazoo.exceptions import KazooException
 from kazoo.recipe.election import Election
 
+from .errors import DiscoveryError
 from .zk import SessionEvent, SessionState, ZkSession
 
 __all__ = ["LeaderElection", "Leadership"]
@@ -120,13 +121,27 @@ class LeaderElection:
         self._thread.start()
 
     async def aclose(self) -> None:
-        """Leave the election; if leading, cancel the leadership task and release."""
+        """Leave the election; if leading, cancel the leadership task and release.
+
+        A leader deletes its election node itself, right after cancelling its term,
+        rather than when the recipe releases it: that happens only once the term's
+        teardown (watcher, subscriptions) has finished, which can take hundreds of
+        milliseconds on a busy loop, and the next leader waits for the node. Writes
+        still in flight from the ending term are refused by the new, higher epoch.
+        """
         self._closing.set()
         self._connected.set()  # wake the thread if it waits for a connection
         election = self._election
         if election is not None:
             election.cancel()
+        current = self._current
         self._cancel_leadership()
+        if current is not None and self._session.session_id == current.session_id:
+            try:
+                await self._session.delete(current.node)
+            except DiscoveryError as exc:
+                # NoNode included: the recipe (or the session's end) released it first.
+                log.debug("%s: early release of %s: %s", self.identifier, current.node, exc)
         self._session.remove_listener(self._on_session_event)
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30)
