@@ -34,18 +34,15 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import signal
-import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
-from common import machine
+from common import EventLog, machine, summary_ms
 
 from discovery.config import ZkConfig
 from discovery.devcluster import DevCluster
@@ -53,7 +50,6 @@ from discovery.election import LeaderElection
 from discovery.instance import InstancePayload, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
 from discovery.leader import LeaderDuty
-from discovery.publisher import RedisKeys
 from discovery.zk import ZkSession
 
 log = logging.getLogger("bench_failover")
@@ -72,76 +68,6 @@ def _instance(index: int) -> ServiceInstance:
     return ServiceInstance.create(
         "data_servers", f"ds-{index:05d}", "127.0.0.1", 20000 + index, payload
     )
-
-
-def _p(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-def _summary(values_ms: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": round(statistics.median(values_ms), 1),
-        "p99_ms": round(_p(values_ms, 0.99), 1),
-        "max_ms": round(max(values_ms), 1),
-        "min_ms": round(min(values_ms), 1),
-        "mean_ms": round(statistics.fmean(values_ms), 1),
-    }
-
-
-# -- publish events --------------------------------------------------------------
-
-
-class EventLog:
-    """Every ``P:events`` message with its arrival time (monotonic), from pub/sub."""
-
-    def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
-        self._redis = redis
-        self._channel = RedisKeys(prefix).events
-        self.events: list[tuple[float, dict[str, Any]]] = []
-        self._arrived = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._pubsub: Any = None
-
-    async def start(self) -> None:
-        self._pubsub = self._redis.pubsub()
-        await self._pubsub.subscribe(self._channel)
-        self._task = asyncio.create_task(self._read(), name="bench:events")
-
-    async def _read(self) -> None:
-        async for message in self._pubsub.listen():
-            if message.get("type") != "message":
-                continue
-            arrived = time.monotonic()
-            self.events.append((arrived, json.loads(message["data"])))
-            self._arrived.set()
-
-    async def wait_for(
-        self, match: Callable[[dict[str, Any]], bool], start: int = 0, timeout: float = WAIT_TIMEOUT
-    ) -> tuple[float, dict[str, Any]]:
-        """The first event at index >= ``start`` that matches (arrival time, event)."""
-        async with asyncio.timeout(timeout):
-            index = start
-            while True:
-                while index < len(self.events):
-                    arrived, event = self.events[index]
-                    if match(event):
-                        return arrived, event
-                    index += 1
-                self._arrived.clear()
-                await self._arrived.wait()
-
-    def max_epoch(self) -> int:
-        return max((e["epoch"] for _, e in self.events), default=0)
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._pubsub is not None:
-            await self._pubsub.aclose()
 
 
 # -- contenders --------------------------------------------------------------------
@@ -464,8 +390,8 @@ def main() -> int:
     outcome = asyncio.run(_run(args))
     timeout_ms = args.session_timeout * 1000
     crash_target = timeout_ms + CRASH_SLACK_MS
-    graceful = _summary([t["failover_ms"] for t in outcome["graceful"]])
-    crash = _summary([t["failover_ms"] for t in outcome["crash"]])
+    graceful = summary_ms([t["failover_ms"] for t in outcome["graceful"]])
+    crash = summary_ms([t["failover_ms"] for t in outcome["crash"]])
     graceful_met = graceful["p99_ms"] < GRACEFUL_TARGET_MS
     crash_met = crash["p99_ms"] <= crash_target
     print()

@@ -43,10 +43,8 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import shlex
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -54,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from common import machine
+from common import free_port_block, machine
 
 from data_server.corpus import sample_queries
 from discovery.devcluster import DevCluster
@@ -80,35 +78,6 @@ def _percentile(values: list[float], p: float) -> float:
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32_768
-
-
-def _free_block(count: int, taken: set[int]) -> int:
-    """A free block of ports below the ephemeral range (as ``discovery demo`` does)."""
-    low, high = 20_000, _ephemeral_low() - count
-    for _ in range(200):
-        base = random.randrange(low, max(low + 1, high))
-        block = set(range(base, base + count))
-        if block & taken:
-            continue
-        ok = True
-        for port in block:
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            taken |= block
-            return base
-    raise RuntimeError(f"no block of {count} free ports")
 
 
 @dataclass
@@ -271,9 +240,9 @@ class Bench:
 
     async def start(self) -> None:
         taken: set[int] = set()
-        self.search_port = _free_block(1, taken)
-        self.fleet_base = _free_block(self.fleet_count, taken)
-        self.singles_base = _free_block(self.args.faulty, taken)
+        self.search_port = free_port_block(1, taken)
+        self.fleet_base = free_port_block(self.fleet_count, taken)
+        self.singles_base = free_port_block(self.args.faulty, taken)
         self.search = await self.spawn(
             *("-m", "search_server.cli", *self.common(), "--id", "search-bench"),
             *("--port", str(self.search_port), "--timeout-ms", str(self.args.timeout_ms)),

@@ -277,6 +277,7 @@ class LiveListReader:
         )
         self._metrics.track_age(self.age)
         self._current = LiveList.EMPTY
+        self._applied_at: float | None = None
         self._created_at = monotonic()
         self._confirmed_at: float | None = None
         self._connected = False
@@ -344,6 +345,15 @@ class LiveListReader:
     def current(self) -> LiveList:
         """The list to route with: the newest version seen (``LiveList.EMPTY`` at first)."""
         return self._current
+
+    @property
+    def applied_at(self) -> float | None:
+        """When (``clock``, wall seconds) the current list was installed here; None before.
+
+        With the list's ``published_at`` this gives the propagation delay of one
+        version to this reader; benchmarks compare it across processes.
+        """
+        return self._applied_at
 
     @property
     def connected(self) -> bool:
@@ -669,6 +679,7 @@ class LiveListReader:
     async def _install(self, new: LiveList) -> None:
         old = self._current
         self._current = new
+        self._applied_at = self._clock()
         self._confirm()
         self._metrics.epoch.set(new.epoch)
         self._metrics.version.set(new.version)

@@ -2,8 +2,9 @@
 
 :class:`MembershipWatcher` keeps one child watch on the directory and one data watch
 per child. Watch callbacks only mark what is dirty and wake a single refresh task on
-the event loop; the task waits a short coalescing window (so a burst of 100
-registrations costs one refresh, not 100), re-lists the children if the list changed,
+the event loop; the task refreshes at most once per short coalescing window (the
+first change after a quiet spell at once, so a burst of 100 registrations costs two
+refreshes, not 100), re-lists the children if the list changed,
 reads only the children that are new or whose data changed, and hands a
 :class:`MembershipChange` (snapshot plus added / removed / changed) to subscribers.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -251,14 +253,21 @@ class MembershipWatcher:
     # -- refreshing -----------------------------------------------------------
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_refresh = -math.inf
         while True:
             await self._wake.wait()
-            if self._window > 0:
-                # Coalescing window: let a burst of watch events settle into one read.
-                await asyncio.sleep(self._window)
+            # Coalescing, leading edge: a change after a quiet spell is read at once
+            # (a lone removal reaches the leader without added delay); changes that
+            # follow within the window wait for its end and are read together, so a
+            # burst of 100 registrations still costs one read per window.
+            delay = last_refresh + self._window - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
             self._wake.clear()
             if not self._session.connected:
                 continue  # the CONNECTED event wakes us with a full re-read
+            last_refresh = loop.time()
             try:
                 await self._refresh_once()
             except ZkError as exc:

@@ -273,6 +273,11 @@ class SearchServer:
             "epoch": live.epoch if live is not None else 0,
             "version": live.version if live is not None else 0,
             "published_at": live.published_at if live is not None else None,
+            "applied_at_ms": (
+                round(reader.applied_at * 1000, 3)
+                if reader is not None and reader.applied_at is not None
+                else None
+            ),
             "age_ms": round(reader.age() * 1000) if reader is not None else None,
             "redis_connected": reader.connected if reader is not None else False,
             "source": "zookeeper"

@@ -58,6 +58,8 @@ async def test_three_search_servers_one_leader_same_list(
     assert [v["is_leader"] for v in views].count(True) == 1
     assert all({d["id"] for d in v["servers"]} == {"ds-0", "ds-1"} for v in views)
     assert all(isinstance(v["age_ms"], int) for v in views)
+    # Each installed the list at or after the leader published it (one clock: one host).
+    assert all(v["applied_at_ms"] >= v["published_at"] for v in views)
     # Only the leader watches /data_servers.
     assert leader.election is not None
     for server in search:
