@@ -158,15 +158,19 @@ class Cluster:
         )
 
     def probe_pool(self) -> list[str]:
-        """Fleet servers for probe trials: the first half of the shards' replica 0, then
-        replica 1 (each is restored after its trial)."""
-        numbers = [*range(self.shards // 2), *range(self.shards, self.fleet_count)]
+        """Fleet servers for probe trials (each is restored after its trial): replica 0
+        of the first half of the shards, then replica 1 of the second half."""
+        half = self.shards // 2
+        numbers = [*range(half), *range(self.shards + half, self.fleet_count)]
         return [f"ds-{n:04d}" for n in numbers]
 
     def drain_pool(self) -> list[str]:
-        """Fleet servers for drains (they do not come back): replica 0 of the other half
-        of the shards, so that each shard keeps a replica."""
-        return [f"ds-{n:04d}" for n in range(self.shards // 2, self.shards)]
+        """Fleet servers for drains (they do not come back): replica 0 of the second
+        half of the shards, then replica 1 of the first half; at most one replica of a
+        shard, so that each shard keeps one."""
+        half = self.shards // 2
+        numbers = [*range(half, self.shards), *range(self.shards, self.shards + half)]
+        return [f"ds-{n:04d}" for n in numbers]
 
     async def start(self) -> None:
         taken: set[int] = set()
@@ -576,7 +580,8 @@ class Load:
             self.failed += 1
         else:
             self.timed_out_only += 1
-        self.failures.append({"at": _now(), "kind": outcome, "port": port, "detail": detail})
+        if sum(f["kind"] == outcome for f in self.failures) < 15:  # samples of each kind
+            self.failures.append({"at": _now(), "kind": outcome, "port": port, "detail": detail})
 
 
 async def _stops_serving(http: aiohttp.ClientSession, port: int) -> tuple[float, float]:
@@ -669,7 +674,7 @@ async def drain(ctx: Context) -> tuple[list[Trial], list[str], dict[str, Any]]:
             "failed": load.failed,
             "timed_out_only": load.timed_out_only,
             "over_deadline_plus_50ms": load.over_deadline,
-            "failures": load.failures[:30],
+            "failures": load.failures,
             "control": {
                 "seconds": CONTROL_SECONDS,
                 "queries": control.ok + control.failed + control.timed_out_only,
