@@ -230,8 +230,10 @@ async def test_hung_data_server_never_stalls_a_query(
         status, body = await _get(f"{search.url}/search", q=query, timeout_ms="300")
         elapsed = time.monotonic() - started
         assert status == 200
-        # The 300 ms deadline holds: the slack is for HTTP and this shared test loop.
-        assert elapsed < 0.3 + 1.0, elapsed
+        # The 300 ms deadline holds, far below the 30 s the hang lasts. The slack is
+        # for HTTP, this shared test loop and CPU-steal stalls of a shared VM (seen:
+        # 1.6 s while the healthy server's own probes took 300 ms).
+        assert elapsed < 0.3 + 5.0, elapsed
         if body["partial"]:
             partial_seen = True
             assert body["shards"]["timed_out"] + body["shards"]["failed"] == 1
