@@ -780,7 +780,9 @@ def main() -> int:
     parser.add_argument("--singles", type=int, default=5, help="data servers run alone")
     parser.add_argument("--docs", type=int, default=1000, help="documents per data server")
     parser.add_argument("--session-timeout", type=float, default=4.0, help="seconds")
-    parser.add_argument("--tick-ms", type=int, default=200, help="ZooKeeper tickTime (ms)")
+    # ZooKeeper expires sessions in tickTime buckets, up to one tick after the timeout:
+    # the crash bound is session timeout + tick + propagation, so the tick is short.
+    parser.add_argument("--tick-ms", type=int, default=50, help="ZooKeeper tickTime (ms)")
     parser.add_argument("--probe-interval", type=float, default=1.0, help="agents' (s)")
     parser.add_argument("--fall", type=int, default=2, help="agents' failed probes to go")
     parser.add_argument("--drain-grace", type=float, default=1.0, help="seconds")
