@@ -9,7 +9,6 @@ other's nodes or keys; fault tests that stop a server get a server of their own.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -35,6 +34,7 @@ from .support import (
     DataServerFactory,
     SearchServerFactory,
     SessionFactory,
+    bounded_teardown,
     eventually,
 )
 
@@ -160,7 +160,7 @@ async def make_session(zk_hosts: str) -> AsyncIterator[SessionFactory]:
         return session
 
     yield make
-    await asyncio.gather(*(session.aclose() for session in sessions))
+    await bounded_teardown("sessions", *(session.aclose() for session in sessions))
 
 
 @pytest.fixture
@@ -193,7 +193,7 @@ async def make_data_server(zk_hosts: str) -> AsyncIterator[DataServerFactory]:
         return server
 
     yield make
-    await asyncio.gather(*(server.shutdown(grace=0) for server in servers))
+    await bounded_teardown("data servers", *(server.shutdown(grace=0) for server in servers))
 
 
 @pytest.fixture
@@ -226,7 +226,7 @@ async def make_search_server(
         return server
 
     yield make
-    await asyncio.gather(*(server.shutdown() for server in servers))
+    await bounded_teardown("search servers", *(server.shutdown() for server in servers))
 
 
 def fast_redis_client(url: str) -> aioredis.Redis:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import inspect
+import io
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -95,3 +98,21 @@ def repeat_host(address: str, times: int = 4) -> str:
     bounds that wait to a fraction, as the host list of an ensemble does.
     """
     return ",".join([address] * times)
+
+
+async def bounded_teardown(what: str, *closers: Awaitable[object], timeout: float = 60.0) -> None:
+    """Await ``closers`` together; if they hang, print every asyncio task's stack and
+    every thread's, then fail, so that a hung shutdown names the coroutine that hangs
+    (a thread dump alone shows only the event loop's ``select``)."""
+    try:
+        async with asyncio.timeout(timeout):
+            await asyncio.gather(*closers)
+    except TimeoutError:
+        out = io.StringIO()
+        out.write(f"=== {what}: teardown hung for {timeout:g}s; asyncio tasks:\n")
+        for task in asyncio.all_tasks():
+            task.print_stack(limit=12, file=out)
+        sys.stderr.write(out.getvalue())
+        sys.stderr.write(f"=== {what}: threads:\n")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        raise AssertionError(f"{what}: teardown hung for {timeout:g}s (stacks on stderr)") from None
