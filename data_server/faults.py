@@ -17,17 +17,46 @@ from __future__ import annotations
 
 import asyncio
 import random
+import reprlib
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from discovery.http import BadRequestError
 
 __all__ = ["Fault", "FaultInjector", "FaultSpecError"]
 
 MAX_DELAY_MS = 600_000
 
 
-class FaultSpecError(ValueError):
-    """A fault request that does not describe a fault; the message says why."""
+class FaultSpecError(BadRequestError):
+    """A fault request that does not describe a fault; the message names the field.
+
+    A :class:`~discovery.http.BadRequestError`, so the server's middleware answers
+    it with 400 and counts it under the field's name.
+    """
+
+    def __init__(self, field: str, message: str, reason: str = "invalid") -> None:
+        super().__init__(field, reason, message)
+
+
+_MODES = ("error", "hang", "none", "slow")
+_FIELDS = frozenset({"mode", "delay_ms", "rate", "block_loop", "duration_ms"})
+
+
+def _short(value: object) -> str:
+    # The value is echoed in the 400 answer and may be anything a client sent: a
+    # 60 KiB string or a deeply nested list (whose plain repr could even recurse
+    # too deep). reprlib bounds both length and depth.
+    shortener = reprlib.Repr()
+    shortener.maxstring = shortener.maxother = 40
+    shortener.maxlevel = 3
+    try:
+        text = shortener.repr(value)
+    except ValueError:  # an int beyond Python's str() digit limit
+        return "a value too large to show"
+    # Depth and element counts are bounded, total length is not: clip it too.
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(frozen=True)
@@ -40,31 +69,39 @@ class Fault:
 
     @classmethod
     def from_json(cls, body: Any) -> Fault:
-        """Validate a request body.
+        """Validate a decoded request body (any JSON value).
 
         Raises:
-            FaultSpecError: not an object, unknown mode, or a bad parameter.
+            FaultSpecError: not an object, unknown mode or field, or a bad parameter;
+                never any other exception.
         """
         if not isinstance(body, dict):
-            raise FaultSpecError("body must be a JSON object")
+            raise FaultSpecError("body", "body must be a JSON object", "not_object")
         mode = body.get("mode")
-        allowed = {"none", "slow", "error", "hang"}
-        if mode not in allowed:
-            raise FaultSpecError(f"'mode' must be one of {sorted(allowed)}, got {mode!r}")
-        unknown = set(body) - {"mode", "delay_ms", "rate", "block_loop", "duration_ms"}
+        # Checked as a string first: a list or object is unhashable and would make
+        # the membership test itself raise.
+        if not isinstance(mode, str) or mode not in _MODES:
+            raise FaultSpecError(
+                "mode", f"'mode' must be one of {list(_MODES)}, got {_short(mode)}"
+            )
+        unknown = set(body) - _FIELDS
         if unknown:
-            raise FaultSpecError(f"unknown fields: {sorted(unknown)}")
+            names = ", ".join(sorted(_short(name) for name in unknown)[:5])
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            raise FaultSpecError("body", f"unknown fields: {names}{more}", "unknown_field")
         if mode == "slow":
             return cls(mode, delay_ms=_int_field(body, "delay_ms", 0, MAX_DELAY_MS, required=True))
         if mode == "error":
             rate = body.get("rate")
             if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
-                raise FaultSpecError(f"'rate' must be a number in 0..1, got {rate!r}")
+                raise FaultSpecError("rate", f"'rate' must be a number in 0..1, got {_short(rate)}")
             return cls(mode, rate=float(rate))
         if mode == "hang":
             block = body.get("block_loop", False)
             if not isinstance(block, bool):
-                raise FaultSpecError(f"'block_loop' must be a boolean, got {block!r}")
+                raise FaultSpecError(
+                    "block_loop", f"'block_loop' must be a boolean, got {_short(block)}"
+                )
             duration = _int_field(body, "duration_ms", 1, MAX_DELAY_MS, required=False)
             return cls(mode, block_loop=block, duration_ms=duration or 30_000)
         return cls()
@@ -87,7 +124,9 @@ def _int_field(body: dict[str, Any], name: str, low: int, high: int, *, required
     if value is None and not required:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise FaultSpecError(f"'{name}' must be an integer in {low}..{high}, got {value!r}")
+        raise FaultSpecError(
+            name, f"'{name}' must be an integer in {low}..{high}, got {_short(value)}"
+        )
     return value
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import json
 import logging
 import time
 
@@ -23,14 +22,21 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 
 from discovery.agent import Agent, AgentState
 from discovery.errors import ConfigError
-from discovery.http import MAX_QUERY_LENGTH, int_param, json_error, json_errors, query_text
+from discovery.http import (
+    MAX_QUERY_LENGTH,
+    BadRequestError,
+    json_app,
+    json_error,
+    parse_search_params,
+    read_json_body,
+)
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.loopthread import LoopThread
 from discovery.probes import SearchProbe
 
 from .config import DataServerConfig
 from .corpus import Document, generate_documents, load_jsonl, sample_queries
-from .faults import Fault, FaultInjector, FaultSpecError
+from .faults import Fault, FaultInjector
 from .index import InvertedIndex
 
 __all__ = ["MAX_K", "MAX_QUERY_LENGTH", "DataServer"]
@@ -212,7 +218,7 @@ class DataServer:
     # -- HTTP --------------------------------------------------------------------
 
     def _make_app(self) -> web.Application:
-        app = web.Application(middlewares=[json_errors])
+        app = json_app(self.registry)  # JSON errors; 4xx counted on our registry
         app.router.add_get("/search", self.search)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
@@ -221,20 +227,22 @@ class DataServer:
         app.router.add_post("/admin/offline", self.admin_offline)
         app.router.add_post("/admin/online", self.admin_online)
         app.router.add_post("/admin/fault", self.admin_fault)
+        app.router.add_post("/admin/expire-session", self.admin_expire_session)
         app.router.add_get("/admin/status", self.admin_status)
         return app
 
     async def search(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
         try:
-            query = query_text(request)
-            k = int_param(request, "k", 10, 1, MAX_K)
-        except ValueError as exc:
-            return self._count(json_error(400, str(exc)))
+            # The same rules as the search server's, which forwards q and k here.
+            params = parse_search_params(request.query, max_k=MAX_K)
+        except BadRequestError:
+            self._metrics.requests.labels(status="400").inc()
+            raise  # json_errors answers 400 naming the parameter and counts it
         if await self.faults.apply():
             return self._count(json_error(500, "injected error"))
         assert self.index is not None
-        hits = self.index.search(query, k)
+        hits = self.index.search(params.q, params.k)
         took = time.perf_counter() - started
         self._metrics.latency.observe(took)
         return self._count(
@@ -307,17 +315,25 @@ class DataServer:
     async def admin_fault(self, request: web.Request) -> web.Response:
         if (refused := self._refuse_admin(request)) is not None:
             return refused
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return json_error(400, "body must be JSON")
-        try:
-            fault = Fault.from_json(body)
-        except FaultSpecError as exc:
-            return json_error(400, str(exc))
+        # Both raise BadRequestError (FaultSpecError is one): json_errors answers 400
+        # naming the field and counts it.
+        fault = Fault.from_json(await read_json_body(request))
         self.faults.set(fault)
         log.warning("%s: fault set to %s", self.instance_id, fault.to_dict())
         return web.json_response({"fault": fault.to_dict()})
+
+    async def admin_expire_session(self, request: web.Request) -> web.Response:
+        """Fault injection for chaos runs: have ZooKeeper expire the agent's session.
+
+        The node vanishes as if the server had been partitioned away past its session
+        timeout; the agent must register again on its new session by itself.
+        """
+        if (refused := self._refuse_admin(request)) is not None:
+            return refused
+        assert self.agent is not None
+        new_session = await self.agent.aexpire_session()
+        log.warning("%s: ZooKeeper session expired on request", self.instance_id)
+        return web.json_response({"session": f"0x{new_session:x}"})
 
     async def admin_status(self, request: web.Request) -> web.Response:
         if (refused := self._refuse_admin(request)) is not None:

@@ -11,6 +11,7 @@ ZooKeeper and Redis for development and tests. See docs/ARCHITECTURE.md.
 """
 
 from .agent import Agent, AgentState, AgentStatus
+from .brake import MassLossBrake, MassLossBrakeConfig
 from .config import AgentConfig, ClusterConfig, ZkConfig
 from .election import LeaderElection, Leadership
 from .errors import (
@@ -66,6 +67,8 @@ __all__ = [
     "LiveList",
     "LiveListReader",
     "LivePublisher",
+    "MassLossBrake",
+    "MassLossBrakeConfig",
     "MembershipChange",
     "MembershipWatcher",
     "PayloadTooLargeError",

@@ -18,7 +18,10 @@ Life of a server, as the agent sees it::
     any --(stop)--> STOPPED
 
 "Offline" always means our node is deleted, so search servers stop routing to us;
-the ZooKeeper session stays open, so coming back is one create. After a session
+the ZooKeeper session stays open, so coming back is one create. Where the ACL
+refuses data servers deletes (``discovery zk-init``, see :mod:`discovery.acl`), the
+node goes by ending the session instead, and a new session is opened at once
+(:class:`~discovery.registration.Removal`). After a session
 expiry the registration re-creates the node by itself if, and only if, the agent
 still wants to be online.
 
@@ -43,14 +46,16 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from .acl import CREATE, Access, check_access
 from .config import AgentConfig, ZkConfig
-from .errors import DiscoveryError, ZkError
+from .devcluster.faults import expire_session
+from .errors import DevClusterError, DiscoveryError, ZkError
 from .instance import InstanceState, ServiceInstance
 from .layout import DATA_SERVERS_PATH
 from .loopthread import LoopThread
 from .metrics import AgentMetrics
 from .probes import Probe, ProbeFailed
-from .registration import Registration
+from .registration import Registration, Removal
 from .zk import ZkSession
 
 __all__ = ["Agent", "AgentState", "AgentStatus", "ProbeResult"]
@@ -264,6 +269,22 @@ class Agent:
     async def adrain(self, grace: float | None = None) -> None:
         await self._on_agent_loop(self._drain(grace))
 
+    async def aexpire_session(self) -> int:
+        """Have ZooKeeper expire our session now (fault injection); returns the new one's id.
+
+        The registration notices the new session and creates the node again, as after
+        any real expiry.
+
+        Raises:
+            DevClusterError: there is no connected session to expire.
+        """
+        return await self._on_agent_loop(self._expire_session())
+
+    async def _expire_session(self) -> int:
+        if self._session is None:
+            raise DevClusterError("the agent has no ZooKeeper session")
+        return await expire_session(self._session)
+
     def stop(self) -> None:
         """Deregister (if still registered), close the session, stop the loop thread."""
         if self._thread.running:
@@ -307,9 +328,22 @@ class Agent:
     async def _start(self) -> None:
         session = ZkSession.from_config(self._zk, registry=self._registry)
         await session.start()
+        try:
+            # A wrong password or a missing grant fails start-up, naming the cause,
+            # instead of showing up later as refused registrations.
+            await check_access(session, (Access(self._base_path, CREATE, "register"),))
+        except BaseException:
+            await session.aclose()
+            raise
         self._session = session
         self._registration = Registration(
-            session, self._instance, base_path=self._base_path, registry=self._registry
+            session,
+            self._instance,
+            base_path=self._base_path,
+            registry=self._registry,
+            # This session serves the registration alone, so where the ACL refuses
+            # deletes the node may go by ending the session.
+            removal=Removal.AUTO,
         )
         self._task = asyncio.create_task(self._probe_loop(), name=f"agent:{self._instance.id}")
         self._task.add_done_callback(self._on_task_done)
@@ -430,6 +464,17 @@ class Agent:
     async def _admit(self, why: str | None) -> None:
         assert self._registration is not None
         self._set_state(AgentState.SERVING, None)
+        # Every admission is a new registration: serving again (an announced departure
+        # left "draining" behind) and stamped now, so that search servers treat the
+        # server as a fresh target rather than as the one they ejected before it left.
+        instance = dataclasses.replace(
+            self._instance.with_state(InstanceState.SERVING),
+            registration_time_utc=int(time.time() * 1000),
+        )
+        try:
+            await self._update_instance(instance)
+        except DiscoveryError as exc:
+            log.error("updating %s before registering failed: %s", self._instance.id, exc)
         try:
             await self._registration.register()
         except ZkError as exc:
@@ -443,6 +488,15 @@ class Agent:
     async def _leave(self, state: AgentState, reason: str) -> None:
         assert self._registration is not None
         self._set_state(state, reason)
+        if self._registration.registered:
+            # Announce the departure before the node goes: readers stop routing at the
+            # first write, and the leader knows this removal is deliberate, not one of
+            # the unexplained vanishings its mass-loss brake holds back.
+            leaving = self._instance.with_state(InstanceState.DRAINING, reason=f"offline: {reason}")
+            try:
+                await self._update_instance(leaving)
+            except DiscoveryError as exc:
+                log.warning("announcing %s offline failed: %s", self._instance.id, exc)
         try:
             await self._registration.deregister()
         except ZkError as exc:
@@ -499,7 +553,7 @@ class Agent:
                 await self._task
         self._set_state(AgentState.STOPPED, None)
         if self._registration is not None:
-            await self._registration.aclose()
+            await self._registration.aclose(session_closing=self._session is not None)
         closer = getattr(self._probe, "aclose", None)
         if closer is not None:
             await closer()

@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ConfigError
@@ -25,14 +26,17 @@ from .instance import validate_instance_id
 __all__ = [
     "AGENT_OPTIONS",
     "COMMON_OPTIONS",
+    "REDIS_OPTIONS",
     "ZK_OPTIONS",
     "AgentConfig",
     "ClusterConfig",
     "Option",
+    "RedisConfig",
     "ZkConfig",
     "add_options",
     "advertised_address",
     "checked_id",
+    "env_flag",
     "int_range",
     "listen_options",
     "log_level",
@@ -41,6 +45,8 @@ __all__ = [
     "port_number",
     "positive_float",
     "positive_int",
+    "readable_file",
+    "redact_url",
 ]
 
 
@@ -80,9 +86,32 @@ positive_int = int_range(1)
 non_negative_int = int_range(0)
 
 
+def env_flag(text: str) -> bool:
+    """The environment form of a boolean option: 1/true/yes/on or 0/false/no/off."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false (1/0, yes/no, on/off), got {text!r}")
+
+
+def readable_file(text: str) -> str:
+    """argparse type: the path of an existing, readable file (kept as given)."""
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}")
+    if not os.access(text, os.R_OK):
+        raise argparse.ArgumentTypeError(f"file not readable: {text!r}")
+    return text
+
+
 @dataclass(frozen=True)
 class Option:
-    """One setting: its flag, environment variable, type, default and help."""
+    """One setting: its flag, environment variable, type, default and help.
+
+    A ``boolean`` option is a switch: ``--flag`` / ``--no-flag`` on the command line,
+    and its variable is parsed by ``type`` (use :func:`env_flag`).
+    """
 
     flag: str
     env: str
@@ -90,6 +119,7 @@ class Option:
     type: Callable[[str], Any] = str
     default: Any = None
     metavar: str | None = None
+    boolean: bool = False
 
     @property
     def dest(self) -> str:
@@ -134,6 +164,15 @@ def add_options(
     for option in options:
         default = from_env.get(option.dest, option.default)
         shown = "unset" if option.default is None else repr(option.default)
+        if option.boolean:
+            parser.add_argument(
+                option.flag,
+                dest=option.dest,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=f"{option.help} [env {option.env}; default {shown}]",
+            )
+            continue
         parser.add_argument(
             option.flag,
             dest=option.dest,
@@ -171,8 +210,9 @@ ZK_OPTIONS: tuple[Option, ...] = (
     Option(
         "--zk-auth",
         "DISCOVERY_ZK_AUTH",
-        "ZooKeeper digest credentials user:password; nodes we create are then "
-        "writable only by them and readable by all",
+        "ZooKeeper digest credentials user:password (the role `discovery zk-init` "
+        "granted); directories we create are then writable only by them, our ephemeral "
+        "nodes only by this process, and everything is readable by all",
         metavar="USER:PASSWORD",
     ),
 )
@@ -186,15 +226,98 @@ def log_level(text: str) -> str:
     return level
 
 
+#: Credentials and TLS for Redis (:class:`RedisConfig`); part of :data:`COMMON_OPTIONS`.
+REDIS_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--redis-username",
+        "DISCOVERY_REDIS_USERNAME",
+        "Redis ACL user for reading the live list (unset: the URL's, else 'default')",
+        metavar="USER",
+    ),
+    Option(
+        "--redis-password",
+        "DISCOVERY_REDIS_PASSWORD",
+        "Redis password for reading; a flag is visible in ps: prefer the variable or "
+        "--redis-password-file",
+        metavar="PASSWORD",
+    ),
+    Option(
+        "--redis-password-file",
+        "DISCOVERY_REDIS_PASSWORD_FILE",
+        "file holding the Redis password for reading (one trailing newline ignored)",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--redis-publish-username",
+        "DISCOVERY_REDIS_PUBLISH_USERNAME",
+        "Redis ACL user the leader publishes with (unset: the reading user)",
+        metavar="USER",
+    ),
+    Option(
+        "--redis-publish-password",
+        "DISCOVERY_REDIS_PUBLISH_PASSWORD",
+        "Redis password the leader publishes with (unset: the reading password)",
+        metavar="PASSWORD",
+    ),
+    Option(
+        "--redis-publish-password-file",
+        "DISCOVERY_REDIS_PUBLISH_PASSWORD_FILE",
+        "file holding the password the leader publishes with",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--redis-tls",
+        "DISCOVERY_REDIS_TLS",
+        "connect to Redis with TLS (implied by a rediss:// URL)",
+        type=env_flag,
+        default=False,
+        boolean=True,
+    ),
+    Option(
+        "--redis-tls-ca",
+        "DISCOVERY_REDIS_TLS_CA",
+        "PEM file of the CA certificates that verify Redis (unset: the system's)",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--redis-tls-cert",
+        "DISCOVERY_REDIS_TLS_CERT",
+        "PEM client certificate, for a Redis with tls-auth-clients",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--redis-tls-key",
+        "DISCOVERY_REDIS_TLS_KEY",
+        "PEM private key of --redis-tls-cert (unset: in the certificate file)",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--redis-tls-verify-hostname",
+        "DISCOVERY_REDIS_TLS_VERIFY_HOSTNAME",
+        "check that Redis's certificate names the URL's host (the chain is always verified)",
+        type=env_flag,
+        default=True,
+        boolean=True,
+    ),
+)
+
+
 COMMON_OPTIONS: tuple[Option, ...] = (
     Option("--log-level", "DISCOVERY_LOG_LEVEL", "logging level", type=log_level, default="INFO"),
     Option(
         "--redis",
         "DISCOVERY_REDIS_URL",
-        "Redis URL for the published live list",
+        "Redis URL for the published live list: redis:// or rediss:// (TLS), "
+        "[user[:password]@]host:port/db",
         default="redis://127.0.0.1:6379/0",
         metavar="URL",
     ),
+    *REDIS_OPTIONS,
     Option(
         "--cluster",
         "DISCOVERY_CLUSTER",
@@ -439,13 +562,166 @@ class ZkConfig:
         )
 
 
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for messages and reprs."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<unparsable URL>"
+    if password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _read_secret(value: str | None, path: str | None, flag: str, env: str) -> str | None:
+    """A secret given directly or as a file (read once, at start-up); not both."""
+    if path is None:
+        return value
+    if value is not None:
+        raise ConfigError(f"{flag} and {flag}-file ({env}, {env}_FILE): give only one")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{flag}-file / {env}_FILE: cannot read {path!r}: {exc}") from None
+    # Editors and `echo` add a newline; a password never ends in one.
+    secret = text.removesuffix("\n").removesuffix("\r")
+    if not secret:
+        raise ConfigError(f"{flag}-file / {env}_FILE: {path!r} is empty")
+    return secret
+
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """Credentials and TLS for Redis, beyond what the URL (:class:`ClusterConfig`) says.
+
+    Two roles use Redis: every search server *reads* the live list (GET, HMGET,
+    SUBSCRIBE, PING) with ``username``/``password``; the leader *publishes* it (the
+    fence script) with ``publish_username``/``publish_password``, each of which
+    defaults to its reading counterpart. So a cluster can give non-leaders a user that
+    cannot write (see :mod:`discovery.redisconn` for the ACL rules of both roles).
+    Reading credentials may instead be in the URL (``redis://user:pw@host``), but not
+    in both places.
+
+    TLS is on with ``tls`` or a ``rediss://`` URL. The server's certificate chain is
+    always verified (against ``tls_ca``, else the system's CAs); ``tls_verify_hostname``
+    also checks that it names the URL's host. ``tls_cert``/``tls_key`` are a client
+    certificate for servers that require one.
+
+    The repr never shows a password. Raises :class:`ConfigError` naming the flag for
+    an inconsistent combination.
+    """
+
+    username: str | None = None
+    password: str | None = None
+    publish_username: str | None = None
+    publish_password: str | None = None
+    tls: bool = False
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_verify_hostname: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("username", "password", "publish_username", "publish_password"):
+            if getattr(self, name) == "":
+                flag = "--redis-" + name.replace("_", "-")
+                raise ConfigError(f"{flag}: must not be empty (leave it unset instead)")
+        if self.tls_key is not None and self.tls_cert is None:
+            raise ConfigError("--redis-tls-key needs --redis-tls-cert")
+
+    def __repr__(self) -> str:
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("password") and value is not None:
+                shown.append(f"{f.name}='***'")
+            else:
+                shown.append(f"{f.name}={value!r}")
+        return f"RedisConfig({', '.join(shown)})"
+
+    def uses_tls(self, url: str) -> bool:
+        """True if connections to ``url`` use TLS (``tls`` or a ``rediss://`` URL)."""
+        return self.tls or urllib.parse.urlsplit(url).scheme == "rediss"
+
+    def check_url(self, url: str) -> None:
+        """Check these settings against the Redis URL they go with.
+
+        Raises:
+            ConfigError: an unknown scheme, credentials both in the URL and in flags,
+                TLS files without TLS, or TLS over a unix socket.
+        """
+        where = "--redis / DISCOVERY_REDIS_URL"
+        try:
+            parts = urllib.parse.urlsplit(url)
+            in_url = parts.username or parts.password
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {redact_url(url)!r}: {exc}") from None
+        if parts.scheme not in _REDIS_SCHEMES:
+            raise ConfigError(
+                f"{where}: {redact_url(url)!r} must start with redis://, rediss:// or unix://"
+            )
+        if in_url and (self.username is not None or self.password is not None):
+            raise ConfigError(
+                f"{where} carries credentials and so do --redis-username/--redis-password: "
+                "give them in one place"
+            )
+        if parts.scheme == "unix" and self.tls:
+            raise ConfigError("--redis-tls: not possible over a unix:// socket")
+        if (self.tls_ca or self.tls_cert) and not self.uses_tls(url):
+            raise ConfigError(
+                "--redis-tls-ca / --redis-tls-cert need TLS: use a rediss:// URL or --redis-tls"
+            )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RedisConfig:
+        """Build from a namespace parsed with :data:`REDIS_OPTIONS`; reads password files.
+
+        Raises:
+            ConfigError: a password given twice, or a password file unreadable or empty.
+        """
+        return cls(
+            username=args.redis_username,
+            password=_read_secret(
+                args.redis_password,
+                args.redis_password_file,
+                "--redis-password",
+                "DISCOVERY_REDIS_PASSWORD",
+            ),
+            publish_username=args.redis_publish_username,
+            publish_password=_read_secret(
+                args.redis_publish_password,
+                args.redis_publish_password_file,
+                "--redis-publish-password",
+                "DISCOVERY_REDIS_PUBLISH_PASSWORD",
+            ),
+            tls=args.redis_tls,
+            tls_ca=args.redis_tls_ca,
+            tls_cert=args.redis_tls_cert,
+            tls_key=args.redis_tls_key,
+            tls_verify_hostname=args.redis_tls_verify_hostname,
+        )
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Cluster-wide names: the cluster, the Redis URL and key prefix, the admin token."""
+    """Cluster-wide names: the cluster, the Redis URL and key prefix, the admin token.
+
+    ``redis`` holds the Redis credentials and TLS settings that go with ``redis_url``;
+    :func:`discovery.redisconn.make_redis` builds clients from both. The repr hides
+    the URL's password and the admin token.
+    """
 
     cluster: str = "default"
     redis_url: str = "redis://127.0.0.1:6379/0"
     admin_token: str | None = None
+    redis: RedisConfig = RedisConfig()
 
     def __post_init__(self) -> None:
         if not self.cluster or any(c in self.cluster for c in " :/\n\t"):
@@ -453,6 +729,14 @@ class ClusterConfig:
                 f"--cluster / DISCOVERY_CLUSTER: {self.cluster!r} must be a non-empty name "
                 "without spaces, ':' or '/'"
             )
+        self.redis.check_url(self.redis_url)
+
+    def __repr__(self) -> str:
+        token = None if self.admin_token is None else "***"
+        return (
+            f"ClusterConfig(cluster={self.cluster!r}, redis_url={redact_url(self.redis_url)!r}, "
+            f"admin_token={token!r}, redis={self.redis!r})"
+        )
 
     @property
     def redis_prefix(self) -> str:
@@ -461,4 +745,9 @@ class ClusterConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ClusterConfig:
         """Build from a namespace parsed with :data:`COMMON_OPTIONS`."""
-        return cls(cluster=args.cluster, redis_url=args.redis, admin_token=args.admin_token)
+        return cls(
+            cluster=args.cluster,
+            redis_url=args.redis,
+            admin_token=args.admin_token,
+            redis=RedisConfig.from_args(args),
+        )

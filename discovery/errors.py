@@ -15,7 +15,10 @@ __all__ = [
     "FencedError",
     "InvalidInstanceError",
     "PayloadTooLargeError",
+    "RedisAccessError",
+    "RedisAuthError",
     "RedisOperationError",
+    "RedisPermissionError",
     "RedisUnavailableError",
     "RegistrationConflictError",
     "ZkAuthError",
@@ -135,3 +138,23 @@ class RedisUnavailableError(RedisOperationError):
 
     The outcome of a write that failed this way is unknown: it may have been applied.
     """
+
+
+class RedisAccessError(DiscoveryError):
+    """Redis refused us: bad credentials, or an ACL that does not allow what we asked.
+
+    Deliberately *not* a :class:`RedisOperationError`: callers retry those (an outage
+    passes), but waiting does not fix a wrong password or a missing permission. An
+    operator has to change the configuration or the server's ACL, so whoever meets
+    this error should stop what needs the permission and say so loudly. Translated
+    from redis-py by :func:`discovery.publisher.translate_redis_error`; the original
+    is ``__cause__``.
+    """
+
+
+class RedisAuthError(RedisAccessError):
+    """Authentication failed: wrong or missing password, unknown or disabled user."""
+
+
+class RedisPermissionError(RedisAccessError):
+    """Authenticated, but the user's ACL refuses a command, key or channel (NOPERM)."""

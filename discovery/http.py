@@ -1,63 +1,357 @@
-"""Small aiohttp helpers shared by the data and search servers."""
+"""HTTP input handling shared by the data and search servers.
+
+Both servers build their application with :func:`json_app`, which installs the
+:func:`json_errors` middleware and a :class:`~discovery.metrics.HttpMetrics` on the
+server's own registry. Handlers validate their input with the pure functions here
+(:func:`parse_search_params`, :func:`parse_int`, :func:`parse_query_text`,
+:func:`parse_json_body`), which raise :class:`BadRequestError` naming the offending
+parameter. The middleware turns that into ``400 {"error": ..., "parameter": ...}``
+and counts it in ``discovery_http_rejected_total{endpoint,parameter,reason}``; every
+other 4xx answer (unknown path, wrong method, body too large, admin refused) is
+counted there too, with parameter ``-``.
+
+Why the search parameters are parsed by one function for both servers: the search
+server forwards ``q`` and ``k`` to every data server, and a data server answering
+400 counts as a failure that can eject it from the fan-out. Whatever the search
+server accepts, every data server must accept, so both use the same rules.
+
+Limits of what the middleware sees: aiohttp's HTTP parser refuses a request target
+(path and query) over 8190 bytes, or raw non-ASCII bytes in it, with a plain-text
+400 before any middleware runs; such requests are not counted here.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, NoReturn
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
-__all__ = ["MAX_QUERY_LENGTH", "int_param", "json_error", "json_errors", "query_text"]
+from .errors import DiscoveryError
+from .metrics import HttpMetrics
+
+__all__ = [
+    "HTTP_METRICS",
+    "MAX_BODY_BYTES",
+    "MAX_QUERY_BYTES",
+    "MAX_QUERY_LENGTH",
+    "BadRequestError",
+    "SearchParams",
+    "int_param",
+    "json_app",
+    "json_error",
+    "json_errors",
+    "parse_int",
+    "parse_json_body",
+    "parse_query_text",
+    "parse_search_params",
+    "query_text",
+    "read_json_body",
+]
+
+#: Longest query text the servers accept, in characters.
+MAX_QUERY_LENGTH: Final = 1024
+#: Longest query text in bytes of UTF-8. The search server forwards ``q`` percent-encoded
+#: (3 URL characters per byte) to every data server, whose HTTP parser refuses a request
+#: target over 8190 bytes; 2048 bytes keep the forwarded target under 6.2 KB.
+MAX_QUERY_BYTES: Final = 2048
+#: Largest JSON request body (admin requests) the servers read.
+MAX_BODY_BYTES: Final = 64 * 1024
+
+#: Where :func:`json_app` keeps the application's :class:`HttpMetrics`.
+HTTP_METRICS: Final = web.AppKey("discovery_http_metrics", HttpMetrics)
+
+# Python's int() also takes "1_000", " 7 " and non-ASCII digits ("٣"); a parameter is
+# a plain ASCII decimal here. 18 digits always fit a signed 64-bit integer, so no
+# client can make us convert a huge number.
+_INTEGER: Final = re.compile(r"[+-]?[0-9]{1,18}")
+_INTEGER_LIKE: Final = re.compile(r"[+-]?[0-9]+")
+# Nesting beyond this is refused before json.loads could recurse into it.
+_MAX_BODY_NESTING: Final = 32
+
+_STATUS_REASONS: Final = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    414: "too_large",
+    415: "unsupported_media_type",
+}
 
 
-def json_error(status: int, message: str) -> web.Response:
-    """An error answer: ``{"error": message}`` with ``status``."""
-    return web.json_response({"error": message}, status=status)
+class BadRequestError(DiscoveryError, ValueError):
+    """A client's input is unusable; answered 400 with a message naming ``parameter``.
+
+    ``reason`` is a short fixed token (``missing``, ``blank``, ``too_long``,
+    ``not_integer``, ``out_of_range``, ``invalid_json``, ``too_deep``, ``invalid``,
+    ...) used as a metric label, so it must never contain client input.
+    """
+
+    def __init__(self, parameter: str, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.reason = reason
+
+
+def _short(value: object, limit: int = 40) -> str:
+    # Error messages are echoed to clients and logged; a 1 KiB parameter must not be.
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _reject(parameter: str, reason: str, message: str) -> NoReturn:
+    raise BadRequestError(parameter, reason, message)
+
+
+# -- answers and the middleware -----------------------------------------------------
+
+
+def json_error(status: int, message: str, *, parameter: str | None = None) -> web.Response:
+    """An error answer: ``{"error": message}`` (and ``"parameter"`` if given) with ``status``."""
+    body: dict[str, Any] = {"error": message}
+    if parameter is not None:
+        body["parameter"] = parameter
+    return web.json_response(body, status=status)
+
+
+def json_app(registry: CollectorRegistry, **kwargs: Any) -> web.Application:
+    """A ``web.Application`` with :func:`json_errors` and rejection metrics on ``registry``.
+
+    Call once per registry (a registry refuses a second set of the same metrics).
+    ``kwargs`` are passed to ``web.Application`` (middlewares are added after ours).
+    """
+    middlewares = [json_errors, *kwargs.pop("middlewares", ())]
+    app = web.Application(middlewares=middlewares, **kwargs)
+    app[HTTP_METRICS] = HttpMetrics(registry)
+    return app
+
+
+def _endpoint(request: web.Request) -> str:
+    # The route's pattern, never the raw path: a label per scanned URL would grow
+    # the registry without bound.
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+def _count(request: web.Request, parameter: str, reason: str) -> None:
+    metrics = request.app.get(HTTP_METRICS)
+    if metrics is not None:
+        metrics.rejected.labels(
+            endpoint=_endpoint(request), parameter=parameter, reason=reason
+        ).inc()
+
+
+def _status_reason(status: int) -> str:
+    return _STATUS_REASONS.get(status, f"http_{status}")
 
 
 @web.middleware
 async def json_errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Make unknown paths and wrong methods answer JSON like every other error."""
+    """Answer every error as JSON and count every 4xx answer.
+
+    :class:`BadRequestError` becomes 400 naming the parameter; aiohttp's HTTP errors
+    (unknown path, wrong method, body too large) keep their status, as JSON. 4xx
+    answers a handler returns itself (such as an admin refusal) are counted by their
+    status. Other exceptions are left to aiohttp (logged, 500): a streaming handler
+    may already have sent its headers, so no answer can be substituted here.
+    """
     try:
-        return await handler(request)
+        response = await handler(request)
+    except BadRequestError as exc:
+        _count(request, exc.parameter, exc.reason)
+        return json_error(400, str(exc), parameter=exc.parameter)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
+        if exc.status < 500:
+            _count(request, "-", _status_reason(exc.status))
         return json_error(exc.status, exc.reason)
+    if 400 <= response.status < 500:
+        _count(request, "-", _status_reason(response.status))
+    return response
 
 
-def int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
-    """Query parameter ``name`` as an integer in ``low..high`` (``default`` if absent).
+# -- parameters ---------------------------------------------------------------------
+
+
+def parse_int(name: str, raw: str | None, default: int, low: int, high: int) -> int:
+    """Parameter ``name`` as an integer in ``low..high``; ``default`` if ``raw`` is None.
+
+    Only an optional sign and ASCII digits are accepted.
 
     Raises:
-        ValueError: not an integer or out of range; the message names the parameter.
+        BadRequestError: not an integer (``not_integer``) or out of range
+            (``out_of_range``); the message names the parameter.
     """
-    raw = request.query.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"'{name}' must be an integer, got {raw!r}") from None
+    if _INTEGER.fullmatch(raw) is None:
+        if _INTEGER_LIKE.fullmatch(raw) is not None:
+            _reject(
+                name,
+                "out_of_range",
+                f"'{name}' must be in {low}..{high}, got a {len(raw.lstrip('+-'))}-digit number",
+            )
+        _reject(name, "not_integer", f"'{name}' must be an integer, got {_short(raw)}")
+    value = int(raw)
     if not low <= value <= high:
-        raise ValueError(f"'{name}' must be in {low}..{high}, got {value}")
+        _reject(name, "out_of_range", f"'{name}' must be in {low}..{high}, got {value}")
     return value
 
 
-#: Longest query text the servers accept.
-MAX_QUERY_LENGTH = 1024
+def parse_query_text(
+    raw: str | None, *, max_length: int = MAX_QUERY_LENGTH, max_bytes: int = MAX_QUERY_BYTES
+) -> str:
+    """The ``q`` parameter: present, not blank, at most ``max_length`` characters and
+    ``max_bytes`` bytes of UTF-8.
+
+    Raises:
+        BadRequestError: ``missing``, ``blank``, ``too_long`` or ``not_unicode``.
+    """
+    if raw is None:
+        _reject("q", "missing", "missing query parameter 'q'")
+    if not raw.strip():
+        _reject("q", "blank", "missing query parameter 'q' (it is blank)")
+    if len(raw) > max_length:
+        _reject("q", "too_long", f"'q': query longer than {max_length} characters ({len(raw)})")
+    try:
+        size = len(raw.encode("utf-8"))
+    except UnicodeEncodeError:
+        # Not reachable over HTTP (the URL decoder replaces bad bytes), but the
+        # function is also used directly.
+        _reject("q", "not_unicode", "'q' contains a lone surrogate, which is not valid text")
+    if size > max_bytes:
+        _reject("q", "too_long", f"'q': query longer than {max_bytes} bytes of UTF-8 ({size})")
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class SearchParams:
+    """The validated parameters of ``GET /search``.
+
+    ``timeout_ms`` is None where the endpoint takes no deadline (the data server).
+    """
+
+    q: str
+    k: int
+    timeout_ms: int | None = None
+
+
+def parse_search_params(
+    params: Mapping[str, str],
+    *,
+    max_k: int,
+    default_k: int = 10,
+    default_timeout_ms: int | None = None,
+    max_timeout_ms: int | None = None,
+) -> SearchParams:
+    """Validate ``q``, ``k`` and (when ``max_timeout_ms`` is given) ``timeout_ms``.
+
+    ``params`` is the request's query (``request.query``; its first value counts for
+    a repeated name). Unknown parameters are ignored, so that a newer client still
+    works. Checked in the order q, k, timeout_ms; the first problem is reported.
+
+    Raises:
+        BadRequestError: naming ``q``, ``k`` or ``timeout_ms``.
+    """
+    q = parse_query_text(params.get("q"))
+    k = parse_int("k", params.get("k"), default_k, 1, max_k)
+    timeout_ms = None
+    if max_timeout_ms is not None:
+        default = max_timeout_ms if default_timeout_ms is None else default_timeout_ms
+        timeout_ms = parse_int("timeout_ms", params.get("timeout_ms"), default, 1, max_timeout_ms)
+    return SearchParams(q, k, timeout_ms)
+
+
+def int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    """Query parameter ``name`` of ``request``: see :func:`parse_int`."""
+    return parse_int(name, request.query.get(name), default, low, high)
 
 
 def query_text(request: web.Request, max_length: int = MAX_QUERY_LENGTH) -> str:
-    """The ``q`` parameter: present, not blank, at most ``max_length`` characters.
+    """The ``q`` parameter of ``request``: see :func:`parse_query_text`."""
+    return parse_query_text(request.query.get("q"), max_length=max_length)
+
+
+# -- JSON bodies --------------------------------------------------------------------
+
+
+def _nesting_depth(text: str, limit: int) -> int:
+    """Deepest bracket nesting outside strings, scanning no further than ``limit``."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _no_constants(token: str) -> NoReturn:
+    raise ValueError(f"{token} is not valid JSON")
+
+
+def parse_json_body(
+    raw: bytes, *, max_bytes: int = MAX_BODY_BYTES, max_nesting: int = _MAX_BODY_NESTING
+) -> Any:
+    """Decode a request body as standard JSON (no ``NaN``/``Infinity``).
 
     Raises:
-        ValueError: missing, blank or too long; the message says which.
+        BadRequestError: parameter ``body``; reason ``too_large``, ``not_utf8``,
+            ``too_deep`` or ``invalid_json``.
     """
-    query = request.query.get("q")
-    if query is None or not query.strip():
-        raise ValueError("missing query parameter 'q'")
-    if len(query) > max_length:
-        raise ValueError(f"query longer than {max_length} characters ({len(query)})")
-    return query
+    if len(raw) > max_bytes:
+        _reject("body", "too_large", f"body must be at most {max_bytes} bytes, got {len(raw)}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        _reject(
+            "body", "not_utf8", f"body must be JSON in UTF-8 ({exc.reason} at byte {exc.start})"
+        )
+    # Checked before parsing: json.loads recurses per level, and a RecursionError is
+    # no way to find out.
+    if _nesting_depth(text, max_nesting) > max_nesting:
+        _reject("body", "too_deep", f"body must be JSON nested at most {max_nesting} levels")
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except json.JSONDecodeError as exc:
+        _reject("body", "invalid_json", f"body must be JSON: {exc.msg} (column {exc.colno})")
+    except (ValueError, RecursionError) as exc:
+        # e.g. an integer longer than Python's digit limit, or NaN
+        _reject("body", "invalid_json", f"body must be JSON: {_short(str(exc), 80)}")
+
+
+async def read_json_body(request: web.Request, *, max_bytes: int = MAX_BODY_BYTES) -> Any:
+    """Read and decode ``request``'s body with :func:`parse_json_body`.
+
+    A declared ``Content-Length`` over ``max_bytes`` is refused before reading.
+
+    Raises:
+        BadRequestError: see :func:`parse_json_body`.
+    """
+    declared = request.content_length
+    if declared is not None and declared > max_bytes:
+        _reject("body", "too_large", f"body must be at most {max_bytes} bytes, got {declared}")
+    return parse_json_body(await request.read(), max_bytes=max_bytes)

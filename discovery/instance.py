@@ -23,7 +23,10 @@ larger than the bound (:data:`MAX_INSTANCE_BYTES`, 64 KiB) raises
 parsed, and so does encoding an instance that would exceed it. Nothing here
 logs: readers such as the ``/data_servers`` watcher catch
 ``InvalidInstanceError``, skip the child and count it. Validation runs in the
-constructors, so an instance that exists is always encodable.
+constructors, so an instance that exists is always encodable (though a document
+near the bound that was read may re-encode a few bytes longer: missing optional
+fields are written out, ``1e5`` becomes ``100000.0``; the live list in Redis uses
+:meth:`ServiceInstance.to_dict`, which has no bound).
 
 Compatibility rules:
 
@@ -36,10 +39,11 @@ Compatibility rules:
 * ``sslPort``, ``serviceType``, ``uriSpec`` and ``enabled`` may be absent
   (Curator's compatibility mode omits ``enabled``); they default to ``null``,
   ``"DYNAMIC"``, ``null`` and ``true``.
-* Non-standard JSON (``NaN``, ``Infinity``), duplicate keys, JSON floats where
-  an integer is expected and booleans where an integer is expected are
-  rejected: a document that Jackson would read differently from us is not a
-  document we want to route by.
+* Non-standard JSON (``NaN``, ``Infinity``), duplicate keys, integer literals
+  longer than Python converts (``sys.get_int_max_str_digits()``), JSON floats
+  where an integer is expected and booleans where an integer is expected are
+  rejected, anywhere in the document and naming where: a document that Jackson
+  would read differently from us is not a document we want to route by.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import dataclasses
 import json
 import math
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -87,6 +92,9 @@ _JAVA_LONG_MAX: Final = 2**63 - 1
 # Bounds the recursion of our own validator; json.loads has its own limit, which
 # is far higher than any sane payload needs.
 _MAX_NESTING: Final = 64
+
+# Messages end up in logs and metrics' neighbours; a field path is cut beyond this.
+_MAX_PATH_IN_MESSAGE: Final = 120
 
 _ID_PATTERN: Final = re.compile(rf"[A-Za-z0-9._:@-]{{1,{MAX_ID_LENGTH}}}")
 _CLASS_KEY: Final = "@class"
@@ -133,6 +141,9 @@ class _FrozenJSONObject(Mapping[str, Any]):
 
 
 def _fail(field_name: str, problem: str) -> NoReturn:
+    if len(field_name) > _MAX_PATH_IN_MESSAGE:
+        # A path 64 levels deep with long keys; its start names the field.
+        field_name = f"{field_name[: _MAX_PATH_IN_MESSAGE - 30]}...{field_name[-27:]}"
     raise InvalidInstanceError(f"invalid ServiceInstance: {field_name}: {problem}")
 
 
@@ -568,9 +579,15 @@ class ServiceInstance:
             ) from exc
         if not text.strip():
             _fail("document", "is empty")
+        unusable: list[_Unusable] = []
         try:
             decoded = json.loads(
-                text, object_pairs_hook=_object_without_duplicates, parse_constant=_reject_constant
+                text,
+                object_pairs_hook=_object_without_duplicates,
+                parse_constant=lambda token: _unusable(
+                    unusable, f"{token} is not valid JSON (non-finite numbers are not allowed)"
+                ),
+                parse_int=lambda digits: _bounded_int(unusable, digits),
             )
         except InvalidInstanceError:
             raise
@@ -588,6 +605,9 @@ class ServiceInstance:
             raise InvalidInstanceError(
                 f"invalid ServiceInstance: document is not usable JSON: {exc}"
             ) from exc
+        if unusable:
+            # Found while parsing, reported with the place it was found.
+            _fail(*_locate_unusable(decoded, unusable[0]))
         return cls.from_dict(decoded)
 
 
@@ -623,10 +643,62 @@ def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         for key, _ in pairs:
             if key in seen:
                 # Readers disagree on which duplicate wins; refuse to guess.
-                _fail(key, "appears more than once in one JSON object")
+                _fail(_key_name(key), "appears more than once in one JSON object")
             seen.add(key)
     return out
 
 
-def _reject_constant(token: str) -> NoReturn:
-    _fail("document", f"{token} is not valid JSON (non-finite numbers are not allowed)")
+def _key_name(key: str) -> str:
+    # A key as it appears in a field path: bounded, and with any lone surrogate
+    # escaped (repr does that), so the message itself is always valid text.
+    return _short(key, 40)[1:-1]
+
+
+class _Unusable:
+    """Stands in for a JSON token we refuse (``NaN``, an over-long integer) until the
+    whole document is parsed and the token's path can be named."""
+
+    __slots__ = ("problem",)
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+
+def _unusable(found: list[_Unusable], problem: str) -> _Unusable:
+    marker = _Unusable(problem)
+    found.append(marker)
+    return marker
+
+
+def _bounded_int(found: list[_Unusable], digits: str) -> int | _Unusable:
+    # int() refuses literals over the digit limit with a ValueError that cannot say
+    # where; check first and let the caller name the field.
+    limit = sys.get_int_max_str_digits()
+    if limit and len(digits.lstrip("-")) > limit:
+        return _unusable(
+            found,
+            f"is not usable JSON: an integer of {len(digits.lstrip('-'))} digits "
+            f"(more than {limit})",
+        )
+    return int(digits)
+
+
+def _locate_unusable(decoded: object, first: _Unusable) -> tuple[str, str]:
+    """The path and problem of the first :class:`_Unusable` in ``decoded``, in
+    document order. Iterative: the parsed document may be nested hundreds deep."""
+    stack: list[tuple[str, object]] = [("", decoded)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, _Unusable):
+            return path or "document", value.problem
+        if isinstance(value, dict):
+            children = [
+                (f"{path}.{_key_name(key)}" if path else _key_name(key), item)
+                for key, item in value.items()
+            ]
+        elif isinstance(value, list):
+            children = [(f"{path}[{index}]", item) for index, item in enumerate(value)]
+        else:
+            continue
+        stack.extend(reversed(children))
+    return "document", first.problem

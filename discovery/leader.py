@@ -21,7 +21,12 @@ Within a term:
 * a write refused by the fence (:class:`~discovery.errors.FencedError`) proves a newer
   leader exists: the term ends and the election contends again;
 * Redis errors (outage, error replies) are logged and retried at the next heartbeat
-  with a full snapshot.
+  with a full snapshot;
+* every publish decision goes through the term's
+  :class:`~discovery.brake.MassLossBrake`: when many data servers vanish at once
+  without announcing it, their removals are held (they stay in what we publish,
+  full snapshots included) for at most ``mass_loss.hold`` seconds. The loop wakes at
+  the end of a hold to publish the release even if nothing else happens.
 """
 
 from __future__ import annotations
@@ -29,17 +34,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
+from .brake import BrakeStatus, MassLossBrake, MassLossBrakeConfig
 from .election import Leadership
 from .errors import FencedError, RedisOperationError
 from .instance import ServiceInstance
 from .layout import DATA_SERVERS_PATH
 from .membership import MembershipSubscription, MembershipWatcher
-from .metrics import MembershipMetrics, PublisherMetrics
+from .metrics import MassLossBrakeMetrics, MembershipMetrics, PublisherMetrics
 from .publisher import LivePublisher
 from .zk import SessionEvent, SessionState, ZkSession
 
@@ -48,15 +55,24 @@ __all__ = ["LeaderDuty"]
 log = logging.getLogger(__name__)
 
 
-def _removal_reason(instance: ServiceInstance) -> str:
+def _removal_reason(instance: ServiceInstance, held: float | None = None) -> str:
     # ZooKeeper does not say why a node went; what the node last said is our best clue.
     if instance.payload.reason:
-        return instance.payload.reason
-    return "node deleted (deregistered, forced offline or session expired)"
+        reason = instance.payload.reason
+    else:
+        reason = "node deleted (deregistered, forced offline or session expired)"
+    if held is not None:
+        reason += f"; removal held up to {held:g}s by the mass-loss brake"
+    return reason
 
 
 class LeaderDuty:
-    """``await duty(leadership)`` runs one term of leadership until cancelled or fenced."""
+    """``await duty(leadership)`` runs one term of leadership until cancelled or fenced.
+
+    ``mass_loss`` configures each term's mass-loss brake
+    (:class:`~discovery.brake.MassLossBrake`; default ``MassLossBrakeConfig()``,
+    which is on); ``clock`` (monotonic seconds) is the brake's.
+    """
 
     def __init__(
         self,
@@ -70,6 +86,8 @@ class LeaderDuty:
         heartbeat_interval: float = 1.0,
         heartbeat_ttl: float = 5.0,
         registry: CollectorRegistry | None = None,
+        mass_loss: MassLossBrakeConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._session = session
         self._redis = redis
@@ -83,6 +101,15 @@ class LeaderDuty:
         # Created once: every term reuses them (a registry refuses duplicates).
         self._membership_metrics = MembershipMetrics(registry)
         self._publisher_metrics = PublisherMetrics(registry)
+        self._brake_metrics = MassLossBrakeMetrics(registry)
+        self._mass_loss = mass_loss if mass_loss is not None else MassLossBrakeConfig()
+        self._clock = clock
+        self._term: _Term | None = None
+
+    def brake_status(self) -> BrakeStatus | None:
+        """The mass-loss brake of the term in progress; None while not leading."""
+        term = self._term
+        return term.brake.status() if term is not None else None
 
     async def __call__(self, leadership: Leadership) -> None:
         publisher = LivePublisher(
@@ -93,7 +120,9 @@ class LeaderDuty:
             heartbeat_ttl=self._heartbeat_ttl,
             metrics=self._publisher_metrics,
         )
-        term = _Term(self, publisher, leadership)
+        brake = MassLossBrake(self._mass_loss, clock=self._clock, metrics=self._brake_metrics)
+        term = _Term(self, publisher, leadership, brake)
+        self._term = term
         self._session.add_listener(term.on_session_event)
         try:
             async with MembershipWatcher(
@@ -105,15 +134,25 @@ class LeaderDuty:
                 await term.run(watcher)
         finally:
             self._session.remove_listener(term.on_session_event)
+            brake.close()
+            if self._term is term:
+                self._term = None
 
 
 class _Term:
     """The state of one term: what was last published and whether we may write."""
 
-    def __init__(self, duty: LeaderDuty, publisher: LivePublisher, leadership: Leadership):
+    def __init__(
+        self,
+        duty: LeaderDuty,
+        publisher: LivePublisher,
+        leadership: Leadership,
+        brake: MassLossBrake,
+    ) -> None:
         self._duty = duty
         self._publisher = publisher
         self._leadership = leadership
+        self.brake = brake
         self._published: Mapping[str, ServiceInstance] | None = None  # None: full next
         self._wake = asyncio.Event()
 
@@ -141,10 +180,13 @@ class _Term:
                 await self._publish_if_due(watcher.members)
                 delay = next_beat - loop.time()
                 if delay > 0:
+                    # A hold that ends before the next heartbeat is published on time.
+                    release = self.brake.seconds_until_release()
+                    releasing = release is not None and release < delay
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(delay):
+                        async with asyncio.timeout(release if releasing else delay):
                             await self._wake.wait()
-                    if self._wake.is_set():
+                    if self._wake.is_set() or releasing:
                         continue
                 await self._heartbeat()
                 next_beat = loop.time() + interval
@@ -166,8 +208,12 @@ class _Term:
 
     async def _publish_if_due(self, members: Mapping[str, ServiceInstance]) -> None:
         self._wake.clear()
+        # Fed even while we may not write, so that a hold's clock runs and ends on time.
+        decision = self.brake.apply(members)
         if not self._may_write():
             return
+        members = decision.members
+        held_for = self.brake.config.hold
         published = self._published
         try:
             if published is None:
@@ -175,7 +221,11 @@ class _Term:
             else:
                 added = {k: v for k, v in members.items() if k not in published}
                 changed = {k: v for k, v in members.items() if k in published and published[k] != v}
-                removed = {k: _removal_reason(v) for k, v in published.items() if k not in members}
+                removed = {
+                    k: _removal_reason(v, held_for if k in decision.released else None)
+                    for k, v in published.items()
+                    if k not in members
+                }
                 if not (added or changed or removed):
                     return
                 await self._publisher.publish_change(

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 __all__ = [
     "AgentMetrics",
     "LiveListMetrics",
+    "MassLossBrakeMetrics",
     "MembershipMetrics",
     "PublisherMetrics",
     "RegistrationMetrics",
@@ -276,3 +277,45 @@ class LiveListMetrics:
         and nothing in the reader runs.
         """
         self.age_seconds.set_function(age)
+
+
+class HttpMetrics:
+    """Requests an HTTP server of ours refused as bad input (:mod:`discovery.http`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.rejected = Counter(
+            "discovery_http_rejected",
+            "Requests answered with a 4xx status, by route (the route's pattern, or "
+            "'unmatched' when no route matched path and method), offending parameter "
+            "('-' if none) and reason.",
+            ["endpoint", "parameter", "reason"],
+            registry=registry,
+        )
+
+
+class MassLossBrakeMetrics:
+    """The leader's mass-loss brake (:class:`~discovery.brake.MassLossBrake`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.engaged = Gauge(
+            "discovery_leader_mass_loss_brake_engaged",
+            "1 while the leader holds removals because many data servers vanished at once.",
+            registry=registry,
+        )
+        self.held = Gauge(
+            "discovery_leader_mass_loss_held",
+            "Removals the leader holds now (vanished data servers still published).",
+            registry=registry,
+        )
+        self.engagements = Counter(
+            "discovery_leader_mass_loss_engagements",
+            "Times the mass-loss brake engaged.",
+            registry=registry,
+        )
+        self.released = Counter(
+            "discovery_leader_mass_loss_released",
+            "Held removals that ended, by outcome: expired (published as removed at the "
+            "end of the hold) or returned (the data server came back).",
+            ["outcome"],
+            registry=registry,
+        )

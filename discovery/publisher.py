@@ -53,7 +53,10 @@ refused once the first has written.
 
 Redis outages: connection errors and timeouts raise
 :class:`~discovery.errors.RedisUnavailableError` (the redis-py error as
-``__cause__``); nothing is retried here beyond the client's own retry policy. The
+``__cause__``); nothing is retried here beyond the client's own retry policy.
+Refused credentials or a missing ACL permission raise
+:class:`~discovery.errors.RedisAccessError` (not a ``RedisOperationError``: retrying
+cannot help; the leader gives up its term, see ``search_server.server``). The
 leader keeps its view and publishes in full once :meth:`LivePublisher.heartbeat`
 reports that ``P:live`` is missing (Redis restarted empty, FLUSHALL) or not ours.
 """
@@ -74,7 +77,14 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 
-from .errors import FencedError, RedisOperationError, RedisUnavailableError
+from .errors import (
+    FencedError,
+    RedisAccessError,
+    RedisAuthError,
+    RedisOperationError,
+    RedisPermissionError,
+    RedisUnavailableError,
+)
 from .instance import ServiceInstance
 from .metrics import PublisherMetrics
 
@@ -250,19 +260,40 @@ _UNAVAILABLE = (
     TimeoutError,
 )
 # Wrong credentials are a ConnectionError in redis-py but no outage: waiting will not fix it.
-_NOT_TRANSIENT = (redis_errors.AuthenticationError, redis_errors.AuthorizationError)
+_AUTH_FAILED = (
+    redis_errors.AuthenticationError,
+    redis_errors.AuthorizationError,
+    redis_errors.AuthenticationWrongNumberOfArgsError,
+)
+# A command refused by the ACL inside a script is no NOPERM reply in Redis 7.0 but an
+# ERR naming the script ("The user executing the script can't run this command ...",
+# "... can't access at least one of the keys ...", "... can't publish to the channel");
+# later versions say "no permissions". Matched on the text, as redis-py has no class.
+_SCRIPT_ACL_DENIALS = ("the user executing the script can't", "no permissions to")
 
 
-def translate_redis_error(exc: BaseException) -> RedisOperationError:
+def translate_redis_error(exc: BaseException) -> RedisOperationError | RedisAccessError:
     """Map a redis-py (or socket) error onto our tree; the caller chains the original.
 
     Connection loss, timeouts, a server still loading its data or a read-only replica
-    become :class:`RedisUnavailableError`; anything else (an error reply, bad
-    credentials) :class:`RedisOperationError`.
+    become :class:`RedisUnavailableError`; refused credentials
+    :class:`~discovery.errors.RedisAuthError` and an ACL refusal (NOPERM, also from
+    within the fence script) :class:`~discovery.errors.RedisPermissionError`, both
+    :class:`~discovery.errors.RedisAccessError`, which retrying cannot fix; anything
+    else (an unexpected error reply) :class:`RedisOperationError`.
     """
     message = f"Redis: {type(exc).__name__}: {exc}".rstrip(": ")
-    if isinstance(exc, _NOT_TRANSIENT):
-        return RedisOperationError(message)
+    if isinstance(exc, _AUTH_FAILED):
+        return RedisAuthError(
+            f"Redis refused our credentials ({exc}); check the Redis user and password"
+        )
+    if isinstance(exc, redis_errors.NoPermissionError) or (
+        isinstance(exc, redis_errors.ResponseError)
+        and any(text in str(exc).lower() for text in _SCRIPT_ACL_DENIALS)
+    ):
+        return RedisPermissionError(
+            f"Redis ACL refused the command ({exc}); the Redis user lacks a permission"
+        )
     if isinstance(exc, _UNAVAILABLE):
         return RedisUnavailableError(message)
     return RedisOperationError(message)
@@ -310,7 +341,8 @@ class LivePublisher:
     Calls are serialised (a lock), so concurrent callers cannot interleave versions.
     Errors: :class:`FencedError` (deposed; stop leading), :class:`RedisUnavailableError`
     (Redis unreachable; keep the view and retry later), :class:`RedisOperationError`
-    (an unexpected error reply).
+    (an unexpected error reply), :class:`~discovery.errors.RedisAccessError` (our
+    credentials or ACL do not allow publishing; retrying cannot help).
     """
 
     def __init__(

@@ -18,12 +18,22 @@ and is replaced. Any other owner is a live foreign session: we refuse to steal t
 node, count a conflict, raise :class:`~discovery.errors.RegistrationConflictError`
 from :meth:`register`, and keep watching the path so that we register as soon as
 the other owner's node goes away.
+
+How the node is removed is a :class:`Removal`. Deleting it needs DELETE on the
+*parent* in ZooKeeper, which the access-controlled tree of :mod:`discovery.acl`
+does not give data servers (it would let one delete every other's node). Such a
+registration removes its node by ending its session instead: ZooKeeper deletes the
+session's ephemeral nodes, and only those, without an ACL check, and a new session is
+opened at once so that coming back online is one create. A stale node of an earlier
+incarnation cannot be removed either then: we wait, watching it, until ZooKeeper
+expires its session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 
 from prometheus_client import CollectorRegistry
@@ -31,6 +41,7 @@ from prometheus_client import CollectorRegistry
 from .errors import (
     InvalidInstanceError,
     RegistrationConflictError,
+    ZkAuthError,
     ZkBadVersionError,
     ZkConnectionError,
     ZkError,
@@ -42,7 +53,7 @@ from .layout import DATA_SERVERS_PATH
 from .metrics import RegistrationMetrics
 from .zk import SessionEvent, SessionState, WatchEvent, ZkSession
 
-__all__ = ["Registration"]
+__all__ = ["Registration", "Removal"]
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +65,26 @@ _MAX_ATTEMPTS = 5
 _RETRY_INTERVAL = 1.0
 
 
+class Removal(enum.Enum):
+    """How a :class:`Registration` removes its node when deregistering."""
+
+    #: Delete the node (needs DELETE on its parent).
+    DELETE = "delete"
+    #: End the session (ZooKeeper removes its ephemeral nodes with no ACL check) and
+    #: open a new one. Only for a session that nothing but this registration uses.
+    END_SESSION = "end_session"
+    #: Delete; once the parent's ACL refuses that, end the session from then on.
+    #: Only for a session that nothing but this registration uses.
+    AUTO = "auto"
+
+
 class Registration:
     """The ephemeral registration of one :class:`ServiceInstance`.
 
     Use as ``async with Registration(session, instance) as reg:`` (registers on
     entry, deregisters on exit) or call :meth:`register` / :meth:`deregister` /
-    :meth:`aclose` yourself. The session must be started.
+    :meth:`aclose` yourself. The session must be started. ``removal`` says how the
+    node is removed (see :class:`Removal`); the default deletes it.
     """
 
     def __init__(
@@ -69,8 +94,14 @@ class Registration:
         *,
         base_path: str = DATA_SERVERS_PATH,
         registry: CollectorRegistry | None = None,
+        removal: Removal = Removal.DELETE,
     ) -> None:
         self._session = session
+        self._removal = removal
+        # Deregistering ends the session: always under END_SESSION, and under AUTO
+        # once the ACL has refused a delete (it will go on refusing).
+        self._delete_refused = removal is Removal.END_SESSION
+        self._session_closing = False
         self._instance = instance
         self._data = instance.to_json()
         self.path = f"{base_path.rstrip('/')}/{instance.id}"
@@ -131,17 +162,28 @@ class Registration:
             await self._reconcile()
 
     async def deregister(self) -> None:
-        """Delete our node (only if it is ours) and stop re-creating it.
+        """Remove our node (only if it is ours) and stop re-creating it.
+
+        The node is deleted, or, where the ACL refuses that (see :class:`Removal`),
+        the session is ended and a new one opened; the node is gone when this returns.
 
         Raises:
-            ZkConnectionError: not connected; the node is deleted at reconnect, or
-                by ZooKeeper when the session ends.
+            ZkConnectionError: not connected; the node is removed at reconnect, or
+                by ZooKeeper when the session ends (also: the new session is not up
+                yet after ending the old one; the old node is gone all the same).
+            ZkAuthError: under ``Removal.DELETE``, the ACL refuses the delete.
         """
         self._wanted = False
         await self._reconcile()
 
-    async def aclose(self) -> None:
-        """Deregister if possible and stop watching the session."""
+    async def aclose(self, *, session_closing: bool = False) -> None:
+        """Deregister if possible and stop watching the session.
+
+        ``session_closing``: the caller closes the session right afterwards. A
+        registration that removes its node by ending the session then leaves that to
+        the close instead of opening a new session first.
+        """
+        self._session_closing = session_closing
         try:
             if self._wanted:
                 await self.deregister()
@@ -254,8 +296,21 @@ class Registration:
                     self.path,
                     stat.ephemeral_owner,
                 )
-                with contextlib.suppress(ZkBadVersionError, ZkNoNodeError):
+                try:
                     await session.delete(self.path, version=stat.version)
+                except (ZkBadVersionError, ZkNoNodeError):
+                    pass
+                except ZkAuthError as exc:
+                    # No right to delete (an access-controlled tree): ZooKeeper removes
+                    # the node when its session expires, and our watch brings us back.
+                    log.warning(
+                        "cannot remove stale %s (%s); registering once its session expires",
+                        self.path,
+                        exc,
+                    )
+                    self._metrics.registered.set(0)
+                    await self._watch_node()
+                    return
                 self._metrics.replaced_stale.inc()
                 continue
             conflict = RegistrationConflictError(self.path, stat.ephemeral_owner)
@@ -304,8 +359,29 @@ class Registration:
             pass
         else:
             if stat.ephemeral_owner == self._session.session_id:
-                with contextlib.suppress(ZkNoNodeError, ZkBadVersionError):
-                    await self._session.delete(self.path, version=stat.version)
-                log.info("deregistered %s", self.path)
+                await self._remove(stat.version)
         self._owned_session = None
         self._metrics.registered.set(0)
+
+    async def _remove(self, version: int) -> None:
+        if not self._delete_refused:
+            try:
+                await self._session.delete(self.path, version=version)
+            except (ZkNoNodeError, ZkBadVersionError):
+                pass
+            except ZkAuthError:
+                if self._removal is Removal.DELETE:
+                    raise
+                log.info(
+                    "the ACL refuses deleting %s; removing it by ending the session", self.path
+                )
+                self._delete_refused = True
+            else:
+                log.info("deregistered %s", self.path)
+                return
+        if self._session_closing:
+            return  # the caller's close ends the session, and the node with it
+        # Our node is what the old session takes with it; the registration task, woken
+        # by the new session, finds nothing to re-create since we no longer want it.
+        await self._session.restart()
+        log.info("deregistered %s by ending its session", self.path)

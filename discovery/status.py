@@ -53,6 +53,7 @@ from .errors import (
     DiscoveryError,
     InvalidInstanceError,
     PayloadTooLargeError,
+    RedisAccessError,
     RedisOperationError,
     ZkError,
     ZkNoNodeError,
@@ -61,6 +62,7 @@ from .instance import ServiceInstance
 from .layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from .livelist import LiveList, MalformedLiveListError, parse_snapshot
 from .publisher import RedisKeys, translate_redis_error
+from .redisconn import RedisRole, make_redis
 from .zk import NodeStat, ZkSession
 
 __all__ = [
@@ -599,9 +601,11 @@ async def _open_zk(config: ZkConfig) -> ZkSession:
     return session
 
 
-async def _open_redis(url: str) -> aioredis.Redis:
-    client = aioredis.Redis.from_url(
-        url,
+async def _open_redis(cluster: ClusterConfig) -> aioredis.Redis:
+    # The reading role's credentials suffice: status only reads (GET, PTTL, MULTI/EXEC).
+    client = make_redis(
+        cluster,
+        role=RedisRole.READ,
         socket_timeout=REDIS_TIMEOUT,
         socket_connect_timeout=REDIS_TIMEOUT,
         # A status command answers now or says it cannot: no backoff between retries.
@@ -624,7 +628,7 @@ async def fetch_status(zk: ZkConfig, cluster: ClusterConfig) -> ClusterStatus:
     """
     redis_where = redact_url(cluster.redis_url)
     zk_result, redis_result = await asyncio.gather(
-        _open_zk(zk), _open_redis(cluster.redis_url), return_exceptions=True
+        _open_zk(zk), _open_redis(cluster), return_exceptions=True
     )
     try:
         failures: list[str] = []
@@ -644,7 +648,7 @@ async def fetch_status(zk: ZkConfig, cluster: ClusterConfig) -> ClusterStatus:
             return await collect_status(zk_result, redis_result, cluster.redis_prefix)
         except ZkError as exc:
             raise StatusError(f"cannot read ZooKeeper at {zk.hosts}: {_one_line(exc)}") from exc
-        except RedisOperationError as exc:
+        except (RedisOperationError, RedisAccessError) as exc:
             raise StatusError(f"cannot read Redis at {redis_where}: {_one_line(exc)}") from exc
     finally:
         if isinstance(zk_result, ZkSession):

@@ -17,6 +17,14 @@ but the session, its ephemeral nodes and watches may still be alive; LOST means 
 session expired (or the client stopped), its ephemeral nodes are gone, and kazoo will
 establish a new session by itself. A CONNECTED event whose ``new_session`` is true
 tells recipes to re-create what they own.
+
+Access control (``ZkConfig.auth``, digest scheme): the session authenticates as the
+configured identity and, in addition, as an *owner* identity invented for this object
+(a random user and password that never leave the process). Persistent nodes we create
+get "all rights for the configured identity, read for everyone"; ephemeral nodes get
+"all rights for the owner identity, read for everyone", so no other process, not even
+one holding the same credentials, can rewrite them. Deleting a node is a right on its
+*parent* in ZooKeeper; see :mod:`discovery.acl` for the tree that makes use of this.
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import AsyncIterator, Callable
+import posixpath
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -34,7 +44,14 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent, ZnodeStat
 from kazoo.retry import KazooRetry
-from kazoo.security import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, make_digest_acl
+from kazoo.security import (
+    ACL,
+    OPEN_ACL_UNSAFE,
+    READ_ACL_UNSAFE,
+    Permissions,
+    make_digest_acl,
+    make_digest_acl_credential,
+)
 from prometheus_client import CollectorRegistry
 
 from .config import ZkConfig
@@ -115,6 +132,8 @@ class NodeStat:
             num_children=stat.numChildren,
         )
 
+
+_IMPOSSIBLE_VERSION = 2**31 - 1
 
 _EVENT_KINDS = {
     EventType.CREATED: "created",
@@ -221,9 +240,9 @@ class ZkSession:
     waited longer than ``operation_timeout`` raises
     :class:`~discovery.errors.ZkConnectionError`.
 
-    The session is not re-created by this class: kazoo reconnects on its own, and after
-    an expiry it opens a new session, which subscribers see as a CONNECTED event with
-    ``new_session=True``.
+    The session is not re-created by this class (except on request, :meth:`restart`):
+    kazoo reconnects on its own, and after an expiry it opens a new session, which
+    subscribers see as a CONNECTED event with ``new_session=True``.
     """
 
     def __init__(
@@ -234,12 +253,21 @@ class ZkSession:
         connect_timeout: float = 30.0,
         registry: CollectorRegistry | None = None,
         acl: list[ACL] | None = None,
+        ephemeral_acl: list[ACL] | None = None,
+        identities: Sequence[str] = (),
     ) -> None:
         self._client = client
         self._operation_timeout = operation_timeout
         self._connect_timeout = connect_timeout
         self._metrics = SessionMetrics(registry if registry is not None else CollectorRegistry())
+        #: ACL of persistent nodes we create (None: kazoo's default, open to all).
         self.acl = acl
+        #: ACL of ephemeral nodes we create (None: the same as ``acl``).
+        self.ephemeral_acl = ephemeral_acl
+        self._identities = tuple(identities)
+        # Serialises restart() and aclose(): both stop the kazoo client.
+        self._lifecycle = asyncio.Lock()
+        self._restarting = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = SessionState.CONNECTING
         self._session_id: int | None = None
@@ -258,15 +286,31 @@ class ZkSession:
         The client retries connecting forever (with backoff to 2 s between attempts),
         so a ZooKeeper restart or a partition never leaves it given up; ``start`` bounds
         only the first connection.
+
+        With ``config.auth`` the session authenticates with the digest scheme. ZooKeeper
+        accepts any digest credentials when they are presented (a wrong password is
+        only a different identity), so a wrong password shows up as refused operations;
+        :func:`discovery.acl.check_access` turns that into a clear start-up error.
         """
         auth_data: list[tuple[str, str]] = []
         acl: list[ACL] | None = None
+        ephemeral_acl: list[ACL] | None = None
+        identities: list[str] = []
         if config.auth is not None:
             user, password = config.auth.split(":", 1)
             auth_data.append(("digest", config.auth))
+            identities.append(make_digest_acl_credential(user, password))
             # Writable only by us, readable by everyone: Java readers (Curator) and
             # operators can still list the cluster without our credentials.
             acl = [make_digest_acl(user, password, all=True), *READ_ACL_UNSAFE]
+            # Our ephemeral nodes belong to this process alone: data servers may share
+            # one credential, and one of them must not be able to rewrite another's
+            # node. The password never leaves the process, and kazoo presents it again
+            # on every reconnect and in every new session of this client.
+            owner = f"{user}.{secrets.token_hex(6)}"
+            owner_password = secrets.token_urlsafe(24)
+            auth_data.append(("digest", f"{owner}:{owner_password}"))
+            ephemeral_acl = [make_digest_acl(owner, owner_password, all=True), *READ_ACL_UNSAFE]
         client = KazooClient(
             hosts=config.hosts,
             timeout=config.session_timeout,
@@ -280,6 +324,8 @@ class ZkSession:
             connect_timeout=config.connect_timeout,
             registry=registry,
             acl=acl,
+            ephemeral_acl=ephemeral_acl,
+            identities=identities,
         )
 
     # -- lifecycle ---------------------------------------------------------------
@@ -312,10 +358,58 @@ class ZkSession:
         if self._closing:
             return
         self._closing = True
-        await asyncio.to_thread(self._client.stop)
-        await asyncio.to_thread(self._client.close)
+        async with self._lifecycle:
+            await asyncio.to_thread(self._client.stop)
+            await asyncio.to_thread(self._client.close)
         self._client.remove_listener(self._on_kazoo_state)
         self._set_state(SessionState.CLOSED, self._session_id)
+
+    async def restart(self) -> None:
+        """End the current session and open a new one with the same client.
+
+        Ending a session is the one way to remove an ephemeral node without the right
+        to delete it: ZooKeeper deletes the session's ephemeral nodes as it closes the
+        session, with no ACL check (a delete needs DELETE on the *parent*, which a
+        data server is not given). Everything else tied to the session goes too:
+        watches fire with a session event, other ephemeral nodes vanish, so only a
+        session with a single user (the data-server agent's) should be restarted.
+
+        Subscribers see LOST, then CONNECTED with ``new_session``. Returns once the new
+        session is connected.
+
+        Raises:
+            ZkConnectionError: the session is closed or closing, or no new session was
+                established within ``connect_timeout``; the old session is ended all
+                the same (if the close request got through, otherwise it expires), and
+                the client keeps trying to connect in the background.
+        """
+        if self._closing or self._loop is None:
+            raise ZkConnectionError("the ZooKeeper session is closed")
+        events = self.subscribe()
+        try:
+            async with self._lifecycle:
+                if self._closing:
+                    raise ZkConnectionError("the ZooKeeper session is closed")
+                old = self._session_id
+                log.info("ZooKeeper %s: ending session 0x%x to start anew", self.hosts, old or 0)
+                self._restarting = True
+                try:
+                    await asyncio.to_thread(self._client.stop)
+                finally:
+                    self._restarting = False
+                # Not start(): on a timeout it would stop and close the client for good.
+                await asyncio.to_thread(self._client.start_async)
+            async with asyncio.timeout(self._connect_timeout):
+                async for event in events:
+                    if event.state is SessionState.CONNECTED and event.new_session:
+                        return
+            raise ZkConnectionError("the ZooKeeper session was closed while restarting")
+        except TimeoutError:
+            raise ZkConnectionError(
+                f"no new ZooKeeper session at {self.hosts!r} within {self._connect_timeout:g}s"
+            ) from None
+        finally:
+            events.close()
 
     async def __aenter__(self) -> ZkSession:
         await self.start()
@@ -344,6 +438,15 @@ class ZkSession:
     @property
     def connected(self) -> bool:
         return self._state is SessionState.CONNECTED
+
+    @property
+    def identities(self) -> tuple[str, ...]:
+        """The configured digest identities, as ``user:base64(sha1(user:password))``.
+
+        The per-process owner identity is not listed: nothing outside this object
+        ever needs to name it.
+        """
+        return self._identities
 
     @property
     def session_id(self) -> int | None:
@@ -424,7 +527,8 @@ class ZkSession:
         self._state = state
         if session_id is not None:
             self._session_id = session_id
-        quiet = state in (SessionState.CONNECTED, SessionState.CLOSED)
+        # A session we end ourselves is news, not trouble.
+        quiet = state in (SessionState.CONNECTED, SessionState.CLOSED) or self._restarting
         level = logging.INFO if quiet else logging.WARNING
         log.log(
             level,
@@ -488,8 +592,18 @@ class ZkSession:
             ) from None
         except kz.KazooException as exc:
             error = translate_kazoo_error(exc)
+            if isinstance(error, ZkAuthError) and args:
+                error = ZkAuthError(self._refusal(method.__name__, args[0], error))
             self._metrics.operation_errors.labels(error=type(error).__name__).inc()
             raise error from exc
+
+    def _refusal(self, method: str, path: object, error: ZkError) -> str:
+        operation = method.removesuffix("_async")
+        # ZooKeeper checks a create or delete against the parent's ACL, not the node's.
+        where = " (a right on its parent)" if operation in ("create", "delete") else ""
+        users = ", ".join(repr(i.split(":", 1)[0]) for i in self._identities)
+        who = f"identity {users}" if users else "an unauthenticated session"
+        return f"ZooKeeper refused {operation} of {path}{where} for {who}: {error}"
 
     async def create(
         self,
@@ -499,13 +613,40 @@ class ZkSession:
         ephemeral: bool = False,
         sequence: bool = False,
         makepath: bool = False,
+        acl: Sequence[ACL] | None = None,
     ) -> str:
-        """Create a znode; returns its path (with the sequence suffix, if any)."""
+        """Create a znode; returns its path (with the sequence suffix, if any).
+
+        The node gets ``acl`` if given, else :attr:`ephemeral_acl` (ephemeral nodes)
+        or :attr:`acl`. Parents created by ``makepath`` always get :attr:`acl`.
+        """
+        node_acl = list(acl) if acl is not None else None
+        if node_acl is None:
+            node_acl = self.ephemeral_acl if ephemeral and self.ephemeral_acl else self.acl
+        if not makepath or node_acl == self.acl:
+            return await self._create(path, value, node_acl, ephemeral, sequence, makepath)
+        # kazoo would give missing parents the node's own ACL: a directory owned by one
+        # process's owner identity would be closed to every other process.
+        try:
+            return await self._create(path, value, node_acl, ephemeral, sequence, False)
+        except ZkNoNodeError:
+            await self.ensure_path(posixpath.dirname(path) or "/")
+        return await self._create(path, value, node_acl, ephemeral, sequence, False)
+
+    async def _create(
+        self,
+        path: str,
+        value: bytes,
+        acl: list[ACL] | None,
+        ephemeral: bool,
+        sequence: bool,
+        makepath: bool,
+    ) -> str:
         result: str = await self._call(
             self._client.create_async,
             path,
             value,
-            acl=self.acl,
+            acl=acl,
             ephemeral=ephemeral,
             sequence=sequence,
             makepath=makepath,
@@ -544,6 +685,46 @@ class ZkSession:
         """Delete a znode; with ``version`` only if it still has that version."""
         await self._call(self._client.delete_async, path, version)
 
-    async def ensure_path(self, path: str) -> None:
-        """Create ``path`` and its parents as persistent nodes if they are missing."""
-        await self._call(self._client.ensure_path_async, path, self.acl)
+    async def ensure_path(self, path: str, *, acl: Sequence[ACL] | None = None) -> None:
+        """Create ``path`` and its parents as persistent nodes if they are missing.
+
+        Missing nodes get ``acl`` (default :attr:`acl`); existing ones are left as
+        they are, so this needs no right on them beyond reading.
+        """
+        await self._call(
+            self._client.ensure_path_async, path, list(acl) if acl is not None else self.acl
+        )
+
+    async def get_acls(self, path: str) -> list[ACL]:
+        """Read a znode's ACL (ZooKeeper requires READ or ADMIN on it)."""
+        acls, _stat = await self._call(self._client.get_acls_async, path)
+        return list(acls)
+
+    async def set_acls(self, path: str, acls: Sequence[ACL]) -> None:
+        """Replace a znode's ACL (requires ADMIN on it)."""
+        await self._call(self._client.set_acls_async, path, list(acls))
+
+    async def child_rights(self, parent: str) -> int:
+        """Which of CREATE and DELETE this session may use on ``parent``'s children.
+
+        Found out by trying, since ZooKeeper shows a digest ACL's password hashes only
+        to holders of ADMIN: one transaction creates a child, deletes it and then
+        fails on purpose (a version check no node can pass), so nothing is applied
+        and no watch fires. DELETE is reported only if CREATE is granted.
+
+        Raises:
+            ZkNoNodeError: ``parent`` does not exist.
+        """
+        probe = f"{parent.rstrip('/')}/.rights-probe-{secrets.token_hex(6)}"
+        transaction = self._client.transaction()
+        transaction.create(probe, b"", ephemeral=True)
+        transaction.delete(probe)
+        transaction.check(parent, _IMPOSSIBLE_VERSION)
+        results = await self._call(transaction.commit_async)
+        if any(isinstance(result, kz.NoNodeError) for result in results):
+            raise ZkNoNodeError(f"NoNodeError: {parent}")
+        if isinstance(results[0], kz.NoAuthError):
+            return 0
+        if isinstance(results[1], kz.NoAuthError):
+            return int(Permissions.CREATE)
+        return int(Permissions.CREATE | Permissions.DELETE)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from discovery.brake import MassLossBrakeConfig
 from discovery.config import (
     COMMON_OPTIONS,
     ZK_OPTIONS,
@@ -14,6 +15,7 @@ from discovery.config import (
     add_options,
     advertised_address,
     checked_id,
+    env_flag,
     int_range,
     listen_options,
     positive_float,
@@ -22,6 +24,24 @@ from discovery.config import (
 from discovery.errors import ConfigError
 
 __all__ = ["SearchServerConfig", "build_parser"]
+
+
+def _fraction(text: str) -> float:
+    value = _non_negative_float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be > 0 and <= 1, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
 
 SEARCH_OPTIONS = (
     *listen_options(8080, "ss"),
@@ -102,6 +122,57 @@ SEARCH_OPTIONS = (
         default=30.0,
         metavar="SECONDS",
     ),
+    Option(
+        "--leader-eligible",
+        "DISCOVERY_LEADER_ELIGIBLE",
+        "take part in the leader election; --no-leader-eligible for a server whose Redis "
+        "credentials cannot publish (it only reads the live list)",
+        type=env_flag,
+        default=True,
+        boolean=True,
+    ),
+    Option(
+        "--leader-retry-pause",
+        "DISCOVERY_LEADER_RETRY_PAUSE",
+        "seconds a leader that Redis refused to let publish (credentials, ACL) stays out "
+        "of the election before contending again",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+    ),
+    # The leader's mass-loss brake (discovery/brake.py).
+    Option(
+        "--mass-loss-fraction",
+        "DISCOVERY_MASS_LOSS_FRACTION",
+        "the leader holds removals when more than this share of the data servers vanish "
+        "unannounced within --mass-loss-window (0 < F <= 1; 1 disables the brake)",
+        type=_fraction,
+        default=0.3,
+        metavar="F",
+    ),
+    Option(
+        "--mass-loss-window",
+        "DISCOVERY_MASS_LOSS_WINDOW",
+        "seconds within which vanishing data servers count together for the brake",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--mass-loss-hold",
+        "DISCOVERY_MASS_LOSS_HOLD",
+        "longest time the leader holds removals once the brake engages (0 disables it)",
+        type=_non_negative_float,
+        default=30.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--mass-loss-min",
+        "DISCOVERY_MASS_LOSS_MIN",
+        "fewest vanished data servers that can engage the brake",
+        type=positive_int,
+        default=3,
+    ),
 )
 
 
@@ -133,6 +204,9 @@ class SearchServerConfig:
     heartbeat_ttl: float = 5.0
     reconcile_interval: float = 30.0
     zk_fallback_after: float | None = None
+    leader_eligible: bool = True
+    leader_retry_pause: float = 10.0
+    mass_loss: MassLossBrakeConfig = field(default_factory=MassLossBrakeConfig)
 
     def __post_init__(self) -> None:
         checked_id(self.server_id)
@@ -140,6 +214,8 @@ class SearchServerConfig:
             raise ConfigError("--timeout-ms must not exceed --max-timeout-ms")
         if self.heartbeat_ttl <= self.heartbeat_interval:
             raise ConfigError("--heartbeat-ttl must be longer than --heartbeat-interval")
+        if not self.leader_retry_pause > 0:
+            raise ConfigError("--leader-retry-pause must be positive")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SearchServerConfig:
@@ -160,4 +236,12 @@ class SearchServerConfig:
             heartbeat_ttl=args.heartbeat_ttl,
             reconcile_interval=args.reconcile_interval,
             zk_fallback_after=args.zk_fallback_after,
+            leader_eligible=args.leader_eligible,
+            leader_retry_pause=args.leader_retry_pause,
+            mass_loss=MassLossBrakeConfig(
+                fraction=args.mass_loss_fraction,
+                window=args.mass_loss_window,
+                hold=args.mass_loss_hold,
+                min_count=args.mass_loss_min,
+            ),
         )

@@ -120,7 +120,10 @@ class _ShardCall:
 def _key(instance: ServiceInstance) -> str:
     # The id alone is not enough: a data server restarted on another port (or a second
     # server misconfigured with the same id) is a different target with its own health.
-    return f"{instance.id}@{instance.address}:{instance.port}"
+    # Nor is the address: a server its agent took offline and admitted again (after
+    # `rise` good probes) registers anew, and must not stay ejected for what it did
+    # before it left.
+    return f"{instance.id}@{instance.address}:{instance.port}/{instance.registration_time_utc}"
 
 
 def _url(instance: ServiceInstance) -> str:

@@ -3,8 +3,11 @@
 Every search server
 
 * registers ``/search_servers/members/<id>`` (EPHEMERAL) for status and dashboards;
-* joins the election; while it leads, it watches ``/data_servers`` and publishes the
-  live list to Redis (:class:`~discovery.leader.LeaderDuty`);
+* joins the election (unless ``--no-leader-eligible``); while it leads, it watches
+  ``/data_servers`` and publishes the live list to Redis
+  (:class:`~discovery.leader.LeaderDuty`) with the publishing credentials; a leader
+  that Redis refuses (credentials, ACL) resigns and stays out of the election for
+  ``--leader-retry-pause`` seconds;
 * reads the live list from Redis (:class:`~discovery.livelist.LiveListReader`), the
   leader included, and routes queries with it;
 * fans ``GET /search`` out to one live replica per shard under a deadline
@@ -26,19 +29,20 @@ from importlib import resources
 from typing import Any
 
 import aiohttp
-import redis.asyncio as aioredis
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from discovery.election import LeaderElection
-from discovery.errors import ZkError
-from discovery.http import MAX_QUERY_LENGTH, int_param, json_error, json_errors
+from discovery.acl import SEARCH_SERVER_ACCESS, check_access
+from discovery.election import LeaderElection, Leadership
+from discovery.errors import RedisAccessError, ZkError
+from discovery.http import MAX_QUERY_LENGTH, json_app, json_error, parse_search_params
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.layout import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.leader import LeaderDuty
 from discovery.livelist import LiveListReader
 from discovery.membership import MembershipWatcher
+from discovery.redisconn import RedisRole, make_redis
 from discovery.registration import Registration
 from discovery.zk import ZkSession
 
@@ -71,6 +75,11 @@ class SearchServer:
         self.reader: LiveListReader | None = None
         self.fanout: FanOut | None = None
         self._fallback: _ZkFallback | None = None
+        self._duty: LeaderDuty | None = None
+        # Re-joins the election after a leader resigned because Redis refused it.
+        self._rejoin: asyncio.Task[None] | None = None
+        #: Terms given up because Redis refused the publishing credentials or ACL.
+        self.leader_refusals = 0
         self._stopped = False
         # The dashboard: queries of the last seconds, the search servers, the stream.
         self.query_stats = QueryStats()
@@ -114,10 +123,14 @@ class SearchServer:
         self.session = await stack.enter_async_context(
             ZkSession.from_config(config.zk, registry=self.registry)
         )
+        # A wrong --zk-auth password or a missing grant fails start-up, naming the cause.
+        await check_access(self.session, SEARCH_SERVER_ACCESS)
         # Redis outages are survivable (the reader keeps the last list), so a client
-        # that cannot connect yet is not a start-up failure.
-        redis = aioredis.Redis.from_url(
-            config.cluster.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
+        # that cannot connect yet is not a start-up failure. Refused credentials are
+        # no start-up failure either: the reader logs them and keeps trying, since an
+        # operator may fix the ACL on the Redis side without restarting us.
+        redis = make_redis(
+            config.cluster, role=RedisRole.READ, socket_timeout=2.0, socket_connect_timeout=2.0
         )
         stack.push_async_callback(redis.aclose)
         self.reader = await stack.enter_async_context(
@@ -145,24 +158,96 @@ class SearchServer:
         await stack.enter_async_context(
             Registration(self.session, self._member_instance(), base_path=SEARCH_MEMBERS_PATH)
         )
-        duty = LeaderDuty(
-            self.session,
-            redis,
-            config.cluster.redis_prefix,
-            self.server_id,
-            heartbeat_interval=config.heartbeat_interval,
-            heartbeat_ttl=config.heartbeat_ttl,
-            registry=self.registry,
-        )
+        if config.leader_eligible:
+            # The leader publishes with credentials of its own (by default the reading
+            # ones), so a cluster can give the other search servers a user that cannot
+            # write. The client connects only once we lead.
+            publish_redis = make_redis(
+                config.cluster,
+                role=RedisRole.PUBLISH,
+                socket_timeout=2.0,
+                socket_connect_timeout=2.0,
+            )
+            stack.push_async_callback(publish_redis.aclose)
+            self._duty = LeaderDuty(
+                self.session,
+                publish_redis,
+                config.cluster.redis_prefix,
+                self.server_id,
+                heartbeat_interval=config.heartbeat_interval,
+                heartbeat_ttl=config.heartbeat_ttl,
+                registry=self.registry,
+                mass_loss=config.mass_loss,
+            )
         if config.zk_fallback_after is not None:
             fallback = _ZkFallback(self.session, self.reader, config.zk_fallback_after)
             await stack.enter_async_context(fallback)
             self._fallback = fallback
+        if self._duty is None:
+            log.info(
+                "search server %s is not leader-eligible: it reads the live list and never "
+                "joins the election",
+                self.server_id,
+            )
+            return
         # Entered last, so left first on shutdown: a successor can take over while
         # this server still answers queries.
-        self.election = await stack.enter_async_context(
-            LeaderElection(self.session, SEARCH_ELECTION_PATH, self.server_id, duty)
-        )
+        self.election = await stack.enter_async_context(self._new_election())
+
+    def _new_election(self) -> LeaderElection:
+        assert self.session is not None
+        return LeaderElection(self.session, SEARCH_ELECTION_PATH, self.server_id, self._lead)
+
+    async def _lead(self, leadership: Leadership) -> None:
+        """One term of leadership; if Redis refuses to let us publish, resign for a while.
+
+        Refused credentials or a missing ACL permission do not pass by retrying, and a
+        leader that kept its term would hold the election while publishing nothing. So
+        the term ends at once (a search server whose credentials work can take over),
+        we stay out of the election for ``leader_retry_pause`` seconds (time for an
+        operator to fix the ACL, and no hot loop of winning and failing) and then
+        contend again.
+        """
+        duty = self._duty
+        assert duty is not None
+        try:
+            await duty(leadership)
+        except RedisAccessError as exc:
+            self.leader_refusals += 1
+            log.error(
+                "leader %s (epoch %d): Redis refused to let it publish the live list: %s. "
+                "Resigning; contending again in %g s (fix the publishing credentials, "
+                "--redis-publish-username/--redis-publish-password, or the Redis ACL; "
+                "a server that must not publish should run with --no-leader-eligible)",
+                self.server_id,
+                leadership.epoch,
+                exc,
+                self.config.leader_retry_pause,
+            )
+            if self._rejoin is None or self._rejoin.done():
+                self._rejoin = asyncio.create_task(
+                    self._rejoin_election_later(), name=f"rejoin-election:{self.server_id}"
+                )
+
+    async def _rejoin_election_later(self) -> None:
+        """Leave the election now and join it again after ``leader_retry_pause``."""
+        try:
+            election = self.election
+            if election is not None:
+                # Deletes our election node at once, so another contender leads meanwhile.
+                await election.aclose()
+            # A back-off between attempts, not a synchronisation: nothing signals that
+            # the operator has fixed the credentials.
+            await asyncio.sleep(self.config.leader_retry_pause)
+            if self._stopped:
+                return
+            election = self._new_election()
+            await election.start()
+            self.election = election
+            log.info("search server %s contends for leadership again", self.server_id)
+        except Exception:
+            # Not fatal for the server: it keeps reading and serving, only never leads.
+            log.exception("search server %s could not re-join the election", self.server_id)
 
     async def shutdown(self) -> None:
         """Leave the election, stop serving, close everything. Idempotent."""
@@ -171,6 +256,10 @@ class SearchServer:
         self._stopped = True
         # First hand leadership over, then stop taking queries and finish those in
         # flight (their fan-out still needs the HTTP pool), then close the rest.
+        if self._rejoin is not None:
+            self._rejoin.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._rejoin
         if self.election is not None:
             await self.election.aclose()
         if self._runner is not None:
@@ -194,7 +283,7 @@ class SearchServer:
     # -- HTTP --------------------------------------------------------------------
 
     def _make_app(self) -> web.Application:
-        app = web.Application(middlewares=[json_errors])
+        app = json_app(self.registry)  # JSON errors; 4xx counted on our registry
         app.router.add_get("/search", self.search)
         app.router.add_get("/cluster", self.cluster)
         app.router.add_get("/", self.dashboard)
@@ -207,20 +296,17 @@ class SearchServer:
         return app
 
     async def search(self, request: web.Request) -> web.Response:
-        query = request.query.get("q")
-        if query is None or not query.strip():
-            return json_error(400, "missing query parameter 'q'")
-        if len(query) > MAX_QUERY_LENGTH:
-            return json_error(
-                400, f"query longer than {MAX_QUERY_LENGTH} characters ({len(query)})"
-            )
-        try:
-            k = int_param(request, "k", 10, 1, MAX_K)
-            timeout_ms = int_param(
-                request, "timeout_ms", self.config.default_timeout_ms, 1, self.config.max_timeout_ms
-            )
-        except ValueError as exc:
-            return json_error(400, str(exc))
+        # Raises BadRequestError, which json_errors answers with 400 and counts. The
+        # same rules as the data servers': a query we forward must never be refused
+        # there, since a refusal counts as the data server failing.
+        params = parse_search_params(
+            request.query,
+            max_k=MAX_K,
+            default_timeout_ms=self.config.default_timeout_ms,
+            max_timeout_ms=self.config.max_timeout_ms,
+        )
+        query, k, timeout_ms = params.q, params.k, params.timeout_ms
+        assert timeout_ms is not None  # asked for with max_timeout_ms
         if self.reader is None or self.fanout is None:
             return json_error(503, "starting")
         servers = self._routing_list()
@@ -252,6 +338,7 @@ class SearchServer:
         ejected = self.fanout.ejected() if self.fanout is not None else set()
         servers = []
         routing = self._routing_list() or []
+        brake = self._duty.brake_status() if self._duty is not None else None
         if routing:
             for instance in sorted(routing, key=lambda i: i.id):
                 servers.append(
@@ -285,6 +372,8 @@ class SearchServer:
             else "redis",
             "now_ms": int(time.time() * 1000),
             "servers": servers,
+            # Only the leader runs the brake: null on the other search servers.
+            "mass_loss_brake": brake.to_dict() if brake is not None else None,
         }
 
     async def dashboard(self, request: web.Request) -> web.Response:

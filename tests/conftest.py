@@ -23,7 +23,7 @@ from redis.backoff import ExponentialBackoff
 
 from data_server.config import DataServerConfig
 from data_server.server import DataServer
-from discovery.config import AgentConfig, ClusterConfig, ZkConfig
+from discovery.config import AgentConfig, ClusterConfig, RedisConfig, ZkConfig
 from discovery.devcluster import RedisServer, ZooKeeperEnsemble
 from discovery.zk import ZkSession
 from search_server.config import SearchServerConfig
@@ -174,11 +174,17 @@ async def make_data_server(zk_hosts: str) -> AsyncIterator[DataServerFactory]:
     servers: list[DataServer] = []
 
     async def make(
-        *, agent: AgentConfig = FAST_AGENT, admin_token: str | None = None, **fields: object
+        *,
+        agent: AgentConfig = FAST_AGENT,
+        admin_token: str | None = None,
+        zk_auth: str | None = None,
+        **fields: object,
     ) -> DataServer:
         fields.setdefault("docs", 300)
         config = DataServerConfig(
-            zk=ZkConfig(hosts=zk_hosts, session_timeout=SESSION_TIMEOUT, connect_timeout=20),
+            zk=ZkConfig(
+                hosts=zk_hosts, session_timeout=SESSION_TIMEOUT, connect_timeout=20, auth=zk_auth
+            ),
             cluster=ClusterConfig(admin_token=admin_token),
             agent=agent,
             port=0,
@@ -207,16 +213,27 @@ async def make_search_server(
     async def make(
         *,
         redis_url: str | None = None,
+        redis: RedisConfig | None = None,
         zk: str | None = None,
         session_timeout: float = SESSION_TIMEOUT,
+        zk_auth: str | None = None,
         **fields: object,
     ) -> SearchServer:
         fields.setdefault("heartbeat_interval", 0.2)
         fields.setdefault("heartbeat_ttl", 2.0)
         fields.setdefault("reconcile_interval", 1.0)
         config = SearchServerConfig(
-            zk=ZkConfig(hosts=zk or zk_hosts, session_timeout=session_timeout, connect_timeout=20),
-            cluster=ClusterConfig(cluster=cluster, redis_url=redis_url or redis_server.url),
+            zk=ZkConfig(
+                hosts=zk or zk_hosts,
+                session_timeout=session_timeout,
+                connect_timeout=20,
+                auth=zk_auth,
+            ),
+            cluster=ClusterConfig(
+                cluster=cluster,
+                redis_url=redis_url or redis_server.url,
+                redis=redis or RedisConfig(),
+            ),
             port=0,
             **fields,  # type: ignore[arg-type]
         )

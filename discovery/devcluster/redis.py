@@ -3,21 +3,33 @@
 The server runs in the foreground as our child, with RDB and AOF disabled: the live list it
 holds is republished by the leader, so a dev server never needs its data on disk.
 ``$REDIS_SERVER`` overrides the binary; ``make setup`` installs the Debian package.
+
+By default there is no authentication and no TLS. Optionally the ``default`` user gets a
+password, further ACL users are defined (lines of an ACL file, e.g. from
+:func:`discovery.redisconn.acl_user_line`), and the server speaks only TLS, with a
+throwaway CA and certificate made in its directory (:func:`~discovery.devcluster.tls.make_dev_pki`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 import socket
+import ssl
+import urllib.parse
+from collections.abc import Sequence
 from pathlib import Path
 
 from discovery.devcluster.ports import LOOPBACK, free_port
 from discovery.devcluster.process import ManagedProcess
+from discovery.devcluster.tls import DevPki, make_dev_pki
 from discovery.errors import DevClusterError
 
 __all__ = ["RedisServer", "find_redis_server", "redis_ping"]
+
+_TLS_AUTH_CLIENTS = ("no", "optional", "yes")
 
 logger = logging.getLogger(__name__)
 
@@ -42,23 +54,57 @@ def find_redis_server() -> str:
     return found
 
 
-def redis_ping(port: int, host: str = LOOPBACK, timeout: float = 1.0) -> bool:
+def _sha256(password: str) -> str:
+    # ACL files take a password's SHA-256 as well: no secret in clear on disk.
+    return hashlib.sha256(password.encode("utf-8")).hexdigest()
+
+
+def _resp(*parts: str) -> bytes:
+    encoded = [part.encode("utf-8") for part in parts]
+    return b"*%d\r\n" % len(encoded) + b"".join(
+        b"$%d\r\n%s\r\n" % (len(part), part) for part in encoded
+    )
+
+
+def redis_ping(
+    port: int,
+    host: str = LOOPBACK,
+    timeout: float = 1.0,
+    *,
+    password: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+) -> bool:
     """Return True if a Redis server on ``host:port`` answers PING with ``+PONG``.
 
-    Never raises: unreachable, loading (``-LOADING``) or misbehaving servers give False.
+    With ``password`` it first authenticates as the ``default`` user; with
+    ``ssl_context`` it speaks TLS. Never raises: unreachable, loading (``-LOADING``),
+    refusing or misbehaving servers give False.
     """
+    request = _resp("PING")
+    replies = 1
+    if password is not None:
+        request = _resp("AUTH", password) + request
+        replies = 2
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+        with socket.create_connection((host, port), timeout=timeout) as raw:
+            sock = (
+                ssl_context.wrap_socket(raw, server_hostname=host)
+                if ssl_context is not None
+                else raw
+            )
+            sock.sendall(request)
             answer = b""
-            while b"\r\n" not in answer:
-                chunk = sock.recv(64)
+            while answer.count(b"\r\n") < replies:
+                chunk = sock.recv(256)
                 if not chunk:
                     break
                 answer += chunk
-    except OSError:
+    except OSError:  # ssl.SSLError included
         return False
-    return answer.startswith(b"+PONG")
+    lines = answer.split(b"\r\n")
+    if password is not None and not lines[0].startswith(b"+OK"):
+        return False
+    return len(lines) > replies - 1 and lines[replies - 1].startswith(b"+PONG")
 
 
 class RedisServer(ManagedProcess):
@@ -69,12 +115,50 @@ class RedisServer(ManagedProcess):
     (``start(wait=False)`` only launches it) and raises ``DevClusterError`` with the log
     tail if it exits or does not answer in time. ``stop()`` is idempotent and always reaps
     the process (SIGTERM, then SIGKILL after its timeout).
+
+    Security, all off by default:
+
+    * ``password``: the password of the ``default`` user, which keeps every right (the
+      readiness probe and admin clients use it);
+    * ``users``: ACL file lines (``user <name> <rules>``) of further users, written to
+      ``workdir/users.acl`` (the ``default`` user is configured by ``password`` only);
+    * ``tls``: the port speaks only TLS (no plain-text port), with a CA and server and
+      client certificates made in ``workdir/tls`` (:attr:`pki`); ``tls_auth_clients``
+      is Redis's ``tls-auth-clients`` (``no``, ``optional`` or ``yes``: a client
+      certificate signed by that CA is required).
+
+    Raises:
+        ValueError: a ``users`` line is not a ``user`` line, or names ``default``, or
+            ``tls_auth_clients`` is not one of the three values.
     """
 
-    def __init__(self, workdir: str | os.PathLike[str], port: int | None = None) -> None:
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str],
+        port: int | None = None,
+        *,
+        password: str | None = None,
+        users: Sequence[str] = (),
+        tls: bool = False,
+        tls_auth_clients: str = "no",
+    ) -> None:
         directory = Path(workdir)
         super().__init__("redis", directory, directory / "redis.log")
         self._port = free_port() if port is None else port
+        for line in users:
+            words = line.split()
+            if len(words) < 2 or words[0] != "user" or "\n" in line:
+                raise ValueError(f"not an ACL file line 'user <name> <rules>': {line!r}")
+            if words[1] == "default":
+                raise ValueError("the default user is configured by password=, not users=")
+        if tls_auth_clients not in _TLS_AUTH_CLIENTS:
+            raise ValueError(f"tls_auth_clients must be one of {_TLS_AUTH_CLIENTS}")
+        self._password = password
+        self._users = tuple(users)
+        self._tls = tls
+        self._tls_auth_clients = tls_auth_clients
+        self._pki: DevPki | None = None
+        self._ssl_context: ssl.SSLContext | None = None
 
     @property
     def port(self) -> int:
@@ -88,8 +172,55 @@ class RedisServer(ManagedProcess):
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0``, for redis-py's ``from_url``."""
-        return f"redis://{LOOPBACK}:{self._port}/0"
+        """``redis://127.0.0.1:<port>/0`` (``rediss://`` with TLS), without credentials."""
+        scheme = "rediss" if self._tls else "redis"
+        return f"{scheme}://{LOOPBACK}:{self._port}/0"
+
+    def client_url(self, username: str | None = None, password: str | None = None) -> str:
+        """:attr:`url` with credentials in it (quoted as URLs need)."""
+        if username is None and password is None:
+            return self.url
+        user = urllib.parse.quote(username or "", safe="")
+        secret = "" if password is None else ":" + urllib.parse.quote(password, safe="")
+        return self.url.replace("://", f"://{user}{secret}@", 1)
+
+    @property
+    def password(self) -> str | None:
+        """The ``default`` user's password, None without one."""
+        return self._password
+
+    @property
+    def pki(self) -> DevPki:
+        """The TLS files (the CA that clients verify with); made on first use.
+
+        Raises:
+            DevClusterError: the server has no TLS, or openssl failed.
+        """
+        if not self._tls:
+            raise DevClusterError("this Redis server runs without TLS")
+        if self._pki is None:
+            self._pki = make_dev_pki(self._workdir / "tls")
+        return self._pki
+
+    @property
+    def _uses_acl_file(self) -> bool:
+        return bool(self._users) or self._password is not None
+
+    def _prepare(self) -> None:
+        if self._uses_acl_file:
+            default = (
+                "user default on nopass ~* &* +@all"
+                if self._password is None
+                else f"user default on #{_sha256(self._password)} ~* &* +@all"
+            )
+            acl = self._workdir / "users.acl"
+            acl.write_text("\n".join((default, *self._users)) + "\n", encoding="utf-8")
+            acl.chmod(0o600)
+        if self._tls:
+            pki = self.pki
+            context = ssl.create_default_context(cafile=str(pki.ca_cert))
+            context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+            self._ssl_context = context
 
     def _command(self) -> list[str]:
         return [
@@ -108,7 +239,32 @@ class RedisServer(ManagedProcess):
             str(self._workdir),
             "--logfile",
             str(self._log_path),
+            *self._security_arguments(),
         ]
 
+    def _security_arguments(self) -> list[str]:
+        args: list[str] = []
+        if self._uses_acl_file:
+            # Even a lone password goes into the file (not --requirepass): the command
+            # line is visible in ps and written to the log.
+            args += ["--aclfile", str(self._workdir / "users.acl")]
+        if self._tls:
+            pki = self.pki
+            args += [
+                "--port",
+                "0",
+                "--tls-port",
+                str(self._port),
+                "--tls-cert-file",
+                str(pki.server_cert),
+                "--tls-key-file",
+                str(pki.server_key),
+                "--tls-ca-cert-file",
+                str(pki.ca_cert),
+                "--tls-auth-clients",
+                self._tls_auth_clients,
+            ]
+        return args
+
     def _probe(self) -> bool:
-        return redis_ping(self._port)
+        return redis_ping(self._port, password=self._password, ssl_context=self._ssl_context)

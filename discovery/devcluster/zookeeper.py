@@ -9,6 +9,7 @@ own directory, so a restart comes back with the same data on the same port.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import socket
@@ -252,7 +253,14 @@ class ZooKeeperServer(ManagedProcess):
             "preAllocSize=4096",
         ]
         if self._peers:
-            lines += ["initLimit=10", "syncLimit=5", "reconfigEnabled=false"]
+            # The limits count ticks. With the short ticks we use for short sessions,
+            # ZooKeeper's usual 10 and 5 ticks would give a follower 0.5 s to answer its
+            # leader: a busy machine (a JVM starting next door) then drops followers and
+            # loses quorum by itself. Keep them at the usual seconds instead.
+            init_limit = max(10, math.ceil(20_000 / self.tick_time_ms))
+            sync_limit = max(5, math.ceil(5_000 / self.tick_time_ms))
+            lines += [f"initLimit={init_limit}", f"syncLimit={sync_limit}"]
+            lines += ["reconfigEnabled=false"]
             lines += [
                 f"server.{p.server_id}={LOOPBACK}:{p.quorum_port}:{p.election_port}"
                 for p in self._peers
