@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 DEB_PACKAGES := zookeeper redis-server default-jre-headless chromium docker-compose
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-packages test lint typecheck pytest demo devcluster bench clean
+.PHONY: setup system-packages test lint typecheck pytest demo devcluster bench chaos chaos-ci clean
 
 setup: system-packages $(STAMP)
 
@@ -59,6 +59,18 @@ bench: setup
 	    echo "== bench/bench_$$b.py"; $(BIN)/python bench/bench_$$b.py || exit 1; \
 	  fi; \
 	done
+
+# A seeded chaos run: a 3-server ZooKeeper ensemble, Redis, 3 search servers and 30
+# data servers under load, faults injected for CHAOS_DURATION seconds, the invariants
+# checked all along; exits non-zero on any violation. CI runs the short one.
+CHAOS_DURATION ?= 600
+CHAOS_SEED     ?= 1
+chaos: setup
+	$(BIN)/discovery chaos --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) \
+	  --report bench/results/chaos.json
+
+chaos-ci: setup
+	$(BIN)/discovery chaos --duration 100 --seed 7
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from discovery import demo, status
+from discovery import acl, chaos, demo, status
 from discovery.devcluster import command as devcluster_command
 from discovery.entrypoint import configure_logging
 
@@ -31,7 +31,10 @@ if TYPE_CHECKING:  # not subscriptable at run time before Python 3.12
 _SUBCOMMANDS: tuple[Callable[[_SubParsers], object], ...] = (
     devcluster_command.add_parser,
     demo.add_parser,
+    chaos.add_parser,
     status.add_parser,
+    acl.add_parser,
+    acl.add_digest_parser,
 )
 
 

@@ -1,0 +1,8 @@
+"""Chaos testing: seeded faults against a local cluster under load, invariants checked
+continuously (``discovery chaos``)."""
+
+from .command import add_parser, run
+from .config import ChaosConfig
+from .runner import ChaosResult, run_chaos, schedule
+
+__all__ = ["ChaosConfig", "ChaosResult", "add_parser", "run", "run_chaos", "schedule"]

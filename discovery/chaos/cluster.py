@@ -1,0 +1,275 @@
+"""The processes of a chaos run, and the hands that hurt them.
+
+A 3-server ZooKeeper ensemble and Redis (:class:`~discovery.devcluster.DevCluster`),
+search servers and data servers, each data or search server a process of its own
+started from its console entry point (so each has its own ZooKeeper session and can be
+killed, paused and restarted alone, as in production). The harness talks to them only
+from outside: signals, the data servers' loopback admin endpoints, the search servers'
+``GET /cluster``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from ..devcluster import DevCluster
+from ..devcluster.ports import free_ports
+from .config import ChaosConfig
+
+__all__ = ["ChaosCluster", "Member"]
+
+log = logging.getLogger(__name__)
+
+CLUSTER_NAME = "chaos"
+_STOP_TIMEOUT = 10.0
+
+
+@dataclass
+class Member:
+    """One data or search server process: how to start it and what state it is in."""
+
+    name: str
+    port: int
+    argv: list[str]
+    log_path: Path
+    process: asyncio.subprocess.Process | None = None
+    paused: bool = False
+    #: Answers ``GET /readyz`` since its last start: only then does the load use it, as a
+    #: load balancer's health check would.
+    ready: bool = False
+    restarts: int = 0
+    #: Bumped by every kill, pause or restart: a query in flight across a change of it
+    #: was disturbed by the harness, not by the system.
+    disturbances: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class ChaosCluster:
+    """Start, signal and stop everything of one run. ``await start()``, ``await aclose()``."""
+
+    def __init__(self, config: ChaosConfig, workdir: Path) -> None:
+        self.config = config
+        self.workdir = workdir
+        self.backend = DevCluster(
+            workdir / "backend",
+            zk_nodes=3,
+            tick_time_ms=config.tick_time_ms,
+            max_session_timeout_ms=60_000,
+        )
+        self.search: dict[str, Member] = {}
+        self.data: dict[str, Member] = {}
+        self._http: aiohttp.ClientSession | None = None
+        self._readiness: set[asyncio.Task[None]] = set()
+
+    @property
+    def zk_hosts(self) -> str:
+        return self.backend.zk.hosts
+
+    @property
+    def redis_url(self) -> str:
+        return self.backend.redis.url
+
+    @property
+    def redis_prefix(self) -> str:
+        return f"discovery:{CLUSTER_NAME}"
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        assert self._http is not None, "ChaosCluster not started"
+        return self._http
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the backend, then every search and data server (not waiting for them)."""
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self.backend.start)
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        config = self.config
+        ports = free_ports(config.search_servers + config.data_servers)
+        for index in range(config.search_servers):
+            name = f"search-{index + 1}"
+            self.search[name] = Member(name, ports.pop(), self._search_argv(name), self._log(name))
+        for index in range(config.data_servers):
+            name = f"ds-{index:04d}"
+            shard, replica = index % config.shards, index // config.shards
+            member = Member(name, ports.pop(), [], self._log(name))
+            member.argv = self._data_argv(member, shard, replica)
+            member.extra.update(shard=shard, replica=replica)
+            self.data[name] = member
+        for member in [*self.search.values(), *self.data.values()]:
+            await self.spawn(member)
+
+    async def aclose(self) -> None:
+        """Stop every process (SIGCONT first: a paused process cannot exit), then the backend."""
+        members = [m for m in [*self.search.values(), *self.data.values()] if m.running]
+        for member in members:
+            if member.paused:
+                self.signal(member, signal.SIGCONT)
+        for task in list(self._readiness):
+            task.cancel()
+        await asyncio.gather(*self._readiness, return_exceptions=True)
+        await asyncio.gather(*(self.terminate(member) for member in members))
+        if self._http is not None:
+            await self._http.close()
+        await asyncio.to_thread(self.backend.stop)
+
+    # -- processes ---------------------------------------------------------------
+
+    def _log(self, name: str) -> Path:
+        return self.workdir / "logs" / f"{name}.log"
+
+    def _common(self) -> list[str]:
+        config = self.config
+        return [
+            *("--zk", self.zk_hosts, "--redis", self.redis_url, "--cluster", CLUSTER_NAME),
+            *("--session-timeout", str(config.session_timeout), "--log-level", "WARNING"),
+        ]
+
+    def _search_argv(self, name: str) -> list[str]:
+        config = self.config
+        return [
+            *("-m", "search_server.cli", "--id", name),
+            *("--heartbeat-interval", str(config.heartbeat_interval)),
+            *("--heartbeat-ttl", str(max(3.0, 4 * config.heartbeat_interval))),
+            *("--reconcile-interval", "5", "--timeout-ms", str(config.deadline_ms)),
+        ]
+
+    def _data_argv(self, member: Member, shard: int, replica: int) -> list[str]:
+        config = self.config
+        return [
+            *("-m", "data_server.cli", "--id", member.name, "--docs", "300"),
+            *("--shard", str(shard), "--replica", str(replica)),
+            *("--probe-interval", str(config.probe_interval)),
+            *("--probe-timeout", str(config.probe_timeout), "--probe-max-latency", "0.5"),
+            *("--fall", str(config.fall), "--rise", str(config.rise), "--drain-grace", "1"),
+            # Every server is hurt a few times in a long run; damping a flapping server
+            # is tested elsewhere and would only blur the bounds judged here.
+            *("--flap-max", "1000"),
+        ]
+
+    async def spawn(self, member: Member) -> None:
+        """Start ``member``'s process (again), appending to its log."""
+        argv = [*member.argv, *self._common(), "--port", str(member.port)]
+        with member.log_path.open("ab") as out:
+            member.process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                # Its own process group: our Ctrl-C is ours, its signals are its own.
+                start_new_session=True,
+            )
+        member.paused = False
+        member.ready = False
+        if member.name in self.search:
+            task = asyncio.create_task(self._await_ready(member), name=f"ready:{member.name}")
+            self._readiness.add(task)
+            task.add_done_callback(self._readiness.discard)
+
+    async def _await_ready(self, member: Member) -> None:
+        process = member.process
+        while member.process is process and member.running:
+            try:
+                async with self.http.get(f"{member.url}/readyz") as response:
+                    if response.status == 200:
+                        member.ready = True
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            # Polling a starting process: there is no event to wait for from outside.
+            await asyncio.sleep(0.1)
+
+    def signal(self, member: Member, signum: int) -> None:
+        process = member.process
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signum)
+        if signum in (signal.SIGSTOP, signal.SIGKILL, signal.SIGTERM):
+            member.disturbances += 1
+        if signum == signal.SIGSTOP:
+            member.paused = True
+        elif signum == signal.SIGCONT:
+            member.paused = False
+
+    async def kill(self, member: Member) -> None:
+        """``kill -9`` and reap."""
+        self.signal(member, signal.SIGKILL)
+        if member.process is not None:
+            await member.process.wait()
+        member.paused = False
+
+    async def terminate(self, member: Member) -> None:
+        process = member.process
+        if process is None or process.returncode is not None:
+            return
+        self.signal(member, signal.SIGTERM)
+        try:
+            async with asyncio.timeout(_STOP_TIMEOUT):
+                await process.wait()
+        except TimeoutError:
+            log.warning("%s did not stop within %gs; killing it", member.name, _STOP_TIMEOUT)
+            await self.kill(member)
+
+    async def restart(self, member: Member) -> None:
+        if member.running:
+            await self.kill(member)
+        member.restarts += 1
+        await self.spawn(member)
+
+    # -- talking to the servers -----------------------------------------------------
+
+    async def admin(self, member: Member, path: str, body: object = None) -> bool:
+        """POST to a data server's admin endpoint (loopback, no token); True if 2xx."""
+        try:
+            async with self.http.post(f"{member.url}/admin/{path}", json=body) as response:
+                await response.read()
+                return response.status < 300
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("admin %s on %s failed: %s", path, member.name, exc)
+            return False
+
+    async def view(self, member: Member) -> dict[str, Any] | None:
+        """A search server's ``GET /cluster``, or None if it does not answer quickly."""
+        if not member.running or member.paused:
+            return None
+        try:
+            async with self.http.get(
+                f"{member.url}/cluster", timeout=aiohttp.ClientTimeout(total=1)
+            ) as response:
+                if response.status != 200:
+                    return None
+                view: dict[str, Any] = await response.json()
+                return view
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+
+    async def leader(self) -> Member | None:
+        """The search server that says it leads (None if none does, or several)."""
+        views = await asyncio.gather(*(self.view(m) for m in self.search.values()))
+        leaders = [
+            self.search[view["self"]]
+            for view in views
+            if view is not None and view.get("is_leader") and view.get("self") in self.search
+        ]
+        return leaders[0] if len(leaders) == 1 else None

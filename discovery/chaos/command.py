@@ -1,0 +1,101 @@
+"""``discovery chaos``: a seeded chaos run against a local cluster, judged continuously."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from ..config import int_range, positive_float
+from ..errors import ConfigError, DevClusterError
+from .config import ChaosConfig
+from .report import render, write_json
+from .runner import run_chaos
+
+__all__ = ["add_parser", "run"]
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "chaos",
+        help="inject seeded faults into a local cluster under load and check the invariants",
+        description=(
+            "Start a 3-server ZooKeeper ensemble, Redis, search servers and data servers "
+            "(each its own process), send a steady query load, inject faults from a seeded "
+            "schedule and check the invariants all along. Exit 0 if none was violated, 1 if "
+            "one was, 2 if the cluster could not be started."
+        ),
+    )
+    parser.add_argument(
+        "--duration",
+        type=positive_float,
+        default=600.0,
+        metavar="SECONDS",
+        help="seconds of fault injection [default 600]",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="schedule seed [default 1]")
+    parser.add_argument("--data-servers", type=int_range(4, 200), default=30, help="[default 30]")
+    parser.add_argument("--search-servers", type=int_range(2, 9), default=3, help="[default 3]")
+    parser.add_argument(
+        "--shards",
+        type=int_range(1, 200),
+        default=None,
+        help="shards the data servers are spread over [default: data servers / 2]",
+    )
+    parser.add_argument(
+        "--rate", type=positive_float, default=10.0, help="queries per second [default 10]"
+    )
+    parser.add_argument(
+        "--deadline-ms",
+        type=int_range(50, 10_000),
+        default=500,
+        help="timeout_ms of every query [default 500]",
+    )
+    parser.add_argument(
+        "--session-timeout",
+        type=positive_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="ZooKeeper session timeout of every process [default 5]",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep process logs here [default: a scratch directory, removed on success]",
+    )
+    parser.add_argument(
+        "--report", type=Path, default=None, help="also write the report as JSON here"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = ChaosConfig.from_args(args)
+    except ConfigError as exc:
+        print(f"discovery chaos: {exc}", file=sys.stderr)
+        return 2
+    scratch = config.workdir is None
+    workdir = config.workdir or Path(tempfile.mkdtemp(prefix="discovery-chaos-"))
+    try:
+        result = asyncio.run(run_chaos(config, workdir))
+    except DevClusterError as exc:
+        print(f"discovery chaos: cannot start the cluster: {exc}", file=sys.stderr)
+        return 2
+    print(render(result), flush=True)
+    if config.report is not None:
+        write_json(result, config.report)
+    if scratch and result.ok:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        print(f"process logs in {workdir}", file=sys.stderr)
+    if not result.started:
+        return 2
+    return 0 if result.ok else 1

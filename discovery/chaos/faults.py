@@ -1,0 +1,326 @@
+"""The faults of a chaos run: each injects, holds, heals, and is judged against its bound.
+
+A fault runs in steps. After each step that changes what should be true (the model:
+which data servers are registered and serving), the runner waits until every view
+(ZooKeeper, Redis, each search server) equals the model, within the bound that this
+kind of fault has by design:
+
+========================  ====================================================
+probe faults              ``fall`` probes, the last timing out, plus 1.5 s
+crash (``kill -9``)       the session timeout, one tick, 1 s of propagation
+Redis restart / FLUSHALL  reconnect back-off (5 s at most) plus one heartbeat
+leader killed / paused    the session timeout plus election and first publish
+ZooKeeper server faults   the session timeout after the servers are back
+restarts                  process start-up plus ``rise`` probes
+========================  ====================================================
+
+A step that does not converge within its bound is a violation; the runner then waits
+(up to :data:`RECOVERY_TIMEOUT`) for the cluster to settle, so that one failure does
+not cascade into the next fault's verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import redis as sync_redis
+
+from .cluster import ChaosCluster, Member
+from .config import ChaosConfig
+from .observer import Observer, Snapshot
+
+__all__ = ["FAULTS", "FaultContext", "StepResult"]
+
+log = logging.getLogger(__name__)
+
+RECOVERY_TIMEOUT = 60.0
+#: Process start-up (imports, index build, first good probes) on a loaded 2-core box.
+START_BOUND = 25.0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    fault: str
+    step: str
+    bound: float
+    took: float | None  # None: not within the bound
+    detail: str = ""
+
+
+class FaultContext:
+    """What a fault may use: the cluster, the observer, the seeded RNG, the verdicts."""
+
+    def __init__(
+        self, cluster: ChaosCluster, observer: Observer, config: ChaosConfig, rng: random.Random
+    ) -> None:
+        self.cluster = cluster
+        self.observer = observer
+        self.config = config
+        self.rng = rng
+        self.results: list[StepResult] = []
+        self.skipped: dict[str, int] = {}
+
+    async def converge(
+        self,
+        fault: str,
+        step: str,
+        bound: float,
+        predicate: Callable[[Snapshot], bool] | None = None,
+    ) -> float | None:
+        """Wait until all views equal the model (and ``predicate``) within ``bound``."""
+        observer = self.observer
+        since, model = observer.now(), frozenset(observer.model)
+
+        def done(snapshot: Snapshot) -> bool:
+            # Only a snapshot sampled after this step, against the model it set, counts:
+            # the one before the fault would agree with the old model at once.
+            return (
+                snapshot.at >= since
+                and snapshot.model == model
+                and snapshot.converged
+                and (predicate is None or predicate(snapshot))
+            )
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            await observer.wait_for(done, bound)
+        except TimeoutError:
+            last = observer.last
+            detail = last.describe() if last is not None else "no snapshot"
+            observer.violate(
+                "list equals truth within the fault's bound",
+                f"{fault} {step}: not converged within {bound:.1f} s: {detail}",
+            )
+            self.results.append(StepResult(fault, step, bound, None, detail))
+            try:
+                await observer.wait_for(done, RECOVERY_TIMEOUT)
+            except TimeoutError:
+                log.error("%s %s: not converged after %gs more", fault, step, RECOVERY_TIMEOUT)
+            return None
+        took = loop.time() - started
+        self.results.append(StepResult(fault, step, bound, took))
+        log.info("%s %s: converged in %.2f s (bound %.1f s)", fault, step, took, bound)
+        return took
+
+    async def hold(self, low: float, high: float) -> None:
+        """Keep the fault in place for a seeded while: its duration is part of the test."""
+        await asyncio.sleep(self.rng.uniform(low, high))
+
+    def pick_data(self, count: int) -> list[Member]:
+        candidates = sorted(
+            name
+            for name, member in self.cluster.data.items()
+            if member.running and name in self.observer.model
+        )
+        return [self.cluster.data[name] for name in self.rng.sample(candidates, count)]
+
+    def remove(self, members: list[Member]) -> None:
+        self.observer.model.difference_update(m.name for m in members)
+
+    def add(self, members: list[Member]) -> None:
+        self.observer.model.update(m.name for m in members)
+
+
+# -- data servers ---------------------------------------------------------------------
+
+
+async def data_server_kill(ctx: FaultContext) -> None:
+    """``kill -9`` one to three data servers; restart them later."""
+    victims = ctx.pick_data(ctx.rng.randint(1, 3))
+    log.info("kill -9 %s", [m.name for m in victims])
+    await asyncio.gather(*(ctx.cluster.kill(m) for m in victims))
+    ctx.remove(victims)
+    await ctx.converge("data_server_kill", "removed", ctx.config.crash_bound)
+    await ctx.hold(0.5, 2.0)
+    await asyncio.gather(*(ctx.cluster.restart(m) for m in victims))
+    ctx.add(victims)
+    await ctx.converge("data_server_kill", "restarted", START_BOUND)
+
+
+def _probe_fault(kind: str, body: dict[str, object]) -> Callable[[FaultContext], Awaitable[None]]:
+    async def run(ctx: FaultContext) -> None:
+        victims = ctx.pick_data(ctx.rng.randint(1, 2))
+        log.info("fault %s on %s", body, [m.name for m in victims])
+        await asyncio.gather(*(ctx.cluster.admin(m, "fault", body) for m in victims))
+        ctx.remove(victims)
+        await ctx.converge(kind, "taken offline", ctx.config.probe_budget + 1.5)
+        await ctx.hold(1.0, 3.0)
+        await asyncio.gather(*(ctx.cluster.admin(m, "fault", {"mode": "none"}) for m in victims))
+        ctx.add(victims)
+        await ctx.converge(kind, "back", ctx.config.rise_budget + 1.5)
+
+    run.__name__ = kind
+    run.__doc__ = f"Data server fault {body} on one or two servers; cleared later."
+    return run
+
+
+async def agent_session_expiry(ctx: FaultContext) -> None:
+    """Expire a data server agent's ZooKeeper session on the server: it must re-register."""
+    (victim,) = ctx.pick_data(1)
+    log.info("expire the session of %s", victim.name)
+    if not await ctx.cluster.admin(victim, "expire-session"):
+        ctx.observer.violate("fault injected", f"expire-session refused by {victim.name}")
+        return
+    await ctx.converge("agent_session_expiry", "re-registered", ctx.config.session_timeout)
+
+
+# -- search servers -------------------------------------------------------------------
+
+
+async def _leader_or_skip(ctx: FaultContext, kind: str) -> Member | None:
+    leader = await ctx.cluster.leader()
+    if leader is None:
+        ctx.skipped[kind] = ctx.skipped.get(kind, 0) + 1
+        log.warning("%s skipped: no single leader right now", kind)
+    return leader
+
+
+async def leader_kill(ctx: FaultContext) -> None:
+    """``kill -9`` the leading search server: a successor publishes with a higher epoch."""
+    leader = await _leader_or_skip(ctx, "leader_kill")
+    if leader is None:
+        return
+    epoch = ctx.observer.max_epoch
+    log.info("kill -9 leader %s (epoch %d)", leader.name, epoch)
+    await ctx.cluster.kill(leader)
+    await ctx.converge(
+        "leader_kill",
+        "new leader",
+        ctx.config.crash_bound + 1.0,
+        lambda s: ctx.observer.max_epoch > epoch and bool(s.leaders),
+    )
+    await ctx.cluster.restart(leader)
+    await ctx.converge("leader_kill", "restarted", START_BOUND, lambda s: leader.name in s.search)
+
+
+async def leader_pause(ctx: FaultContext) -> None:
+    """SIGSTOP the leader past its session timeout, then SIGCONT: the deposed leader."""
+    leader = await _leader_or_skip(ctx, "leader_pause")
+    if leader is None:
+        return
+    epoch = ctx.observer.max_epoch
+    log.info("SIGSTOP leader %s (epoch %d)", leader.name, epoch)
+    loop = asyncio.get_running_loop()
+    paused_at = loop.time()
+    ctx.cluster.signal(leader, signal.SIGSTOP)
+    await ctx.converge(
+        "leader_pause",
+        "new leader",
+        ctx.config.crash_bound + 1.0,
+        lambda s: ctx.observer.max_epoch > epoch and bool(s.leaders),
+    )
+    # Stay paused well past the session timeout, so the session is surely gone.
+    remaining = ctx.config.session_timeout + 1.0 - (loop.time() - paused_at)
+    await asyncio.sleep(max(0.0, remaining))
+    ctx.cluster.signal(leader, signal.SIGCONT)
+    log.info("SIGCONT %s", leader.name)
+    await ctx.converge(
+        "leader_pause",
+        "deposed leader follows",
+        START_BOUND,
+        lambda s: leader.name in s.search and leader.name not in s.leaders,
+    )
+
+
+# -- Redis ------------------------------------------------------------------------------
+
+
+def _redis_bound(ctx: FaultContext) -> float:
+    # The readers' reconnect back-off is at most 5 s; the leader republishes at its next
+    # heartbeat once P:live is gone.
+    return 5.0 + 2 * ctx.config.heartbeat_interval + 1.0
+
+
+async def redis_restart(ctx: FaultContext) -> None:
+    """Stop Redis for a few seconds and start it again, empty."""
+    redis = ctx.cluster.backend.redis
+    await asyncio.to_thread(redis.stop)
+    await ctx.hold(1.0, 4.0)
+    await asyncio.to_thread(redis.start)
+    # Recovered means republished *and* every reader subscribed again: until then a
+    # reader would miss the next change.
+    await ctx.converge(
+        "redis_restart", "republished", _redis_bound(ctx), lambda s: s.subscribed >= set(s.search)
+    )
+
+
+async def redis_flushall(ctx: FaultContext) -> None:
+    """FLUSHALL: the live list, fence and heartbeat vanish at once."""
+    redis = ctx.cluster.backend.redis
+    await asyncio.to_thread(_flushall, redis.port)
+    await ctx.converge(
+        "redis_flushall",
+        "republished",
+        _redis_bound(ctx),
+        lambda s: s.redis is not None and s.subscribed >= set(s.search),
+    )
+
+
+def _flushall(port: int) -> None:
+    client = sync_redis.Redis(port=port, socket_timeout=2.0)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+
+
+# -- ZooKeeper ---------------------------------------------------------------------------
+
+
+def _kill_zk(ctx: FaultContext, index: int) -> None:
+    server = ctx.cluster.backend.zk.servers[index]
+    if server.pid is not None:
+        os.kill(server.pid, signal.SIGKILL)
+    server.stop()  # reaps it
+
+
+async def zk_server_kill(ctx: FaultContext) -> None:
+    """``kill -9`` one ZooKeeper server (quorum kept); restart it later."""
+    ensemble = ctx.cluster.backend.zk
+    index = ctx.rng.randrange(ensemble.size)
+    log.info("kill -9 ZooKeeper server %d", index + 1)
+    await asyncio.to_thread(_kill_zk, ctx, index)
+    # Clients move to the other servers within their session: nothing may change.
+    await ctx.converge("zk_server_kill", "quorum kept", ctx.config.session_timeout)
+    await ctx.hold(1.0, 4.0)
+    await asyncio.to_thread(ensemble.start_server, index)
+    await ctx.converge("zk_server_kill", "restarted", ctx.config.session_timeout)
+
+
+async def zk_quorum_loss(ctx: FaultContext) -> None:
+    """Kill two of three ZooKeeper servers for a few seconds: no quorum, then recovery.
+
+    Sessions do not expire without a quorum (the new ZooKeeper leader renews them), so
+    every registration must still be there afterwards and nothing may be lost.
+    """
+    ensemble = ctx.cluster.backend.zk
+    indexes = ctx.rng.sample(range(ensemble.size), 2)
+    log.info("kill -9 ZooKeeper servers %s: quorum lost", [i + 1 for i in indexes])
+    await asyncio.gather(*(asyncio.to_thread(_kill_zk, ctx, i) for i in indexes))
+    await ctx.hold(1.0, 3.0)
+    await asyncio.gather(*(asyncio.to_thread(ensemble.start_server, i) for i in indexes))
+    await ctx.converge(
+        "zk_quorum_loss", "quorum back", ctx.config.session_timeout + ctx.config.probe_budget
+    )
+
+
+FAULTS: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
+    "zk_server_kill": zk_server_kill,
+    "zk_quorum_loss": zk_quorum_loss,
+    "redis_restart": redis_restart,
+    "redis_flushall": redis_flushall,
+    "leader_kill": leader_kill,
+    "leader_pause": leader_pause,
+    "data_server_kill": data_server_kill,
+    "data_server_slow": _probe_fault("data_server_slow", {"mode": "slow", "delay_ms": 800}),
+    "data_server_error": _probe_fault("data_server_error", {"mode": "error", "rate": 1.0}),
+    "data_server_hang": _probe_fault("data_server_hang", {"mode": "hang"}),
+    "agent_session_expiry": agent_session_expiry,
+}

@@ -1,0 +1,182 @@
+"""The steady query load of a chaos run, and invariant 1: no query outlives its deadline.
+
+Open loop: a query every ``1/rate`` seconds (with jitter) whether or not earlier ones
+have answered, so a stall shows up as latency instead of as a slower load. Each query
+goes to a random search server that is running and not paused, with
+``timeout_ms=deadline``; the search server must answer (complete or partial) within
+the deadline plus 50 ms of slack for the HTTP hop and scheduling.
+
+A query whose search server is killed or paused while the query is in flight is
+not the system's fault (a real client would see a connection error from its load
+balancer): it is counted as ``disturbed``, not judged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from .cluster import ChaosCluster, Member
+from .observer import Observer
+
+__all__ = ["LoadGenerator", "LoadStats"]
+
+log = logging.getLogger(__name__)
+
+SLACK_MS = 50.0
+_WORDS = ("alpha", "river", "stone", "light", "garden", "winter", "signal", "market", "harbor")
+
+
+@dataclass
+class LoadStats:
+    sent: int = 0
+    complete: int = 0
+    partial: int = 0
+    failed: int = 0
+    disturbed: int = 0
+    over_deadline: int = 0
+    #: Of partial answers: shards whose replicas all failed, or ran out of time.
+    shards_failed: int = 0
+    shards_timed_out: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    #: fault kind (or "between faults") -> outcome -> count, by when the query was sent.
+    by_fault: dict[str, dict[str, int]] = field(default_factory=dict)
+    max_ms_by_fault: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.latencies_ms, default=0.0)
+
+    def percentile(self, p: float) -> float:
+        if not self.latencies_ms:
+            return 0.0
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+
+class LoopLag:
+    """How late this process's own event loop wakes up: a late harness inflates the
+    latency it measures, and the report must be able to tell that from a slow server."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self._interval = interval
+        self._samples: list[tuple[float, float]] = []  # (monotonic time, lag ms)
+
+    async def run(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(self._interval)
+            after = time.monotonic()
+            self._samples.append((after, (after - before - self._interval) * 1000))
+            if len(self._samples) > 20_000:
+                del self._samples[:10_000]
+
+    def worst_since(self, since: float) -> float:
+        return max((lag for at, lag in self._samples if at >= since), default=0.0)
+
+
+class LoadGenerator:
+    """``start()`` / ``aclose()``; the figures are in :attr:`stats`."""
+
+    def __init__(
+        self, cluster: ChaosCluster, observer: Observer, *, rate: float, deadline_ms: int, seed: int
+    ) -> None:
+        self._cluster = cluster
+        self._observer = observer
+        self._rate = rate
+        self._deadline_ms = deadline_ms
+        self._rng = random.Random(seed)
+        self.stats = LoadStats()
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self.lag = LoopLag()
+        self._lag_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        # Own pool: the harness's admin calls must not queue behind queries.
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=32),
+            timeout=aiohttp.ClientTimeout(total=self._deadline_ms / 1000 + 10),
+        )
+        self._task = asyncio.create_task(self._run(), name="chaos:load")
+        self._lag_task = asyncio.create_task(self.lag.run(), name="chaos:loop-lag")
+
+    async def aclose(self) -> None:
+        for task in (self._task, self._lag_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        # Let the queries in flight finish: they are judged too.
+        if self._in_flight:
+            await asyncio.wait(self._in_flight, timeout=self._deadline_ms / 1000 + 10)
+        for task in self._in_flight:
+            task.cancel()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            next_at += self._rng.expovariate(self._rate)
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            targets = [
+                m for m in self._cluster.search.values() if m.running and m.ready and not m.paused
+            ]
+            if not targets:
+                continue
+            member = self._rng.choice(targets)
+            query = " ".join(self._rng.sample(_WORDS, 2))
+            task = asyncio.create_task(self._query(member, query), name="chaos:query")
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+
+    async def _query(self, member: Member, query: str) -> None:
+        assert self._session is not None
+        stats = self.stats
+        stats.sent += 1
+        disturbances, process = member.disturbances, member.process
+        fault = self._observer.fault
+        params = {"q": query, "timeout_ms": str(self._deadline_ms)}
+        started = time.monotonic()
+        outcome = "failed"
+        took_ms: float | None = None
+        try:
+            async with self._session.get(f"{member.url}/search", params=params) as response:
+                body = await response.json()
+                if response.status == 200:
+                    outcome = "partial" if body.get("partial") else "complete"
+                    took_ms = body.get("took_ms")
+                    shards = body.get("shards") or {}
+                    stats.shards_failed += int(shards.get("failed", 0))
+                    stats.shards_timed_out += int(shards.get("timed_out", 0))
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            outcome = "failed"
+        elapsed_ms = (time.monotonic() - started) * 1000
+        disturbed = (
+            member.paused or member.disturbances != disturbances or member.process is not process
+        )
+        if disturbed:
+            stats.disturbed += 1
+            return
+        setattr(stats, outcome, getattr(stats, outcome) + 1)
+        stats.latencies_ms.append(elapsed_ms)
+        counts = stats.by_fault.setdefault(fault, {"complete": 0, "partial": 0, "failed": 0})
+        counts[outcome] += 1
+        stats.max_ms_by_fault[fault] = max(stats.max_ms_by_fault.get(fault, 0.0), elapsed_ms)
+        if elapsed_ms > self._deadline_ms + SLACK_MS:
+            stats.over_deadline += 1
+            self._observer.violate(
+                "query within deadline + 50 ms",
+                f"a query to {member.name} took {elapsed_ms:.0f} ms "
+                f"(deadline {self._deadline_ms} ms, outcome {outcome}, the search server's "
+                f"own took_ms {took_ms}, harness loop lag {self.lag.worst_since(started):.0f} ms)",
+            )

@@ -1,0 +1,296 @@
+"""What is true, what is published, what each search server routes with; checked all the time.
+
+The observer keeps four views of the data servers, refreshed every ``interval``:
+
+* the **model**: the servers the harness expects registered and serving (all of them,
+  minus those it killed or faulted and has not healed yet), kept by the fault runner;
+* **ZooKeeper**: the serving nodes under ``/data_servers``, from a
+  :class:`~discovery.membership.MembershipWatcher` on a session of our own;
+* **Redis**: the serving servers of ``P:live``, read directly;
+* each running search server's list (``GET /cluster``).
+
+It checks continuously that the epoch in Redis never decreases (``P:live``,
+``P:leader`` and every message on ``P:events``, which the publishing script sends with
+each accepted write): a message or key with an epoch below one already seen is a write
+of a deposed leader that was accepted. Convergence ("all four views agree") is awaited
+by the fault runner with :meth:`wait_converged`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
+
+from ..config import ZkConfig
+from ..errors import DiscoveryError
+from ..membership import MembershipWatcher
+from ..zk import ZkSession
+from .cluster import ChaosCluster
+
+__all__ = ["Observer", "Snapshot", "Violation"]
+
+log = logging.getLogger(__name__)
+
+_REDIS_ERRORS = (redis_errors.RedisError, OSError, TimeoutError)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant: which, when (seconds into the run), during which fault, what."""
+
+    invariant: str
+    at: float
+    fault: str
+    detail: str
+
+
+@dataclass
+class Snapshot:
+    """The views at one instant."""
+
+    at: float
+    model: frozenset[str]
+    zk: frozenset[str] | None
+    redis: frozenset[str] | None
+    redis_epoch: int | None
+    search: dict[str, frozenset[str]] = field(default_factory=dict)
+    leaders: list[str] = field(default_factory=list)
+    #: Search servers subscribed to the events channel again (after a Redis fault).
+    subscribed: set[str] = field(default_factory=set)
+
+    @property
+    def converged(self) -> bool:
+        return (
+            self.zk == self.model
+            and self.redis == self.model
+            and bool(self.search)
+            and all(view == self.model for view in self.search.values())
+        )
+
+    def describe(self) -> str:
+        """What differs from the model, for a violation's detail."""
+        parts = []
+
+        def diff(name: str, seen: frozenset[str] | None) -> None:
+            if seen is None:
+                parts.append(f"{name}: unavailable")
+            elif seen != self.model:
+                missing = sorted(self.model - seen)
+                extra = sorted(seen - self.model)
+                parts.append(f"{name}: missing {missing} extra {extra}")
+
+        diff("zookeeper", self.zk)
+        diff("redis", self.redis)
+        for name, view in sorted(self.search.items()):
+            diff(name, view)
+        if not self.search:
+            parts.append("no search server answers")
+        return "; ".join(parts) or "converged"
+
+
+def _serving(servers: list[dict[str, Any]]) -> frozenset[str]:
+    return frozenset(
+        str(s["id"])
+        for s in servers
+        if s.get("enabled", True)
+        and (s.get("payload") or {}).get("state", s.get("state")) == "serving"
+    )
+
+
+class Observer:
+    """Sample the views every ``interval`` seconds and check the epoch continuously."""
+
+    def __init__(
+        self,
+        cluster: ChaosCluster,
+        *,
+        interval: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._cluster = cluster
+        self._interval = interval
+        self._clock = clock
+        self._t0 = clock()
+        self.model: set[str] = set(cluster.data)
+        self.fault = "setup"
+        self.violations: list[Violation] = []
+        self.max_epoch = 0
+        self.epochs_seen: set[int] = set()
+        self.publishes = 0
+        self.last: Snapshot | None = None
+        self._changed = asyncio.Condition()
+        self._session: ZkSession | None = None
+        self._watcher: MembershipWatcher | None = None
+        self._redis: aioredis.Redis | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def now(self) -> float:
+        """Seconds since the observer was created (the report's time axis)."""
+        return self._clock() - self._t0
+
+    def violate(self, invariant: str, detail: str) -> None:
+        violation = Violation(invariant, round(self.now(), 3), self.fault, detail)
+        self.violations.append(violation)
+        log.error("VIOLATION %s during %s: %s", invariant, self.fault, detail)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        cluster = self._cluster
+        # Long enough to outlive a quorum loss of a few seconds without expiring.
+        self._session = ZkSession.from_config(
+            ZkConfig(cluster.zk_hosts, session_timeout=15.0, connect_timeout=30.0)
+        )
+        await self._session.start()
+        self._watcher = MembershipWatcher(self._session)
+        await self._watcher.start()
+        self._redis = aioredis.Redis.from_url(
+            cluster.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
+        )
+        self._tasks = [
+            asyncio.create_task(self._sample_forever(), name="chaos:sample"),
+            asyncio.create_task(self._follow_events(), name="chaos:events"),
+        ]
+        for task in self._tasks:
+            task.add_done_callback(self._on_task_done)
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._watcher is not None:
+            await self._watcher.aclose()
+        if self._session is not None:
+            await self._session.aclose()
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("observer task %s crashed", task.get_name(), exc_info=task.exception())
+
+    # -- sampling ------------------------------------------------------------------
+
+    async def sample(self) -> Snapshot:
+        """Take one snapshot of every view now (also checks the epoch of ``P:live``)."""
+        at, model = self.now(), frozenset(self.model)
+        zk: frozenset[str] | None = None
+        if self._watcher is not None and self._session is not None and self._session.connected:
+            zk = frozenset(i for i, inst in self._watcher.members.items() if inst.routable)
+        redis_ids, epoch = await self._read_redis()
+        search: dict[str, frozenset[str]] = {}
+        leaders: list[str] = []
+        subscribed: set[str] = set()
+        members = list(self._cluster.search.values())
+        views = await asyncio.gather(*(self._cluster.view(m) for m in members))
+        for member, view in zip(members, views, strict=True):
+            if view is None or not view.get("version"):
+                continue
+            search[member.name] = _serving(view.get("servers", []))
+            if view.get("is_leader"):
+                leaders.append(member.name)
+            if view.get("redis_connected"):
+                subscribed.add(member.name)
+        snapshot = Snapshot(at, model, zk, redis_ids, epoch, search, leaders, subscribed)
+        self.last = snapshot
+        async with self._changed:
+            self._changed.notify_all()
+        return snapshot
+
+    async def _read_redis(self) -> tuple[frozenset[str] | None, int | None]:
+        assert self._redis is not None
+        prefix = self._cluster.redis_prefix
+        try:
+            live, beat = await self._redis.mget(f"{prefix}:live", f"{prefix}:leader")
+        except _REDIS_ERRORS:
+            return None, None
+        if beat is not None:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                self._check_epoch(int(json.loads(beat)["epoch"]), f"{prefix}:leader")
+        if live is None:
+            return None, None
+        try:
+            document = json.loads(live)
+            epoch = int(document["epoch"])
+            servers = document["servers"]
+        except (ValueError, KeyError, TypeError) as exc:
+            self.violate("published list readable", f"{prefix}:live does not parse: {exc}")
+            return None, None
+        self._check_epoch(epoch, f"{prefix}:live")
+        return _serving(servers), epoch
+
+    def _check_epoch(self, epoch: int, where: str) -> None:
+        if epoch < self.max_epoch:
+            self.violate(
+                "epoch never decreases",
+                f"{where} has epoch {epoch} after epoch {self.max_epoch} was published",
+            )
+            return
+        self.epochs_seen.add(epoch)
+        self.max_epoch = epoch
+
+    async def _sample_forever(self) -> None:
+        while True:
+            started = self._clock()
+            try:
+                await self.sample()
+            except DiscoveryError as exc:
+                log.warning("observer: sampling failed: %s", exc)
+            await asyncio.sleep(max(0.0, self._interval - (self._clock() - started)))
+
+    async def _follow_events(self) -> None:
+        """Every accepted publish sends one message; check each one's epoch, in order."""
+        assert self._redis is not None
+        channel = f"{self._cluster.redis_prefix}:events"
+        while True:
+            pubsub = self._redis.pubsub()
+            try:
+                await pubsub.subscribe(channel)
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is None or message.get("type") != "message":
+                        continue
+                    try:
+                        event = json.loads(message["data"])
+                        epoch = int(event["epoch"])
+                    except (ValueError, KeyError, TypeError) as exc:
+                        self.violate("published event readable", f"{channel}: {exc}")
+                        continue
+                    self.publishes += 1
+                    self._check_epoch(epoch, f"event from {event.get('leader')!r}")
+            except _REDIS_ERRORS as exc:
+                log.debug("observer: events subscription lost: %s", exc)
+            finally:
+                with contextlib.suppress(*_REDIS_ERRORS):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            # Redis is down (a fault of this very run): try again shortly.
+            await asyncio.sleep(0.2)
+
+    # -- waiting ---------------------------------------------------------------------
+
+    async def wait_for(self, predicate: Callable[[Snapshot], bool], timeout: float) -> Snapshot:
+        """Wait until a snapshot satisfies ``predicate``; TimeoutError after ``timeout``."""
+        async with asyncio.timeout(timeout), self._changed:
+            while self.last is None or not predicate(self.last):
+                await self._changed.wait()
+            return self.last
+
+    async def wait_converged(self, timeout: float) -> float | None:
+        """Seconds until all views equal the model, or None if not within ``timeout``."""
+        started = self._clock()
+        try:
+            await self.wait_for(lambda s: s.converged, timeout)
+        except TimeoutError:
+            return None
+        return self._clock() - started

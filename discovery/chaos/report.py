@@ -1,0 +1,158 @@
+"""The end of a chaos run: a table per fault kind, the invariants, and the JSON record."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from .runner import ChaosResult
+
+__all__ = ["render", "to_json", "write_json"]
+
+INVARIANTS = (
+    "query within deadline + 50 ms",
+    "list equals truth within the fault's bound",
+    "epoch never decreases",
+)
+
+
+def _per_kind(result: ChaosResult) -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"count": 0, "worst_s": 0.0, "worst_ratio": 0.0, "violations": 0, "skipped": 0}
+    )
+    for kind in result.faults_run:
+        table[kind]["count"] += 1
+    for kind in result.load.by_fault:
+        table[kind]  # a row for the quiet periods too: their queries are judged as well
+    for kind, n in result.skipped.items():
+        table[kind]["skipped"] += n
+    for step in result.steps:
+        row = table[step.fault]
+        took = step.took if step.took is not None else float("inf")
+        if took / step.bound > row["worst_ratio"]:
+            row["worst_ratio"] = took / step.bound
+            row["worst_s"] = took
+            row["worst_step"] = f"{step.step} (bound {step.bound:.1f} s)"
+    for violation in result.violations:
+        # Violations between faults or at the final check get rows of their own.
+        table[violation.fault]["violations"] += 1
+    return dict(table)
+
+
+def render(result: ChaosResult) -> str:
+    """The human report: what ran, per-kind figures, invariant verdicts, violations."""
+    config = result.config
+    lines = [
+        f"chaos run: seed {config.seed}, {config.data_servers} data servers, "
+        f"{config.search_servers} search servers, 3 ZooKeeper servers, Redis; "
+        f"{config.rate:g} q/s, deadline {config.deadline_ms} ms, "
+        f"session timeout {config.session_timeout:g} s; {result.elapsed:.0f} s in all",
+    ]
+    if not result.started:
+        lines.append(f"SETUP FAILED: {result.setup_error}")
+        return "\n".join(lines)
+    lines.append("")
+    header = (
+        f"{'fault':<24} {'count':>5} {'worst convergence':>24} {'violations':>10} "
+        f"{'queries':>8} {'partial':>8} {'failed':>7} {'max ms':>7}"
+    )
+    lines += [header, "-" * len(header)]
+    for kind, row in sorted(_per_kind(result).items()):
+        worst = "-"
+        if row.get("worst_step"):
+            worst = (
+                "never"
+                if row["worst_s"] == float("inf")
+                else f"{row['worst_s']:.2f} s ({row['worst_ratio'] * 100:.0f}% of bound)"
+            )
+        count = f"{row['count']}" + (f" ({row['skipped']} skipped)" if row["skipped"] else "")
+        outcomes = result.load.by_fault.get(kind, {})
+        sent = sum(outcomes.values())
+        max_ms = result.load.max_ms_by_fault.get(kind, 0.0)
+        lines.append(
+            f"{kind:<24} {count:>5} {worst:>24} {row['violations']:>10} {sent:>8} "
+            f"{outcomes.get('partial', 0):>8} {outcomes.get('failed', 0):>7} {max_ms:>7.0f}"
+        )
+    load = result.load
+    lines += [
+        "",
+        f"queries: {load.sent} sent, {load.complete} complete, {load.partial} partial, "
+        f"{load.failed} failed, {load.disturbed} disturbed by the harness "
+        f"(missing shards: {load.shards_failed} failed, {load.shards_timed_out} timed out); "
+        f"p50 {load.percentile(0.5):.0f} ms, p99 {load.percentile(0.99):.0f} ms, "
+        f"max {load.max_ms:.0f} ms",
+        f"publishes seen: {result.publishes} in {result.epochs} epochs",
+        "",
+    ]
+    by_invariant: dict[str, int] = defaultdict(int)
+    for violation in result.violations:
+        by_invariant[violation.invariant] += 1
+    for invariant in INVARIANTS:
+        verdict = "ok" if not by_invariant.get(invariant) else f"{by_invariant[invariant]} VIOLATED"
+        lines.append(f"  {invariant:<45} {verdict}")
+    for invariant, n in sorted(by_invariant.items()):
+        if invariant not in INVARIANTS:
+            lines.append(f"  {invariant:<45} {n} VIOLATED")
+    if result.violations:
+        lines += ["", "violations:"]
+        lines += [
+            f"  t={v.at:7.1f}s [{v.fault}] {v.invariant}: {v.detail}" for v in result.violations
+        ]
+    lines += ["", "RESULT: " + ("PASS" if result.ok else "FAIL")]
+    return "\n".join(lines)
+
+
+def to_json(result: ChaosResult) -> dict[str, Any]:
+    config = result.config
+    load = result.load
+    return {
+        "config": {
+            "seed": config.seed,
+            "duration_s": config.duration,
+            "data_servers": config.data_servers,
+            "search_servers": config.search_servers,
+            "rate": config.rate,
+            "deadline_ms": config.deadline_ms,
+            "session_timeout_s": config.session_timeout,
+        },
+        "ok": result.ok,
+        "started": result.started,
+        "setup_error": result.setup_error,
+        "elapsed_s": round(result.elapsed, 1),
+        "faults": _per_kind(result),
+        "steps": [
+            {"fault": s.fault, "step": s.step, "bound_s": s.bound, "took_s": s.took}
+            for s in result.steps
+        ],
+        "queries": {
+            "sent": load.sent,
+            "complete": load.complete,
+            "partial": load.partial,
+            "failed": load.failed,
+            "disturbed": load.disturbed,
+            "over_deadline": load.over_deadline,
+            "shards_failed": load.shards_failed,
+            "shards_timed_out": load.shards_timed_out,
+            "p50_ms": round(load.percentile(0.5), 1),
+            "p99_ms": round(load.percentile(0.99), 1),
+            "max_ms": round(load.max_ms, 1),
+            "by_fault": load.by_fault,
+            "max_ms_by_fault": {k: round(v, 1) for k, v in load.max_ms_by_fault.items()},
+        },
+        "publishes": result.publishes,
+        "epochs": result.epochs,
+        "violations": [v.__dict__ for v in result.violations],
+    }
+
+
+def write_json(result: ChaosResult, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = to_json(result)
+    # inf is not JSON; a step that never converged has took_s null already.
+    for row in record["faults"].values():
+        if row["worst_s"] == float("inf"):
+            row["worst_s"] = None
+            row["worst_ratio"] = None
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,126 @@
+"""One chaos run: start everything, inject seeded faults for ``duration``, judge, report.
+
+The schedule is a sequence of rounds; each round is every fault kind once, in an
+order shuffled by the seed, so a short run still meets each kind and the same seed
+replays the same run (the victims are drawn from the same seeded generator). Faults
+run one after the other: a fault is injected, judged, healed and judged again before
+the next starts, with a short seeded pause in between, so that every verdict belongs
+to one fault.
+
+At the end all faults are healed; the final check (invariant 4) is that every data
+server is registered and serving again, in ZooKeeper, in Redis and at every search
+server: none is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cluster import ChaosCluster
+from .config import ChaosConfig
+from .faults import FAULTS, START_BOUND, FaultContext, StepResult
+from .load import LoadGenerator, LoadStats
+from .observer import Observer, Violation
+
+__all__ = ["ChaosResult", "run_chaos", "schedule"]
+
+log = logging.getLogger(__name__)
+
+#: Everything registered, a leader elected, the list published and read, from cold.
+SETUP_TIMEOUT = 120.0
+FINAL_BOUND = 30.0
+
+
+@dataclass
+class ChaosResult:
+    config: ChaosConfig
+    started: bool
+    elapsed: float = 0.0
+    faults_run: list[str] = field(default_factory=list)
+    steps: list[StepResult] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    violations: list[Violation] = field(default_factory=list)
+    load: LoadStats = field(default_factory=LoadStats)
+    epochs: int = 0
+    publishes: int = 0
+    setup_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.started and not self.violations
+
+
+def schedule(seed: int) -> list[str]:
+    """An endless-enough seeded order of fault kinds: rounds of every kind once."""
+    rng = random.Random(seed)
+    order: list[str] = []
+    for _ in range(100):
+        kinds = sorted(FAULTS)
+        rng.shuffle(kinds)
+        order.extend(kinds)
+    return order
+
+
+async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
+    """Run it; never raises for what happens to the cluster (that is the result)."""
+    result = ChaosResult(config, started=False)
+    cluster = ChaosCluster(config, workdir)
+    observer: Observer | None = None
+    load: LoadGenerator | None = None
+    started = time.monotonic()
+    try:
+        await cluster.start()
+        observer = Observer(cluster)
+        await observer.start()
+        setup = await observer.wait_converged(SETUP_TIMEOUT)
+        if setup is None:
+            last = observer.last
+            result.setup_error = (
+                f"not converged within {SETUP_TIMEOUT:g}s of start: "
+                f"{last.describe() if last else 'no snapshot'}"
+            )
+            return result
+        log.info("all %d data servers live everywhere after %.1f s", len(cluster.data), setup)
+        result.started = True
+        observer.violations.clear()  # start-up noise is not a verdict
+        load = LoadGenerator(
+            cluster, observer, rate=config.rate, deadline_ms=config.deadline_ms, seed=config.seed
+        )
+        await load.start()
+        ctx = FaultContext(cluster, observer, config, random.Random(config.seed))
+        deadline = time.monotonic() + config.duration
+        for kind in schedule(config.seed):
+            if time.monotonic() >= deadline:
+                break
+            observer.fault = kind
+            log.info("== fault %d: %s", len(result.faults_run) + 1, kind)
+            result.faults_run.append(kind)
+            await FAULTS[kind](ctx)
+            observer.fault = "between faults"
+            await ctx.hold(0.5, 2.0)
+        observer.fault = "final check"
+        observer.model.update(cluster.data)
+        await ctx.converge(
+            "final",
+            "every data server registered and serving",
+            FINAL_BOUND + START_BOUND,
+            lambda s: len(s.search) == len(cluster.search),
+        )
+        result.steps = ctx.results
+        result.skipped = ctx.skipped
+    finally:
+        if load is not None:
+            await load.aclose()
+            result.load = load.stats
+        if observer is not None:
+            result.violations = list(observer.violations)
+            result.epochs = len(observer.epochs_seen)
+            result.publishes = observer.publishes
+            await observer.aclose()
+        await cluster.aclose()
+        result.elapsed = time.monotonic() - started
+    return result
