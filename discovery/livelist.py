@@ -62,12 +62,21 @@ from .instance import ServiceInstance
 from .metrics import LiveListMetrics
 from .publisher import RedisKeys, translate_redis_error
 
-__all__ = ["LiveList", "LiveListReader", "MalformedLiveListError", "parse_snapshot"]
+__all__ = [
+    "RECONNECT_BACKOFF_MAX",
+    "LiveList",
+    "LiveListReader",
+    "MalformedLiveListError",
+    "parse_snapshot",
+]
 
 log = logging.getLogger(__name__)
 
 _BACKOFF_MIN: Final = 0.1
-_BACKOFF_MAX: Final = 5.0
+#: The longest pause between attempts to subscribe again while Redis is unreachable,
+#: hence how long after Redis is back a reader may still go without changes. Short,
+#: because those seconds are stale routing; jitter spreads a fleet's reconnects.
+RECONNECT_BACKOFF_MAX: Final = 2.0
 # How long get_message() waits before the listener checks its keepalive.
 _POLL_INTERVAL: Final = 1.0
 # A subscription silent this long is probed with a PING; no answer within the timeout
@@ -705,7 +714,7 @@ class _SubscriptionLostError(Exception):
 
 
 def _backoff(failures: int) -> float:
-    delay = min(_BACKOFF_MAX, _BACKOFF_MIN * 2.0 ** min(failures - 1, 16))
+    delay = min(RECONNECT_BACKOFF_MAX, _BACKOFF_MIN * 2.0 ** min(failures - 1, 16))
     # Jitter spreads the reconnects of many search servers after a Redis restart.
     return delay * random.uniform(0.5, 1.0)
 

@@ -8,7 +8,7 @@ kind of fault has by design:
 ========================  ====================================================
 probe faults              ``fall`` probes, the last timing out, plus 1.5 s
 crash (``kill -9``)       the session timeout, one tick, 1 s of propagation
-Redis restart / FLUSHALL  reconnect back-off (5 s at most) plus one heartbeat
+Redis restart / FLUSHALL  reconnect back-off (2 s at most), two heartbeats, 1 s
 leader killed / paused    the session timeout plus election and first publish
 ZooKeeper server faults   the session timeout after the servers are back
 restarts                  process start-up plus ``rise`` probes
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import redis as sync_redis
 
+from ..livelist import RECONNECT_BACKOFF_MAX
 from .cluster import ChaosCluster, Member
 from .config import ChaosConfig
 from .observer import Observer, Snapshot
@@ -233,9 +234,9 @@ async def leader_pause(ctx: FaultContext) -> None:
 
 
 def _redis_bound(ctx: FaultContext) -> float:
-    # The readers' reconnect back-off is at most 5 s; the leader republishes at its next
-    # heartbeat once P:live is gone.
-    return 5.0 + 2 * ctx.config.heartbeat_interval + 1.0
+    # A reader may be waiting out its reconnect back-off when Redis comes back; the
+    # leader republishes at its next heartbeat once P:live is gone.
+    return RECONNECT_BACKOFF_MAX + 2 * ctx.config.heartbeat_interval + 1.0
 
 
 async def redis_restart(ctx: FaultContext) -> None:
