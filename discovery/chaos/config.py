@@ -65,9 +65,14 @@ class ChaosConfig:
 
     @property
     def probe_budget(self) -> float:
-        """Seconds from a fault on a data server to its node leaving, at worst: ``fall``
-        probes, the last one timing out."""
-        return self.fall * self.probe_interval + self.probe_timeout
+        """Seconds from a fault on a data server to its node leaving, at worst.
+
+        Probes start one interval apart, or back to back when one takes longer than
+        the interval: the fault can begin just after a good probe, the next starts
+        within an interval, and then ``fall`` probes each take up to the probe timeout
+        (a hung server) before the agent gives up.
+        """
+        return self.probe_interval + self.fall * max(self.probe_interval, self.probe_timeout)
 
     @property
     def rise_budget(self) -> float:

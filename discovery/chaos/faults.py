@@ -5,14 +5,14 @@ which data servers are registered and serving), the runner waits until every vie
 (ZooKeeper, Redis, each search server) equals the model, within the bound that this
 kind of fault has by design:
 
-========================  ====================================================
-probe faults              ``fall`` probes, the last timing out, plus 1.5 s
-crash (``kill -9``)       the session timeout, one tick, 1 s of propagation
-Redis restart / FLUSHALL  reconnect back-off (2 s at most), two heartbeats, 1 s
-leader killed / paused    the session timeout plus election and first publish
-ZooKeeper server faults   the session timeout after the servers are back
-restarts                  process start-up plus ``rise`` probes
-========================  ====================================================
+* probe faults (slow, error, hang): one probe interval, then ``fall`` probes that may
+  each run to the probe timeout, plus 1.5 s of propagation;
+* crash (``kill -9``): the session timeout, one tick, 1 s of propagation;
+* Redis restart / FLUSHALL: the readers' reconnect back-off (2 s at most), two
+  heartbeats, 1 s;
+* leader killed or paused: the crash bound plus 1 s for the election and first publish;
+* ZooKeeper server faults: the session timeout once the servers are back;
+* restarts: process start-up plus ``rise`` probes (:data:`START_BOUND`).
 
 A step that does not converge within its bound is a violation; the runner then waits
 (up to :data:`RECOVERY_TIMEOUT`) for the cluster to settle, so that one failure does
