@@ -36,6 +36,8 @@ from enum import StrEnum
 from typing import Any, Final
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from .config import ClusterConfig
 from .publisher import RedisKeys
@@ -202,5 +204,11 @@ def make_redis(
             ssl_keyfile=settings.tls_key,
             ssl_check_hostname=settings.tls_verify_hostname,
         )
+    # One quick retry on a fresh connection (after a Redis restart the pooled one is
+    # dead), then fail: our callers have retry loops of their own (the reader's
+    # back-off, the leader's heartbeat), and redis-py's default (ten retries, up to a
+    # second apart) would hold a heartbeat or a reconnect for seconds in an outage,
+    # and keep them from noticing that Redis is back.
+    kwargs["retry"] = Retry(ExponentialBackoff(cap=0.1, base=0.02), 1)
     kwargs.update(options)
     return aioredis.Redis.from_url(_url_without_credentials(cluster.redis_url, tls), **kwargs)

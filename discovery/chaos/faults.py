@@ -291,7 +291,7 @@ async def zk_server_kill(ctx: FaultContext) -> None:
     # Clients move to the other servers within their session: nothing may change.
     await ctx.converge("zk_server_kill", "quorum kept", ctx.config.session_timeout)
     await ctx.hold(1.0, 4.0)
-    await asyncio.to_thread(ensemble.start_server, index)
+    await asyncio.to_thread(ctx.cluster.start_zookeeper, index)
     await ctx.converge("zk_server_kill", "restarted", ctx.config.session_timeout)
 
 
@@ -306,7 +306,7 @@ async def zk_quorum_loss(ctx: FaultContext) -> None:
     log.info("kill -9 ZooKeeper servers %s: quorum lost", [i + 1 for i in indexes])
     await asyncio.gather(*(asyncio.to_thread(_kill_zk, ctx, i) for i in indexes))
     await ctx.hold(1.0, 3.0)
-    await asyncio.gather(*(asyncio.to_thread(ensemble.start_server, i) for i in indexes))
+    await asyncio.gather(*(asyncio.to_thread(ctx.cluster.start_zookeeper, i) for i in indexes))
     await ctx.converge(
         "zk_quorum_loss", "quorum back", ctx.config.session_timeout + ctx.config.probe_budget
     )

@@ -49,6 +49,8 @@ def render(result: ChaosResult) -> str:
         f"{config.search_servers} search servers, 3 ZooKeeper servers, Redis; "
         f"{config.rate:g} q/s, deadline {config.deadline_ms} ms, "
         f"session timeout {config.session_timeout:g} s; {result.elapsed:.0f} s in all",
+        "(data servers and ZooKeeper at nice 10: on this one machine they stand in for "
+        "other machines)",
     ]
     if not result.started:
         lines.append(f"SETUP FAILED: {result.setup_error}")
