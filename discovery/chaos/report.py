@@ -85,7 +85,8 @@ def render(result: ChaosResult) -> str:
         f"(missing shards: {load.shards_failed} failed, {load.shards_timed_out} timed out); "
         f"p50 {load.percentile(0.5):.0f} ms, p99 {load.percentile(0.99):.0f} ms, "
         f"max {load.max_ms:.0f} ms",
-        f"publishes seen: {result.publishes} in {result.epochs} epochs",
+        f"publishes seen: {result.publishes} in {result.epochs} epochs; writes of deposed "
+        f"leaders refused by the fence: {result.fenced_writes}",
         "",
     ]
     by_invariant: dict[str, int] = defaultdict(int)
@@ -144,6 +145,7 @@ def to_json(result: ChaosResult) -> dict[str, Any]:
             "max_ms_by_fault": {k: round(v, 1) for k, v in load.max_ms_by_fault.items()},
         },
         "publishes": result.publishes,
+        "fenced_writes": result.fenced_writes,
         "epochs": result.epochs,
         "violations": [v.__dict__ for v in result.violations],
     }

@@ -47,6 +47,9 @@ class ChaosResult:
     load: LoadStats = field(default_factory=LoadStats)
     epochs: int = 0
     publishes: int = 0
+    #: Writes of deposed leaders that the fence refused (from the search servers' logs,
+    #: which outlive their restarts): the other half of invariant 3.
+    fenced_writes: int = 0
     setup_error: str | None = None
 
     @property
@@ -112,6 +115,7 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
         )
         result.steps = ctx.results
         result.skipped = ctx.skipped
+        result.fenced_writes = _count_fenced_writes(cluster)
     finally:
         if load is not None:
             await load.aclose()
@@ -124,3 +128,19 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
         await cluster.aclose()
         result.elapsed = time.monotonic() - started
     return result
+
+
+def _count_fenced_writes(cluster: ChaosCluster) -> int:
+    count = 0
+    for member in cluster.search.values():
+        try:
+            text = member.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            continue
+        # The publisher logs each refusal once (the election's traceback repeats it).
+        count += sum(
+            1
+            for line in text.splitlines()
+            if "discovery.publisher" in line and " fence): Redis holds" in line
+        )
+    return count
