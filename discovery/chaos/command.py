@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import shutil
 import sys
@@ -11,10 +12,11 @@ import tempfile
 from pathlib import Path
 
 from ..config import int_range, positive_float
+from ..entrypoint import stop_on_signals
 from ..errors import ConfigError, DevClusterError
 from .config import ChaosConfig
 from .report import render, write_json
-from .runner import run_chaos
+from .runner import ChaosResult, run_chaos
 
 __all__ = ["add_parser", "run"]
 
@@ -85,10 +87,13 @@ def run(args: argparse.Namespace) -> int:
     scratch = config.workdir is None
     workdir = config.workdir or Path(tempfile.mkdtemp(prefix="discovery-chaos-"))
     try:
-        result = asyncio.run(run_chaos(config, workdir))
+        result = asyncio.run(_run_until_stopped(config, workdir))
     except DevClusterError as exc:
         print(f"discovery chaos: cannot start the cluster: {exc}", file=sys.stderr)
         return 2
+    if result is None:
+        print(f"discovery chaos: interrupted; process logs in {workdir}", file=sys.stderr)
+        return 130
     print(render(result), flush=True)
     if config.report is not None:
         write_json(result, config.report)
@@ -99,3 +104,20 @@ def run(args: argparse.Namespace) -> int:
     if not result.started:
         return 2
     return 0 if result.ok else 1
+
+
+async def _run_until_stopped(config: ChaosConfig, workdir: Path) -> ChaosResult | None:
+    """Run; on SIGINT or SIGTERM cancel the run, whose clean-up stops every process it
+    started (they run in process groups of their own and would outlive us). None if
+    interrupted."""
+    stop = stop_on_signals()
+    run_task = asyncio.create_task(run_chaos(config, workdir), name="chaos:run")
+    stop_task = asyncio.create_task(stop.wait(), name="chaos:stop-signal")
+    await asyncio.wait({run_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    stop_task.cancel()
+    if run_task.done():
+        return run_task.result()
+    run_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await run_task
+    return None
