@@ -40,8 +40,15 @@ BACKGROUND_NICENESS = 10
 
 
 def deprioritize(pid: int, niceness: int = BACKGROUND_NICENESS) -> None:
-    """Renice every thread of ``pid`` (Linux niceness is per thread; threads started
-    later inherit it from their parent thread)."""
+    """Lower ``pid``'s CPU priority: its autogroup's and every thread's niceness.
+
+    Linux (with ``sched_autogroup_enabled``) first shares the CPU fairly between
+    autogroups, one per session, and applies a thread's niceness only within its
+    group; our processes each run in a session of their own, so the group's niceness
+    is what counts. Threads started later inherit theirs from their parent thread.
+    """
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n", encoding="ascii")
     try:
         tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
     except FileNotFoundError:
@@ -219,6 +226,8 @@ class ChaosCluster:
             )
         member.paused = False
         member.ready = False
+        if member.name in self.data:
+            deprioritize(member.process.pid)
         if member.name in self.search:
             task = asyncio.create_task(self._await_ready(member), name=f"ready:{member.name}")
             self._readiness.add(task)

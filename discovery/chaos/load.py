@@ -25,7 +25,7 @@ import aiohttp
 from .cluster import ChaosCluster, Member
 from .observer import Observer
 
-__all__ = ["LoadGenerator", "LoadStats"]
+__all__ = ["LoadGenerator", "LoadStats", "LoopLag", "cpu_jiffies"]
 
 log = logging.getLogger(__name__)
 
@@ -67,18 +67,46 @@ class LoopLag:
     def __init__(self, interval: float = 0.02) -> None:
         self._interval = interval
         self._samples: list[tuple[float, float]] = []  # (monotonic time, lag ms)
+        # (monotonic time, CPU jiffies in all, of which stolen by the hypervisor)
+        self._cpu: list[tuple[float, int, int]] = []
 
     async def run(self) -> None:
+        ticks = 0
         while True:
             before = time.monotonic()
             await asyncio.sleep(self._interval)
             after = time.monotonic()
             self._samples.append((after, (after - before - self._interval) * 1000))
+            if ticks % 10 == 0 and (cpu := cpu_jiffies()) is not None:
+                self._cpu.append((after, *cpu))
+            ticks += 1
             if len(self._samples) > 20_000:
                 del self._samples[:10_000]
+            if len(self._cpu) > 4_000:
+                del self._cpu[:2_000]
 
     def worst_since(self, since: float) -> float:
         return max((lag for at, lag in self._samples if at >= since), default=0.0)
+
+    def steal_since(self, since: float) -> float:
+        """Share of CPU time the hypervisor took from this VM since ``since`` (0..1)."""
+        window = [sample for sample in self._cpu if sample[0] >= since - 0.25]
+        if len(window) < 2:
+            return 0.0
+        total = window[-1][1] - window[0][1]
+        stolen = window[-1][2] - window[0][2]
+        return stolen / total if total > 0 else 0.0
+
+
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(all jiffies, stolen jiffies) of the machine, from ``/proc/stat``; None elsewhere."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    values = [int(v) for v in fields[1:9]]
+    return sum(values), values[7] if len(values) > 7 else 0
 
 
 class LoadGenerator:
@@ -178,5 +206,6 @@ class LoadGenerator:
                 "query within deadline + 50 ms",
                 f"a query to {member.name} took {elapsed_ms:.0f} ms "
                 f"(deadline {self._deadline_ms} ms, outcome {outcome}, the search server's "
-                f"own took_ms {took_ms}, harness loop lag {self.lag.worst_since(started):.0f} ms)",
+                f"own took_ms {took_ms}, harness loop lag {self.lag.worst_since(started):.0f} ms, "
+                f"CPU stolen by the hypervisor {self.lag.steal_since(started) * 100:.0f}%)",
             )

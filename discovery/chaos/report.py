@@ -50,7 +50,7 @@ def render(result: ChaosResult) -> str:
         f"{config.rate:g} q/s, deadline {config.deadline_ms} ms, "
         f"session timeout {config.session_timeout:g} s; {result.elapsed:.0f} s in all",
         "(data servers and ZooKeeper at nice 10: on this one machine they stand in for "
-        "other machines)",
+        f"other machines); CPU stolen by the hypervisor meanwhile: {result.cpu_steal * 100:.1f}%",
     ]
     if not result.started:
         lines.append(f"SETUP FAILED: {result.setup_error}")
@@ -146,6 +146,7 @@ def to_json(result: ChaosResult) -> dict[str, Any]:
         },
         "publishes": result.publishes,
         "fenced_writes": result.fenced_writes,
+        "cpu_steal_share": round(result.cpu_steal, 4),
         "epochs": result.epochs,
         "violations": [v.__dict__ for v in result.violations],
     }

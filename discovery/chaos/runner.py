@@ -23,7 +23,7 @@ from pathlib import Path
 from .cluster import ChaosCluster
 from .config import ChaosConfig
 from .faults import FAULTS, START_BOUND, FaultContext, StepResult
-from .load import LoadGenerator, LoadStats
+from .load import LoadGenerator, LoadStats, cpu_jiffies
 from .observer import Observer, Violation
 
 __all__ = ["ChaosResult", "run_chaos", "schedule"]
@@ -50,6 +50,8 @@ class ChaosResult:
     #: Writes of deposed leaders that the fence refused (from the search servers' logs,
     #: which outlive their restarts): the other half of invariant 3.
     fenced_writes: int = 0
+    #: Share of the machine's CPU time the hypervisor took during the faults (0..1).
+    cpu_steal: float = 0.0
     setup_error: str | None = None
 
     @property
@@ -94,6 +96,7 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
             cluster, observer, rate=config.rate, deadline_ms=config.deadline_ms, seed=config.seed
         )
         await load.start()
+        cpu_before = cpu_jiffies()
         ctx = FaultContext(cluster, observer, config, random.Random(config.seed))
         deadline = time.monotonic() + config.duration
         for kind in schedule(config.seed):
@@ -116,6 +119,9 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
         result.steps = ctx.results
         result.skipped = ctx.skipped
         result.fenced_writes = _count_fenced_writes(cluster)
+        cpu_after = cpu_jiffies()
+        if cpu_before is not None and cpu_after is not None and cpu_after[0] > cpu_before[0]:
+            result.cpu_steal = (cpu_after[1] - cpu_before[1]) / (cpu_after[0] - cpu_before[0])
     finally:
         if load is not None:
             await load.aclose()
