@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import urllib.parse
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any, Final
 
@@ -100,17 +101,7 @@ def reader_acl_rules(prefix: str) -> str:
     Read-only access (``%R~``) to the snapshot, fence and heartbeat keys, the events
     channel, and :data:`READER_COMMANDS`; nothing that writes.
     """
-    keys = RedisKeys(prefix)
-    return " ".join(
-        [
-            "resetkeys",
-            "resetchannels",
-            "-@all",
-            *(f"%R~{_glob_literal(k)}" for k in (keys.live, keys.fence, keys.leader)),
-            f"&{_glob_literal(keys.events)}",
-            *(f"+{command}" for command in READER_COMMANDS),
-        ]
-    )
+    return _role_rules(prefix, "%R~", READER_COMMANDS)
 
 
 def publisher_acl_rules(prefix: str) -> str:
@@ -120,15 +111,20 @@ def publisher_acl_rules(prefix: str) -> str:
     channel only, and :data:`PUBLISHER_COMMANDS`. It cannot SUBSCRIBE: a leader reads
     the list with the reading credentials, like every search server.
     """
+    return _role_rules(prefix, "~", PUBLISHER_COMMANDS)
+
+
+def _role_rules(prefix: str, key_access: str, commands: Iterable[str]) -> str:
+    # Nothing but our three keys (read-only with "%R~"), our channel and ``commands``.
     keys = RedisKeys(prefix)
     return " ".join(
         [
             "resetkeys",
             "resetchannels",
             "-@all",
-            *(f"~{_glob_literal(k)}" for k in (keys.live, keys.fence, keys.leader)),
+            *(f"{key_access}{_glob_literal(k)}" for k in (keys.live, keys.fence, keys.leader)),
             f"&{_glob_literal(keys.events)}",
-            *(f"+{command}" for command in PUBLISHER_COMMANDS),
+            *(f"+{command}" for command in commands),
         ]
     )
 

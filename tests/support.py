@@ -30,6 +30,20 @@ FAST_AGENT = AgentConfig(
     drain_grace=0.5,
 )
 
+#: A ServiceInstance document's top-level fields, in the order Curator writes them.
+CURATOR_FIELD_ORDER = [
+    "name",
+    "id",
+    "address",
+    "port",
+    "sslPort",
+    "payload",
+    "registrationTimeUTC",
+    "serviceType",
+    "uriSpec",
+    "enabled",
+]
+
 #: ``await make_data_server(*, agent=FAST_AGENT, admin_token=None, **DataServerConfig fields)``
 DataServerFactory = Callable[..., Awaitable[DataServer]]
 #: ``await make_search_server(*, redis_url=None, zk=None, session_timeout=..., **fields)``

@@ -38,19 +38,9 @@ from discovery.instance import (
     validate_instance_id,
 )
 
+from .support import CURATOR_FIELD_ORDER
+
 GOLDEN = Path(__file__).parent / "golden"
-CURATOR_FIELD_ORDER = [
-    "name",
-    "id",
-    "address",
-    "port",
-    "sslPort",
-    "payload",
-    "registrationTimeUTC",
-    "serviceType",
-    "uriSpec",
-    "enabled",
-]
 
 
 def golden_bytes(name: str) -> bytes:

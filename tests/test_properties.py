@@ -61,6 +61,8 @@ from search_server.config import SearchServerConfig
 from search_server.server import MAX_K as SEARCH_MAX_K
 from search_server.server import SearchServer
 
+from .support import CURATOR_FIELD_ORDER
+
 T = TypeVar("T")
 E = TypeVar("E", bound=BaseException)
 
@@ -166,18 +168,7 @@ INSTANCES = st.builds(
 )
 
 # JSON field paths of a document, and where they live.
-TOP_LEVEL_FIELDS = [
-    "name",
-    "id",
-    "address",
-    "port",
-    "sslPort",
-    "payload",
-    "registrationTimeUTC",
-    "serviceType",
-    "uriSpec",
-    "enabled",
-]
+TOP_LEVEL_FIELDS = CURATOR_FIELD_ORDER
 PAYLOAD_FIELDS = ["shard", "replica", "docs", "version", "state", "reason"]
 
 

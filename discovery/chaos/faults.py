@@ -175,48 +175,49 @@ async def agent_session_expiry(ctx: FaultContext) -> None:
 # -- search servers -------------------------------------------------------------------
 
 
-async def _leader_or_skip(ctx: FaultContext, kind: str) -> Member | None:
+async def _leader_or_skip(ctx: FaultContext, kind: str, action: str) -> tuple[Member, int] | None:
+    """The single leader and the highest epoch seen so far, or None (counted as skipped)."""
     leader = await ctx.cluster.leader()
     if leader is None:
         ctx.skipped[kind] = ctx.skipped.get(kind, 0) + 1
         log.warning("%s skipped: no single leader right now", kind)
-    return leader
-
-
-async def leader_kill(ctx: FaultContext) -> None:
-    """``kill -9`` the leading search server: a successor publishes with a higher epoch."""
-    leader = await _leader_or_skip(ctx, "leader_kill")
-    if leader is None:
-        return
+        return None
     epoch = ctx.observer.max_epoch
-    log.info("kill -9 leader %s (epoch %d)", leader.name, epoch)
-    await ctx.cluster.kill(leader)
+    log.info("%s leader %s (epoch %d)", action, leader.name, epoch)
+    return leader, epoch
+
+
+async def _successor_publishes(ctx: FaultContext, kind: str, epoch: int) -> None:
     await ctx.converge(
-        "leader_kill",
+        kind,
         "new leader",
         ctx.config.crash_bound + 1.0,
         lambda s: ctx.observer.max_epoch > epoch and bool(s.leaders),
     )
+
+
+async def leader_kill(ctx: FaultContext) -> None:
+    """``kill -9`` the leading search server: a successor publishes with a higher epoch."""
+    found = await _leader_or_skip(ctx, "leader_kill", "kill -9")
+    if found is None:
+        return
+    leader, epoch = found
+    await ctx.cluster.kill(leader)
+    await _successor_publishes(ctx, "leader_kill", epoch)
     await ctx.cluster.restart(leader)
     await ctx.converge("leader_kill", "restarted", START_BOUND, lambda s: leader.name in s.search)
 
 
 async def leader_pause(ctx: FaultContext) -> None:
     """SIGSTOP the leader past its session timeout, then SIGCONT: the deposed leader."""
-    leader = await _leader_or_skip(ctx, "leader_pause")
-    if leader is None:
+    found = await _leader_or_skip(ctx, "leader_pause", "SIGSTOP")
+    if found is None:
         return
-    epoch = ctx.observer.max_epoch
-    log.info("SIGSTOP leader %s (epoch %d)", leader.name, epoch)
+    leader, epoch = found
     loop = asyncio.get_running_loop()
     paused_at = loop.time()
     ctx.cluster.signal(leader, signal.SIGSTOP)
-    await ctx.converge(
-        "leader_pause",
-        "new leader",
-        ctx.config.crash_bound + 1.0,
-        lambda s: ctx.observer.max_epoch > epoch and bool(s.leaders),
-    )
+    await _successor_publishes(ctx, "leader_pause", epoch)
     # Stay paused well past the session timeout, so the session is surely gone.
     remaining = ctx.config.session_timeout + 1.0 - (loop.time() - paused_at)
     await asyncio.sleep(max(0.0, remaining))
