@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import statistics
 import sys
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
-from common import machine
+from common import write_results
 from prometheus_client import CollectorRegistry
 
 from discovery.config import ZkConfig
@@ -387,37 +386,28 @@ def main() -> int:
         f"x{growth['leader_zk_ops_per_change']}, reader memory x{growth['reader_traced_bytes']}",
         flush=True,
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "scale",
-                "command": " ".join([Path(sys.executable).name, *sys.argv]),
-                "parameters": vars(args),
-                "machine": machine(),
-                "notes": (
-                    "apply_ms: from the ZooKeeper create/delete returning to all readers' "
-                    "current reflecting it; leader_event_ms: from the same point to the event "
-                    "message arriving on the channel (ZooKeeper watch, the watcher's 50 ms "
-                    "coalescing window, snapshot encoding and the fenced write). "
-                    "leader_redis_write_ms_mean: the fenced Lua write of one diff publish "
-                    "(publisher's own histogram; the snapshot is sent whole each time). "
-                    "event_bytes: the pub/sub message (a delta). "
-                    "snapshot_bytes: the whole <prefix>:live document, rewritten on every "
-                    "change. redis_net_in/out: Redis INFO deltas per change, all clients "
-                    "(includes the leader's 1/s heartbeat and our own STRLEN polls). "
-                    "reader_traced_bytes: tracemalloc delta for one extra reader after it "
-                    "loaded N servers."
-                ),
-                "rows": rows,
-                "growth_first_to_last": growth,
-                "wall_s": round(time.monotonic() - started, 1),
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        RESULTS,
+        "scale",
+        vars(args),
+        notes=(
+            "apply_ms: from the ZooKeeper create/delete returning to all readers' "
+            "current reflecting it; leader_event_ms: from the same point to the event "
+            "message arriving on the channel (ZooKeeper watch, the watcher's 50 ms "
+            "coalescing window, snapshot encoding and the fenced write). "
+            "leader_redis_write_ms_mean: the fenced Lua write of one diff publish "
+            "(publisher's own histogram; the snapshot is sent whole each time). "
+            "event_bytes: the pub/sub message (a delta). "
+            "snapshot_bytes: the whole <prefix>:live document, rewritten on every "
+            "change. redis_net_in/out: Redis INFO deltas per change, all clients "
+            "(includes the leader's 1/s heartbeat and our own STRLEN polls). "
+            "reader_traced_bytes: tracemalloc delta for one extra reader after it "
+            "loaded N servers."
+        ),
+        rows=rows,
+        growth_first_to_last=growth,
+        wall_s=round(time.monotonic() - started, 1),
     )
-    print(f"wrote {RESULTS}")
     return 0
 
 

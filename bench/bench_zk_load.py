@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import statistics
 import sys
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
-from common import machine
+from common import write_results
 
 from discovery.config import ZkConfig
 from discovery.devcluster import DevCluster
@@ -423,31 +422,22 @@ def main() -> int:
         f" ours x{growth['ours']}, naive x{growth['naive']}",
         flush=True,
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "zk_load",
-                "command": " ".join([Path(sys.executable).name, *sys.argv]),
-                "parameters": vars(args),
-                "machine": machine(),
-                "notes": (
-                    "packets_per_change: ZooKeeper mntr zk_packets_received+zk_packets_sent "
-                    "delta per change minus the idle (ping) rate measured just before; includes "
-                    "the 2 packets of the create/delete itself. client_* figures are summed over "
-                    "the S search-server sessions (not the registrar). zk_watch_count is the "
-                    "server's standing watch count (ours: the leader's child + data watches "
-                    "plus one election predecessor watch per non-leader)."
-                ),
-                "rows": rows,
-                "growth_first_to_last_S": growth,
-                "wall_s": round(time.monotonic() - started, 1),
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        RESULTS,
+        "zk_load",
+        vars(args),
+        notes=(
+            "packets_per_change: ZooKeeper mntr zk_packets_received+zk_packets_sent "
+            "delta per change minus the idle (ping) rate measured just before; includes "
+            "the 2 packets of the create/delete itself. client_* figures are summed over "
+            "the S search-server sessions (not the registrar). zk_watch_count is the "
+            "server's standing watch count (ours: the leader's child + data watches "
+            "plus one election predecessor watch per non-leader)."
+        ),
+        rows=rows,
+        wall_s=round(time.monotonic() - started, 1),
+        **{"growth_first_to_last_S": growth},
     )
-    print(f"wrote {RESULTS}")
     return 0
 
 

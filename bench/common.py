@@ -11,6 +11,7 @@ import platform
 import random
 import socket
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,21 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from discovery.publisher import RedisKeys
+
+
+def write_results(path: Path, benchmark: str, parameters: dict[str, Any], **fields: Any) -> None:
+    """Write one benchmark's JSON: its name, the command that ran it, its parameters, the
+    machine, then ``fields`` (notes, rows, ...) in the order given; print where."""
+    record = {
+        "benchmark": benchmark,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "parameters": parameters,
+        "machine": machine(),
+        **fields,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}", flush=True)
 
 
 def machine() -> dict[str, Any]:
