@@ -70,6 +70,7 @@ from common import CpuMeter, EventLog, free_port_block, machine, summary_ms
 from data_server.corpus import sample_queries
 from discovery.config import ZkConfig
 from discovery.devcluster import DevCluster
+from discovery.devcluster.process import terminate_all
 from discovery.layout import DATA_SERVERS_PATH
 from discovery.zk import WatchEvent, ZkSession
 
@@ -201,17 +202,7 @@ class Cluster:
         return {f"ds-{i:04d}" for i in range(self.args.servers)}
 
     async def stop_all(self) -> None:
-        alive = [p for p in self.procs if p.returncode is None]
-        for process in alive:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-        for process in alive:
-            try:
-                await asyncio.wait_for(process.wait(), timeout=20)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
+        await terminate_all(self.procs, timeout=20)
 
 
 # ----------------------------------------------------------------- observation
@@ -471,9 +462,11 @@ async def probe_offline(ctx: Context) -> tuple[list[Trial], list[str]]:
                 "probe_offline",
                 server_id,
                 act,
-                znode_kind="deleted",
-                event_match=_removes(server_id),
-                view_done=lambda v: _state(v, server_id) is None,
+                # The agent announces the departure (state draining, reason "offline:
+                # ...") before it deletes the node; routing stops at that first write.
+                znode_kind="changed",
+                event_match=lambda e: _drains(server_id)(e) or _removes(server_id)(e),
+                view_done=lambda v: _state(v, server_id) in (None, "draining"),
             )
         finally:
             async with ctx.http.post(url, json={"mode": "none"}) as response:

@@ -40,11 +40,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import shlex
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -56,6 +54,7 @@ from common import free_port_block, machine
 
 from data_server.corpus import sample_queries
 from discovery.devcluster import DevCluster
+from discovery.devcluster.process import terminate_all
 
 SCRIPT = Path(__file__).resolve()
 ROOT = SCRIPT.parent.parent
@@ -292,17 +291,7 @@ class Bench:
             response.raise_for_status()
 
     async def stop_all(self) -> None:
-        alive = [p for p in self.procs if p.returncode is None]
-        for process in alive:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-        for process in alive:
-            try:
-                await asyncio.wait_for(process.wait(), timeout=15)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
+        await terminate_all(self.procs, timeout=15)
 
 
 async def run_ours(

@@ -44,6 +44,7 @@ import aiohttp
 
 from .config import int_range, positive_float
 from .devcluster import DevCluster
+from .devcluster.process import terminate_all
 from .entrypoint import stop_on_signals
 from .errors import DevClusterError
 
@@ -566,16 +567,7 @@ def _range_free(base: int, count: int) -> bool:
 async def _stop_all(cluster: _Cluster) -> None:
     processes = [cluster.loadgen, *cluster.search.values(), cluster.fleet]
     processes += [entry[2] for entry in cluster.singles.values()]
-    alive = [p for p in processes if p is not None and p.returncode is None]
-    for process in alive:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-    for process in alive:
-        try:
-            await asyncio.wait_for(process.wait(), timeout=20)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+    await terminate_all(processes, timeout=20)
 
 
 def run(args: argparse.Namespace) -> int:

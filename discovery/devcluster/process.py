@@ -7,16 +7,20 @@ with a deadline, and ``stop()`` always reaps the child, escalating from SIGTERM 
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from discovery.errors import DevClusterError
 
-__all__ = ["ManagedProcess", "log_tail"]
+__all__ = ["ManagedProcess", "log_tail", "terminate_all"]
 
 logger = logging.getLogger(__name__)
 
@@ -214,3 +218,23 @@ class ManagedProcess(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._name} pid={self.pid} dir={self._workdir}>"
+
+
+async def terminate_all(
+    processes: Sequence[asyncio.subprocess.Process | None], timeout: float = 20.0
+) -> None:
+    """Stop asyncio child processes: SIGTERM to all (a server drains on it), then wait
+    for each up to ``timeout`` seconds and SIGKILL the ones still running. Those already
+    gone (or None) are skipped; every one is reaped."""
+    alive = [p for p in processes if p is not None and p.returncode is None]
+    for process in alive:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+    for process in alive:
+        try:
+            await asyncio.wait_for(process.wait(), timeout)
+        except TimeoutError:
+            logger.warning("pid %d ignored SIGTERM for %g s; killing it", process.pid, timeout)
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
