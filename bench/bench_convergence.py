@@ -471,6 +471,9 @@ async def probe_offline(ctx: Context) -> tuple[list[Trial], list[str]]:
         finally:
             async with ctx.http.post(url, json={"mode": "none"}) as response:
                 response.raise_for_status()
+            # One event at a time: its re-admission (after `rise` good probes) must not
+            # land in the leader's coalescing window of the next trial's departure.
+            await ready(ctx, server_id, timeout=15.0)
 
     # A different server each time, so that flap damping never holds one back.
     return await _trials(ctx, "probe_offline", ctx.cluster.probe_pool(), one)
