@@ -105,7 +105,14 @@ class SearchServer:
             OSError: the port is taken.
         """
         config = self.config
-        runner = web.AppRunner(self._make_app(), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self._make_app(),
+            access_log=None,
+            handle_signals=False,
+            # In-flight queries end by their deadline; nothing else is worth waiting
+            # for (aiohttp's default would wait a minute for a stuck handler).
+            shutdown_timeout=config.max_timeout_ms / 1000 + 1.0,
+        )
         await runner.setup()
         self._runner = runner
         try:
