@@ -65,7 +65,7 @@ from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
-from common import CpuMeter, EventLog, free_port_block, machine, summary_ms
+from common import CpuMeter, EventLog, free_port_block, machine, spawn_python, summary_ms
 
 from data_server.corpus import sample_queries
 from discovery.config import ZkConfig
@@ -135,11 +135,7 @@ class Cluster:
         ]
 
     async def spawn(self, *argv: str) -> asyncio.subprocess.Process:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, *argv, stdin=asyncio.subprocess.DEVNULL, cwd=ROOT
-        )
-        self.procs.append(process)
-        return process
+        return await spawn_python(self.procs, *argv)
 
     def single_id(self, j: int) -> str:
         return f"ds-{self.fleet_count + j:04d}"

@@ -108,6 +108,34 @@ class InProcessContender:
         await self.redis.aclose()
 
 
+def _trial(
+    kind: str,
+    trial: int,
+    trials: int,
+    leader_id: str,
+    epoch: int,
+    event: dict[str, Any],
+    ms: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One failover trial's record (printed as it is made)."""
+    print(
+        f"  {kind:<8} {trial + 1:>2}/{trials}: {leader_id} -> {event['leader']} in {ms:6.1f} ms",
+        flush=True,
+    )
+    record = {
+        "trial": trial,
+        "old_leader": leader_id,
+        "old_epoch": epoch,
+        "new_leader": event["leader"],
+        "new_epoch": event["epoch"],
+        "first_event_full": event["full"],
+        **extra,
+        "failover_ms": round(ms, 1),
+    }
+    return record
+
+
 async def _contender_main(args: argparse.Namespace) -> None:
     """``--contender``: one search-server equivalent until stdin closes (or SIGKILL)."""
     loop = asyncio.get_running_loop()
@@ -231,21 +259,16 @@ async def _graceful(
             t1, event = await waiter
             ms = (t1 - t0) * 1000
             trials.append(
-                {
-                    "trial": trial,
-                    "old_leader": leader_id,
-                    "old_epoch": epoch,
-                    "new_leader": event["leader"],
-                    "new_epoch": event["epoch"],
-                    "first_event_full": event["full"],
-                    "resign_call_ms": round((resigned - t0) * 1000, 1),
-                    "failover_ms": round(ms, 1),
-                }
-            )
-            print(
-                f"  graceful {trial + 1:>2}/{args.trials}: {leader_id} -> {event['leader']} "
-                f"in {ms:6.1f} ms",
-                flush=True,
+                _trial(
+                    "graceful",
+                    trial,
+                    args.trials,
+                    leader_id,
+                    epoch,
+                    event,
+                    ms,
+                    resign_call_ms=round((resigned - t0) * 1000, 1),
+                )
             )
             await leader.join()  # rejoin the election (behind the others)
             await _wait_contenders(registrar, args.contenders)
@@ -312,22 +335,7 @@ async def _crash(
             assert leader.proc is not None
             await leader.proc.wait()
             ms = (t1 - t0) * 1000
-            trials.append(
-                {
-                    "trial": trial,
-                    "old_leader": leader_id,
-                    "old_epoch": epoch,
-                    "new_leader": event["leader"],
-                    "new_epoch": event["epoch"],
-                    "first_event_full": event["full"],
-                    "failover_ms": round(ms, 1),
-                }
-            )
-            print(
-                f"  crash    {trial + 1:>2}/{args.trials}: {leader_id} -> {event['leader']} "
-                f"in {ms:6.1f} ms",
-                flush=True,
-            )
+            trials.append(_trial("crash", trial, args.trials, leader_id, epoch, event, ms))
             await spawn()  # the replacement process
             await _wait_contenders(registrar, args.contenders)
     finally:

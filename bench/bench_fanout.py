@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from common import free_port_block, machine
+from common import free_port_block, machine, spawn_python
 
 from data_server.corpus import sample_queries
 from discovery.devcluster import DevCluster
@@ -224,11 +224,7 @@ class Bench:
         ]
 
     async def spawn(self, *argv: str) -> asyncio.subprocess.Process:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, *argv, stdin=asyncio.subprocess.DEVNULL, cwd=ROOT
-        )
-        self.procs.append(process)
-        return process
+        return await spawn_python(self.procs, *argv)
 
     async def start_single(self, j: int) -> None:
         self.singles[f"ds-kill-{j:02d}"] = await self.spawn(

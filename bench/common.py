@@ -21,6 +21,21 @@ import redis.asyncio as aioredis
 
 from discovery.publisher import RedisKeys
 
+#: The repository: the benchmarks' child processes run from it.
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def spawn_python(
+    procs: list[asyncio.subprocess.Process], *argv: str
+) -> asyncio.subprocess.Process:
+    """Start ``python *argv`` in the repository (stdin closed) and add it to ``procs``,
+    the list a benchmark stops with ``terminate_all`` at the end."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, stdin=asyncio.subprocess.DEVNULL, cwd=ROOT
+    )
+    procs.append(process)
+    return process
+
 
 def write_results(path: Path, benchmark: str, parameters: dict[str, Any], **fields: Any) -> None:
     """Write one benchmark's JSON: its name, the command that ran it, its parameters, the

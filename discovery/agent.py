@@ -48,7 +48,6 @@ from prometheus_client import CollectorRegistry
 
 from .acl import CREATE, Access, check_access
 from .config import AgentConfig, ZkConfig
-from .devcluster.faults import expire_session
 from .errors import DevClusterError, DiscoveryError, ZkError
 from .instance import InstanceState, ServiceInstance
 from .layout import DATA_SERVERS_PATH
@@ -56,7 +55,7 @@ from .loopthread import LoopThread
 from .metrics import AgentMetrics
 from .probes import Probe, ProbeFailed
 from .registration import Registration, Removal
-from .zk import ZkSession
+from .zk import ZkSession, expire_session
 
 __all__ = ["Agent", "AgentState", "AgentStatus", "ProbeResult"]
 
