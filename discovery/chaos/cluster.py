@@ -185,7 +185,8 @@ class ChaosCluster:
         config = self.config
         return [
             *("--zk", self.zk_hosts, "--redis", self.redis_url, "--cluster", CLUSTER_NAME),
-            *("--session-timeout", str(config.session_timeout), "--log-level", "WARNING"),
+            # INFO: kazoo's connection attempts are in the logs when a run fails.
+            *("--session-timeout", str(config.session_timeout), "--log-level", "INFO"),
         ]
 
     def _search_argv(self, name: str) -> list[str]:
