@@ -35,6 +35,7 @@ $(STAMP): pyproject.toml
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check discovery
+	$(BIN)/lint-imports
 
 typecheck: setup
 	$(BIN)/mypy discovery data_server search_server

@@ -69,9 +69,9 @@ from common import CpuMeter, EventLog, free_port_block, machine, spawn_python, s
 
 from data_server.corpus import sample_queries
 from discovery.config import ZkConfig
-from discovery.devcluster import DevCluster
-from discovery.devcluster.process import terminate_all
 from discovery.layout import DATA_SERVERS_PATH
+from discovery.testing import DevCluster
+from discovery.testing.process import terminate_all
 from discovery.zk import WatchEvent, ZkSession
 
 SCRIPT = Path(__file__).resolve()

@@ -45,11 +45,12 @@ import redis.asyncio as aioredis
 from common import EventLog, machine, summary_ms
 
 from discovery.config import ZkConfig
-from discovery.devcluster import DevCluster
 from discovery.election import LeaderElection
 from discovery.instance import InstancePayload, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
 from discovery.leader import LeaderDuty
+from discovery.redisstore import RedisLiveStore
+from discovery.testing import DevCluster
 from discovery.zk import ZkSession
 
 log = logging.getLogger("bench_failover")
@@ -84,7 +85,7 @@ class InProcessContender:
         self.identifier = identifier
         self.session = ZkSession.from_config(_zk_config(hosts, timeout))
         self.redis = aioredis.Redis.from_url(redis_url)
-        self.duty = LeaderDuty(self.session, self.redis, PREFIX, identifier)
+        self.duty = LeaderDuty(self.session, RedisLiveStore(self.redis, PREFIX), identifier)
         self.election: LeaderElection | None = None
 
     async def start(self) -> None:

@@ -53,8 +53,8 @@ import aiohttp
 from common import free_port_block, machine, spawn_python
 
 from data_server.corpus import sample_queries
-from discovery.devcluster import DevCluster
-from discovery.devcluster.process import terminate_all
+from discovery.testing import DevCluster
+from discovery.testing.process import terminate_all
 
 SCRIPT = Path(__file__).resolve()
 ROOT = SCRIPT.parent.parent

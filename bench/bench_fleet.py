@@ -27,7 +27,7 @@ from typing import Any
 from common import machine
 from kazoo.client import KazooClient
 
-from discovery.devcluster import DevCluster
+from discovery.testing import DevCluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fleet.json"
 AGENT_FLAGS = ["--drain-grace", "0.5", "--log-level", "WARNING", "--session-timeout", "10"]

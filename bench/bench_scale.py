@@ -42,13 +42,14 @@ from common import write_results
 from prometheus_client import CollectorRegistry
 
 from discovery.config import ZkConfig
-from discovery.devcluster import DevCluster
 from discovery.election import LeaderElection
 from discovery.instance import InstancePayload, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
 from discovery.leader import LeaderDuty
 from discovery.livelist import LiveListReader
-from discovery.publisher import RedisKeys
+from discovery.redislayout import RedisKeys
+from discovery.redisstore import RedisLiveStore
+from discovery.testing import DevCluster
 from discovery.zk import ZkSession
 
 log = logging.getLogger("bench_scale")
@@ -211,7 +212,8 @@ async def _run_size(
         leader_redis = aioredis.Redis.from_url(redis_url)
         closers.append(leader_redis.aclose)
         registry = CollectorRegistry()
-        duty = LeaderDuty(leader_session, leader_redis, prefix, "bench-leader", registry=registry)
+        store = RedisLiveStore(leader_redis, prefix, registry=registry)
+        duty = LeaderDuty(leader_session, store, "bench-leader", registry=registry)
         election = LeaderElection(leader_session, SEARCH_ELECTION_PATH, "bench-leader", duty)
         started = time.monotonic()
         await election.start()

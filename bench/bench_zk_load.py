@@ -47,14 +47,15 @@ import redis.asyncio as aioredis
 from common import write_results
 
 from discovery.config import ZkConfig
-from discovery.devcluster import DevCluster
-from discovery.devcluster.zookeeper import four_letter_word
 from discovery.election import LeaderElection
 from discovery.instance import InstancePayload, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
 from discovery.leader import LeaderDuty
 from discovery.livelist import LiveListReader
 from discovery.membership import MembershipWatcher
+from discovery.redisstore import RedisLiveStore
+from discovery.testing import DevCluster
+from discovery.testing.zookeeper import four_letter_word
 from discovery.zk import WatchEvent, ZkSession
 
 log = logging.getLogger("bench_zk_load")
@@ -245,7 +246,7 @@ async def _ours(
         closers.append(redis.aclose)
         elections = []
         for n, session in enumerate(sessions):
-            duty = LeaderDuty(session, redis, prefix, f"search-{n}")
+            duty = LeaderDuty(session, RedisLiveStore(redis, prefix), f"search-{n}")
             election = LeaderElection(session, SEARCH_ELECTION_PATH, f"search-{n}", duty)
             await election.start()
             closers.append(election.aclose)

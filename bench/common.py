@@ -19,7 +19,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from discovery.publisher import RedisKeys
+from discovery.redislayout import RedisKeys
 
 #: The repository: the benchmarks' child processes run from it.
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from discovery.entrypoint import configure_logging, stop_on_signals
+from discovery.cli.entrypoint import configure_logging, stop_on_signals
 from discovery.errors import ConfigError, DiscoveryError
 
 from . import loadgen

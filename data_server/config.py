@@ -7,23 +7,24 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from discovery.config import (
+from discovery.cli.options import (
     AGENT_OPTIONS,
     COMMON_OPTIONS,
     ZK_OPTIONS,
-    AgentConfig,
-    ClusterConfig,
     Option,
-    ZkConfig,
     add_options,
     advertised_address,
+    agent_config,
     checked_id,
+    cluster_config,
     listen_options,
     non_negative_int,
     port_number,
     positive_float,
     positive_int,
+    zk_config,
 )
+from discovery.config import AgentConfig, ClusterConfig, ZkConfig
 from discovery.errors import ConfigError
 
 __all__ = [
@@ -176,9 +177,9 @@ class DataServerConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DataServerConfig:
         return cls(
-            zk=ZkConfig.from_args(args),
-            cluster=ClusterConfig.from_args(args),
-            agent=AgentConfig.from_args(args),
+            zk=zk_config(args),
+            cluster=cluster_config(args),
+            agent=agent_config(args),
             host=args.host,
             port=getattr(args, "port", 0),
             advertise=advertised_address(args.host, args.advertise),

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from discovery.http import BadRequestError
+from discovery.errors import BadRequestError
 
 __all__ = ["Fault", "FaultInjector", "FaultSpecError"]
 
@@ -32,7 +32,7 @@ MAX_DELAY_MS = 600_000
 class FaultSpecError(BadRequestError):
     """A fault request that does not describe a fault; the message names the field.
 
-    A :class:`~discovery.http.BadRequestError`, so the server's middleware answers
+    A :class:`~discovery.errors.BadRequestError`, so the server's middleware answers
     it with 400 and counts it under the field's name.
     """
 

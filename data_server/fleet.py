@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from discovery.entrypoint import stop_on_signals
+from discovery.cli.entrypoint import stop_on_signals
 from discovery.loopthread import LoopThread
 
 from .config import FleetConfig

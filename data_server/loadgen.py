@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from discovery.config import Option, add_options, int_range, non_negative_int, positive_float
-from discovery.entrypoint import configure_logging, stop_on_signals
+from discovery.cli.entrypoint import configure_logging, stop_on_signals
+from discovery.cli.options import Option, add_options, int_range, non_negative_int, positive_float
 
 from .corpus import sample_queries
 

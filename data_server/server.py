@@ -21,10 +21,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from discovery.agent import Agent, AgentState
-from discovery.errors import ConfigError
+from discovery.errors import BadRequestError, ConfigError, DevClusterError
 from discovery.http import (
     MAX_QUERY_LENGTH,
-    BadRequestError,
     json_app,
     json_error,
     parse_search_params,
@@ -33,6 +32,7 @@ from discovery.http import (
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.loopthread import LoopThread
 from discovery.probes import SearchProbe
+from discovery.testing import expire_session
 
 from .config import DataServerConfig
 from .corpus import Document, generate_documents, load_jsonl, sample_queries
@@ -331,7 +331,11 @@ class DataServer:
         if (refused := self._refuse_admin(request)) is not None:
             return refused
         assert self.agent is not None
-        new_session = await self.agent.aexpire_session()
+        session = self.agent.session
+        if session is None:
+            raise DevClusterError("the agent has no ZooKeeper session to expire")
+        # On the agent's loop, which owns the session.
+        new_session = await self.agent.call(expire_session(session))
         log.warning("%s: ZooKeeper session expired on request", self.instance_id)
         return web.json_response({"session": f"0x{new_session:x}"})
 

@@ -1,29 +1,46 @@
-"""Service discovery for search clusters.
+"""Service discovery for search clusters: the library a data server embeds and search
+servers are built on.
 
-The framework: the data-server :class:`Agent` (registration while healthy, health
-probes, drain), a ZooKeeper session bridged into asyncio (:class:`ZkSession`), the
-Curator-compatible :class:`ServiceInstance`, ephemeral :class:`Registration` of an
-instance, and a :class:`MembershipWatcher` that keeps a decoded view of
-``/data_servers``. Search servers use :class:`LeaderElection`, :class:`LeaderDuty`,
-:class:`LivePublisher` and :class:`LiveListReader`. The applications ``data_server``
-and ``search_server`` are built on it; ``discovery.devcluster`` runs a real local
-ZooKeeper and Redis for development and tests. See docs/ARCHITECTURE.md.
+* **Data servers** embed the :class:`Agent`: it registers the server's
+  :class:`ServiceInstance` (Apache Curator's JSON) as an ephemeral node once a
+  :class:`Probe` says the server answers, takes it offline while probes fail, and
+  drains it on shutdown. Underneath: :class:`ZkSession` (one kazoo client bridged into
+  asyncio) and :class:`Registration` (one ephemeral node, kept while wanted).
+* **Search servers** run a :class:`LeaderElection`; the leader's :class:`LeaderDuty`
+  watches the data servers (:class:`MembershipWatcher`), holds back suspicious mass
+  losses (:class:`MassLossBrake`) and publishes the live list through a
+  :class:`LiveListStore`, fenced by its epoch. Every search server routes with the
+  store's :class:`LiveListFollower`. The default store is :class:`RedisLiveStore`.
+
+Every error is a :class:`DiscoveryError` (:mod:`discovery.errors`). Settings are frozen
+dataclasses (:class:`ZkConfig`, :class:`ClusterConfig`, :class:`AgentConfig`); metrics
+go to a ``CollectorRegistry`` you pass in. Tools live beside the library and are not
+imported by it: :mod:`discovery.testing` (a real local ZooKeeper and Redis, fault
+injection), :mod:`discovery.tools` (the ``discovery`` command) and :mod:`discovery.cli`
+(flags and environment variables of the entry points). See docs/ARCHITECTURE.md.
 """
 
 from .agent import Agent, AgentState, AgentStatus
 from .brake import MassLossBrake, MassLossBrakeConfig
-from .config import AgentConfig, ClusterConfig, ZkConfig
+from .config import AgentConfig, ClusterConfig, RedisConfig, ZkConfig
 from .election import LeaderElection, Leadership
 from .errors import (
+    BadRequestError,
     ConfigError,
-    DevClusterError,
     DiscoveryError,
     FencedError,
     InvalidInstanceError,
+    MalformedLiveListError,
+    OverloadedError,
     PayloadTooLargeError,
+    ProbeFailed,
+    RedisAccessError,
+    RedisAuthError,
     RedisOperationError,
+    RedisPermissionError,
     RedisUnavailableError,
     RegistrationConflictError,
+    StoreError,
     ZkAuthError,
     ZkBadVersionError,
     ZkConnectionError,
@@ -35,11 +52,13 @@ from .errors import (
 from .instance import MAX_INSTANCE_BYTES, InstancePayload, InstanceState, ServiceInstance
 from .layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from .leader import LeaderDuty
-from .livelist import LiveList, LiveListReader
+from .livelist import LiveListReader
 from .membership import MembershipChange, MembershipWatcher
-from .probes import CallableProbe, HttpProbe, Probe, ProbeFailed, SearchProbe
+from .probes import CallableProbe, HttpProbe, Probe, SearchProbe
 from .publisher import LivePublisher
-from .registration import Registration
+from .redisstore import RedisLiveStore
+from .registration import Registration, Removal
+from .store import LiveList, LiveListFollower, LiveListPublisher, LiveListStore
 from .zk import SessionEvent, SessionState, ZkSession
 
 __all__ = [
@@ -51,10 +70,10 @@ __all__ = [
     "AgentConfig",
     "AgentState",
     "AgentStatus",
+    "BadRequestError",
     "CallableProbe",
     "ClusterConfig",
     "ConfigError",
-    "DevClusterError",
     "DiscoveryError",
     "FencedError",
     "HttpProbe",
@@ -65,23 +84,35 @@ __all__ = [
     "LeaderElection",
     "Leadership",
     "LiveList",
+    "LiveListFollower",
+    "LiveListPublisher",
     "LiveListReader",
+    "LiveListStore",
     "LivePublisher",
+    "MalformedLiveListError",
     "MassLossBrake",
     "MassLossBrakeConfig",
     "MembershipChange",
     "MembershipWatcher",
+    "OverloadedError",
     "PayloadTooLargeError",
     "Probe",
     "ProbeFailed",
+    "RedisAccessError",
+    "RedisAuthError",
+    "RedisConfig",
+    "RedisLiveStore",
     "RedisOperationError",
+    "RedisPermissionError",
     "RedisUnavailableError",
     "Registration",
     "RegistrationConflictError",
+    "Removal",
     "SearchProbe",
     "ServiceInstance",
     "SessionEvent",
     "SessionState",
+    "StoreError",
     "ZkAuthError",
     "ZkBadVersionError",
     "ZkConfig",

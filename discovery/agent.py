@@ -48,14 +48,14 @@ from prometheus_client import CollectorRegistry
 
 from .acl import CREATE, Access, check_access
 from .config import AgentConfig, ZkConfig
-from .errors import DevClusterError, DiscoveryError, ZkError
+from .errors import DiscoveryError, ProbeFailed, ZkError
 from .instance import InstanceState, ServiceInstance
 from .layout import DATA_SERVERS_PATH
 from .loopthread import LoopThread
 from .metrics import AgentMetrics
-from .probes import Probe, ProbeFailed
+from .probes import Probe
 from .registration import Registration, Removal
-from .zk import ZkSession, expire_session
+from .zk import ZkSession
 
 __all__ = ["Agent", "AgentState", "AgentStatus", "ProbeResult"]
 
@@ -186,7 +186,8 @@ class Agent:
 
     @property
     def session(self) -> ZkSession | None:
-        """The agent's ZooKeeper session, for diagnostics and fault injection.
+        """The agent's ZooKeeper session (None before :meth:`start`), for diagnostics and
+        fault injection (:func:`discovery.testing.expire_session`).
 
         It lives on the agent's loop thread: read its properties, but await its
         methods only through :meth:`call`.
@@ -267,22 +268,6 @@ class Agent:
 
     async def adrain(self, grace: float | None = None) -> None:
         await self._on_agent_loop(self._drain(grace))
-
-    async def aexpire_session(self) -> int:
-        """Have ZooKeeper expire our session now (fault injection); returns the new one's id.
-
-        The registration notices the new session and creates the node again, as after
-        any real expiry.
-
-        Raises:
-            DevClusterError: there is no connected session to expire.
-        """
-        return await self._on_agent_loop(self._expire_session())
-
-    async def _expire_session(self) -> int:
-        if self._session is None:
-            raise DevClusterError("the agent has no ZooKeeper session")
-        return await expire_session(self._session)
 
     def stop(self) -> None:
         """Deregister (if still registered), close the session, stop the loop thread."""

@@ -1,26 +1,59 @@
 """The exception tree of the discovery framework.
 
 Every error raised by our code derives from :class:`DiscoveryError`, so an
-embedding application can catch one type. kazoo and redis-py errors are
-translated where they enter our code (see :func:`discovery.zk.translate_kazoo_error`);
-the original exception is always kept as ``__cause__``.
+embedding application can catch one type, and every public one is defined here. kazoo
+and redis-py errors are translated where they enter our code
+(:func:`discovery.zk.translate_kazoo_error`,
+:func:`discovery.redislayout.translate_redis_error`); the original exception is always
+kept as ``__cause__``.
+
+::
+
+    DiscoveryError
+    ├── ConfigError (ValueError)            a setting is missing or malformed
+    ├── InvalidInstanceError (ValueError)   a ServiceInstance document is malformed
+    │   └── PayloadTooLargeError
+    ├── BadRequestError (ValueError)        an HTTP client's input (answered 400)
+    ├── ProbeFailed                         a health probe's verdict: not healthy
+    ├── ZkError                             a ZooKeeper operation failed
+    │   ├── ZkConnectionError               connection down or timed out (retry later)
+    │   │   └── ZkSessionExpiredError       the session and its ephemeral nodes are gone
+    │   ├── ZkAuthError, ZkNoNodeError, ZkNodeExistsError, ZkBadVersionError
+    │   └── RegistrationConflictError       another live session owns our id
+    ├── FencedError                         a newer leader has published: stop leading
+    ├── StoreError                          the live-list store failed (retry later)
+    │   └── RedisOperationError             an error reply from Redis
+    │       └── RedisUnavailableError       Redis unreachable, loading or read-only
+    ├── RedisAccessError                    credentials or ACL refused (retrying won't help)
+    │   ├── RedisAuthError
+    │   └── RedisPermissionError
+    ├── MalformedLiveListError              a stored list or change that cannot be used
+    ├── OverloadedError                     the fan-out refused a query (answer 503)
+    ├── DevClusterError                     a local ZooKeeper/Redis (discovery.testing)
+    └── StatusError                         ``discovery status`` could not read a system
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "BadRequestError",
     "ConfigError",
     "DevClusterError",
     "DiscoveryError",
     "FencedError",
     "InvalidInstanceError",
+    "MalformedLiveListError",
+    "OverloadedError",
     "PayloadTooLargeError",
+    "ProbeFailed",
     "RedisAccessError",
     "RedisAuthError",
     "RedisOperationError",
     "RedisPermissionError",
     "RedisUnavailableError",
     "RegistrationConflictError",
+    "StatusError",
+    "StoreError",
     "ZkAuthError",
     "ZkBadVersionError",
     "ZkConnectionError",
@@ -45,6 +78,28 @@ class InvalidInstanceError(DiscoveryError, ValueError):
 
 class PayloadTooLargeError(InvalidInstanceError):
     """A ServiceInstance document exceeds the size bound (64 KiB by default)."""
+
+
+class BadRequestError(DiscoveryError, ValueError):
+    """A client's input is unusable; answered 400 with a message naming ``parameter``.
+
+    ``reason`` is a short fixed token (``missing``, ``blank``, ``too_long``,
+    ``not_integer``, ``out_of_range``, ``invalid_json``, ``too_deep``, ``invalid``,
+    ...) used as a metric label, so it must never contain client input.
+    """
+
+    def __init__(self, parameter: str, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.reason = reason
+
+
+class ProbeFailed(DiscoveryError):
+    """A probe's verdict: the server is not healthy, for the reason given.
+
+    Any exception from a probe counts as a failure; this one says so on purpose, and its
+    message becomes the reason the agent reports and logs.
+    """
 
 
 class ZkError(DiscoveryError):
@@ -92,7 +147,13 @@ class RegistrationConflictError(ZkError):
 
 
 class DevClusterError(DiscoveryError):
-    """A local ZooKeeper or Redis process could not be started or did not answer."""
+    """A local ZooKeeper or Redis process could not be started or did not answer, or a
+    fault could not be injected (:mod:`discovery.testing`; never raised by the library)."""
+
+
+class StatusError(DiscoveryError):
+    """``discovery status``: ZooKeeper or Redis could not be reached or read; one line per
+    failure."""
 
 
 class FencedError(DiscoveryError):
@@ -124,11 +185,20 @@ class FencedError(DiscoveryError):
         self.reason = reason
 
 
-class RedisOperationError(DiscoveryError):
+class StoreError(DiscoveryError):
+    """The live-list store (:class:`~discovery.store.LiveListStore`) failed for now.
+
+    Transient by nature: a publisher's caller keeps its view and publishes in full later,
+    a follower keeps its last list. A write that failed this way may have been applied.
+    Each backend raises a subclass of its own (:class:`RedisOperationError`).
+    """
+
+
+class RedisOperationError(StoreError):
     """A Redis command failed with an error reply or an unexpected answer.
 
     redis-py errors are translated where they enter our code
-    (:func:`discovery.publisher.translate_redis_error`); the original is ``__cause__``.
+    (:func:`discovery.redislayout.translate_redis_error`); the original is ``__cause__``.
     """
 
 
@@ -147,7 +217,7 @@ class RedisAccessError(DiscoveryError):
     passes), but waiting does not fix a wrong password or a missing permission. An
     operator has to change the configuration or the server's ACL, so whoever meets
     this error should stop what needs the permission and say so loudly. Translated
-    from redis-py by :func:`discovery.publisher.translate_redis_error`; the original
+    from redis-py by :func:`discovery.redislayout.translate_redis_error`; the original
     is ``__cause__``.
     """
 
@@ -158,3 +228,20 @@ class RedisAuthError(RedisAccessError):
 
 class RedisPermissionError(RedisAccessError):
     """Authenticated, but the user's ACL refuses a command, key or channel (NOPERM)."""
+
+
+class MalformedLiveListError(DiscoveryError):
+    """A stored live list or change we cannot use; ``position`` is its ``(epoch, version)``
+    if those were readable. Readers skip it and count it; it never stops them."""
+
+    def __init__(self, message: str, position: tuple[int, int] | None = None) -> None:
+        super().__init__(message)
+        self.position = position
+
+
+class OverloadedError(DiscoveryError):
+    """Admission control refused a query: ``max_in_flight`` queries are already running.
+
+    The HTTP handler should answer 503 (with ``Retry-After``) so that clients and load
+    balancers back off or go to another search server.
+    """

@@ -31,7 +31,7 @@ from typing import Any, Final, NoReturn
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from .errors import DiscoveryError
+from .errors import BadRequestError
 from .metrics import HttpMetrics
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "MAX_BODY_BYTES",
     "MAX_QUERY_BYTES",
     "MAX_QUERY_LENGTH",
-    "BadRequestError",
     "SearchParams",
     "int_param",
     "json_app",
@@ -83,20 +82,6 @@ _STATUS_REASONS: Final = {
     414: "too_large",
     415: "unsupported_media_type",
 }
-
-
-class BadRequestError(DiscoveryError, ValueError):
-    """A client's input is unusable; answered 400 with a message naming ``parameter``.
-
-    ``reason`` is a short fixed token (``missing``, ``blank``, ``too_long``,
-    ``not_integer``, ``out_of_range``, ``invalid_json``, ``too_deep``, ``invalid``,
-    ...) used as a metric label, so it must never contain client input.
-    """
-
-    def __init__(self, parameter: str, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.parameter = parameter
-        self.reason = reason
 
 
 def _short(value: object, limit: int = 40) -> str:

@@ -1,10 +1,11 @@
 """What the elected leader does: watch ``/data_servers`` and publish the live list.
 
 Only the leader watches ZooKeeper's membership (one watcher for the cluster, not one
-per search server) and writes the live list to Redis, through the fenced
-:class:`~discovery.publisher.LivePublisher`. A term of leadership is one call of
-:class:`LeaderDuty`; it runs as a task of :class:`~discovery.election.LeaderElection`
-until cancelled.
+per search server) and writes the live list, through the fenced
+:class:`~discovery.store.LiveListPublisher` its :class:`~discovery.store.LiveListStore`
+gives it for the term (by default :class:`~discovery.redisstore.RedisLiveStore`: Redis).
+A term of leadership is one call of :class:`LeaderDuty`; it runs as a task of
+:class:`~discovery.election.LeaderElection` until cancelled.
 
 Within a term:
 
@@ -12,16 +13,17 @@ Within a term:
 * every membership change is published as the new snapshot plus a diff against what
   was last published (added, changed, removed with a reason), so readers can apply it
   or refetch;
-* a heartbeat refreshes ``<prefix>:leader`` every ``heartbeat_interval``; if it finds
-  the snapshot missing (Redis restarted empty, FLUSHALL), the full snapshot is
-  republished, so the list is back within one heartbeat interval;
+* a heartbeat tells readers the leader is alive every ``heartbeat_interval``; if it
+  finds the stored list missing or not ours (Redis restarted empty, FLUSHALL), the full
+  snapshot is republished, so the list is back within one heartbeat interval;
 * while the ZooKeeper connection is SUSPENDED nothing is written at all: we may
   already have been replaced. On reconnection in the same session the full snapshot
   is republished; on LOST the election cancels the term;
 * a write refused by the fence (:class:`~discovery.errors.FencedError`) proves a newer
   leader exists: the term ends and the election contends again;
-* Redis errors (outage, error replies) are logged and retried at the next heartbeat
-  with a full snapshot;
+* store errors (a Redis outage, error replies) are logged and retried at the next
+  heartbeat with a full snapshot; a store that refuses our credentials
+  (:class:`~discovery.errors.RedisAccessError`) ends the term, for the caller to handle;
 * every publish decision goes through the term's
   :class:`~discovery.brake.MassLossBrake`: when many data servers vanish at once
   without announcing it, their removals are held (they stay in what we publish,
@@ -37,17 +39,16 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from .brake import BrakeStatus, MassLossBrake, MassLossBrakeConfig
 from .election import Leadership
-from .errors import FencedError, RedisOperationError
+from .errors import FencedError, StoreError
 from .instance import ServiceInstance
 from .layout import DATA_SERVERS_PATH
 from .membership import MembershipSubscription, MembershipWatcher
-from .metrics import MassLossBrakeMetrics, MembershipMetrics, PublisherMetrics
-from .publisher import LivePublisher
+from .metrics import MassLossBrakeMetrics, MembershipMetrics
+from .store import LiveListPublisher, LiveListStore
 from .zk import SessionEvent, SessionState, ZkSession
 
 __all__ = ["LeaderDuty"]
@@ -69,7 +70,9 @@ def _removal_reason(instance: ServiceInstance, held: float | None = None) -> str
 class LeaderDuty:
     """``await duty(leadership)`` runs one term of leadership until cancelled or fenced.
 
-    ``mass_loss`` configures each term's mass-loss brake
+    ``store`` is where the list is published (a new publisher per term); ``leader_id``
+    names this leader in what it publishes. ``mass_loss`` configures each term's
+    mass-loss brake
     (:class:`~discovery.brake.MassLossBrake`; default ``MassLossBrakeConfig()``,
     which is on); ``clock`` (monotonic seconds) is the brake's.
     """
@@ -77,30 +80,25 @@ class LeaderDuty:
     def __init__(
         self,
         session: ZkSession,
-        redis: aioredis.Redis,
-        prefix: str,
+        store: LiveListStore,
         leader_id: str,
         *,
         watch_path: str = DATA_SERVERS_PATH,
         coalesce_window: float = 0.05,
         heartbeat_interval: float = 1.0,
-        heartbeat_ttl: float = 5.0,
         registry: CollectorRegistry | None = None,
         mass_loss: MassLossBrakeConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._session = session
-        self._redis = redis
-        self._prefix = prefix
+        self._store = store
         self._leader_id = leader_id
         self._watch_path = watch_path
         self._window = coalesce_window
         self._heartbeat_interval = heartbeat_interval
-        self._heartbeat_ttl = heartbeat_ttl
         registry = registry if registry is not None else CollectorRegistry()
         # Created once: every term reuses them (a registry refuses duplicates).
         self._membership_metrics = MembershipMetrics(registry)
-        self._publisher_metrics = PublisherMetrics(registry)
         self._brake_metrics = MassLossBrakeMetrics(registry)
         self._mass_loss = mass_loss if mass_loss is not None else MassLossBrakeConfig()
         self._clock = clock
@@ -112,14 +110,7 @@ class LeaderDuty:
         return term.brake.status() if term is not None else None
 
     async def __call__(self, leadership: Leadership) -> None:
-        publisher = LivePublisher(
-            self._redis,
-            self._prefix,
-            leader_id=self._leader_id,
-            epoch=leadership.epoch,
-            heartbeat_ttl=self._heartbeat_ttl,
-            metrics=self._publisher_metrics,
-        )
+        publisher = self._store.publisher(leader_id=self._leader_id, epoch=leadership.epoch)
         brake = MassLossBrake(self._mass_loss, clock=self._clock, metrics=self._brake_metrics)
         term = _Term(self, publisher, leadership, brake)
         self._term = term
@@ -145,7 +136,7 @@ class _Term:
     def __init__(
         self,
         duty: LeaderDuty,
-        publisher: LivePublisher,
+        publisher: LiveListPublisher,
         leadership: Leadership,
         brake: MassLossBrake,
     ) -> None:
@@ -231,7 +222,7 @@ class _Term:
                 await self._publisher.publish_change(
                     members, added=added, changed=changed, removed=removed
                 )
-        except RedisOperationError as exc:
+        except StoreError as exc:
             log.warning("leader: publishing failed, retrying with a full snapshot: %s", exc)
             self._published = None
             return
@@ -249,11 +240,11 @@ class _Term:
             return
         try:
             present = await self._publisher.heartbeat()
-        except RedisOperationError as exc:
+        except StoreError as exc:
             log.warning("leader: heartbeat failed: %s", exc)
             self._published = None
             return
         if not present:
-            log.warning("leader: the live list is missing from Redis; republishing it")
+            log.warning("leader: the stored live list is missing or not ours; republishing it")
             self._published = None
             self._wake.set()

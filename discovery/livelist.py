@@ -1,7 +1,9 @@
 """The live list every search server routes with, read from Redis and kept current.
 
-The leader writes the list with :class:`~discovery.publisher.LivePublisher` (the
-layout is described there). A :class:`LiveListReader`:
+The default :class:`~discovery.store.LiveListFollower`, made by
+:meth:`discovery.redisstore.RedisLiveStore.follower`: the leader writes the list with
+:class:`~discovery.publisher.LivePublisher` in the layout of
+:mod:`discovery.redislayout`, and a :class:`LiveListReader`:
 
 1. subscribes to ``P:events`` and, once subscribed, fetches the snapshot ``P:live``
    (subscribing first means no event can fall between the fetch and the
@@ -26,7 +28,7 @@ Failure behaviour:
 
 * Redis unreachable (at start or later): the last known list is kept and served
   (at start, the empty list); :attr:`LiveListReader.connected` is False, the subscriber
-  reconnects with exponential backoff (0.1 s doubling to 5 s, with jitter, so a fleet
+  reconnects with exponential backoff (0.1 s doubling to 2 s, with jitter, so a fleet
   of search servers does not reconnect in lock-step), and :meth:`LiveListReader.age`
   grows, so the caller can decide when a list is too old to trust. A silent dead
   connection is detected by a PING after 5 s without traffic.
@@ -43,32 +45,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, ClassVar, Final, NoReturn
+from collections.abc import Callable
+from typing import Final
 
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 from redis.asyncio.client import PubSub
 
-from .errors import DiscoveryError, InvalidInstanceError
-from .instance import ServiceInstance
+from .errors import MalformedLiveListError
 from .metrics import LiveListMetrics
-from .publisher import RedisKeys, translate_redis_error
+from .redislayout import (
+    RedisKeys,
+    parse_event,
+    parse_fence,
+    parse_snapshot,
+    short_repr,
+    translate_redis_error,
+)
+from .store import LiveList
 
-__all__ = [
-    "RECONNECT_BACKOFF_MAX",
-    "LiveList",
-    "LiveListReader",
-    "MalformedLiveListError",
-    "parse_snapshot",
-]
+__all__ = ["RECONNECT_BACKOFF_MAX", "LiveListReader"]
 
 log = logging.getLogger(__name__)
 
@@ -84,172 +84,8 @@ _POLL_INTERVAL: Final = 1.0
 _KEEPALIVE_INTERVAL: Final = 5.0
 _KEEPALIVE_TIMEOUT: Final = 5.0
 _SUBSCRIBE_TIMEOUT: Final = 10.0
-_LOG_LIMIT: Final = 200
 
 _RedisFailure = (redis_errors.RedisError, OSError)
-_EMPTY_SERVERS: Mapping[str, ServiceInstance] = MappingProxyType({})
-
-
-@dataclass(frozen=True)
-class LiveList:
-    """One version of the live list. ``servers`` maps ids to instances (read-only).
-
-    ``published_at`` is the leader's wall clock in milliseconds. Draining and disabled
-    servers are listed; :attr:`routable` gives the ones to send queries to.
-    """
-
-    epoch: int
-    version: int
-    leader: str
-    published_at: int
-    servers: Mapping[str, ServiceInstance] = field(
-        default_factory=lambda: _EMPTY_SERVERS, hash=False
-    )
-
-    EMPTY: ClassVar[LiveList]
-    """Nothing published yet: epoch 0, version 0, no servers."""
-
-    def __post_init__(self) -> None:
-        # A private read-only copy: the caller's mapping cannot change the list later.
-        object.__setattr__(self, "servers", MappingProxyType(dict(self.servers)))
-
-    @property
-    def position(self) -> tuple[int, int]:
-        """``(epoch, version)``: lists are ordered by it."""
-        return (self.epoch, self.version)
-
-    @property
-    def routable(self) -> list[ServiceInstance]:
-        """The servers to route to (enabled and serving), sorted by id."""
-        return [self.servers[k] for k in sorted(self.servers) if self.servers[k].routable]
-
-
-LiveList.EMPTY = LiveList(epoch=0, version=0, leader="", published_at=0)
-
-
-class MalformedLiveListError(DiscoveryError):
-    """A snapshot or event we cannot use; ``position`` if its epoch and version were readable."""
-
-    def __init__(self, message: str, position: tuple[int, int] | None = None) -> None:
-        super().__init__(message)
-        self.position = position
-
-
-@dataclass(frozen=True)
-class _Event:
-    epoch: int
-    version: int
-    prev_version: int | None
-    leader: str
-    published_at: int
-    full: bool
-    upserts: tuple[ServiceInstance, ...]
-    removed: tuple[str, ...]
-
-
-def _malformed(message: str, position: tuple[int, int] | None = None) -> NoReturn:
-    raise MalformedLiveListError(message, position)
-
-
-def _reject_constant(token: str) -> NoReturn:
-    _malformed(f"{token} is not valid JSON")
-
-
-def _decode(raw: bytes | str, what: str) -> dict[str, Any]:
-    try:
-        document = json.loads(raw, parse_constant=_reject_constant)
-    except MalformedLiveListError:
-        raise
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, too deep
-        _malformed(f"{what} is not valid JSON: {exc}")
-    if not isinstance(document, dict):
-        _malformed(f"{what} is not a JSON object")
-    return document
-
-
-def _integer(document: Mapping[str, Any], key: str, what: str, low: int = 0) -> int:
-    value = document.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        _malformed(f"{what}: {key} must be an integer >= {low}, got {_short(value)}")
-    return value
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= _LOG_LIMIT else text[: _LOG_LIMIT - 3] + "..."
-
-
-def parse_snapshot(raw: bytes | str) -> tuple[LiveList, list[str]]:
-    """Decode ``P:live``; returns the list and the problems of skipped server entries."""
-    document = _decode(raw, "snapshot")
-    epoch = _integer(document, "epoch", "snapshot")
-    version = _integer(document, "version", "snapshot")
-    position = (epoch, version)
-    leader = document.get("leader")
-    if not isinstance(leader, str):
-        _malformed(f"snapshot: leader must be a string, got {_short(leader)}", position)
-    published_at = _integer(document, "published_at", "snapshot")
-    entries = document.get("servers")
-    if not isinstance(entries, list):
-        _malformed(f"snapshot: servers must be an array, got {_short(entries)}", position)
-    servers: dict[str, ServiceInstance] = {}
-    problems: list[str] = []
-    for index, entry in enumerate(entries):
-        try:
-            instance = ServiceInstance.from_dict(entry)
-        except InvalidInstanceError as exc:
-            problems.append(f"servers[{index}]: {exc}")
-            continue
-        if instance.id in servers:
-            problems.append(f"servers[{index}]: duplicate id {instance.id!r}")
-            continue
-        servers[instance.id] = instance
-    return LiveList(epoch, version, leader, published_at, servers), problems
-
-
-def _parse_event(raw: bytes | str) -> _Event:
-    document = _decode(raw, "event")
-    epoch = _integer(document, "epoch", "event")
-    version = _integer(document, "version", "event", low=1)
-    position = (epoch, version)
-    try:
-        full = document.get("full")
-        if not isinstance(full, bool):
-            _malformed(f"full must be a boolean, got {_short(full)}")
-        prev = document.get("prev_version")
-        if prev is not None and (isinstance(prev, bool) or not isinstance(prev, int)):
-            _malformed(f"prev_version must be an integer or null, got {_short(prev)}")
-        if not full and prev is None:
-            _malformed("a diff event needs a prev_version")
-        leader = document.get("leader")
-        if not isinstance(leader, str):
-            _malformed(f"leader must be a string, got {_short(leader)}")
-        published_at = _integer(document, "published_at", "event")
-        upserts: list[ServiceInstance] = []
-        for key in ("added", "changed"):
-            entries = document.get(key, [])
-            if not isinstance(entries, list):
-                _malformed(f"{key} must be an array, got {_short(entries)}")
-            for entry in entries:
-                try:
-                    upserts.append(ServiceInstance.from_dict(entry))
-                except InvalidInstanceError as exc:
-                    # Applying the rest would leave us with a list no version ever had.
-                    _malformed(f"{key}: {exc}")
-        removed: list[str] = []
-        entries = document.get("removed", [])
-        if not isinstance(entries, list):
-            _malformed(f"removed must be an array, got {_short(entries)}")
-        for entry in entries:
-            rid = entry.get("id") if isinstance(entry, dict) else None
-            if not isinstance(rid, str):
-                _malformed(f"removed entries must be objects with an id, got {_short(entry)}")
-            removed.append(rid)
-    except MalformedLiveListError as exc:
-        raise MalformedLiveListError(
-            f"event epoch {epoch} version {version}: {exc}", position
-        ) from None
-    return _Event(epoch, version, prev, leader, published_at, full, tuple(upserts), tuple(removed))
 
 
 class LiveListReader:
@@ -537,7 +373,7 @@ class LiveListReader:
             return
         current = self._current
         try:
-            event = _parse_event(data)
+            event = parse_event(data)
         except MalformedLiveListError as exc:
             self._skip("event", str(exc))
             # Something newer was published that we could not read: get the snapshot.
@@ -668,7 +504,7 @@ class LiveListReader:
         except _RedisFailure:
             self._metrics.redis_errors.labels(operation="reconcile").inc()
             raise
-        position = _fence_position(stored)
+        position = parse_fence(stored)
         if position is not None and position == self._current.position:
             self._confirm()
             return
@@ -682,7 +518,7 @@ class LiveListReader:
     def _skip(self, kind: str, problem: str) -> None:
         self._metrics.malformed.labels(kind=kind).inc()
         log.warning(
-            "live list %s: skipping a malformed %s: %s", self.keys.prefix, kind, _short(problem)
+            "live list %s: skipping a malformed %s: %s", self.keys.prefix, kind, short_repr(problem)
         )
 
     async def _install(self, new: LiveList) -> None:
@@ -717,16 +553,6 @@ def _backoff(failures: int) -> float:
     delay = min(RECONNECT_BACKOFF_MAX, _BACKOFF_MIN * 2.0 ** min(failures - 1, 16))
     # Jitter spreads the reconnects of many search servers after a Redis restart.
     return delay * random.uniform(0.5, 1.0)
-
-
-def _fence_position(stored: list[Any]) -> tuple[int, int] | None:
-    if len(stored) != 2 or stored[0] is None or stored[1] is None:
-        return None
-    try:
-        epoch, version = (int(v.decode() if isinstance(v, bytes) else v) for v in stored)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return (epoch, version)
 
 
 async def _close_pubsub(pubsub: PubSub) -> None:

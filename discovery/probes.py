@@ -24,19 +24,16 @@ from typing import Protocol, runtime_checkable
 import aiohttp
 from yarl import URL
 
+from .errors import ProbeFailed
+
 __all__ = [
     "CallableProbe",
     "HttpProbe",
     "Probe",
-    "ProbeFailed",
     "SearchProbe",
 ]
 
 log = logging.getLogger(__name__)
-
-
-class ProbeFailed(Exception):
-    """A probe's verdict: the server is not healthy, for the reason given."""
 
 
 @runtime_checkable

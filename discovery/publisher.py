@@ -1,26 +1,11 @@
-"""The leader's fenced writes of the live list to Redis.
+"""The leader's fenced writes of the live list to Redis (layout version 1).
 
-Only the elected leader runs a :class:`LivePublisher`. It writes, under the key
-prefix ``P`` (``discovery:<cluster>``):
-
-* ``P:live`` — the whole list, one JSON string:
-  ``{"epoch":E,"version":V,"leader":"<id>","published_at":<ms>,"servers":[...]}``
-  with ``servers`` sorted by id, each a ServiceInstance in Curator's layout
-  (:meth:`~discovery.instance.ServiceInstance.to_dict`). Draining servers are
-  included (``payload.state`` ``draining``, ``enabled`` false); readers route only
-  to :attr:`~discovery.instance.ServiceInstance.routable` instances.
-* ``P:events`` — a pub/sub channel; one message per publish:
-  ``{"epoch":E,"version":V,"prev_version":V0|null,"leader":"<id>","published_at":<ms>,
-  "full":bool,"added":[...],"changed":[...],"removed":[{"id":..,"reason":..}]}``.
-  ``full: true`` (``prev_version`` null, empty lists) says "a whole new snapshot was
-  written: refetch ``P:live``"; otherwise the message is a diff that turns exactly
-  version ``prev_version`` of the same epoch into version ``V``.
-* ``P:leader`` — the heartbeat, ``{"leader":"<id>","epoch":E,"version":V,"at":<ms>}``,
-  written with a TTL (``SET PX``), so readers can tell that nobody is publishing.
-* ``P:fence`` — **internal**: a hash ``{epoch, version, writer, leader}`` kept in step
-  with ``P:live`` by the same script, so the fence check never decodes a
-  multi-megabyte snapshot. ``writer`` is a random token of one publisher object,
-  which makes a retried write recognisable as our own.
+Only the elected leader runs a :class:`LivePublisher`, obtained for its term from
+:meth:`discovery.redisstore.RedisLiveStore.publisher`. The keys and documents it writes
+(``P:live``, ``P:events``, ``P:leader`` and the internal ``P:fence``) are the contract
+in :mod:`discovery.redislayout`; this module is how they are written. ``P:fence``'s
+``writer`` is a random token of one publisher object, which makes a retried write
+recognisable as our own.
 
 Fencing. Every write (snapshot + fence + heartbeat + event, or a heartbeat alone)
 is one Lua script (:data:`FENCE_SCRIPT`, run with EVALSHA through
@@ -64,12 +49,10 @@ reports that ``P:live`` is missing (Redis restarted empty, FLUSHALL) or not ours
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
@@ -77,25 +60,12 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 
-from .errors import (
-    FencedError,
-    RedisAccessError,
-    RedisAuthError,
-    RedisOperationError,
-    RedisPermissionError,
-    RedisUnavailableError,
-)
+from .errors import FencedError, RedisOperationError
 from .instance import ServiceInstance
 from .metrics import PublisherMetrics
+from .redislayout import RedisKeys, encode_json, translate_redis_error
 
-__all__ = [
-    "FENCE_SCRIPT",
-    "HeartbeatStatus",
-    "LivePublisher",
-    "RedisKeys",
-    "encode_json",
-    "translate_redis_error",
-]
+__all__ = ["FENCE_SCRIPT", "HeartbeatStatus", "LivePublisher"]
 
 log = logging.getLogger(__name__)
 
@@ -203,39 +173,6 @@ return {'stale', 'live', stored_epoch, stored_version}
 """The Lua script behind every write; its semantics are in the module docstring."""
 
 
-@dataclass(frozen=True)
-class RedisKeys:
-    """The Redis names of one cluster's live list, from its key prefix."""
-
-    prefix: str
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.prefix, str) or not self.prefix:
-            raise ValueError(
-                f"the Redis key prefix must be a non-empty string, got {self.prefix!r}"
-            )
-
-    @property
-    def live(self) -> str:
-        """The snapshot (a JSON string)."""
-        return f"{self.prefix}:live"
-
-    @property
-    def events(self) -> str:
-        """The pub/sub channel of change events."""
-        return f"{self.prefix}:events"
-
-    @property
-    def leader(self) -> str:
-        """The leader's heartbeat (a JSON string with a TTL)."""
-        return f"{self.prefix}:leader"
-
-    @property
-    def fence(self) -> str:
-        """Internal: the hash ``{epoch, version, writer, leader}`` of the stored snapshot."""
-        return f"{self.prefix}:fence"
-
-
 class HeartbeatStatus(StrEnum):
     """What a heartbeat found in ``P:live`` (:attr:`LivePublisher.last_heartbeat`)."""
 
@@ -246,64 +183,6 @@ class HeartbeatStatus(StrEnum):
     STALE = "stale"
     """``P:live`` exists but is not this publisher's last snapshot (an older epoch before
     our first publish, a write whose outcome was unknown, a restore from an old dump)."""
-
-
-_UNAVAILABLE = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.BusyLoadingError,
-    redis_errors.ReadOnlyError,
-    redis_errors.TryAgainError,
-    redis_errors.ClusterDownError,
-    redis_errors.MaxConnectionsError,
-    OSError,
-    TimeoutError,
-)
-# Wrong credentials are a ConnectionError in redis-py but no outage: waiting will not fix it.
-_AUTH_FAILED = (
-    redis_errors.AuthenticationError,
-    redis_errors.AuthorizationError,
-    redis_errors.AuthenticationWrongNumberOfArgsError,
-)
-# A command refused by the ACL inside a script is no NOPERM reply in Redis 7.0 but an
-# ERR naming the script ("The user executing the script can't run this command ...",
-# "... can't access at least one of the keys ...", "... can't publish to the channel");
-# later versions say "no permissions". Matched on the text, as redis-py has no class.
-_SCRIPT_ACL_DENIALS = ("the user executing the script can't", "no permissions to")
-
-
-def translate_redis_error(exc: BaseException) -> RedisOperationError | RedisAccessError:
-    """Map a redis-py (or socket) error onto our tree; the caller chains the original.
-
-    Connection loss, timeouts, a server still loading its data or a read-only replica
-    become :class:`RedisUnavailableError`; refused credentials
-    :class:`~discovery.errors.RedisAuthError` and an ACL refusal (NOPERM, also from
-    within the fence script) :class:`~discovery.errors.RedisPermissionError`, both
-    :class:`~discovery.errors.RedisAccessError`, which retrying cannot fix; anything
-    else (an unexpected error reply) :class:`RedisOperationError`.
-    """
-    message = f"Redis: {type(exc).__name__}: {exc}".rstrip(": ")
-    if isinstance(exc, _AUTH_FAILED):
-        return RedisAuthError(
-            f"Redis refused our credentials ({exc}); check the Redis user and password"
-        )
-    if isinstance(exc, redis_errors.NoPermissionError) or (
-        isinstance(exc, redis_errors.ResponseError)
-        and any(text in str(exc).lower() for text in _SCRIPT_ACL_DENIALS)
-    ):
-        return RedisPermissionError(
-            f"Redis ACL refused the command ({exc}); the Redis user lacks a permission"
-        )
-    if isinstance(exc, _UNAVAILABLE):
-        return RedisUnavailableError(message)
-    return RedisOperationError(message)
-
-
-def encode_json(document: Mapping[str, Any]) -> bytes:
-    """Compact UTF-8 JSON, as every document of the Redis layout is written."""
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
-        "utf-8"
-    )
 
 
 def _text(value: object) -> str:

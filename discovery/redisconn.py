@@ -23,7 +23,7 @@ that the URL may name a database other than 0.
 Clients connect lazily (on their first command), so building one never fails for an
 unreachable Redis; refused credentials then surface on the first command as
 ``redis.exceptions.AuthenticationError``, which
-:func:`~discovery.publisher.translate_redis_error` turns into
+:func:`~discovery.redislayout.translate_redis_error` turns into
 :class:`~discovery.errors.RedisAuthError`, and an ACL refusal into
 :class:`~discovery.errors.RedisPermissionError`.
 """
@@ -41,7 +41,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from .config import ClusterConfig
-from .publisher import RedisKeys
+from .redislayout import RedisKeys
 
 __all__ = [
     "PUBLISHER_COMMANDS",

@@ -56,7 +56,6 @@ from prometheus_client import CollectorRegistry
 
 from .config import ZkConfig
 from .errors import (
-    DevClusterError,
     ZkAuthError,
     ZkBadVersionError,
     ZkConnectionError,
@@ -74,7 +73,6 @@ __all__ = [
     "SessionSubscription",
     "WatchEvent",
     "ZkSession",
-    "expire_session",
     "translate_kazoo_error",
 ]
 
@@ -730,50 +728,3 @@ class ZkSession:
         if isinstance(results[1], kz.NoAuthError):
             return int(Permissions.CREATE)
         return int(Permissions.CREATE | Permissions.DELETE)
-
-
-def _close_session(hosts: str, session_id: int, password: bytes, timeout: float) -> None:
-    intruder = KazooClient(hosts=hosts, client_id=(session_id, password), timeout=timeout)
-    try:
-        intruder.start(timeout=timeout)
-        if intruder.client_id is None or intruder.client_id[0] != session_id:
-            raise DevClusterError(
-                f"could not attach to session 0x{session_id:x} (already expired?)"
-            )
-    finally:
-        # stop() sends closeSession for the shared session: the server expires it.
-        intruder.stop()
-        intruder.close()
-
-
-async def expire_session(session: ZkSession, timeout: float = 30.0) -> int:
-    """Expire ``session`` on the server and wait until it is connected on a new one.
-
-    Fault injection (tests, chaos runs): a second client attaches to the same session
-    id and password, which takes the session's connection away, and then closes the
-    session, so the server deletes its ephemeral nodes at once, as on a real expiry.
-
-    Returns the new session id.
-
-    Raises:
-        DevClusterError: the session could not be expired.
-        TimeoutError: the victim did not see LOST and a new session within ``timeout``.
-    """
-    client_id = session.client.client_id
-    if client_id is None or not session.connected:
-        raise DevClusterError("the session is not connected; nothing to expire")
-    old_id, password = client_id
-    events = session.subscribe()
-    try:
-        log.info("expiring ZooKeeper session 0x%x", old_id)
-        await asyncio.to_thread(_close_session, session.hosts, old_id, password, timeout)
-        async with asyncio.timeout(timeout):
-            async for event in events:
-                if event.state is SessionState.CONNECTED and event.session_id != old_id:
-                    assert event.session_id is not None
-                    return event.session_id
-                if event.state is SessionState.CLOSED:
-                    break
-        raise DevClusterError("the session was closed while waiting for its expiry")
-    finally:
-        events.close()

@@ -6,21 +6,22 @@ import argparse
 from dataclasses import dataclass, field
 
 from discovery.brake import MassLossBrakeConfig
-from discovery.config import (
+from discovery.cli.options import (
     COMMON_OPTIONS,
     ZK_OPTIONS,
-    ClusterConfig,
     Option,
-    ZkConfig,
     add_options,
     advertised_address,
     checked_id,
+    cluster_config,
     env_flag,
     int_range,
     listen_options,
     positive_float,
     positive_int,
+    zk_config,
 )
+from discovery.config import ClusterConfig, ZkConfig
 from discovery.errors import ConfigError
 
 __all__ = ["SearchServerConfig", "build_parser"]
@@ -220,8 +221,8 @@ class SearchServerConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SearchServerConfig:
         return cls(
-            zk=ZkConfig.from_args(args),
-            cluster=ClusterConfig.from_args(args),
+            zk=zk_config(args),
+            cluster=cluster_config(args),
             host=args.host,
             port=args.port,
             advertise=advertised_address(args.host, args.advertise),

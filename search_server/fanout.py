@@ -9,9 +9,9 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   request gets the *remaining* budget, and at the deadline every unanswered shard is
   reported as ``timed_out`` and its request cancelled. A hung data server costs a query
   at most its deadline, never more.
-* **Replica choice by power of two choices** on outstanding requests: two random
-  replicas, the less busy one wins. Nearly as good as "least busy" and, unlike it,
-  it does not send every search server's next query to the same replica at once.
+* **Replica choice** by a :class:`~search_server.picking.ReplicaPicker`, by default
+  power of two choices on outstanding requests (two random replicas, the less busy one
+  wins). The picker is told when each request starts and how it ended.
 * **Retry on failure** (connection error, non-200, bad JSON) to another replica of the
   shard while time remains, each replica at most once per query.
 * **Outlier ejection.** A data server that failed or timed out ``eject_after`` times in a
@@ -22,7 +22,7 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   would pay a full timeout for that server in the meantime. The cap keeps a moment of
   trouble on our side (a CPU stall) from ejecting everything at once.
 * **Admission control.** At most ``max_in_flight`` queries at once; the next one is
-  refused at once with :class:`Overloaded` rather than queued, so that a slow cluster
+  refused at once with :class:`OverloadedError` rather than queued, so that a slow cluster
   cannot make requests pile up on the search server (the original outage).
 
 Everything here runs on the caller's event loop and is not thread-safe.
@@ -43,24 +43,17 @@ from typing import Any, Literal
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from discovery.errors import DiscoveryError
+from discovery.errors import OverloadedError
 from discovery.instance import ServiceInstance
 
 from .metrics import FanOutMetrics
+from .picking import Outcome, PowerOfTwoChoices, ReplicaPicker, target_key
 
-__all__ = ["FanOut", "FanOutResult", "Overloaded"]
+__all__ = ["FanOut", "FanOutResult"]
 
 log = logging.getLogger(__name__)
 
 _ShardOutcome = Literal["ok", "failed", "timed_out"]
-
-
-class Overloaded(DiscoveryError):
-    """Admission control refused a query: ``max_in_flight`` queries are already running.
-
-    The HTTP handler should answer 503 (with ``Retry-After``) so that clients and load
-    balancers back off or go to another search server.
-    """
 
 
 class _BadAnswer(ValueError):
@@ -117,15 +110,6 @@ class _ShardCall:
     outcome: _ShardOutcome = "failed"
 
 
-def _key(instance: ServiceInstance) -> str:
-    # The id alone is not enough: a data server restarted on another port (or a second
-    # server misconfigured with the same id) is a different target with its own health.
-    # Nor is the address: a server its agent took offline and admitted again (after
-    # `rise` good probes) registers anew, and must not stay ejected for what it did
-    # before it left.
-    return f"{instance.id}@{instance.address}:{instance.port}/{instance.registration_time_utc}"
-
-
 def _url(instance: ServiceInstance) -> str:
     host = instance.address
     if ":" in host and not host.startswith("["):
@@ -178,8 +162,10 @@ class FanOut:
     connection set-up. The fan-out never closes it.
 
     ``clock`` times ejections only (tests may advance it); deadlines use the event
-    loop's clock, which is what ``asyncio.timeout`` enforces. ``rng`` makes replica
-    choice reproducible. Metrics go to ``registry`` (a fresh one if ``None``).
+    loop's clock, which is what ``asyncio.timeout`` enforces. ``picker`` chooses among a
+    shard's replicas (default :class:`~search_server.picking.PowerOfTwoChoices` on
+    ``rng``, which makes the choice reproducible). Metrics go to ``registry`` (a fresh
+    one if ``None``).
 
     Raises ``ValueError`` for a limit below 1 or a negative cool-down.
     """
@@ -195,6 +181,7 @@ class FanOut:
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        picker: ReplicaPicker | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -214,11 +201,8 @@ class FanOut:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = FanOutMetrics(self.registry)
         self._clock = clock
-        self._rng = rng if rng is not None else random.Random()
+        self.picker: ReplicaPicker = picker if picker is not None else PowerOfTwoChoices(rng)
         self._in_flight = 0
-        # Requests in flight per data server (key), across all queries: the load signal
-        # of the power of two choices. Entries are removed at zero.
-        self._outstanding: dict[str, int] = {}
         # Only data servers that failed lately have an entry (a success removes it), so
         # this stays small; entries of servers gone from the list are pruned.
         self._health: dict[str, _Health] = {}
@@ -249,7 +233,7 @@ class FanOut:
         by then are counted in the result, which is then ``partial``; they never raise.
 
         Raises:
-            Overloaded: ``max_in_flight`` queries are already running (raised before
+            OverloadedError: ``max_in_flight`` queries are already running (raised before
                 anything is sent; the query is not queued).
             ValueError: ``k`` or ``timeout_ms`` below 1.
         """
@@ -260,7 +244,7 @@ class FanOut:
         # No await before this check and the increment: admission is atomic on the loop.
         if self._in_flight >= self._max_in_flight:
             self.metrics.queries.labels(outcome="overloaded").inc()
-            raise Overloaded(
+            raise OverloadedError(
                 f"{self._in_flight} queries in flight, the limit is {self._max_in_flight}"
             )
         self._in_flight += 1
@@ -373,14 +357,14 @@ class FanOut:
             candidates = [
                 replica
                 for replica in call.replicas
-                if _key(replica) not in call.tried and not self._is_ejected(replica, now)
+                if target_key(replica) not in call.tried and not self._is_ejected(replica, now)
             ]
             if not candidates:
                 return
-            instance = self._pick(candidates)
+            instance = self.picker.pick(candidates)
             if call.tried:
                 self.metrics.retries.inc()
-            call.tried.add(_key(instance))
+            call.tried.add(target_key(instance))
             call.current = instance
             try:
                 hits = await self._request(instance, call.shard, query, k, deadline)
@@ -409,11 +393,13 @@ class FanOut:
             aiohttp.ClientError, OSError: connection failed or broke.
             ValueError: non-200 status, not JSON, or not a search answer.
         """
-        remaining = deadline - asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        remaining = deadline - started
         if remaining <= 0:
             raise TimeoutError
-        key = _key(instance)
-        self._outstanding[key] = self._outstanding.get(key, 0) + 1
+        self.picker.started(instance)
+        outcome: Outcome = "failed"
         try:
             async with self._http.get(
                 _url(instance),
@@ -424,29 +410,27 @@ class FanOut:
                     raise _BadAnswer(f"HTTP {response.status}")
                 # content_type=None: judge the body, not the header.
                 body = await response.json(content_type=None)
+            hits = _parse_hits(body, shard, k)
+            outcome = "ok"
+        except TimeoutError:
+            outcome = "timed_out"
+            raise
+        except asyncio.CancelledError:
+            # Cancelled at the query's deadline is a timeout for the picker's ranking;
+            # cancelled before it, the query ended for another reason.
+            outcome = "timed_out" if loop.time() >= deadline else "cancelled"
+            raise
         finally:
-            left = self._outstanding[key] - 1
-            if left:
-                self._outstanding[key] = left
-            else:
-                del self._outstanding[key]
-        return _parse_hits(body, shard, k)
-
-    def _pick(self, candidates: list[ServiceInstance]) -> ServiceInstance:
-        """Power of two choices: of two random candidates, the one with fewer requests."""
-        if len(candidates) == 1:
-            return candidates[0]
-        first, second = self._rng.sample(candidates, 2)
-        load = self._outstanding.get
-        return first if load(_key(first), 0) <= load(_key(second), 0) else second
+            self.picker.finished(instance, outcome, loop.time() - started)
+        return hits
 
     def _is_ejected(self, instance: ServiceInstance, now: float) -> bool:
-        health = self._health.get(_key(instance))
+        health = self._health.get(target_key(instance))
         return health is not None and health.is_ejected(now)
 
     def _record_failure(self, instance: ServiceInstance, result: str, detail: str) -> None:
         self.metrics.shard_requests.labels(result=result).inc()
-        key = _key(instance)
+        key = target_key(instance)
         health = self._health.get(key)
         if health is None:
             health = self._health[key] = _Health(instance.id)
@@ -499,7 +483,7 @@ class FanOut:
 
     def _record_success(self, instance: ServiceInstance) -> None:
         self.metrics.shard_requests.labels(result="ok").inc()
-        key = _key(instance)
+        key = target_key(instance)
         health = self._health.get(key)
         if health is None:
             return
@@ -523,7 +507,7 @@ class FanOut:
         if now < self._next_prune or not self._health:
             return
         self._next_prune = now + max(self._eject_cooldown, 1.0)
-        present = {_key(instance) for replicas in by_shard.values() for instance in replicas}
+        present = {target_key(instance) for replicas in by_shard.values() for instance in replicas}
         for key in [
             key
             for key, health in self._health.items()

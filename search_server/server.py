@@ -4,12 +4,13 @@ Every search server
 
 * registers ``/search_servers/members/<id>`` (EPHEMERAL) for status and dashboards;
 * joins the election (unless ``--no-leader-eligible``); while it leads, it watches
-  ``/data_servers`` and publishes the live list to Redis
-  (:class:`~discovery.leader.LeaderDuty`) with the publishing credentials; a leader
-  that Redis refuses (credentials, ACL) resigns and stays out of the election for
+  ``/data_servers`` and publishes the live list (:class:`~discovery.leader.LeaderDuty`)
+  to its live-list store, by default Redis with the publishing credentials
+  (:class:`~discovery.redisstore.RedisLiveStore`); a leader that Redis refuses
+  (credentials, ACL) resigns and stays out of the election for
   ``--leader-retry-pause`` seconds;
-* reads the live list from Redis (:class:`~discovery.livelist.LiveListReader`), the
-  leader included, and routes queries with it;
+* follows the live list in the store (a :class:`~discovery.store.LiveListFollower`),
+  the leader included, and routes queries with it;
 * fans ``GET /search`` out to one live replica per shard under a deadline
   (:class:`~search_server.fanout.FanOut`).
 
@@ -35,20 +36,20 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 
 from discovery.acl import SEARCH_SERVER_ACCESS, check_access
 from discovery.election import LeaderElection, Leadership
-from discovery.errors import RedisAccessError, ZkError
+from discovery.errors import OverloadedError, RedisAccessError, ZkError
 from discovery.http import MAX_QUERY_LENGTH, json_app, json_error, parse_search_params
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.layout import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.leader import LeaderDuty
-from discovery.livelist import LiveListReader
 from discovery.membership import MembershipWatcher
-from discovery.redisconn import RedisRole, make_redis
+from discovery.redisstore import RedisLiveStore
 from discovery.registration import Registration
+from discovery.store import LiveListFollower, LiveListStore
 from discovery.zk import ZkSession
 
 from .config import SearchServerConfig
 from .dashboard import EventStream, MemberCache, QueryStats
-from .fanout import FanOut, Overloaded
+from .fanout import FanOut
 
 __all__ = ["MAX_K", "MAX_QUERY_LENGTH", "SearchServer"]
 
@@ -59,20 +60,31 @@ MAX_K = 1000
 
 
 class SearchServer:
-    """A search server. ``await start()``, later ``await shutdown()``."""
+    """A search server. ``await start()``, later ``await shutdown()``.
+
+    ``store`` is where the live list is published and read; by default a
+    :class:`~discovery.redisstore.RedisLiveStore` on ``config.cluster`` that the server
+    opens and closes itself (a store passed in stays the caller's to close). Metrics go
+    to ``registry`` (a fresh one if None).
+    """
 
     def __init__(
-        self, config: SearchServerConfig, *, registry: CollectorRegistry | None = None
+        self,
+        config: SearchServerConfig,
+        *,
+        registry: CollectorRegistry | None = None,
+        store: LiveListStore | None = None,
     ) -> None:
         self.config = config
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._store = store
         self.port: int | None = None
         self.server_id = config.server_id or ""
         self._runner: web.AppRunner | None = None
         self._stack = contextlib.AsyncExitStack()
         self.session: ZkSession | None = None
         self.election: LeaderElection | None = None
-        self.reader: LiveListReader | None = None
+        self.reader: LiveListFollower | None = None
         self.fanout: FanOut | None = None
         self._fallback: _ZkFallback | None = None
         self._duty: LeaderDuty | None = None
@@ -132,22 +144,24 @@ class SearchServer:
         )
         # A wrong --zk-auth password or a missing grant fails start-up, naming the cause.
         await check_access(self.session, SEARCH_SERVER_ACCESS)
-        # Redis outages are survivable (the reader keeps the last list), so a client
-        # that cannot connect yet is not a start-up failure. Refused credentials are
-        # no start-up failure either: the reader logs them and keeps trying, since an
+        # Store outages are survivable (the follower keeps the last list), so a store
+        # that cannot be reached yet is not a start-up failure. Refused credentials are
+        # no start-up failure either: the follower logs them and keeps trying, since an
         # operator may fix the ACL on the Redis side without restarting us.
-        redis = make_redis(
-            config.cluster, role=RedisRole.READ, socket_timeout=2.0, socket_connect_timeout=2.0
-        )
-        stack.push_async_callback(redis.aclose)
-        self.reader = await stack.enter_async_context(
-            LiveListReader(
-                redis,
-                config.cluster.redis_prefix,
+        store = self._store
+        if store is None:
+            # The leader publishes with credentials of its own (by default the reading
+            # ones), so a cluster can give the other search servers a user that cannot
+            # write. The publishing client connects only once we lead.
+            store = RedisLiveStore.from_config(
+                config.cluster,
+                read_only=not config.leader_eligible,
+                heartbeat_ttl=config.heartbeat_ttl,
                 reconcile_interval=config.reconcile_interval,
                 registry=self.registry,
             )
-        )
+            stack.push_async_callback(store.aclose)
+        self.reader = await stack.enter_async_context(store.follower())
         http = aiohttp.ClientSession(
             # Pooled keep-alive connections: no connection set-up on the query path.
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=64, keepalive_timeout=60),
@@ -166,23 +180,11 @@ class SearchServer:
             Registration(self.session, self._member_instance(), base_path=SEARCH_MEMBERS_PATH)
         )
         if config.leader_eligible:
-            # The leader publishes with credentials of its own (by default the reading
-            # ones), so a cluster can give the other search servers a user that cannot
-            # write. The client connects only once we lead.
-            publish_redis = make_redis(
-                config.cluster,
-                role=RedisRole.PUBLISH,
-                socket_timeout=2.0,
-                socket_connect_timeout=2.0,
-            )
-            stack.push_async_callback(publish_redis.aclose)
             self._duty = LeaderDuty(
                 self.session,
-                publish_redis,
-                config.cluster.redis_prefix,
+                store,
                 self.server_id,
                 heartbeat_interval=config.heartbeat_interval,
-                heartbeat_ttl=config.heartbeat_ttl,
                 registry=self.registry,
                 mass_loss=config.mass_loss,
             )
@@ -321,7 +323,7 @@ class SearchServer:
             return json_error(503, "no live list yet")
         try:
             result = await self.fanout.search(servers, query, k, timeout_ms)
-        except Overloaded as exc:
+        except OverloadedError as exc:
             self.query_stats.record_overloaded()
             return json_error(503, f"overloaded: {exc}")
         self.query_stats.record(result.took_ms, result.partial)
@@ -424,7 +426,7 @@ class _ZkFallback:
     the live list is current again.
     """
 
-    def __init__(self, session: ZkSession, reader: LiveListReader, after: float) -> None:
+    def __init__(self, session: ZkSession, reader: LiveListFollower, after: float) -> None:
         self._session = session
         self._reader = reader
         self._after = after

@@ -24,12 +24,11 @@ from redis.backoff import ExponentialBackoff
 from data_server.config import DataServerConfig
 from data_server.server import DataServer
 from discovery.config import AgentConfig, ClusterConfig, RedisConfig, ZkConfig
-from discovery.devcluster import RedisServer, ZooKeeperEnsemble
+from discovery.testing import RedisServer, ZooKeeperEnsemble
 from discovery.zk import ZkSession
 from search_server.config import SearchServerConfig
 from search_server.server import SearchServer
-
-from .support import (
+from tests.support import (
     FAST_AGENT,
     DataServerFactory,
     SearchServerFactory,

@@ -20,31 +20,19 @@ from kazoo.security import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE
 
 from data_server.config import DataServerConfig
 from data_server.server import DataServer
-from discovery import cli
-from discovery.acl import (
-    ALL,
-    CREATE,
-    DATA_SERVER_ACCESS,
-    DELETE,
-    READ,
-    AclLayout,
-    DigestId,
-    bootstrap,
-    check_access,
-    describe_acl,
-    split_chroot,
-)
+from discovery.acl import ALL, CREATE, DATA_SERVER_ACCESS, DELETE, READ, check_access, describe_acl
 from discovery.agent import Agent, AgentState
 from discovery.config import ClusterConfig, ZkConfig
-from discovery.devcluster import ZooKeeperEnsemble, expire_session
 from discovery.errors import ConfigError, ZkAuthError, ZkNoNodeError
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.probes import CallableProbe
 from discovery.registration import Registration, Removal
+from discovery.testing import ZooKeeperEnsemble, expire_session
+from discovery.tools import main as cli
+from discovery.tools.zkinit import AclLayout, DigestId, bootstrap, split_chroot
 from discovery.zk import ZkSession
-
-from .support import (
+from tests.support import (
     FAST_AGENT,
     DataServerFactory,
     SearchServerFactory,

@@ -29,8 +29,7 @@ from discovery.metrics import MassLossBrakeMetrics
 from discovery.zk import ZkSession
 from search_server.config import SearchServerConfig, build_parser
 from search_server.server import SearchServer
-
-from .support import SearchServerFactory, SessionFactory, eventually, make_instance
+from tests.support import SearchServerFactory, SessionFactory, eventually, make_instance
 
 
 class FakeClock:

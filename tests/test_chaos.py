@@ -10,13 +10,13 @@ import argparse
 
 import pytest
 
-from discovery.chaos import ChaosConfig, ChaosResult, schedule
-from discovery.chaos.faults import FAULTS, StepResult
-from discovery.chaos.load import LoadStats
-from discovery.chaos.observer import Snapshot, Violation
-from discovery.chaos.report import render, to_json
-from discovery.cli import build_parser
 from discovery.errors import ConfigError
+from discovery.tools.chaos import ChaosConfig, ChaosResult, schedule
+from discovery.tools.chaos.faults import FAULTS, StepResult
+from discovery.tools.chaos.load import LoadStats
+from discovery.tools.chaos.observer import Snapshot, Violation
+from discovery.tools.chaos.report import render, to_json
+from discovery.tools.main import build_parser
 
 
 def test_schedule_is_seeded_and_meets_every_kind_in_each_round() -> None:

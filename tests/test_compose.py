@@ -33,7 +33,7 @@ import yaml
 from data_server.config import DataServerConfig, FleetConfig
 from data_server.config import build_fleet_parser as build_fleet_parser
 from data_server.config import build_parser as build_data_server_parser
-from discovery import cli as discovery_cli
+from discovery.tools import main as discovery_cli
 from search_server.config import SearchServerConfig
 from search_server.config import build_parser as build_search_server_parser
 

@@ -22,8 +22,7 @@ from data_server.corpus import sample_queries
 from data_server.server import DataServer
 from search_server.dashboard import QueryStats
 from search_server.server import SearchServer
-
-from .support import DataServerFactory, SearchServerFactory, eventually
+from tests.support import DataServerFactory, SearchServerFactory, eventually
 
 CHROMIUM = os.environ.get("DISCOVERY_TEST_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOT = Path(__file__).resolve().parent.parent / "bench" / "results" / "dashboard.png"

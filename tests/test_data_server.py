@@ -13,12 +13,11 @@ from aiohttp.test_utils import make_mocked_request
 from data_server.corpus import sample_queries
 from data_server.server import MAX_QUERY_LENGTH, DataServer
 from discovery.agent import AgentState
-from discovery.devcluster import expire_session
 from discovery.instance import InstanceState
 from discovery.layout import DATA_SERVERS_PATH
 from discovery.membership import MembershipWatcher
-
-from .support import FAST_AGENT, DataServerFactory, SessionFactory, eventually
+from discovery.testing import expire_session
+from tests.support import FAST_AGENT, DataServerFactory, SessionFactory, eventually
 
 
 async def _post(server: DataServer, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:

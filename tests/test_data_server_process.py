@@ -16,8 +16,7 @@ from discovery.errors import ZkNoNodeError
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH
 from discovery.membership import MembershipWatcher
-
-from .support import SessionFactory, eventually
+from tests.support import SessionFactory, eventually
 
 # Probe every 0.1 s, offline after 2 failures; a short drain grace.
 FAST_FLAGS = (

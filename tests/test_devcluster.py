@@ -25,17 +25,17 @@ import redis
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
-from discovery.devcluster import (
+from discovery.errors import DevClusterError
+from discovery.testing import (
     DevCluster,
     RedisServer,
     ZooKeeperEnsemble,
     ZooKeeperServer,
     free_ports,
 )
-from discovery.devcluster.process import ManagedProcess
-from discovery.devcluster.redis import redis_ping
-from discovery.devcluster.zookeeper import four_letter_word
-from discovery.errors import DevClusterError
+from discovery.testing.process import ManagedProcess
+from discovery.testing.redis import redis_ping
+from discovery.testing.zookeeper import four_letter_word
 
 T = TypeVar("T")
 
@@ -146,7 +146,7 @@ def test_stop_kills_a_process_that_ignores_sigterm(
     process.start(timeout=30.0)
     pid = process.pid
     assert pid is not None
-    with caplog.at_level(logging.WARNING, logger="discovery.devcluster.ports"):
+    with caplog.at_level(logging.WARNING, logger="discovery.testing.ports"):
         process.stop(timeout=0.5)
     assert "ignored SIGTERM" in caplog.text
     assert not process.running
@@ -373,7 +373,7 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 @contextlib.contextmanager
 def devcluster_process(tmp_path: Path, *args: str, **env: str) -> Iterator[subprocess.Popen[str]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "discovery.cli", "devcluster", *args],
+        [sys.executable, "-m", "discovery.tools.main", "devcluster", *args],
         cwd=tmp_path,
         env=cli_env(tmp_path, **env),
         stdin=subprocess.DEVNULL,
@@ -469,7 +469,7 @@ def test_cli_rejects_bad_values(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from discovery.cli import main
+    from discovery.tools.main import main
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -481,7 +481,7 @@ def test_cli_rejects_bad_values(
 
 def test_cli_startup_failure_exits_1_and_cleans_up(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "discovery.cli", "devcluster", "--json"],
+        [sys.executable, "-m", "discovery.tools.main", "devcluster", "--json"],
         cwd=tmp_path,
         env=cli_env(tmp_path, ZOOKEEPER_CLASSPATH=str(tmp_path / "missing.jar")),
         stdin=subprocess.DEVNULL,

@@ -19,8 +19,7 @@ from discovery import (
     ZkConfig,
 )
 from discovery.membership import MembershipWatcher
-
-from .support import FAST_AGENT, SessionFactory, eventually
+from tests.support import FAST_AGENT, SessionFactory, eventually
 
 
 class Handler(BaseHTTPRequestHandler):

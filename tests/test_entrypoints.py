@@ -14,12 +14,11 @@ import aiohttp
 import pytest
 
 from data_server import cli as data_server_cli
-from discovery import cli as discovery_cli
 from discovery.instance import ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH
+from discovery.tools import main as discovery_cli
 from search_server import cli as search_server_cli
-
-from .support import DataServerFactory, SessionFactory, eventually
+from tests.support import DataServerFactory, SessionFactory, eventually
 
 
 @pytest.mark.parametrize(
@@ -121,7 +120,7 @@ def test_demo_plays_the_whole_scenario_at_small_scale(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISCOVERY_")}
     demo = subprocess.Popen(
         [
-            *(sys.executable, "-m", "discovery.cli", "--log-level", "WARNING"),
+            *(sys.executable, "-m", "discovery.tools.main", "--log-level", "WARNING"),
             *("demo", "--nodes", "12", "--rate", "10"),
         ],
         stdout=subprocess.PIPE,

@@ -20,12 +20,11 @@ from prometheus_client import CollectorRegistry
 
 from data_server.corpus import sample_queries
 from data_server.server import DataServer
-from discovery.devcluster.ports import free_port
-from discovery.errors import DiscoveryError
+from discovery.errors import DiscoveryError, OverloadedError
 from discovery.instance import ServiceInstance
-from search_server.fanout import FanOut, FanOutResult, Overloaded
-
-from .support import DataServerFactory, eventually, make_instance
+from discovery.testing.ports import free_port
+from search_server.fanout import FanOut, FanOutResult
+from tests.support import DataServerFactory, eventually, make_instance
 
 QUERIES = sample_queries(12, variant=7)
 
@@ -311,7 +310,7 @@ async def test_admission_control_refuses_beyond_max_in_flight(
     await eventually(lambda: fanout.in_flight == 2, message="two queries in flight")
 
     refused = fanout.search(servers, QUERIES[2], 10, 10_000)
-    with pytest.raises(Overloaded) as info:
+    with pytest.raises(OverloadedError) as info:
         # Raised on the coroutine's very first step: nothing sent, nothing queued.
         refused.send(None)
     assert isinstance(info.value, DiscoveryError)

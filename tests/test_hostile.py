@@ -21,8 +21,7 @@ from discovery.http import MAX_QUERY_BYTES
 from discovery.instance import MAX_INSTANCE_BYTES
 from discovery.layout import DATA_SERVERS_PATH
 from search_server.server import SearchServer
-
-from .support import DataServerFactory, SearchServerFactory, SessionFactory, eventually
+from tests.support import DataServerFactory, SearchServerFactory, SessionFactory, eventually
 
 # ZooKeeper's default jute.maxbuffer is 0xfffff bytes (1 MiB - 1) for a whole packet:
 # a node of 1,000,000 bytes is accepted, one of 1 MiB is refused.

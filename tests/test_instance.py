@@ -37,8 +37,7 @@ from discovery.instance import (
     ServiceInstance,
     validate_instance_id,
 )
-
-from .support import CURATOR_FIELD_ORDER
+from tests.support import CURATOR_FIELD_ORDER
 
 GOLDEN = Path(__file__).parent / "golden"
 

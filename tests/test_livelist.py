@@ -10,12 +10,13 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from discovery.devcluster import RedisServer
 from discovery.instance import ServiceInstance
-from discovery.livelist import LiveList, LiveListReader
-from discovery.publisher import LivePublisher, RedisKeys
-
-from .support import eventually, make_instance
+from discovery.livelist import LiveListReader
+from discovery.publisher import LivePublisher
+from discovery.redislayout import RedisKeys
+from discovery.store import LiveList
+from discovery.testing import RedisServer
+from tests.support import eventually, make_instance
 
 
 def view(*instances: ServiceInstance) -> dict[str, ServiceInstance]:

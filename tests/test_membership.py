@@ -8,13 +8,12 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from discovery.devcluster import ZooKeeperEnsemble
 from discovery.layout import DATA_SERVERS_PATH
 from discovery.membership import MembershipWatcher
 from discovery.registration import Registration
+from discovery.testing import ZooKeeperEnsemble
 from discovery.zk import SessionState
-
-from .support import SessionFactory, make_instance, repeat_host
+from tests.support import SessionFactory, make_instance, repeat_host
 
 
 async def test_malformed_and_oversized_children_are_skipped_and_counted(

@@ -39,12 +39,16 @@ from data_server.faults import Fault, FaultSpecError
 from data_server.server import MAX_K as DATA_MAX_K
 from data_server.server import DataServer
 from discovery.config import AgentConfig, ClusterConfig, ZkConfig
-from discovery.errors import DiscoveryError, InvalidInstanceError, PayloadTooLargeError
+from discovery.errors import (
+    BadRequestError,
+    DiscoveryError,
+    InvalidInstanceError,
+    PayloadTooLargeError,
+)
 from discovery.http import (
     MAX_BODY_BYTES,
     MAX_QUERY_BYTES,
     MAX_QUERY_LENGTH,
-    BadRequestError,
     parse_int,
     parse_json_body,
     parse_query_text,
@@ -60,8 +64,7 @@ from discovery.instance import (
 from search_server.config import SearchServerConfig
 from search_server.server import MAX_K as SEARCH_MAX_K
 from search_server.server import SearchServer
-
-from .support import CURATOR_FIELD_ORDER
+from tests.support import CURATOR_FIELD_ORDER
 
 T = TypeVar("T")
 E = TypeVar("E", bound=BaseException)

@@ -14,12 +14,12 @@ import redis.exceptions
 from prometheus_client import CollectorRegistry
 from redis.asyncio.client import PubSub
 
-from discovery.devcluster import RedisServer
 from discovery.errors import DiscoveryError, FencedError, RedisUnavailableError
 from discovery.instance import ServiceInstance
-from discovery.publisher import FENCE_SCRIPT, HeartbeatStatus, LivePublisher, RedisKeys
-
-from .support import eventually, make_instance
+from discovery.publisher import FENCE_SCRIPT, HeartbeatStatus, LivePublisher
+from discovery.redislayout import RedisKeys
+from discovery.testing import RedisServer
+from tests.support import eventually, make_instance
 
 NOW = 1_700_000_000.25  # a fixed wall clock: published_at is 1700000000250
 

@@ -20,9 +20,8 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
 from discovery.config import ClusterConfig, RedisConfig, ZkConfig
-from discovery.devcluster import RedisServer
 from discovery.errors import ConfigError, RedisAuthError, RedisPermissionError
-from discovery.publisher import LivePublisher, RedisKeys
+from discovery.publisher import LivePublisher
 from discovery.redisconn import (
     RedisRole,
     acl_user_line,
@@ -31,11 +30,12 @@ from discovery.redisconn import (
     publisher_acl_rules,
     reader_acl_rules,
 )
-from discovery.status import fetch_status
+from discovery.redislayout import RedisKeys
+from discovery.testing import RedisServer
+from discovery.tools.status import fetch_status
 from search_server.config import SearchServerConfig, build_parser
 from search_server.server import SearchServer
-
-from .support import DataServerFactory, SearchServerFactory, eventually
+from tests.support import DataServerFactory, SearchServerFactory, eventually
 
 ADMIN_PW = "admin-secret"
 READER_PW = "reader secret/with:odd@chars"

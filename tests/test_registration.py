@@ -8,15 +8,14 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from discovery.devcluster import ZooKeeperEnsemble, expire_session
 from discovery.errors import RegistrationConflictError, ZkConnectionError
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH
 from discovery.membership import MembershipWatcher
 from discovery.registration import Registration
+from discovery.testing import ZooKeeperEnsemble, expire_session
 from discovery.zk import SessionState, ZkSession
-
-from .support import SessionFactory, eventually, make_instance, repeat_host
+from tests.support import SessionFactory, eventually, make_instance, repeat_host
 
 
 async def test_register_is_seen_with_payload_and_deregister_removes_it(

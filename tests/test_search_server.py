@@ -14,13 +14,12 @@ import redis.asyncio as aioredis
 
 from data_server.corpus import sample_queries
 from data_server.server import DataServer
-from discovery.devcluster import RedisServer, ZooKeeperEnsemble, expire_session
 from discovery.errors import FencedError
 from discovery.instance import InstanceState
 from discovery.publisher import LivePublisher
+from discovery.testing import RedisServer, ZooKeeperEnsemble, expire_session
 from search_server.server import SearchServer
-
-from .support import DataServerFactory, SearchServerFactory, eventually, repeat_host
+from tests.support import DataServerFactory, SearchServerFactory, eventually, repeat_host
 
 
 async def _get(url: str, **params: str) -> tuple[int, Any]:

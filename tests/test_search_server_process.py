@@ -11,9 +11,8 @@ from typing import Any
 
 import aiohttp
 
-from discovery.devcluster import RedisServer, free_port
-
-from .support import eventually
+from discovery.testing import RedisServer, free_port
+from tests.support import eventually
 
 
 @contextlib.asynccontextmanager

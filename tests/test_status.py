@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from discovery.cli import build_parser
-from discovery.devcluster import RedisServer, free_port
 from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
-from discovery.publisher import LivePublisher, RedisKeys
-from discovery.status import collect_status, format_text
-
-from .support import (
+from discovery.publisher import LivePublisher
+from discovery.redislayout import RedisKeys
+from discovery.testing import RedisServer, free_port
+from discovery.tools.main import build_parser
+from discovery.tools.status import collect_status, format_text
+from tests.support import (
     DataServerFactory,
     SearchServerFactory,
     SessionFactory,
@@ -30,13 +30,13 @@ CLI_TIMEOUT = 60.0
 
 
 async def run_cli(*args: str) -> tuple[int, str, str]:
-    """``python -m discovery.cli status ARGS`` in a subprocess; (exit code, stdout, stderr).
+    """``python -m discovery.tools.main status ARGS`` in a subprocess; (exit code, stdout, stderr).
 
     Asynchronous, so that the servers of the test keep running on this loop meanwhile.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISCOVERY_")}
     process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "discovery.cli", "--log-level", "WARNING", "status", *args),
+        *(sys.executable, "-m", "discovery.tools.main", "--log-level", "WARNING", "status", *args),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=env,

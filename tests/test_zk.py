@@ -9,7 +9,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from discovery.config import ZkConfig
-from discovery.devcluster import expire_session, free_port
 from discovery.errors import (
     ConfigError,
     ZkAuthError,
@@ -18,9 +17,9 @@ from discovery.errors import (
     ZkNodeExistsError,
     ZkNoNodeError,
 )
+from discovery.testing import expire_session, free_port
 from discovery.zk import SessionState, WatchEvent, ZkSession
-
-from .support import SessionFactory
+from tests.support import SessionFactory
 
 
 async def test_operations_round_trip_and_errors_are_translated(zk_session: ZkSession) -> None:

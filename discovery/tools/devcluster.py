@@ -17,10 +17,10 @@ import threading
 from types import FrameType
 from typing import Any
 
-from discovery.config import Option, add_options, int_range
-from discovery.devcluster.cluster import DevCluster
-from discovery.devcluster.zookeeper import DEFAULT_TICK_TIME_MS
+from discovery.cli.options import Option, add_options, int_range
 from discovery.errors import DevClusterError
+from discovery.testing.cluster import DevCluster
+from discovery.testing.zookeeper import DEFAULT_TICK_TIME_MS
 
 __all__ = ["ENV_DIR", "ENV_TICK_MS", "ENV_ZK_NODES", "add_parser", "run"]
 

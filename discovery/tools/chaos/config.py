@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError
+from discovery.errors import ConfigError
 
 __all__ = ["ChaosConfig"]
 

@@ -42,11 +42,11 @@ from typing import Any
 
 import aiohttp
 
-from .config import int_range, positive_float
-from .devcluster import DevCluster
-from .devcluster.process import terminate_all
-from .entrypoint import stop_on_signals
-from .errors import DevClusterError
+from discovery.cli.entrypoint import stop_on_signals
+from discovery.cli.options import int_range, positive_float
+from discovery.errors import DevClusterError
+from discovery.testing import DevCluster
+from discovery.testing.process import terminate_all
 
 __all__ = ["add_parser", "run"]
 

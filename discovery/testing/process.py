@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from discovery.errors import DevClusterError
+from ..errors import DevClusterError
 
 __all__ = ["ManagedProcess", "log_tail", "terminate_all"]
 

@@ -1,8 +1,14 @@
-"""The ``discovery`` operator command: one subcommand per module, each with ``add_parser``.
+"""The ``discovery`` operator command: one subcommand per tool, each with ``add_parser``.
 
 Adding a subcommand is one entry in ``_SUBCOMMANDS``: a function that registers its parser
 on the subparsers and sets ``func`` (``Callable[[argparse.Namespace], int]``) as a default.
 Logging is configured here and nowhere else.
+
+Logging level: ``--log-level`` (before or after the subcommand) wins, then ``-v`` of the
+one-shot commands (``status``, ``zk-init``), then ``DISCOVERY_LOG_LEVEL``. Otherwise the
+long-running commands (``devcluster``, ``demo``, ``chaos``) log at INFO, so their progress
+shows, and the one-shot ones at WARNING: an operator asking a question wants the answer,
+not kazoo's connection log (``-v`` shows it, ``-vv`` adds DEBUG).
 """
 
 from __future__ import annotations
@@ -14,9 +20,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from discovery import acl, chaos, demo, status
-from discovery.devcluster import command as devcluster_command
-from discovery.entrypoint import configure_logging
+from discovery.cli.entrypoint import configure_logging
+
+from . import chaos, demo, devcluster, status, zkinit
 
 __all__ = ["build_parser", "main"]
 
@@ -29,12 +35,12 @@ if TYPE_CHECKING:  # not subscriptable at run time before Python 3.12
     _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 _SUBCOMMANDS: tuple[Callable[[_SubParsers], object], ...] = (
-    devcluster_command.add_parser,
+    devcluster.add_parser,
     demo.add_parser,
     chaos.add_parser,
     status.add_parser,
-    acl.add_parser,
-    acl.add_digest_parser,
+    zkinit.add_parser,
+    zkinit.add_digest_parser,
 )
 
 
@@ -47,9 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         type=_log_level,
-        default=os.environ.get(ENV_LOG_LEVEL) or "INFO",
+        default=None,
         metavar="LEVEL",
-        help=f"one of {', '.join(_LOG_LEVELS)} [env {ENV_LOG_LEVEL}; default INFO]",
+        help=(
+            f"one of {', '.join(_LOG_LEVELS)} [env {ENV_LOG_LEVEL}; default INFO, and "
+            "WARNING for status and zk-init, whose -v raises it]"
+        ),
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for register in _SUBCOMMANDS:
@@ -60,12 +69,30 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``discovery`` command line and return its exit code.
 
-    Bad arguments make argparse exit with status 2 and a message naming the flag.
+    Bad arguments (or a bad ``DISCOVERY_LOG_LEVEL``) make argparse exit with status 2 and
+    a message naming the flag or variable.
     """
-    args = build_parser().parse_args(argv)
-    configure_logging(args.log_level)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(_chosen_level(parser, args))
     func: Callable[[argparse.Namespace], int] = args.func
     return func(args)
+
+
+def _chosen_level(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    if args.log_level:
+        return str(args.log_level)
+    verbose: int | None = getattr(args, "verbose", None)
+    if verbose:
+        return "INFO" if verbose == 1 else "DEBUG"
+    env = os.environ.get(ENV_LOG_LEVEL)
+    if env:
+        try:
+            return _log_level(env)
+        except argparse.ArgumentTypeError as exc:
+            parser.error(str(exc))
+    # Only the one-shot commands have -v; they are quiet unless asked.
+    return "WARNING" if verbose is not None else "INFO"
 
 
 def _log_level(text: str) -> str:

@@ -6,12 +6,13 @@ signal handlers.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
 import sys
 
-__all__ = ["LOG_FORMAT", "configure_logging", "stop_on_signals"]
+__all__ = ["LOG_FORMAT", "add_verbose_flag", "configure_logging", "stop_on_signals"]
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -28,3 +29,15 @@ def stop_on_signals(event: asyncio.Event | None = None) -> asyncio.Event:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     return stop
+
+
+def add_verbose_flag(parser: argparse.ArgumentParser) -> None:
+    """``-v``/``--verbose`` for a one-shot subcommand, which then logs at WARNING by
+    default: ``-v`` logs INFO (kazoo's connection attempts), ``-vv`` DEBUG."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log more: -v INFO (connection attempts), -vv DEBUG [default: warnings only]",
+    )

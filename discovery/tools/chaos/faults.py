@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 import redis as sync_redis
 
-from ..livelist import RECONNECT_BACKOFF_MAX
+from discovery.livelist import RECONNECT_BACKOFF_MAX
+
 from .cluster import ChaosCluster, Member
 from .config import ChaosConfig
 from .observer import Observer, Snapshot

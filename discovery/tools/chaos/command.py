@@ -11,9 +11,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..config import int_range, positive_float
-from ..entrypoint import stop_on_signals
-from ..errors import ConfigError, DevClusterError
+from discovery.cli.entrypoint import stop_on_signals
+from discovery.cli.options import int_range, positive_float
+from discovery.errors import ConfigError, DevClusterError
+
 from .config import ChaosConfig
 from .report import render, write_json
 from .runner import ChaosResult, run_chaos

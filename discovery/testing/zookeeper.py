@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from discovery.devcluster.ports import LOOPBACK, free_port, free_ports
-from discovery.devcluster.process import ManagedProcess
-from discovery.errors import DevClusterError
+from ..errors import DevClusterError
+from .ports import LOOPBACK, free_port, free_ports
+from .process import ManagedProcess
 
 __all__ = [
     "DEFAULT_MAX_SESSION_TIMEOUT_MS",

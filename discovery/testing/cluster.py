@@ -11,13 +11,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from discovery.devcluster.redis import RedisServer
-from discovery.devcluster.zookeeper import (
+from ..errors import DevClusterError
+from .redis import RedisServer
+from .zookeeper import (
     DEFAULT_MAX_SESSION_TIMEOUT_MS,
     DEFAULT_TICK_TIME_MS,
     ZooKeeperEnsemble,
 )
-from discovery.errors import DevClusterError
 
 __all__ = ["DevCluster"]
 

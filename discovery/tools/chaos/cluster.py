@@ -1,6 +1,6 @@
 """The processes of a chaos run, and the hands that hurt them.
 
-A 3-server ZooKeeper ensemble and Redis (:class:`~discovery.devcluster.DevCluster`),
+A 3-server ZooKeeper ensemble and Redis (:class:`~discovery.testing.DevCluster`),
 search servers and data servers, each data or search server a process of its own
 started from its console entry point (so each has its own ZooKeeper session and can be
 killed, paused and restarted alone, as in production). The harness talks to them only
@@ -22,8 +22,9 @@ from typing import Any
 
 import aiohttp
 
-from ..devcluster import DevCluster
-from ..devcluster.ports import free_ports
+from discovery.testing import DevCluster
+from discovery.testing.ports import free_ports
+
 from .config import ChaosConfig
 
 __all__ = ["ChaosCluster", "Member"]

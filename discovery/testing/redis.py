@@ -7,7 +7,7 @@ holds is republished by the leader, so a dev server never needs its data on disk
 By default there is no authentication and no TLS. Optionally the ``default`` user gets a
 password, further ACL users are defined (lines of an ACL file, e.g. from
 :func:`discovery.redisconn.acl_user_line`), and the server speaks only TLS, with a
-throwaway CA and certificate made in its directory (:func:`~discovery.devcluster.tls.make_dev_pki`).
+throwaway CA and certificate made in its directory (:func:`~discovery.testing.tls.make_dev_pki`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
-from discovery.devcluster.ports import LOOPBACK, free_port
-from discovery.devcluster.process import ManagedProcess
-from discovery.devcluster.tls import DevPki, make_dev_pki
-from discovery.errors import DevClusterError
+from ..errors import DevClusterError
+from .ports import LOOPBACK, free_port
+from .process import ManagedProcess
+from .tls import DevPki, make_dev_pki
 
 __all__ = ["RedisServer", "find_redis_server", "redis_ping"]
 

@@ -6,7 +6,8 @@ The observer keeps four views of the data servers, refreshed every ``interval``:
   minus those it killed or faulted and has not healed yet), kept by the fault runner;
 * **ZooKeeper**: the serving nodes under ``/data_servers``, from a
   :class:`~discovery.membership.MembershipWatcher` on a session of our own;
-* **Redis**: the serving servers of ``P:live``, read directly;
+* **Redis**: the serving servers of ``P:live``, read directly and decoded as the
+  contract (:mod:`discovery.redislayout`) says;
 * each running search server's list (``GET /cluster``).
 
 It checks continuously that the epoch in Redis never decreases (``P:live``,
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -30,10 +30,12 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
-from ..config import ZkConfig
-from ..errors import DiscoveryError
-from ..membership import MembershipWatcher
-from ..zk import ZkSession
+from discovery.config import ZkConfig
+from discovery.errors import DiscoveryError, MalformedLiveListError
+from discovery.membership import MembershipWatcher
+from discovery.redislayout import RedisKeys, parse_event, parse_heartbeat, parse_snapshot
+from discovery.zk import ZkSession
+
 from .cluster import ChaosCluster
 
 __all__ = ["Observer", "Snapshot", "Violation"]
@@ -210,25 +212,24 @@ class Observer:
 
     async def _read_redis(self) -> tuple[frozenset[str] | None, int | None]:
         assert self._redis is not None
-        prefix = self._cluster.redis_prefix
+        keys = RedisKeys(self._cluster.redis_prefix)
         try:
-            live, beat = await self._redis.mget(f"{prefix}:live", f"{prefix}:leader")
+            live, beat = await self._redis.mget(keys.live, keys.leader)
         except _REDIS_ERRORS:
             return None, None
         if beat is not None:
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                self._check_epoch(int(json.loads(beat)["epoch"]), f"{prefix}:leader")
+            heartbeat = parse_heartbeat(beat, -1)
+            if heartbeat.epoch is not None:
+                self._check_epoch(heartbeat.epoch, keys.leader)
         if live is None:
             return None, None
         try:
-            document = json.loads(live)
-            epoch = int(document["epoch"])
-            servers = document["servers"]
-        except (ValueError, KeyError, TypeError) as exc:
-            self.violate("published list readable", f"{prefix}:live does not parse: {exc}")
+            snapshot, _skipped = parse_snapshot(live)
+        except MalformedLiveListError as exc:
+            self.violate("published list readable", f"{keys.live} does not parse: {exc}")
             return None, None
-        self._check_epoch(epoch, f"{prefix}:live")
-        return _serving(servers), epoch
+        self._check_epoch(snapshot.epoch, keys.live)
+        return frozenset(i.id for i in snapshot.routable), snapshot.epoch
 
     def _check_epoch(self, epoch: int, where: str) -> None:
         if epoch < self.max_epoch:
@@ -252,7 +253,7 @@ class Observer:
     async def _follow_events(self) -> None:
         """Every accepted publish sends one message; check each one's epoch, in order."""
         assert self._redis is not None
-        channel = f"{self._cluster.redis_prefix}:events"
+        channel = RedisKeys(self._cluster.redis_prefix).events
         while True:
             pubsub = self._redis.pubsub()
             try:
@@ -262,13 +263,12 @@ class Observer:
                     if message is None or message.get("type") != "message":
                         continue
                     try:
-                        event = json.loads(message["data"])
-                        epoch = int(event["epoch"])
-                    except (ValueError, KeyError, TypeError) as exc:
+                        event = parse_event(message["data"])
+                    except MalformedLiveListError as exc:
                         self.violate("published event readable", f"{channel}: {exc}")
                         continue
                     self.publishes += 1
-                    self._check_epoch(epoch, f"event from {event.get('leader')!r}")
+                    self._check_epoch(event.epoch, f"event from {event.leader!r}")
             except _REDIS_ERRORS as exc:
                 log.debug("observer: events subscription lost: %s", exc)
             finally:

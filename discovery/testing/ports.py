@@ -2,7 +2,7 @@
 
 ``free_port``/``free_ports`` pick ports the kernel considers free right now. Nothing reserves
 them afterwards, so another process may take one before our server binds it; the server then
-fails to start and :meth:`~discovery.devcluster.process.ManagedProcess.wait_ready` reports
+fails to start and :meth:`~discovery.testing.process.ManagedProcess.wait_ready` reports
 its log (``Address already in use``) instead of hanging.
 """
 

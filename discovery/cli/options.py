@@ -1,0 +1,544 @@
+"""Flags and environment variables: one table of options, and the builders of the settings.
+
+Every process builds its configuration once, at start-up, from flags and the
+environment (a flag wins over the variable, the variable over the default) into the
+frozen dataclasses of :mod:`discovery.config`, and passes those down. Nothing reads
+``os.environ`` later.
+
+An :class:`Option` names its flag, variable, type and help once; :func:`add_options`
+puts a group of them on an :mod:`argparse` parser (the help text shows the variable
+and the default), and :func:`parse_env` validates the variables so that a bad value
+is reported with the variable's name instead of a traceback. :func:`zk_config`,
+:func:`cluster_config` (with :func:`redis_config`) and :func:`agent_config` build the
+library's settings from a namespace parsed with :data:`ZK_OPTIONS`,
+:data:`COMMON_OPTIONS` and :data:`AGENT_OPTIONS`.
+
+Entry points (``discovery``, ``data-server``, ``search-server``) use this module; the
+library itself never does, so embedding the agent imports no argparse tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import AgentConfig, ClusterConfig, RedisConfig, ZkConfig
+from ..errors import ConfigError
+from ..instance import validate_instance_id
+
+__all__ = [
+    "AGENT_OPTIONS",
+    "COMMON_OPTIONS",
+    "REDIS_OPTIONS",
+    "ZK_OPTIONS",
+    "Option",
+    "add_options",
+    "advertised_address",
+    "agent_config",
+    "checked_id",
+    "cluster_config",
+    "env_flag",
+    "int_range",
+    "listen_options",
+    "log_level",
+    "non_negative_int",
+    "parse_env",
+    "port_number",
+    "positive_float",
+    "positive_int",
+    "readable_file",
+    "redis_config",
+    "zk_config",
+]
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a float > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in ``low..high`` (no upper bound if ``high`` is None)."""
+    bounds = f"{low}..{high}" if high is not None else f">= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text!r}")
+        return value
+
+    parse.__name__ = f"int {bounds}"
+    return parse
+
+
+#: argparse type: a TCP port, 0 meaning "any free port".
+port_number = int_range(0, 65535)
+#: argparse type: an integer >= 1.
+positive_int = int_range(1)
+#: argparse type: an integer >= 0.
+non_negative_int = int_range(0)
+
+
+def env_flag(text: str) -> bool:
+    """The environment form of a boolean option: 1/true/yes/on or 0/false/no/off."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false (1/0, yes/no, on/off), got {text!r}")
+
+
+def readable_file(text: str) -> str:
+    """argparse type: the path of an existing, readable file (kept as given)."""
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}")
+    if not os.access(text, os.R_OK):
+        raise argparse.ArgumentTypeError(f"file not readable: {text!r}")
+    return text
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its flag, environment variable, type, default and help.
+
+    A ``boolean`` option is a switch: ``--flag`` / ``--no-flag`` on the command line,
+    and its variable is parsed by ``type`` (use :func:`env_flag`).
+    """
+
+    flag: str
+    env: str
+    help: str
+    type: Callable[[str], Any] = str
+    default: Any = None
+    metavar: str | None = None
+    boolean: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+def parse_env(options: Iterable[Option], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Read the options' environment variables, converted by each option's type.
+
+    Raises:
+        ConfigError: a variable is set to a value its type rejects; the message
+            names the variable.
+    """
+    values: dict[str, Any] = {}
+    for option in options:
+        raw = environ.get(option.env)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[option.dest] = option.type(raw)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise ConfigError(f"{option.env}={raw!r}: {exc}") from None
+    return values
+
+
+def add_options(
+    parser: argparse.ArgumentParser,
+    options: Iterable[Option],
+    environ: Mapping[str, str] | None = None,
+) -> None:
+    """Add ``options`` to ``parser`` with defaults taken from the environment.
+
+    A bad environment value becomes a parser error naming the variable, so every
+    entry point reports it the same way argparse reports a bad flag.
+    """
+    options = list(options)
+    env = os.environ if environ is None else environ
+    try:
+        from_env = parse_env(options, env)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    for option in options:
+        default = from_env.get(option.dest, option.default)
+        shown = "unset" if option.default is None else repr(option.default)
+        if option.boolean:
+            parser.add_argument(
+                option.flag,
+                dest=option.dest,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=f"{option.help} [env {option.env}; default {shown}]",
+            )
+            continue
+        parser.add_argument(
+            option.flag,
+            dest=option.dest,
+            type=option.type,
+            default=default,
+            metavar=option.metavar,
+            help=f"{option.help} [env {option.env}; default {shown}]",
+        )
+
+
+ZK_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--zk",
+        "DISCOVERY_ZK_HOSTS",
+        "ZooKeeper hosts in kazoo form, host:port[,host:port...][/chroot]",
+        default="127.0.0.1:2181",
+        metavar="HOSTS",
+    ),
+    Option(
+        "--session-timeout",
+        "DISCOVERY_SESSION_TIMEOUT",
+        "ZooKeeper session timeout in seconds: how long a dead process stays registered",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--zk-connect-timeout",
+        "DISCOVERY_ZK_CONNECT_TIMEOUT",
+        "give up start-up if no ZooKeeper server answers within this many seconds",
+        type=positive_float,
+        default=30.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--zk-auth",
+        "DISCOVERY_ZK_AUTH",
+        "ZooKeeper digest credentials user:password (the role `discovery zk-init` "
+        "granted); directories we create are then writable only by them, our ephemeral "
+        "nodes only by this process, and everything is readable by all",
+        metavar="USER:PASSWORD",
+    ),
+)
+
+
+def log_level(text: str) -> str:
+    """argparse type: a logging level name."""
+    level = text.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise argparse.ArgumentTypeError(f"not a logging level: {text!r}")
+    return level
+
+
+#: Credentials and TLS for Redis (:class:`RedisConfig`); part of :data:`COMMON_OPTIONS`.
+REDIS_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--redis-username",
+        "DISCOVERY_REDIS_USERNAME",
+        "Redis ACL user for reading the live list (unset: the URL's, else 'default')",
+        metavar="USER",
+    ),
+    Option(
+        "--redis-password",
+        "DISCOVERY_REDIS_PASSWORD",
+        "Redis password for reading; a flag is visible in ps: prefer the variable or "
+        "--redis-password-file",
+        metavar="PASSWORD",
+    ),
+    Option(
+        "--redis-password-file",
+        "DISCOVERY_REDIS_PASSWORD_FILE",
+        "file holding the Redis password for reading (one trailing newline ignored)",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--redis-publish-username",
+        "DISCOVERY_REDIS_PUBLISH_USERNAME",
+        "Redis ACL user the leader publishes with (unset: the reading user)",
+        metavar="USER",
+    ),
+    Option(
+        "--redis-publish-password",
+        "DISCOVERY_REDIS_PUBLISH_PASSWORD",
+        "Redis password the leader publishes with (unset: the reading password)",
+        metavar="PASSWORD",
+    ),
+    Option(
+        "--redis-publish-password-file",
+        "DISCOVERY_REDIS_PUBLISH_PASSWORD_FILE",
+        "file holding the password the leader publishes with",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--redis-tls",
+        "DISCOVERY_REDIS_TLS",
+        "connect to Redis with TLS (implied by a rediss:// URL)",
+        type=env_flag,
+        default=False,
+        boolean=True,
+    ),
+    Option(
+        "--redis-tls-ca",
+        "DISCOVERY_REDIS_TLS_CA",
+        "PEM file of the CA certificates that verify Redis (unset: the system's)",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--redis-tls-cert",
+        "DISCOVERY_REDIS_TLS_CERT",
+        "PEM client certificate, for a Redis with tls-auth-clients",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--redis-tls-key",
+        "DISCOVERY_REDIS_TLS_KEY",
+        "PEM private key of --redis-tls-cert (unset: in the certificate file)",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--redis-tls-verify-hostname",
+        "DISCOVERY_REDIS_TLS_VERIFY_HOSTNAME",
+        "check that Redis's certificate names the URL's host (the chain is always verified)",
+        type=env_flag,
+        default=True,
+        boolean=True,
+    ),
+)
+
+
+COMMON_OPTIONS: tuple[Option, ...] = (
+    Option("--log-level", "DISCOVERY_LOG_LEVEL", "logging level", type=log_level, default="INFO"),
+    Option(
+        "--redis",
+        "DISCOVERY_REDIS_URL",
+        "Redis URL for the published live list: redis:// or rediss:// (TLS), "
+        "[user[:password]@]host:port/db",
+        default="redis://127.0.0.1:6379/0",
+        metavar="URL",
+    ),
+    *REDIS_OPTIONS,
+    Option(
+        "--cluster",
+        "DISCOVERY_CLUSTER",
+        "cluster name; the Redis key prefix is discovery:<cluster>",
+        default="default",
+    ),
+    Option(
+        "--admin-token",
+        "DISCOVERY_ADMIN_TOKEN",
+        "bearer token required by admin endpoints",
+        metavar="TOKEN",
+    ),
+)
+
+
+AGENT_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--probe-interval",
+        "DISCOVERY_PROBE_INTERVAL",
+        "seconds between health probes",
+        type=positive_float,
+        default=1.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--probe-timeout",
+        "DISCOVERY_PROBE_TIMEOUT",
+        "a probe not answered within this many seconds fails",
+        type=positive_float,
+        default=1.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--probe-max-latency",
+        "DISCOVERY_PROBE_MAX_LATENCY",
+        "a probe answered slower than this many seconds fails",
+        type=positive_float,
+        default=0.5,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--fall",
+        "DISCOVERY_PROBE_FALL",
+        "consecutive failed probes that take the server offline",
+        type=positive_int,
+        default=3,
+    ),
+    Option(
+        "--rise",
+        "DISCOVERY_PROBE_RISE",
+        "consecutive good probes that bring it back",
+        type=positive_int,
+        default=2,
+    ),
+    Option(
+        "--flap-max",
+        "DISCOVERY_FLAP_MAX",
+        "re-admissions allowed within --flap-window before a cool-down",
+        type=positive_int,
+        default=3,
+    ),
+    Option(
+        "--flap-window",
+        "DISCOVERY_FLAP_WINDOW",
+        "seconds over which re-admissions are counted",
+        type=positive_float,
+        default=300.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--flap-cooldown",
+        "DISCOVERY_FLAP_COOLDOWN",
+        "seconds a flapping server is held offline",
+        type=positive_float,
+        default=120.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--drain-grace",
+        "DISCOVERY_DRAIN_GRACE",
+        "seconds a draining server keeps serving before it leaves",
+        type=positive_float,
+        default=5.0,
+        metavar="SECONDS",
+    ),
+)
+
+
+def listen_options(default_port: int, id_prefix: str) -> tuple[Option, ...]:
+    """``--host``, ``--port``, ``--advertise`` and ``--id`` of a server process."""
+    return (
+        Option("--host", "DISCOVERY_HOST", "address to listen on", default="127.0.0.1"),
+        Option(
+            "--port",
+            "DISCOVERY_PORT",
+            "port to listen on (0: any free port)",
+            type=port_number,
+            default=default_port,
+        ),
+        Option(
+            "--advertise",
+            "DISCOVERY_ADVERTISE",
+            "address to publish in ZooKeeper (unset: --host, or this host's name for 0.0.0.0)",
+        ),
+        Option(
+            "--id",
+            "DISCOVERY_ID",
+            f"instance id (unset: {id_prefix}-<advertised address>-<port>)",
+        ),
+    )
+
+
+def advertised_address(host: str, advertise: str | None) -> str:
+    """The address other machines reach us at: ``advertise``, else ``host`` if specific."""
+    if advertise:
+        return advertise
+    return socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+
+
+def checked_id(value: str | None) -> str | None:
+    """``--id`` validated as a znode name (None stays None).
+
+    Raises:
+        ConfigError: naming the flag and the rule broken.
+    """
+    if value is None:
+        return None
+    try:
+        return validate_instance_id(value)
+    except ValueError as exc:
+        raise ConfigError(f"--id / DISCOVERY_ID: {exc}") from None
+
+
+# -- building the settings ----------------------------------------------------
+
+
+def agent_config(args: argparse.Namespace) -> AgentConfig:
+    """The AgentConfig of a namespace parsed with :data:`AGENT_OPTIONS`."""
+    return AgentConfig(
+        probe_interval=args.probe_interval,
+        probe_timeout=args.probe_timeout,
+        max_latency=args.probe_max_latency,
+        fall=args.fall,
+        rise=args.rise,
+        flap_max=args.flap_max,
+        flap_window=args.flap_window,
+        flap_cooldown=args.flap_cooldown,
+        drain_grace=args.drain_grace,
+    )
+
+
+def zk_config(args: argparse.Namespace) -> ZkConfig:
+    """The ZkConfig of a namespace parsed with :data:`ZK_OPTIONS`."""
+    return ZkConfig(
+        hosts=args.zk,
+        session_timeout=args.session_timeout,
+        connect_timeout=args.zk_connect_timeout,
+        auth=args.zk_auth,
+    )
+
+
+def redis_config(args: argparse.Namespace) -> RedisConfig:
+    """The :class:`~discovery.config.RedisConfig` of a namespace parsed with :data:`REDIS_OPTIONS`.
+
+    Password files are read here, once.
+
+    Raises:
+        ConfigError: a password given twice, or a password file unreadable or empty.
+    """
+    return RedisConfig(
+        username=args.redis_username,
+        password=_read_secret(
+            args.redis_password,
+            args.redis_password_file,
+            "--redis-password",
+            "DISCOVERY_REDIS_PASSWORD",
+        ),
+        publish_username=args.redis_publish_username,
+        publish_password=_read_secret(
+            args.redis_publish_password,
+            args.redis_publish_password_file,
+            "--redis-publish-password",
+            "DISCOVERY_REDIS_PUBLISH_PASSWORD",
+        ),
+        tls=args.redis_tls,
+        tls_ca=args.redis_tls_ca,
+        tls_cert=args.redis_tls_cert,
+        tls_key=args.redis_tls_key,
+        tls_verify_hostname=args.redis_tls_verify_hostname,
+    )
+
+
+def cluster_config(args: argparse.Namespace) -> ClusterConfig:
+    """The ClusterConfig of a namespace parsed with :data:`COMMON_OPTIONS`."""
+    return ClusterConfig(
+        cluster=args.cluster,
+        redis_url=args.redis,
+        admin_token=args.admin_token,
+        redis=redis_config(args),
+    )
+
+
+def _read_secret(value: str | None, path: str | None, flag: str, env: str) -> str | None:
+    """A secret given directly or as a file (read once, at start-up); not both."""
+    if path is None:
+        return value
+    if value is not None:
+        raise ConfigError(f"{flag} and {flag}-file ({env}, {env}_FILE): give only one")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{flag}-file / {env}_FILE: cannot read {path!r}: {exc}") from None
+    # Editors and `echo` add a newline; a password never ends in one.
+    secret = text.removesuffix("\n").removesuffix("\r")
+    if not secret:
+        raise ConfigError(f"{flag}-file / {env}_FILE: {path!r} is empty")
+    return secret

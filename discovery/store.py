@@ -1,0 +1,197 @@
+"""The live-list store: where the leader publishes the list and every search server reads it.
+
+This module is the seam between the live list and its backend. It holds what does not
+depend on one: the :class:`LiveList` value and three protocols.
+
+* :class:`LiveListStore` — one cluster's list in some backend. It hands out a
+  :class:`LiveListPublisher` per leadership term (**publish full, publish change,
+  heartbeat**), reads the stored list once (**read snapshot**) and builds a
+  :class:`LiveListFollower` (**follow changes**) that keeps a local copy current.
+* :class:`LiveListPublisher` — the fenced writer of one term. A write that the backend
+  refuses because a newer epoch or version is stored raises
+  :class:`~discovery.errors.FencedError`: a deposed leader can never overwrite its
+  successor, whatever it believes about its own session.
+* :class:`LiveListFollower` — the list a search server routes with. It never moves
+  backwards in ``(epoch, version)``, keeps the last list while its backend is
+  unreachable, and says how old its list is (:meth:`LiveListFollower.age`).
+
+:class:`~discovery.leader.LeaderDuty` takes a store and asks it for a publisher at the
+start of each term; ``search_server`` takes one and routes with its follower. The
+default implementation is :class:`~discovery.redisstore.RedisLiveStore` (Redis: a
+snapshot key, a pub/sub channel of diffs, a heartbeat key and one Lua script that
+fences every write). A second backend is a new class implementing these protocols,
+not an edit of the leader or the search server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import ClassVar, Protocol, Self, runtime_checkable
+
+from .instance import ServiceInstance
+
+__all__ = ["LiveList", "LiveListFollower", "LiveListPublisher", "LiveListStore"]
+
+_EMPTY_SERVERS: Mapping[str, ServiceInstance] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class LiveList:
+    """One version of the live list. ``servers`` maps ids to instances (read-only).
+
+    ``published_at`` is the leader's wall clock in milliseconds. Draining and disabled
+    servers are listed; :attr:`routable` gives the ones to send queries to.
+    """
+
+    epoch: int
+    version: int
+    leader: str
+    published_at: int
+    servers: Mapping[str, ServiceInstance] = field(
+        default_factory=lambda: _EMPTY_SERVERS, hash=False
+    )
+
+    EMPTY: ClassVar[LiveList]
+    """Nothing published yet: epoch 0, version 0, no servers."""
+
+    def __post_init__(self) -> None:
+        # A private read-only copy: the caller's mapping cannot change the list later.
+        object.__setattr__(self, "servers", MappingProxyType(dict(self.servers)))
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """``(epoch, version)``: lists are ordered by it."""
+        return (self.epoch, self.version)
+
+    @property
+    def routable(self) -> list[ServiceInstance]:
+        """The servers to route to (enabled and serving), sorted by id."""
+        return [self.servers[k] for k in sorted(self.servers) if self.servers[k].routable]
+
+
+LiveList.EMPTY = LiveList(epoch=0, version=0, leader="", published_at=0)
+
+
+@runtime_checkable
+class LiveListPublisher(Protocol):
+    """The fenced writer of one leadership term (one epoch).
+
+    Versions start at 1 with the first publish and never repeat within the epoch. Calls
+    are serialised by the implementation. Every method raises
+    :class:`~discovery.errors.FencedError` once a newer epoch or version is stored (the
+    caller must stop leading), :class:`~discovery.errors.StoreError` when the backend
+    failed for now (the caller keeps its view and publishes in full later), and an
+    access error (:class:`~discovery.errors.RedisAccessError` for Redis) when it refused
+    our credentials, which retrying cannot fix.
+    """
+
+    @property
+    def epoch(self) -> int:
+        """The term's epoch: the czxid of the leader's election node."""
+        ...
+
+    @property
+    def version(self) -> int:
+        """The last version written (0 before the first publish)."""
+        ...
+
+    @property
+    def fenced(self) -> bool:
+        """True once a write was refused; every later call raises ``FencedError``."""
+        ...
+
+    async def publish_full(self, servers: Mapping[str, ServiceInstance]) -> int:
+        """Write ``servers`` (id → instance) as the next version; readers reload it."""
+        ...
+
+    async def publish_change(
+        self,
+        servers: Mapping[str, ServiceInstance],
+        *,
+        added: Mapping[str, ServiceInstance],
+        changed: Mapping[str, ServiceInstance],
+        removed: Mapping[str, str],
+    ) -> int:
+        """Write the next version as a change against the last one written.
+
+        ``servers`` is the whole view after the change; ``removed`` maps each removed
+        id to its reason. Without a trusted previous write this is a full publish.
+        """
+        ...
+
+    async def heartbeat(self) -> bool:
+        """Say the leader is alive; return False if the stored list is not our last write
+        (lost by the backend, or never written), so the caller publishes in full."""
+        ...
+
+
+@runtime_checkable
+class LiveListFollower(Protocol):
+    """A local copy of the live list, kept current in background tasks.
+
+    ``async with follower:`` loads the stored list (the snapshot) and follows its
+    changes until closed. Starting never fails because the backend is down: the
+    follower starts with :attr:`LiveList.EMPTY` and keeps trying. The list never moves
+    backwards in ``(epoch, version)``.
+    """
+
+    @property
+    def current(self) -> LiveList:
+        """The list to route with: the newest version seen (``LiveList.EMPTY`` at first)."""
+        ...
+
+    @property
+    def connected(self) -> bool:
+        """True while changes arrive as they happen."""
+        ...
+
+    @property
+    def applied_at(self) -> float | None:
+        """When (wall seconds) the current list was installed here; None before."""
+        ...
+
+    def age(self) -> float:
+        """Seconds since the list was last confirmed current against the backend."""
+        ...
+
+    async def wait_until(self, predicate: Callable[[LiveList], bool], timeout: float) -> LiveList:
+        """Wait until ``predicate(current)`` holds; ``TimeoutError`` after ``timeout``."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc_info: object) -> None: ...
+
+
+@runtime_checkable
+class LiveListStore(Protocol):
+    """One cluster's live list in some backend (see the module docstring).
+
+    The store owns whatever connections it opened itself; :meth:`aclose` releases
+    them.
+    """
+
+    def publisher(self, *, leader_id: str, epoch: int) -> LiveListPublisher:
+        """A fenced writer for one leadership term; make a new one for every term."""
+        ...
+
+    async def read(self) -> LiveList | None:
+        """The stored list now (None if nothing is stored), read once, consistently.
+
+        Raises :class:`~discovery.errors.StoreError` if it cannot be read now; a stored
+        list that cannot be decoded raises
+        :class:`~discovery.errors.MalformedLiveListError`.
+        """
+        ...
+
+    def follower(self) -> LiveListFollower:
+        """A new, not yet started follower of the stored list."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,31 @@
+"""What tests, the chaos run, the demo and the benchmarks build on, as ``kazoo.testing``
+sits beside ``kazoo.client``: nothing here is imported by the library.
+
+* :class:`DevCluster` runs a real ZooKeeper (standalone or an ensemble) and a real
+  ``redis-server`` on free loopback ports in a scratch directory;
+  :class:`ZooKeeperEnsemble`, :class:`ZooKeeperServer` and :class:`RedisServer` run them
+  separately. Every server is our child process: ``stop()`` always reaps it, and a
+  failed start stops whatever had started. Failures raise
+  :class:`~discovery.errors.DevClusterError` with the tail of the server's log.
+* :func:`expire_session` makes ZooKeeper expire a live session on demand (fault
+  injection: the victim sees LOST and a new session, everyone sees its ephemeral nodes
+  go).
+* :func:`free_port` / :func:`free_ports` pick unused loopback ports.
+"""
+
+from .cluster import DevCluster
+from .faults import expire_session
+from .ports import free_port, free_ports
+from .redis import RedisServer
+from .zookeeper import QuorumPeer, ZooKeeperEnsemble, ZooKeeperServer
+
+__all__ = [
+    "DevCluster",
+    "QuorumPeer",
+    "RedisServer",
+    "ZooKeeperEnsemble",
+    "ZooKeeperServer",
+    "expire_session",
+    "free_port",
+    "free_ports",
+]

@@ -1,0 +1,101 @@
+"""The ``discovery status`` subcommand: flags, exit status, output.
+
+Exit status: 0 when both were read (whatever the differences), 1 with one line per
+failure on stderr (``discovery status: cannot reach ZooKeeper at HOSTS: ...``) when
+ZooKeeper or Redis cannot be reached or read, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from typing import Final
+
+from discovery.cli.entrypoint import add_verbose_flag
+from discovery.cli.options import COMMON_OPTIONS, ZK_OPTIONS, Option, add_options, cluster_config
+from discovery.config import ZkConfig
+from discovery.errors import DiscoveryError, StatusError
+
+from .format import format_text
+from .reader import CONNECT_TIMEOUT, fetch_status
+
+__all__ = ["add_parser", "run"]
+
+PROG: Final = "discovery status"
+
+
+def _status_options() -> tuple[Option, ...]:
+    zk = tuple(
+        dataclasses.replace(o, default=CONNECT_TIMEOUT) if o.flag == "--zk-connect-timeout" else o
+        for o in ZK_OPTIONS
+    )
+    # --log-level is the ``discovery`` command's own (see below).
+    common = tuple(o for o in COMMON_OPTIONS if o.flag != "--log-level")
+    return (*zk, *common)
+
+
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """Register ``status`` on the ``discovery`` command's subparsers; returns its parser."""
+    parser = subparsers.add_parser(
+        "status",
+        help="show registered servers, the leader, the published live list and differences",
+        description=(
+            "Read the cluster once from ZooKeeper and Redis: the elected leader and its "
+            "epoch, the registered search and data servers (by shard), the published live "
+            "list and its age, and every difference between what is registered and what "
+            "is published. Exit status 0 when both could be read, 1 when ZooKeeper or Redis "
+            "cannot be reached or read."
+        ),
+    )
+    add_options(parser, _status_options())
+    level = next(o for o in COMMON_OPTIONS if o.flag == "--log-level")
+    parser.add_argument(
+        level.flag,
+        dest=level.dest,
+        type=level.type,
+        # SUPPRESS: not given here, the value parsed by ``discovery --log-level`` (or
+        # its environment default) stands instead of being overwritten by ours.
+        default=argparse.SUPPRESS,
+        help=f"{level.help} (as `discovery --log-level`) [env {level.env}; default WARNING]",
+    )
+    add_verbose_flag(parser)
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document (stable keys) instead of text",
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the status; 0 if ZooKeeper and Redis were read, 1 if not, 2 on bad settings."""
+    try:
+        zk = ZkConfig(
+            hosts=args.zk,
+            session_timeout=args.session_timeout,
+            connect_timeout=args.zk_connect_timeout,
+            # Each read, too, gets an answer within the connect timeout or fails.
+            operation_timeout=args.zk_connect_timeout,
+            auth=args.zk_auth,
+        )
+        cluster = cluster_config(args)
+    except DiscoveryError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        status = asyncio.run(fetch_status(zk, cluster))
+    except StatusError as exc:
+        for line in str(exc).splitlines():
+            print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+        return 1
+    if args.json:
+        print(json.dumps(status.to_dict(), sort_keys=True, indent=2), flush=True)
+    else:
+        print(format_text(status), flush=True)
+    return 0

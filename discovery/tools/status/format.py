@@ -1,0 +1,121 @@
+"""The text report of ``discovery status`` (the ``--json`` document is
+:meth:`~discovery.tools.status.model.ClusterStatus.to_dict`)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from discovery.instance import ServiceInstance
+
+from .model import ClusterStatus, by_id
+
+__all__ = ["format_text"]
+
+
+def _when(ms: int) -> str:
+    stamp = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z"
+
+
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:.1f}s"
+
+
+def _plain(value: object) -> str:
+    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
+
+
+def _state(instance: ServiceInstance) -> str:
+    state = instance.payload.state.value
+    if not instance.enabled and state == "serving":
+        state += " (disabled)"
+    if instance.payload.reason:
+        state += f" ({instance.payload.reason})"
+    return state
+
+
+def format_text(status: ClusterStatus) -> str:
+    """The compact, human-readable report (the command's output without ``--json``)."""
+    lines: list[str] = [
+        f"cluster {status.prefix}  zookeeper {status.zookeeper}  redis {status.redis}"
+    ]
+    leader = status.leader
+    if leader is None:
+        lines.append("leader     none (no search server in the election)")
+    else:
+        count = len(status.contenders)
+        contenders = f"{count} contender" + ("" if count == 1 else "s")
+        lines.append(f"leader     {leader.id}  epoch {leader.czxid}  ({contenders})")
+    heartbeat = status.heartbeat
+    if heartbeat is None:
+        lines.append("heartbeat  missing: no leader is publishing")
+    elif heartbeat.error is not None:
+        lines.append(f"heartbeat  unreadable: {heartbeat.error}")
+    else:
+        ttl = (
+            "no expiry" if heartbeat.ttl_ms is None else f"expires in {_seconds(heartbeat.ttl_ms)}"
+        )
+        lines.append(
+            f"heartbeat  {heartbeat.leader}  epoch {heartbeat.epoch}  version {heartbeat.version}"
+            f"  {ttl}"
+        )
+    live = status.published.live
+    if live is None:
+        lines.append(f"published  {status.published.error}")
+    else:
+        age = status.published_age_ms or 0
+        lines.append(
+            f"published  version {live.version}  epoch {live.epoch}  by {live.leader}  "
+            f"at {_when(live.published_at)}  age {_seconds(age)}  {len(live.servers)} servers"
+        )
+        lines.extend(f"           skipped {problem}" for problem in status.published.skipped)
+    members = ", ".join(f"{i.id} ({i.address}:{i.port})" for i in by_id(status.search_servers))
+    lines.append(f"search servers ({len(status.search_servers)}): {members or '-'}")
+    lines.extend(f"  invalid {k}: {v}" for k, v in sorted(status.search_servers_invalid.items()))
+
+    shards = status.shards()
+    diff = status.differences
+    unpublished = set(diff.registered_not_published)
+    mismatched = {m.id for m in diff.mismatched}
+    lines.append(f"data servers ({len(status.data_servers)} in {len(shards)} shards):")
+    width = max((len(i) for i in status.data_servers), default=0)
+    for shard, servers in shards.items():
+        lines.append(f"  shard {shard}")
+        for instance in servers:
+            note = ""
+            if instance.id in unpublished:
+                note = "  [not published]"
+            elif instance.id in mismatched:
+                note = "  [differs from published]"
+            address = f"{instance.address}:{instance.port}"
+            lines.append(
+                f"    {instance.id:<{width}}  {address:<21}  r{instance.payload.replica}"
+                f"  {_state(instance)}{note}"
+            )
+    if status.data_servers_invalid:
+        lines.append("  invalid")
+        lines.extend(f"    {k}: {v}" for k, v in sorted(status.data_servers_invalid.items()))
+
+    if diff.in_sync:
+        lines.append("differences: none")
+        return "\n".join(lines)
+    lines.append("differences:")
+    if diff.no_leader:
+        lines.append("  no leader elected")
+    if diff.heartbeat_missing:
+        lines.append("  heartbeat missing: no leader is publishing")
+    if diff.published_missing:
+        lines.append(f"  published list {status.published.error}")
+    lines.extend(f"  leader mismatch: {m}" for m in diff.leader_mismatch)
+    if diff.registered_not_published:
+        lines.append(f"  registered, not published: {', '.join(diff.registered_not_published)}")
+    if diff.published_not_registered:
+        lines.append(f"  published, not registered: {', '.join(diff.published_not_registered)}")
+    for mismatch in diff.mismatched:
+        changes = ", ".join(
+            f"{name} {_plain(registered)} -> {_plain(published)}"
+            for name, (registered, published) in sorted(mismatch.fields.items())
+        )
+        lines.append(f"  differs {mismatch.id} (registered -> published): {changes}")
+    return "\n".join(lines)

@@ -1,0 +1,276 @@
+"""The status of a cluster as ``discovery status`` reports it, and how it is compared.
+
+:class:`ClusterStatus` is what was read (:mod:`discovery.tools.status.reader` reads it):
+the election's :class:`Contender` nodes, the registered search and data servers, the
+leader's heartbeat (:class:`~discovery.redislayout.Heartbeat`) and the published list
+(:class:`Published`). :func:`compare` finds the :class:`Differences` between what is
+registered (and elected) and what is published; it does no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from discovery.instance import ServiceInstance
+from discovery.redislayout import Heartbeat
+from discovery.store import LiveList
+
+__all__ = [
+    "ClusterStatus",
+    "Contender",
+    "Differences",
+    "Mismatch",
+    "Published",
+    "by_id",
+    "compare",
+]
+
+# The fields compared between a registration and its published entry.
+_COMPARED: Final = ("address", "port", "shard", "state", "enabled")
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One node of the election: its contender's id (the node's data), name and czxid."""
+
+    id: str
+    node: str
+    czxid: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "node": self.node, "czxid": self.czxid}
+
+
+@dataclass(frozen=True)
+class Published:
+    """The published live list ``P:live``: ``live`` is None when it is absent or unreadable
+    (``error`` says which); ``skipped`` lists server entries a reader would skip."""
+
+    live: LiveList | None
+    error: str | None = None
+    skipped: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """An id registered and published with different fields: ``{field: (registered,
+    published)}``."""
+
+    id: str
+    fields: Mapping[str, tuple[Any, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "fields": {
+                name: {"registered": registered, "published": published}
+                for name, (registered, published) in sorted(self.fields.items())
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Differences:
+    """Where the registrations and the published list (or its leader) disagree."""
+
+    registered_not_published: tuple[str, ...] = ()
+    published_not_registered: tuple[str, ...] = ()
+    mismatched: tuple[Mismatch, ...] = ()
+    no_leader: bool = False
+    heartbeat_missing: bool = False
+    published_missing: bool = False
+    leader_mismatch: tuple[str, ...] = ()
+
+    @property
+    def in_sync(self) -> bool:
+        return not (
+            self.registered_not_published
+            or self.published_not_registered
+            or self.mismatched
+            or self.no_leader
+            or self.heartbeat_missing
+            or self.published_missing
+            or self.leader_mismatch
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "in_sync": self.in_sync,
+            "registered_not_published": list(self.registered_not_published),
+            "published_not_registered": list(self.published_not_registered),
+            "mismatched": [m.to_dict() for m in self.mismatched],
+            "no_leader": self.no_leader,
+            "heartbeat_missing": self.heartbeat_missing,
+            "published_missing": self.published_missing,
+            "leader_mismatch": list(self.leader_mismatch),
+        }
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """Everything ``discovery status`` reports; :meth:`to_dict` is the ``--json`` document.
+
+    ``contenders`` are in election order, the leader first. ``data_servers`` and
+    ``search_servers`` map ids to decoded registrations; ``*_invalid`` map the ids of
+    children that are not valid ServiceInstances to the reason. ``now_ms`` is the wall
+    clock when the reads finished.
+    """
+
+    zookeeper: str
+    redis: str
+    prefix: str
+    now_ms: int
+    contenders: tuple[Contender, ...]
+    search_servers: Mapping[str, ServiceInstance]
+    search_servers_invalid: Mapping[str, str]
+    data_servers: Mapping[str, ServiceInstance]
+    data_servers_invalid: Mapping[str, str]
+    heartbeat: Heartbeat | None
+    published: Published
+    differences: Differences = field(default_factory=Differences)
+
+    @property
+    def leader(self) -> Contender | None:
+        """The election's leader: the contender with the lowest sequence node."""
+        return self.contenders[0] if self.contenders else None
+
+    @property
+    def published_age_ms(self) -> int | None:
+        live = self.published.live
+        return None if live is None else self.now_ms - live.published_at
+
+    def shards(self) -> dict[int, list[ServiceInstance]]:
+        """Registered data servers by shard (shards ascending, servers by replica and id)."""
+        by_shard: dict[int, list[ServiceInstance]] = {}
+        for instance in self.data_servers.values():
+            by_shard.setdefault(instance.payload.shard, []).append(instance)
+        return {
+            shard: sorted(by_shard[shard], key=lambda i: (i.payload.replica, i.id))
+            for shard in sorted(by_shard)
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        leader = self.leader
+        live = self.published.live
+        return {
+            "zookeeper": self.zookeeper,
+            "redis": self.redis,
+            "prefix": self.prefix,
+            "now_ms": self.now_ms,
+            "leader": {
+                "id": leader.id if leader else None,
+                "epoch": leader.czxid if leader else None,
+                "node": leader.node if leader else None,
+            },
+            "contenders": [c.to_dict() for c in self.contenders],
+            "heartbeat": None if self.heartbeat is None else self.heartbeat.to_dict(),
+            "search_servers": {
+                "count": len(self.search_servers),
+                "servers": [
+                    {"id": i.id, "address": i.address, "port": i.port}
+                    for i in by_id(self.search_servers)
+                ],
+                "invalid": _invalid_list(self.search_servers_invalid),
+            },
+            "data_servers": {
+                "count": len(self.data_servers),
+                "shards": [
+                    {"shard": shard, "servers": [_server_dict(i) for i in servers]}
+                    for shard, servers in self.shards().items()
+                ],
+                "invalid": _invalid_list(self.data_servers_invalid),
+            },
+            "published": {
+                "present": live is not None,
+                "error": self.published.error,
+                "epoch": live.epoch if live else None,
+                "version": live.version if live else None,
+                "leader": live.leader if live else None,
+                "published_at": live.published_at if live else None,
+                "age_ms": self.published_age_ms,
+                "count": len(live.servers) if live else 0,
+                "servers": [_server_dict(i) for i in by_id(live.servers)] if live else [],
+                "skipped": list(self.published.skipped),
+            },
+            "differences": self.differences.to_dict(),
+        }
+
+
+def by_id(servers: Mapping[str, ServiceInstance]) -> list[ServiceInstance]:
+    """The instances of ``servers``, ordered by id."""
+    return [servers[k] for k in sorted(servers)]
+
+
+def _invalid_list(invalid: Mapping[str, str]) -> list[dict[str, str]]:
+    return [{"id": k, "reason": invalid[k]} for k in sorted(invalid)]
+
+
+def _server_dict(instance: ServiceInstance) -> dict[str, Any]:
+    payload = instance.payload
+    return {
+        "id": instance.id,
+        "address": instance.address,
+        "port": instance.port,
+        "shard": payload.shard,
+        "replica": payload.replica,
+        "state": payload.state.value,
+        "enabled": instance.enabled,
+        "reason": payload.reason,
+        "docs": payload.docs,
+    }
+
+
+def _fields(instance: ServiceInstance) -> dict[str, Any]:
+    return {
+        "address": instance.address,
+        "port": instance.port,
+        "shard": instance.payload.shard,
+        "state": instance.payload.state.value,
+        "enabled": instance.enabled,
+    }
+
+
+def compare(
+    registered: Mapping[str, ServiceInstance],
+    contenders: tuple[Contender, ...],
+    heartbeat: Heartbeat | None,
+    published: Published,
+) -> Differences:
+    """The differences between what is registered (and elected) and what is published."""
+    live = published.live
+    listed: Mapping[str, ServiceInstance] = live.servers if live is not None else {}
+    mismatched: list[Mismatch] = []
+    for key in sorted(registered.keys() & listed.keys()):
+        mine, theirs = _fields(registered[key]), _fields(listed[key])
+        diff = {f: (mine[f], theirs[f]) for f in _COMPARED if mine[f] != theirs[f]}
+        if diff:
+            mismatched.append(Mismatch(key, diff))
+    leader = contenders[0] if contenders else None
+    leader_mismatch: list[str] = []
+    if leader is not None:
+        for what, other_leader, other_epoch in (
+            ("published", live.leader if live else None, live.epoch if live else None),
+            (
+                "heartbeat",
+                heartbeat.leader if heartbeat else None,
+                heartbeat.epoch if heartbeat else None,
+            ),
+        ):
+            if other_epoch is None:
+                continue  # missing: reported on its own
+            if (other_leader, other_epoch) != (leader.id, leader.czxid):
+                leader_mismatch.append(
+                    f"{what} by {other_leader!r} epoch {other_epoch}, "
+                    f"elected {leader.id!r} epoch {leader.czxid}"
+                )
+    return Differences(
+        registered_not_published=tuple(sorted(registered.keys() - listed.keys())),
+        published_not_registered=tuple(sorted(listed.keys() - registered.keys())),
+        mismatched=tuple(mismatched),
+        no_leader=leader is None,
+        heartbeat_missing=heartbeat is None,
+        published_missing=live is None,
+        leader_mismatch=tuple(leader_mismatch),
+    )

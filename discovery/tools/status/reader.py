@@ -1,0 +1,320 @@
+"""Reading a cluster's status: ZooKeeper and Redis, read once, never written.
+
+* **ZooKeeper** (through :class:`~discovery.zk.ZkSession`'s asynchronous reads, never a
+  blocking kazoo call on the loop): the election's contenders under
+  ``/search_servers/election`` (the leader holds the lowest sequence node, and that
+  node's czxid is its epoch, exactly as :mod:`discovery.election` computes it), the
+  search servers under ``/search_servers/members`` and the data servers under
+  ``/data_servers``. A child that is not a valid ServiceInstance is listed as invalid
+  with the reason, as :class:`~discovery.membership.MembershipWatcher` would skip it.
+* **Redis** (one MULTI/EXEC, so the keys are read at one instant): the published
+  list ``P:live`` and the leader's heartbeat ``P:leader`` with its remaining TTL,
+  decoded by the contract module :mod:`discovery.redislayout`.
+
+The ZooKeeper and Redis reads are not one atomic snapshot: while the cluster changes
+(a server registers, a leader takes over) a difference may show for the moment the
+leader needs to publish it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from discovery.config import ClusterConfig, ZkConfig, redact_url
+from discovery.errors import (
+    InvalidInstanceError,
+    MalformedLiveListError,
+    PayloadTooLargeError,
+    RedisAccessError,
+    RedisOperationError,
+    StatusError,
+    ZkError,
+    ZkNoNodeError,
+)
+from discovery.instance import ServiceInstance
+from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
+from discovery.redisconn import RedisRole, make_redis
+from discovery.redislayout import (
+    Heartbeat,
+    RedisKeys,
+    parse_heartbeat,
+    parse_snapshot,
+    translate_redis_error,
+)
+from discovery.zk import NodeStat, ZkSession
+
+from .model import ClusterStatus, Contender, Published, compare
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "REDIS_TIMEOUT",
+    "collect_status",
+    "describe_redis",
+    "fetch_status",
+    "read_contenders",
+    "read_directory",
+    "read_redis",
+]
+
+log = logging.getLogger(__name__)
+
+#: ``--zk-connect-timeout`` default of this command: an operator waiting at a prompt
+#: wants an answer in seconds, not the 30 s a server grants itself at start-up.
+CONNECT_TIMEOUT: Final = 5.0
+#: Socket connect and read timeout for Redis; no retries.
+REDIS_TIMEOUT: Final = 2.0
+# Concurrent znode reads, so that 10,000 children neither take long nor flood the server.
+_READ_CONCURRENCY: Final = 32
+# kazoo's lock recipe names contenders ``<uuid>__lock__<10-digit sequence>`` and orders
+# them by the sequence text (see kazoo.recipe.lock.Lock.contenders).
+_CONTENDER_RE: Final = re.compile(r"__lock__(-?\d{10})$")
+
+
+async def _children(session: ZkSession, path: str) -> list[str]:
+    try:
+        return await session.get_children(path)
+    except ZkNoNodeError:
+        return []  # nothing ever registered there
+
+
+async def _read_all(
+    session: ZkSession, path: str, children: Iterable[str]
+) -> dict[str, tuple[bytes, NodeStat]]:
+    """Data and stat of each child; children deleted meanwhile are left out."""
+    slots = asyncio.Semaphore(_READ_CONCURRENCY)
+
+    async def read(child: str) -> tuple[str, tuple[bytes, NodeStat] | None]:
+        async with slots:
+            try:
+                return child, await session.get(f"{path}/{child}")
+            except ZkNoNodeError:
+                return child, None
+
+    results = await asyncio.gather(*(read(child) for child in children))
+    return {child: value for child, value in results if value is not None}
+
+
+async def read_directory(
+    session: ZkSession, path: str
+) -> tuple[dict[str, ServiceInstance], dict[str, str]]:
+    """Decode the ServiceInstances under ``path``: ``(valid by id, invalid id -> reason)``.
+
+    A child is invalid, as for the membership watcher, when it is too large, not a
+    valid ServiceInstance, or holds an ``id`` other than its znode name.
+    """
+    nodes = await _read_all(session, path, await _children(session, path))
+    valid: dict[str, ServiceInstance] = {}
+    invalid: dict[str, str] = {}
+    for child, (data, _stat) in nodes.items():
+        try:
+            instance = ServiceInstance.from_json(data)
+        except PayloadTooLargeError as exc:
+            invalid[child] = f"too_large: {exc}"
+            continue
+        except InvalidInstanceError as exc:
+            invalid[child] = f"malformed: {exc}"
+            continue
+        if instance.id != child:
+            invalid[child] = f"id_mismatch: znode {child!r} holds id {instance.id!r}"
+            continue
+        valid[child] = instance
+    return valid, invalid
+
+
+async def read_contenders(session: ZkSession, path: str = SEARCH_ELECTION_PATH) -> list[Contender]:
+    """The election's contenders in kazoo's order (lowest sequence, the leader, first)."""
+    matches = {
+        c: m.group(1) for c in await _children(session, path) if (m := _CONTENDER_RE.search(c))
+    }
+    ordered = sorted(matches, key=lambda c: matches[c])
+    nodes = await _read_all(session, path, ordered)
+    return [
+        Contender(nodes[c][0].decode("utf-8", errors="replace"), c, nodes[c][1].czxid)
+        for c in ordered
+        if c in nodes
+    ]
+
+
+def _parse_published(raw: bytes | str | None) -> Published:
+    if raw is None:
+        return Published(None, error="missing")
+    try:
+        live, problems = parse_snapshot(raw)
+    except MalformedLiveListError as exc:
+        return Published(None, error=f"invalid: {exc}")
+    return Published(live, skipped=tuple(problems))
+
+
+async def read_redis(redis: aioredis.Redis, prefix: str) -> tuple[Heartbeat | None, Published]:
+    """Read ``P:live``, ``P:leader`` and its TTL in one MULTI/EXEC.
+
+    Raises:
+        RedisOperationError: Redis failed (:class:`RedisUnavailableError` if unreachable).
+    """
+    keys = RedisKeys(prefix)
+    try:
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.get(keys.live)
+            pipe.get(keys.leader)
+            pipe.pttl(keys.leader)
+            raw_live, raw_leader, ttl_ms = await pipe.execute()
+    except (redis_errors.RedisError, OSError) as exc:
+        raise translate_redis_error(exc) from exc
+    heartbeat = None if raw_leader is None else parse_heartbeat(raw_leader, int(ttl_ms))
+    return heartbeat, _parse_published(raw_live)
+
+
+def describe_redis(redis: aioredis.Redis) -> str:
+    """Where a client connects, without credentials (``host:port/db`` or the socket path)."""
+    kwargs = redis.connection_pool.connection_kwargs
+    db = kwargs.get("db", 0)
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']}/{db}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}"
+
+
+async def collect_status(
+    session: ZkSession,
+    redis: aioredis.Redis,
+    prefix: str,
+    *,
+    clock: Callable[[], float] = time.time,
+) -> ClusterStatus:
+    """Read the cluster's registrations, election and published list, and compare them.
+
+    ``session`` must be started; ``prefix`` is the Redis key prefix
+    (``discovery:<cluster>``). The ZooKeeper and Redis reads run concurrently.
+
+    Raises:
+        ZkError: a ZooKeeper read failed (ZkConnectionError if unreachable).
+        RedisOperationError: a Redis read failed (RedisUnavailableError if unreachable).
+    """
+    (
+        contenders,
+        (search_servers, search_invalid),
+        (data_servers, data_invalid),
+        (heartbeat, published),
+    ) = await _gather_first_error(
+        read_contenders(session),
+        read_directory(session, SEARCH_MEMBERS_PATH),
+        read_directory(session, DATA_SERVERS_PATH),
+        read_redis(redis, prefix),
+    )
+    elected = tuple(contenders)
+    status = ClusterStatus(
+        zookeeper=session.hosts,
+        redis=describe_redis(redis),
+        prefix=prefix,
+        now_ms=int(clock() * 1000),
+        contenders=elected,
+        search_servers=search_servers,
+        search_servers_invalid=search_invalid,
+        data_servers=data_servers,
+        data_servers_invalid=data_invalid,
+        heartbeat=heartbeat,
+        published=published,
+    )
+    differences = compare(data_servers, elected, heartbeat, published)
+    log.debug(
+        "%s: %d data servers registered, %d contenders, in sync: %s",
+        prefix,
+        len(data_servers),
+        len(elected),
+        differences.in_sync,
+    )
+    return dataclasses.replace(status, differences=differences)
+
+
+async def _gather_first_error(*aws: Awaitable[Any]) -> list[Any]:
+    """Like ``asyncio.gather`` but cancels the other reads when one fails."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+async def _open_zk(config: ZkConfig) -> ZkSession:
+    session = ZkSession.from_config(config)
+    try:
+        await session.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await session.aclose()
+        raise
+    return session
+
+
+async def _open_redis(cluster: ClusterConfig) -> aioredis.Redis:
+    # The reading role's credentials suffice: status only reads (GET, PTTL, MULTI/EXEC).
+    client = make_redis(
+        cluster,
+        role=RedisRole.READ,
+        socket_timeout=REDIS_TIMEOUT,
+        socket_connect_timeout=REDIS_TIMEOUT,
+        # A status command answers now or says it cannot: no backoff between retries.
+        retry=Retry(NoBackoff(), 0),
+    )
+    try:
+        await client.ping()
+    except BaseException:
+        await client.aclose()
+        raise
+    return client
+
+
+async def fetch_status(zk: ZkConfig, cluster: ClusterConfig) -> ClusterStatus:
+    """Connect to ZooKeeper and Redis (concurrently), collect the status, disconnect.
+
+    Raises:
+        StatusError: one line per system that could not be reached or read, naming it
+            and where (Redis passwords are not shown).
+    """
+    redis_where = redact_url(cluster.redis_url)
+    zk_result, redis_result = await asyncio.gather(
+        _open_zk(zk), _open_redis(cluster), return_exceptions=True
+    )
+    try:
+        failures: list[str] = []
+        for what, where, result in (
+            ("ZooKeeper", zk.hosts, zk_result),
+            ("Redis", redis_where, redis_result),
+        ):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result  # KeyboardInterrupt, CancelledError
+                failures.append(f"cannot reach {what} at {where}: {_one_line(result)}")
+        if failures:
+            raise StatusError("\n".join(failures))
+        assert isinstance(zk_result, ZkSession)
+        assert isinstance(redis_result, aioredis.Redis)
+        try:
+            return await collect_status(zk_result, redis_result, cluster.redis_prefix)
+        except ZkError as exc:
+            raise StatusError(f"cannot read ZooKeeper at {zk.hosts}: {_one_line(exc)}") from exc
+        except (RedisOperationError, RedisAccessError) as exc:
+            raise StatusError(f"cannot read Redis at {redis_where}: {_one_line(exc)}") from exc
+    finally:
+        if isinstance(zk_result, ZkSession):
+            await zk_result.aclose()
+        if isinstance(redis_result, aioredis.Redis):
+            await redis_result.aclose()
