@@ -242,6 +242,6 @@ class MalformedLiveListError(DiscoveryError):
 class OverloadedError(DiscoveryError):
     """Admission control refused a query: ``max_in_flight`` queries are already running.
 
-    The HTTP handler should answer 503 (with ``Retry-After``) so that clients and load
-    balancers back off or go to another search server.
+    The HTTP handler answers 503 at once, so that clients and load balancers back off or
+    go to another search server instead of queueing behind a slow cluster.
     """

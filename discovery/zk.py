@@ -2,7 +2,10 @@
 
 kazoo is threaded: its connection thread reports state changes to listeners and its
 callback thread runs watch functions and completes asynchronous results. This module
-is the only bridge between those threads and the event loop:
+is the bridge between those threads and the event loop for every ZooKeeper operation,
+watch and state change (the other two bridges of the project are the election's
+thread, :mod:`discovery.election`, and the agent's own loop,
+:mod:`discovery.loopthread`):
 
 * state changes are handed to the loop with ``loop.call_soon_threadsafe`` and fanned
   out to :meth:`ZkSession.subscribe` subscribers as :class:`SessionEvent` values; the

@@ -1,8 +1,11 @@
-"""A search server: follows the data servers and, later, fans queries out to them.
+"""A search server: takes part in the leader election, publishes the live list while it
+leads, and fans every query out to one live replica per shard under a deadline.
 
-For now it watches ``/data_servers`` directly and shows its view at ``/cluster``;
-leader election, publishing to Redis and the fan-out come with the search-server
-issue (only the leader will watch ZooKeeper then).
+:mod:`.server` is the process (election, the leader's duty, the live-list follower, the
+HTTP API and the dashboard, :mod:`.dashboard`); :mod:`.fanout` the fan-out with its
+deadlines, retries, outlier ejection and admission control; :mod:`.picking` the replica
+picker seam (power of two choices by default). An application on the ``discovery``
+library; it never imports ``data_server``.
 """
 
 __all__: list[str] = []

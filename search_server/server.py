@@ -50,6 +50,7 @@ from discovery.zk import ZkSession
 from .config import SearchServerConfig
 from .dashboard import EventStream, MemberCache, QueryStats
 from .fanout import FanOut
+from .picking import ReplicaPicker
 
 __all__ = ["MAX_K", "MAX_QUERY_LENGTH", "SearchServer"]
 
@@ -64,8 +65,10 @@ class SearchServer:
 
     ``store`` is where the live list is published and read; by default a
     :class:`~discovery.redisstore.RedisLiveStore` on ``config.cluster`` that the server
-    opens and closes itself (a store passed in stays the caller's to close). Metrics go
-    to ``registry`` (a fresh one if None).
+    opens and closes itself (a store passed in stays the caller's to close). ``picker``
+    chooses a replica per shard for the fan-out (default
+    :class:`~search_server.picking.PowerOfTwoChoices`). Metrics go to ``registry`` (a
+    fresh one if None).
     """
 
     def __init__(
@@ -74,10 +77,12 @@ class SearchServer:
         *,
         registry: CollectorRegistry | None = None,
         store: LiveListStore | None = None,
+        picker: ReplicaPicker | None = None,
     ) -> None:
         self.config = config
         self.registry = registry if registry is not None else CollectorRegistry()
         self._store = store
+        self._picker = picker
         self.port: int | None = None
         self.server_id = config.server_id or ""
         self._runner: web.AppRunner | None = None
@@ -175,6 +180,7 @@ class SearchServer:
             eject_cooldown=config.eject_cooldown,
             max_ejected_share=config.max_ejected_percent / 100,
             registry=self.registry,
+            picker=self._picker,
         )
         await stack.enter_async_context(
             Registration(self.session, self._member_instance(), base_path=SEARCH_MEMBERS_PATH)

@@ -24,9 +24,11 @@ from redis.backoff import ExponentialBackoff
 from data_server.config import DataServerConfig
 from data_server.server import DataServer
 from discovery.config import AgentConfig, ClusterConfig, RedisConfig, ZkConfig
+from discovery.store import LiveListStore
 from discovery.testing import RedisServer, ZooKeeperEnsemble
 from discovery.zk import ZkSession
 from search_server.config import SearchServerConfig
+from search_server.picking import ReplicaPicker
 from search_server.server import SearchServer
 from tests.support import (
     FAST_AGENT,
@@ -216,6 +218,8 @@ async def make_search_server(
         zk: str | None = None,
         session_timeout: float = SESSION_TIMEOUT,
         zk_auth: str | None = None,
+        store: LiveListStore | None = None,
+        picker: ReplicaPicker | None = None,
         **fields: object,
     ) -> SearchServer:
         fields.setdefault("heartbeat_interval", 0.2)
@@ -236,7 +240,7 @@ async def make_search_server(
             port=0,
             **fields,  # type: ignore[arg-type]
         )
-        server = SearchServer(config)
+        server = SearchServer(config, store=store, picker=picker)
         servers.append(server)
         await server.start()
         return server

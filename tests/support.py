@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import inspect
 import io
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import aiohttp
+from prometheus_client import CollectorRegistry
 
 from data_server.server import DataServer
+from discovery.agent import Agent
 from discovery.config import AgentConfig
 from discovery.instance import InstancePayload, ServiceInstance
 from discovery.zk import ZkSession
@@ -46,7 +51,7 @@ CURATOR_FIELD_ORDER = [
 
 #: ``await make_data_server(*, agent=FAST_AGENT, admin_token=None, **DataServerConfig fields)``
 DataServerFactory = Callable[..., Awaitable[DataServer]]
-#: ``await make_search_server(*, redis_url=None, zk=None, session_timeout=..., **fields)``
+#: ``await make_search_server(*, redis_url=None, zk=None, store=None, picker=None, **fields)``
 SearchServerFactory = Callable[..., Awaitable[SearchServer]]
 
 
@@ -79,6 +84,131 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"{message} not reached within {timeout}s (last: {last!r})")
         await asyncio.sleep(interval)  # ok-sleep: the polling interval of a deadline-bounded wait
+
+
+async def waited(awaitable: Awaitable[T], what: str, *, timeout: float | None = None) -> T:
+    """Await ``awaitable`` and return its result; a timeout fails naming ``what``.
+
+    For waits with a deadline of their own that end in a bare ``TimeoutError``
+    (``watcher.wait_until(..., timeout=10)``, ``reader.wait_until(...)``), and, given
+    ``timeout``, for any other awaitable (``process.wait()``, ``anext(events)``, a task).
+    Without ``timeout`` the awaitable must bound itself.
+    """
+    started = time.monotonic()
+    try:
+        if timeout is None:
+            return await awaitable
+        async with asyncio.timeout(timeout):
+            return await awaitable
+    except TimeoutError as exc:
+        elapsed = time.monotonic() - started
+        raise AssertionError(f"timed out after {elapsed:.1f}s waiting for {what}") from exc
+
+
+@contextlib.asynccontextmanager
+async def within(timeout: float, what: str) -> AsyncIterator[None]:
+    """Run the ``async with`` block with a deadline; past it, fail naming ``what``.
+
+    For waits that are a block rather than one awaitable, such as reading a stream of
+    changes (``async for``) until the one expected arrives.
+    """
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout):
+            yield
+    except TimeoutError as exc:
+        elapsed = time.monotonic() - started
+        raise AssertionError(f"timed out after {elapsed:.1f}s waiting for {what}") from exc
+
+
+async def next_change(
+    changes: AsyncIterator[T], matches: Callable[[T], bool], what: str, *, timeout: float = 30.0
+) -> T:
+    """Read ``changes`` (a subscription) up to the first item that ``matches``; return it.
+
+    Fails naming ``what`` if none arrives within ``timeout`` or the stream ends first.
+    """
+    async with within(timeout, what):
+        async for change in changes:
+            if matches(change):
+                return change
+    raise AssertionError(f"the stream ended before {what}")
+
+
+async def reap(process: asyncio.subprocess.Process, *, timeout: float = 30.0) -> None:
+    """Kill ``process`` if it still runs and wait for it to exit (at most ``timeout``)."""
+    if process.returncode is None:
+        process.kill()
+        await waited(process.wait(), f"process {process.pid} to exit on SIGKILL", timeout=timeout)
+
+
+class FakeClock:
+    """A clock that stands still: tests move it by setting ``now`` or with :meth:`advance`
+    (standing for waiting out a window or a cool-down)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def view(*instances: ServiceInstance) -> dict[str, ServiceInstance]:
+    """A membership view of ``instances``: each under its id (what a watcher, a live list
+    or a publisher holds)."""
+    return {instance.id: instance for instance in instances}
+
+
+def instance_of(server: DataServer) -> ServiceInstance:
+    """The ServiceInstance an in-process data server's agent registers."""
+    assert server.agent is not None
+    return server.agent.instance
+
+
+def live_ids(server: SearchServer) -> set[str]:
+    """The ids in a search server's current live list (as its reader last applied it)."""
+    assert server.reader is not None
+    return set(server.reader.current.servers)
+
+
+async def all_see(servers: list[SearchServer], ids: set[str], *, timeout: float = 15.0) -> None:
+    """Wait until every one of ``servers`` has exactly ``ids`` in its live list."""
+    await eventually(
+        lambda: all(live_ids(s) == ids for s in servers), timeout=timeout, message=f"all see {ids}"
+    )
+
+
+async def absent(session: ZkSession, path: str) -> bool:
+    """True if ``path`` does not exist in ZooKeeper (a probe for :func:`eventually`)."""
+    return await session.exists(path) is None
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """A metric's current value in ``registry``; 0 if it has no sample yet."""
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+async def more_probes(agent: Agent, count: int) -> None:
+    """Wait until ``agent`` has made ``count`` more successful probes than it had made on
+    entry (it must have made at least one by then)."""
+
+    def ok_probes() -> float | None:
+        return agent.registry.get_sample_value("discovery_agent_probes_total", {"result": "ok"})
+
+    start = ok_probes()
+    assert start is not None, "no successful probe yet"
+    await eventually(
+        lambda: (ok_probes() or 0) >= start + count, message=f"{count} more successful probes"
+    )
+
+
+async def get_json(url: str, **params: str) -> tuple[int, Any]:
+    """``GET url?params`` in a session of its own: (status, decoded JSON body)."""
+    async with aiohttp.ClientSession() as client, client.get(url, params=params) as response:
+        return response.status, await response.json()
 
 
 def make_instance(

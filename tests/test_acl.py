@@ -37,8 +37,11 @@ from tests.support import (
     DataServerFactory,
     SearchServerFactory,
     SessionFactory,
+    absent,
     eventually,
     make_instance,
+    more_probes,
+    waited,
 )
 
 ADMIN = "admin:admin-pw"
@@ -322,11 +325,11 @@ async def test_agent_goes_offline_at_once_and_comes_back_by_ending_its_session(
         assert (await observer.get(path))[1].ephemeral_owner == first
 
         await agent.atake_offline("test")
-        await eventually(lambda: _absent(observer, path), timeout=10, message="gone")
+        await eventually(lambda: absent(observer, path), timeout=10, message="gone")
         assert agent.session is not None
         assert agent.session.session_id != first
         # The new session must not bring the node back while we are offline.
-        await _more_probes(agent, 3)
+        await more_probes(agent, 3)
         assert await observer.exists(path) is None
         assert agent.status().state is AgentState.ADMIN_OFFLINE
 
@@ -337,13 +340,17 @@ async def test_agent_goes_offline_at_once_and_comes_back_by_ending_its_session(
 
         # Drain: the node is marked draining (a write only we may make), then removed.
         drain = asyncio.ensure_future(agent.adrain(grace=30))
-        await eventually(lambda: _state_of(observer, path, InstanceState.DRAINING), timeout=10)
+        await eventually(
+            lambda: _state_of(observer, path, InstanceState.DRAINING),
+            timeout=10,
+            message="ds-agent marked draining",
+        )
         drain.cancel()  # cuts the grace short; the node still goes with the session
         with contextlib.suppress(asyncio.CancelledError):
             await drain
     finally:
         await agent.astop()
-    await eventually(lambda: _absent(observer, path), timeout=10, message="gone after stop")
+    await eventually(lambda: absent(observer, path), timeout=10, message="gone after stop")
 
 
 async def test_a_stale_node_of_an_earlier_incarnation_is_waited_out(
@@ -385,7 +392,10 @@ async def test_data_and_search_servers_with_their_identities(
 
     await eventually(lambda: search.is_leader, message="the search server leads")
     assert search.reader is not None
-    await search.reader.wait_until(lambda live: "ds-auth" in live.servers, timeout=15)
+    await waited(
+        search.reader.wait_until(lambda live: "ds-auth" in live.servers, timeout=15),
+        "ds-auth in the live list",
+    )
     (election_node,) = await observer.get_children(SEARCH_ELECTION_PATH)
     election_acl = await observer.get_acls(f"{SEARCH_ELECTION_PATH}/{election_node}")
     assert sorted(describe_acl(election_acl)) == ["digest:search:ALL", "world:anyone:READ"]
@@ -395,9 +405,15 @@ async def test_data_and_search_servers_with_their_identities(
     # The data server's own admin API takes it offline and back, ACLs notwithstanding.
     assert data_server.agent is not None
     await data_server.agent.atake_offline("test")
-    await search.reader.wait_until(lambda live: "ds-auth" not in live.servers, timeout=15)
+    await waited(
+        search.reader.wait_until(lambda live: "ds-auth" not in live.servers, timeout=15),
+        "ds-auth to leave the live list",
+    )
     await data_server.agent.abring_online()
-    await search.reader.wait_until(lambda live: "ds-auth" in live.servers, timeout=15)
+    await waited(
+        search.reader.wait_until(lambda live: "ds-auth" in live.servers, timeout=15),
+        "ds-auth back in the live list",
+    )
 
 
 async def test_a_data_server_identity_cannot_take_part_in_the_election(
@@ -435,23 +451,9 @@ async def test_a_wrong_password_is_a_clear_error_at_start_up(
 # -- helpers ---------------------------------------------------------------------------------
 
 
-async def _absent(session: ZkSession, path: str) -> bool:
-    return await session.exists(path) is None
-
-
 async def _state_of(session: ZkSession, path: str, state: InstanceState) -> bool:
     try:
         data, _ = await session.get(path)
     except ZkNoNodeError:
         return False
     return ServiceInstance.from_json(data).payload.state is state
-
-
-async def _more_probes(agent: Agent, count: int) -> None:
-    def probes() -> float:
-        return (
-            agent.registry.get_sample_value("discovery_agent_probes_total", {"result": "ok"}) or 0
-        )
-
-    start = probes()
-    await eventually(lambda: probes() >= start + count, message=f"{count} more probes")

@@ -29,19 +29,15 @@ from discovery.metrics import MassLossBrakeMetrics
 from discovery.zk import ZkSession
 from search_server.config import SearchServerConfig, build_parser
 from search_server.server import SearchServer
-from tests.support import SearchServerFactory, SessionFactory, eventually, make_instance
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _view(instances: list[ServiceInstance]) -> dict[str, ServiceInstance]:
-    return {i.id: i for i in instances}
+from tests.support import (
+    FakeClock,
+    SearchServerFactory,
+    SessionFactory,
+    eventually,
+    live_ids,
+    make_instance,
+    view,
+)
 
 
 def _fleet(n: int) -> list[ServiceInstance]:
@@ -65,7 +61,7 @@ def _brake(
 
 def test_losses_up_to_the_threshold_pass_and_one_more_engages() -> None:
     clock = FakeClock()
-    full = _view(_fleet(10))
+    full = view(*_fleet(10))
     # 3 of 10 is exactly 30 %: not more than the fraction, so they pass at once.
     below = _brake(clock)
     below.apply(full)
@@ -92,14 +88,14 @@ def test_losses_up_to_the_threshold_pass_and_one_more_engages() -> None:
 
 def test_min_count_keeps_small_clusters_from_engaging() -> None:
     clock = FakeClock()
-    pair = _view(_fleet(2))
+    pair = view(*_fleet(2))
     brake = _brake(clock)
     brake.apply(pair)
     # One of two is 50 %, far above the fraction, but fewer than min_count servers.
     assert set(brake.apply(_without(pair, "ds-00")).members) == {"ds-01"}
     assert not brake.engaged
 
-    five = _view(_fleet(5))
+    five = view(*_fleet(5))
     brake = _brake(clock, min_count=3)
     brake.apply(five)
     assert len(brake.apply(_without(five, "ds-00", "ds-01")).members) == 3
@@ -124,7 +120,7 @@ def test_min_count_keeps_small_clusters_from_engaging() -> None:
 
 def test_losses_spread_wider_than_the_window_do_not_add_up() -> None:
     clock = FakeClock()
-    full = _view(_fleet(10))
+    full = view(*_fleet(10))
     brake = _brake(clock, window=10.0)
     brake.apply(full)
     brake.apply(_without(full, "ds-00", "ds-01"))
@@ -147,7 +143,7 @@ def test_losses_spread_wider_than_the_window_do_not_add_up() -> None:
 def test_held_removals_are_released_at_the_end_of_the_hold_and_no_later() -> None:
     clock = FakeClock()
     registry = CollectorRegistry()
-    full = _view(_fleet(10))
+    full = view(*_fleet(10))
     brake = _brake(clock, registry, hold=30.0)
     brake.apply(full)
     gone = ("ds-00", "ds-01", "ds-02", "ds-03", "ds-04")
@@ -182,7 +178,7 @@ def test_servers_that_come_back_during_the_hold_stay_and_the_rest_are_released()
     clock = FakeClock()
     registry = CollectorRegistry()
     fleet = _fleet(10)
-    full = _view(fleet)
+    full = view(*fleet)
     brake = _brake(clock, registry)
     brake.apply(full)
     gone = ("ds-00", "ds-01", "ds-02", "ds-03")
@@ -191,14 +187,14 @@ def test_servers_that_come_back_during_the_hold_stay_and_the_rest_are_released()
     clock.now += 5
     # ds-00 re-registers (a new registration time: a changed entry, not a held one).
     back = make_instance("ds-00", 9000, shard=0, docs=2000)
-    view = {**_without(full, *gone), "ds-00": back}
-    decision = brake.apply(view)
+    current = {**_without(full, *gone), "ds-00": back}
+    decision = brake.apply(current)
     assert decision.members["ds-00"] == back
     assert set(brake.held) == {"ds-01", "ds-02", "ds-03"}
 
     clock.now += 25
-    decision = brake.apply(view)
-    assert set(decision.members) == set(view)
+    decision = brake.apply(current)
+    assert set(decision.members) == set(current)
     assert decision.released == {"ds-01", "ds-02", "ds-03"}
     released = "discovery_leader_mass_loss_released_total"
     assert registry.get_sample_value(released, {"outcome": "returned"}) == 1
@@ -207,7 +203,7 @@ def test_servers_that_come_back_during_the_hold_stay_and_the_rest_are_released()
 
 def test_brake_disengages_early_when_everything_held_came_back() -> None:
     clock = FakeClock()
-    full = _view(_fleet(10))
+    full = view(*_fleet(10))
     brake = _brake(clock)
     brake.apply(full)
     brake.apply(_without(full, "ds-00", "ds-01", "ds-02", "ds-03"))
@@ -221,7 +217,7 @@ def test_brake_disengages_early_when_everything_held_came_back() -> None:
 def test_announced_departures_are_never_held() -> None:
     clock = FakeClock()
     fleet = _fleet(10)
-    full = _view(fleet)
+    full = view(*fleet)
     brake = _brake(clock)
     brake.apply(full)
     # Five servers drain (announce it), then their nodes go: a deliberate removal.
@@ -246,36 +242,36 @@ def test_announced_departures_are_never_held() -> None:
 
 def test_additions_and_changes_pass_while_engaged_and_later_losses_join_the_hold() -> None:
     clock = FakeClock()
-    full = _view(_fleet(10))
+    full = view(*_fleet(10))
     brake = _brake(clock, hold=30.0)
     brake.apply(full)
     brake.apply(_without(full, "ds-00", "ds-01", "ds-02", "ds-03"))
     clock.now += 10
     new = make_instance("ds-new", 9999)
     changed = full["ds-05"].with_state(InstanceState.DRAINING, reason="draining")
-    view = {**_without(full, "ds-00", "ds-01", "ds-02", "ds-03", "ds-04"), "ds-new": new}
-    view["ds-05"] = changed
-    decision = brake.apply(view)
+    current = {**_without(full, "ds-00", "ds-01", "ds-02", "ds-03", "ds-04"), "ds-new": new}
+    current["ds-05"] = changed
+    decision = brake.apply(current)
     assert decision.members["ds-new"] == new
     assert decision.members["ds-05"] == changed
     # ds-04 vanished during the partition: held too, for hold seconds of its own.
     assert set(brake.held) == {"ds-00", "ds-01", "ds-02", "ds-03", "ds-04"}
     clock.now += 20
-    decision = brake.apply(view)
+    decision = brake.apply(current)
     assert decision.released == {"ds-00", "ds-01", "ds-02", "ds-03"}
-    assert set(decision.members) == set(view) | {"ds-04"}
+    assert set(decision.members) == set(current) | {"ds-04"}
     assert brake.engaged
     clock.now += 10
-    decision = brake.apply(view)
+    decision = brake.apply(current)
     assert decision.released == {"ds-04"}
-    assert set(decision.members) == set(view)
+    assert set(decision.members) == set(current)
     assert not brake.engaged
 
 
 @pytest.mark.parametrize("config", [{"fraction": 1.0}, {"hold": 0.0}])
 def test_fraction_one_or_hold_zero_disables_the_brake(config: dict[str, float]) -> None:
     clock = FakeClock()
-    full = _view(_fleet(10))
+    full = view(*_fleet(10))
     brake = _brake(clock, None, **config)
     brake.apply(full)
     assert brake.apply({}).members == {}
@@ -304,19 +300,19 @@ def test_no_removal_is_ever_held_longer_than_hold(
     clock = FakeClock()
     fleet = _fleet(12)
     brake = _brake(clock, hold=hold, window=window, fraction=0.2, min_count=2)
-    brake.apply(_view(fleet))
+    brake.apply(view(*fleet))
     gone_since: dict[str, float] = {}
     for advance, absent in steps:
         clock.now += advance
-        view = _view([i for n, i in enumerate(fleet) if n not in absent])
+        current = view(*(i for n, i in enumerate(fleet) if n not in absent))
         for instance in fleet:
-            if instance.id in view:
+            if instance.id in current:
                 gone_since.pop(instance.id, None)
             else:
                 gone_since.setdefault(instance.id, clock.now)
-        published = brake.apply(view).members
-        assert set(view) <= set(published)
-        for instance_id in set(published) - set(view):
+        published = brake.apply(current).members
+        assert set(current) <= set(published)
+        for instance_id in set(published) - set(current):
             assert clock.now - gone_since[instance_id] < hold + 1e-9
         release = brake.seconds_until_release()
         assert release is None or release <= hold + 1e-9
@@ -383,11 +379,6 @@ async def _register(session: ZkSession, instances: list[ServiceInstance]) -> Non
         )
 
 
-def _routed(server: SearchServer) -> set[str]:
-    assert server.reader is not None
-    return set(server.reader.current.servers)
-
-
 async def _published(client: aioredis.Redis, prefix: str) -> tuple[int, set[str]]:
     raw = await client.get(f"{prefix}:live")
     if raw is None:
@@ -447,19 +438,19 @@ async def test_losses_below_the_threshold_are_removed_at_once(
     await _register(leaving, fleet[8:])
     # A hold far longer than the wait below: a removal seen within it was not held.
     leader = await _leader(make_search_server, fraction=0.3, window=10, hold=120, min_count=3)
-    await eventually(lambda: len(_routed(leader)) == 10, message="all ten routed")
+    await eventually(lambda: len(live_ids(leader)) == 10, message="all ten routed")
 
     await leaving.aclose()  # 2 of 10: under min_count and under 30 %
 
     expected = {i.id for i in fleet[:8]}
-    await eventually(lambda: _routed(leader) == expected, timeout=20, message="removed")
+    await eventually(lambda: live_ids(leader) == expected, timeout=20, message="removed")
     assert (await _published(client, redis_prefix))[1] == expected
     assert leader.registry.get_sample_value(_METRIC) == 0
     assert leader.registry.get_sample_value("discovery_leader_mass_loss_engagements_total") == 0
     assert leader.cluster_view()["mass_loss_brake"]["engaged"] is False
     # Only the leader runs the brake; another search server says it does not know.
     other = await make_search_server(server_id="ss-other")
-    await eventually(lambda: _routed(other) == expected, message="follower routed")
+    await eventually(lambda: live_ids(other) == expected, message="follower routed")
     assert other.cluster_view()["mass_loss_brake"] is None
 
 
@@ -478,7 +469,7 @@ async def test_mass_loss_is_held_for_the_hold_then_published(
     await _register(rack, fleet[4:])
     leader = await _leader(make_search_server, fraction=0.3, window=10, hold=hold, min_count=3)
     everyone = {i.id for i in fleet}
-    await eventually(lambda: _routed(leader) == everyone, message="all ten routed")
+    await eventually(lambda: live_ids(leader) == everyone, message="all ten routed")
 
     async with EventLog(client, redis_prefix) as events:
         started = time.monotonic()
@@ -488,7 +479,7 @@ async def test_mass_loss_is_held_for_the_hold_then_published(
         # Held: still published and routed, unchanged; the metrics and /cluster say so.
         version, published = await _published(client, redis_prefix)
         assert published == everyone
-        assert _routed(leader) == everyone
+        assert live_ids(leader) == everyone
         assert leader.registry.get_sample_value("discovery_leader_mass_loss_held") == 6
         async with (
             aiohttp.ClientSession() as http,
@@ -511,7 +502,7 @@ async def test_mass_loss_is_held_for_the_hold_then_published(
         # Released at the end of the hold, not before and not long after.
         remaining = {i.id for i in fleet[:4]}
         await eventually(
-            lambda: _routed(leader) == remaining, timeout=hold + 15, message="released"
+            lambda: live_ids(leader) == remaining, timeout=hold + 15, message="released"
         )
         assert time.monotonic() - started >= hold - 0.05
         assert (await _published(client, redis_prefix))[1] == remaining
@@ -554,7 +545,7 @@ async def test_separate_sessions_lost_together_are_held_and_returners_stay(
         min_count=3,
     )
     everyone = {i.id for i in fleet}
-    await eventually(lambda: _routed(leader) == everyone, message="all ten routed")
+    await eventually(lambda: live_ids(leader) == everyone, message="all ten routed")
 
     # Six data servers' sessions end at once, each its own.
     await asyncio.gather(*(s.aclose() for s in sessions[4:]))
@@ -565,7 +556,7 @@ async def test_separate_sessions_lost_together_are_held_and_returners_stay(
         lambda: set(leader.cluster_view()["mass_loss_brake"]["held"]) == six,
         message="all six held",
     )
-    await eventually(lambda: _routed(leader) == everyone, message="all six still routed")
+    await eventually(lambda: live_ids(leader) == everyone, message="all six still routed")
     assert leader.registry.get_sample_value(_METRIC) == 1
     held = six
     # Two of the held servers come back during the hold: they simply stay.
@@ -583,6 +574,6 @@ async def test_separate_sessions_lost_together_are_held_and_returners_stay(
     )
 
     expected = {i.id for i in fleet[:4]} | set(back)
-    await eventually(lambda: _routed(leader) == expected, timeout=hold + 10, message="released")
+    await eventually(lambda: live_ids(leader) == expected, timeout=hold + 10, message="released")
     assert (await _published(client, redis_prefix))[1] == expected
     assert leader.registry.get_sample_value(_METRIC) == 0

@@ -22,7 +22,7 @@ from data_server.corpus import sample_queries
 from data_server.server import DataServer
 from search_server.dashboard import QueryStats
 from search_server.server import SearchServer
-from tests.support import DataServerFactory, SearchServerFactory, eventually
+from tests.support import DataServerFactory, SearchServerFactory, eventually, within
 
 CHROMIUM = os.environ.get("DISCOVERY_TEST_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOT = Path(__file__).resolve().parent.parent / "bench" / "results" / "dashboard.png"
@@ -51,7 +51,7 @@ async def _live_count(search: SearchServer, count: int) -> None:
 
 async def _first_event(response: aiohttp.ClientResponse) -> dict[str, Any]:
     """The data of the first ``data:`` event of a server-sent event stream."""
-    async with asyncio.timeout(10):
+    async with within(10, "the first data: event of the stream"):
         while True:
             line = await response.content.readline()
             assert line, "the stream ended before its first event"
@@ -175,7 +175,8 @@ async def test_events_stream_snapshots_and_ends_with_its_client_and_on_shutdown(
     async with _stream(search.url) as response:
         await _first_event(response)
         assert search._events.open_streams == 1
-        async with asyncio.timeout(15):  # aiohttp alone would wait 60 s for the handler
+        # aiohttp alone would wait 60 s for the handler.
+        async with within(15, "the shutdown, and the open stream to end with it"):
             await search.shutdown()
             rest = await response.content.read()
         assert not rest.strip() or rest.startswith(b"data: ")
@@ -209,6 +210,7 @@ async def test_dashboard_in_chromium_shows_a_server_going_offline_without_reload
     make_search_server: SearchServerFactory, make_data_server: DataServerFactory
 ) -> None:
     async_playwright = _playwright()
+    from playwright.async_api import TimeoutError as PlaywrightTimeoutError
     from playwright.async_api import expect
 
     data = await asyncio.gather(
@@ -251,11 +253,17 @@ async def test_dashboard_in_chromium_shows_a_server_going_offline_without_reload
 
             # Statistics appear once queries go through /search.
             await _search(search, sample_queries(30, variant=3))
-            await page.wait_for_function(
-                "() => Number(document.getElementById('rate').textContent) > 0"
-                " && Number(document.getElementById('p99').textContent) > 0",
-                timeout=UI_TIMEOUT_MS,
-            )
+            try:
+                await page.wait_for_function(
+                    "() => Number(document.getElementById('rate').textContent) > 0"
+                    " && Number(document.getElementById('p99').textContent) > 0",
+                    timeout=UI_TIMEOUT_MS,
+                )
+            except PlaywrightTimeoutError as exc:
+                raise AssertionError(
+                    f"timed out after {UI_TIMEOUT_MS} ms waiting for the page to show a query "
+                    "rate and a p99 above 0"
+                ) from exc
             await expect(page.locator("#partial")).to_have_text("0.0")
 
             # One data server is forced offline: its tile turns offline, no reload.

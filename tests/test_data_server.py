@@ -17,7 +17,15 @@ from discovery.instance import InstanceState
 from discovery.layout import DATA_SERVERS_PATH
 from discovery.membership import MembershipWatcher
 from discovery.testing import expire_session
-from tests.support import FAST_AGENT, DataServerFactory, SessionFactory, eventually
+from tests.support import (
+    FAST_AGENT,
+    DataServerFactory,
+    SessionFactory,
+    eventually,
+    get_json,
+    more_probes,
+    waited,
+)
 
 
 async def _post(server: DataServer, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
@@ -29,11 +37,7 @@ async def _post(server: DataServer, path: str, body: Any = None, **kwargs: Any) 
 
 
 async def _get(server: DataServer, path: str, **params: str) -> tuple[int, Any]:
-    async with (
-        aiohttp.ClientSession() as client,
-        client.get(f"{server.url}{path}", params=params) as response,
-    ):
-        return response.status, await response.json()
+    return await get_json(f"{server.url}{path}", **params)
 
 
 async def _set_fault(server: DataServer, **fault: Any) -> None:
@@ -52,9 +56,9 @@ async def test_registers_only_when_ready_with_the_brief_payload(
     observer = await make_session()
     async with MembershipWatcher(observer, coalesce_window=0) as watcher:
         changes = watcher.subscribe()
-        await anext(changes)  # the empty start
+        await waited(anext(changes), "the empty start", timeout=10)
         server = await make_data_server(shard=5, replica=1, docs=400, instance_id="ds-ready")
-        change = await anext(changes)
+        change = await waited(anext(changes), "the change set adding ds-ready", timeout=10)
         instance = change.added["ds-ready"]
         # Seen in ZooKeeper means ready: the advertised port answers real searches now.
         query = sample_queries(1, variant=3)[0]
@@ -293,15 +297,7 @@ async def test_expiry_while_offline_does_not_reregister(
 
     await agent.call(expire_session(session))
     # Let the probe loop run a few rounds in the new session before looking.
-    rounds = agent.registry.get_sample_value("discovery_agent_probes_total", {"result": "ok"})
-    assert rounds is not None
-    await eventually(
-        lambda: (
-            (agent.registry.get_sample_value("discovery_agent_probes_total", {"result": "ok"}) or 0)
-            >= rounds + 3
-        ),
-        message="more probes",
-    )
+    await more_probes(agent, 3)
     assert await observer.exists(path) is None
     assert agent.status().state is AgentState.ADMIN_OFFLINE
 
@@ -318,7 +314,7 @@ async def test_hang_fault_holds_requests_until_cleared(
     await eventually(lambda: _state(server) is AgentState.OFFLINE, message="offline")
     assert not pending.done()
     await _set_fault(server, mode="none")
-    status, _ = await asyncio.wait_for(pending, timeout=10)
+    status, _ = await waited(pending, "the held search to be answered", timeout=10)
     assert status == 200
 
 
@@ -333,9 +329,15 @@ async def test_admin_drain_asks_the_owner_to_drain(
     # What the CLI does on that event (as on SIGTERM):
     async with MembershipWatcher(observer, coalesce_window=0) as watcher:
         shutdown = asyncio.create_task(server.shutdown(grace=0.5))
-        members = await watcher.wait_until(
-            lambda m: m["ds-admin-drain"].payload.state is InstanceState.DRAINING, timeout=10
+        members = await waited(
+            watcher.wait_until(
+                lambda m: m["ds-admin-drain"].payload.state is InstanceState.DRAINING, timeout=10
+            ),
+            "ds-admin-drain marked draining",
         )
         assert members["ds-admin-drain"].payload.reason == "draining"
-        await shutdown
-        await watcher.wait_until(lambda m: "ds-admin-drain" not in m, timeout=10)
+        await waited(shutdown, "ds-admin-drain to shut down", timeout=30)
+        await waited(
+            watcher.wait_until(lambda m: "ds-admin-drain" not in m, timeout=10),
+            "ds-admin-drain deregistered",
+        )

@@ -16,7 +16,7 @@ from discovery.errors import ZkNoNodeError
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH
 from discovery.membership import MembershipWatcher
-from tests.support import SessionFactory, eventually
+from tests.support import SessionFactory, absent, eventually, next_change, reap, waited
 
 # Probe every 0.1 s, offline after 2 failures; a short drain grace.
 FAST_FLAGS = (
@@ -36,9 +36,7 @@ async def data_server_process(
     try:
         yield process
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await reap(process)
 
 
 async def _instance(session: Any, instance_id: str) -> ServiceInstance | None:
@@ -57,7 +55,9 @@ async def test_sigterm_drains_without_failing_a_request(
         MembershipWatcher(observer, coalesce_window=0) as watcher,
         data_server_process(zk_hosts, "--port", "0", "--id", "ds-drain") as process,
     ):
-        members = await watcher.wait_until(lambda m: "ds-drain" in m, timeout=30)
+        members = await waited(
+            watcher.wait_until(lambda m: "ds-drain" in m, timeout=30), "ds-drain registered"
+        )
         instance = members["ds-drain"]
         url = f"http://{instance.address}:{instance.port}"
         queries = sample_queries(50, variant=5)
@@ -86,15 +86,22 @@ async def test_sigterm_drains_without_failing_a_request(
 
         process.send_signal(signal.SIGTERM)
 
-        draining = await watcher.wait_until(
-            lambda m: "ds-drain" not in m or m["ds-drain"].payload.state is InstanceState.DRAINING,
-            timeout=10,
+        draining = await waited(
+            watcher.wait_until(
+                lambda m: (
+                    "ds-drain" not in m or m["ds-drain"].payload.state is InstanceState.DRAINING
+                ),
+                timeout=10,
+            ),
+            "ds-drain marked draining (or gone) after SIGTERM",
         )
         assert draining["ds-drain"].payload.state is InstanceState.DRAINING
         assert draining["ds-drain"].enabled is False
-        await watcher.wait_until(lambda m: "ds-drain" not in m, timeout=15)
-        await asyncio.gather(*clients)
-        assert await asyncio.wait_for(process.wait(), timeout=20) == 0
+        await waited(
+            watcher.wait_until(lambda m: "ds-drain" not in m, timeout=15), "ds-drain deregistered"
+        )
+        await waited(asyncio.gather(*clients), "the load clients to stop", timeout=15)
+        assert await waited(process.wait(), "ds-drain to exit after SIGTERM", timeout=20) == 0
     assert len(statuses) >= 20
     assert set(statuses) == {200}
 
@@ -108,16 +115,14 @@ async def test_kill_9_removes_the_node_after_the_session_timeout(
         loop = asyncio.get_running_loop()
         killed_at = loop.time()
         process.kill()
-        await process.wait()
+        await waited(process.wait(), "ds-kill to exit on SIGKILL", timeout=10)
         await eventually(
-            lambda: _absent(observer, "ds-kill"), timeout=20, message="node removed by expiry"
+            lambda: absent(observer, f"{DATA_SERVERS_PATH}/ds-kill"),
+            timeout=20,
+            message="node removed by expiry",
         )
         # Gone because ZooKeeper expired the session: not before it could have.
         assert loop.time() - killed_at < 20
-
-
-async def _absent(session: Any, instance_id: str) -> bool:
-    return await _instance(session, instance_id) is None
 
 
 async def test_blocked_event_loop_is_taken_offline_while_the_session_lives(
@@ -129,7 +134,9 @@ async def test_blocked_event_loop_is_taken_offline_while_the_session_lives(
         MembershipWatcher(observer, coalesce_window=0) as watcher,
         data_server_process(zk_hosts, "--port", "0", "--id", "ds-blocked") as process,
     ):
-        members = await watcher.wait_until(lambda m: "ds-blocked" in m, timeout=30)
+        members = await waited(
+            watcher.wait_until(lambda m: "ds-blocked" in m, timeout=30), "ds-blocked registered"
+        )
         instance = members["ds-blocked"]
         _, before = await observer.get(path)
         changes = watcher.subscribe()
@@ -141,20 +148,20 @@ async def test_blocked_event_loop_is_taken_offline_while_the_session_lives(
             assert answer.status == 200
         # The next search (a probe) blocks the server's loop for 4 s: far longer than
         # the probe budget, far shorter than nothing-at-all from a dead process.
-        async for change in changes:
-            if "ds-blocked" in change.removed:
-                break
+        await next_change(
+            changes, lambda c: "ds-blocked" in c.removed, "ds-blocked taken offline (loop blocked)"
+        )
         # Once the loop is free the server is healthy again and comes back in the SAME
         # session: it was alive all along, only its agent took it offline.
-        async for change in changes:
-            if "ds-blocked" in change.added:
-                break
+        await next_change(
+            changes, lambda c: "ds-blocked" in c.added, "ds-blocked back (loop free again)"
+        )
         _, after = await observer.get(path)
         assert after.ephemeral_owner == before.ephemeral_owner
         assert after.czxid != before.czxid
         changes.close()
         process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), timeout=20) == 0
+        assert await waited(process.wait(), "ds-blocked to exit after SIGTERM", timeout=20) == 0
 
 
 async def test_fleet_of_20_in_2_processes_registers_all_and_deregisters_on_stop(
@@ -171,14 +178,14 @@ async def test_fleet_of_20_in_2_processes_registers_all_and_deregisters_on_stop(
             sys.executable, "-m", "data_server.cli", *args
         )
         try:
-            members = await watcher.wait_until(lambda m: len(m) == 20, timeout=90)
+            members = await waited(
+                watcher.wait_until(lambda m: len(m) == 20, timeout=90), "all 20 registered"
+            )
             assert sorted(members) == [f"ds-{i:04d}" for i in range(20)]
             assert len({(m.address, m.port) for m in members.values()}) == 20
             assert {m.payload.shard for m in members.values()} == set(range(20))
             process.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(process.wait(), timeout=60) == 0
-            await watcher.wait_until(lambda m: not m, timeout=15)
+            assert await waited(process.wait(), "the fleet to exit after SIGTERM", timeout=60) == 0
+            await waited(watcher.wait_until(lambda m: not m, timeout=15), "all 20 deregistered")
         finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            await reap(process)

@@ -398,8 +398,17 @@ def devcluster_process(tmp_path: Path, *args: str, **env: str) -> Iterator[subpr
 
 def read_line(proc: subprocess.Popen[str], tmp_path: Path, timeout: float = 60.0) -> str:
     assert proc.stdout is not None
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
         line = pool.submit(proc.stdout.readline).result(timeout)
+    except TimeoutError:
+        stderr = (tmp_path / "cli.stderr").read_text()
+        raise AssertionError(
+            f"timed out after {timeout:g}s waiting for a line from devcluster; stderr:\n{stderr}"
+        ) from None
+    finally:
+        # Not waiting for a readline that hangs: ending the process ends it.
+        pool.shutdown(wait=False)
     stderr = (tmp_path / "cli.stderr").read_text()
     assert line, f"no output; exit code {proc.poll()}; stderr:\n{stderr}"
     return line

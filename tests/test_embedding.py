@@ -18,8 +18,9 @@ from discovery import (
     ServiceInstance,
     ZkConfig,
 )
+from discovery.layout import DATA_SERVERS_PATH
 from discovery.membership import MembershipWatcher
-from tests.support import FAST_AGENT, SessionFactory, eventually
+from tests.support import FAST_AGENT, SessionFactory, eventually, waited
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -68,26 +69,43 @@ async def test_threaded_server_registers_goes_offline_and_drains(
         await asyncio.to_thread(agent.start)
         try:
             agent.set_ready()
-            await watcher.wait_until(lambda m: "ds-threaded" in m, timeout=10)
+            await waited(
+                watcher.wait_until(lambda m: "ds-threaded" in m, timeout=10),
+                "ds-threaded registered once ready",
+            )
 
             Handler.healthy = False
-            await watcher.wait_until(lambda m: "ds-threaded" not in m, timeout=10)
+            await waited(
+                watcher.wait_until(lambda m: "ds-threaded" not in m, timeout=10),
+                "ds-threaded taken offline by failing probes",
+            )
             # The status is published once the deregistration has returned, a moment
             # after the watcher may have seen the node go.
             await eventually(lambda: agent.status().state is AgentState.OFFLINE, message="offline")
             Handler.healthy = True
-            await watcher.wait_until(lambda m: "ds-threaded" in m, timeout=10)
+            await waited(
+                watcher.wait_until(lambda m: "ds-threaded" in m, timeout=10),
+                "ds-threaded re-registered once healthy",
+            )
 
             drain = asyncio.create_task(asyncio.to_thread(agent.drain, 1.0))
-            members = await watcher.wait_until(
-                lambda m: m["ds-threaded"].payload.state is InstanceState.DRAINING, timeout=10
+            members = await waited(
+                watcher.wait_until(
+                    lambda m: m["ds-threaded"].payload.state is InstanceState.DRAINING, timeout=10
+                ),
+                "ds-threaded marked draining",
             )
             assert not members["ds-threaded"].routable
-            await drain
-            assert (
-                "ds-threaded" not in watcher.members
-                or await watcher.wait_until(lambda m: "ds-threaded" not in m, timeout=10)
-                is not None
+            await waited(drain, "agent.drain() to return", timeout=30)
+            # drain() returns once the node is deleted: it is gone from ZooKeeper at once,
+            # and the agent stays draining (healthy probes no longer bring it back)...
+            assert await observer.exists(f"{DATA_SERVERS_PATH}/ds-threaded") is None
+            assert not agent.status().registered
+            assert agent.status().state is AgentState.DRAINING
+            # ...and the membership watch sees it leave.
+            await waited(
+                watcher.wait_until(lambda m: "ds-threaded" not in m, timeout=10),
+                "ds-threaded gone from the membership after the drain",
             )
         finally:
             Handler.healthy = True

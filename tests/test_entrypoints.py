@@ -18,7 +18,7 @@ from discovery.instance import ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH
 from discovery.tools import main as discovery_cli
 from search_server import cli as search_server_cli
-from tests.support import DataServerFactory, SessionFactory, eventually
+from tests.support import DataServerFactory, SessionFactory, eventually, reap, waited
 
 
 @pytest.mark.parametrize(
@@ -104,13 +104,11 @@ async def test_data_server_process_registers_when_listening_and_leaves_on_sigter
         await writer.wait_closed()
 
         process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), timeout=20) == 0
+        assert await waited(process.wait(), "ds-proc to exit after SIGTERM", timeout=20) == 0
         # Deregistered explicitly, not left to the session timeout.
         assert await observer.exists(path) is None
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await reap(process)
 
 
 @pytest.mark.timeout(900)

@@ -24,7 +24,14 @@ from discovery.errors import DiscoveryError, OverloadedError
 from discovery.instance import ServiceInstance
 from discovery.testing.ports import free_port
 from search_server.fanout import FanOut, FanOutResult
-from tests.support import DataServerFactory, eventually, make_instance
+from tests.support import (
+    DataServerFactory,
+    FakeClock,
+    eventually,
+    instance_of,
+    make_instance,
+    sample,
+)
 
 QUERIES = sample_queries(12, variant=7)
 
@@ -35,24 +42,6 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=64)
     async with aiohttp.ClientSession(connector=connector) as session:
         yield session
-
-
-class FakeClock:
-    """Times ejections; ``advance`` stands for waiting out a cool-down."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def _instance(server: DataServer) -> ServiceInstance:
-    assert server.agent is not None
-    return server.agent.instance
 
 
 # The deadline plus room for this shared test loop (several servers and, at times, a
@@ -75,7 +64,7 @@ async def _direct(
 
 
 def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(f"search_server_fanout_{name}", labels) or 0.0
+    return sample(registry, f"search_server_fanout_{name}", **labels)
 
 
 def _stopped(instance_id: str, shard: int, replica: int = 0) -> ServiceInstance:
@@ -102,7 +91,7 @@ async def test_merges_the_top_k_of_one_replica_per_shard(
         make_data_server(shard=1, replica=1, instance_id="ds-s1b"),
         make_data_server(shard=2, instance_id="ds-s2"),
     )
-    servers = [_instance(s) for s in (s0, s1a, s1b, s2)]
+    servers = [instance_of(s) for s in (s0, s1a, s1b, s2)]
     fanout = FanOut(http, registry=registry, rng=random.Random(1))
     k = 7
     trimmed = 0
@@ -143,7 +132,7 @@ async def test_draining_and_disabled_instances_are_not_queried(
     registry: CollectorRegistry,
 ) -> None:
     server = await make_data_server(shard=0, instance_id="ds-live")
-    live = _instance(server)
+    live = instance_of(server)
     servers = [
         live,
         # Same shard, draining, on a port that refuses: routing to it would fail.
@@ -174,10 +163,10 @@ async def test_a_failing_replica_is_retried_on_a_healthy_one(
     if failure == "error":
         sick_server = await make_data_server(shard=0, replica=1, instance_id="ds-sick")
         await _set_fault(http, sick_server, mode="error", rate=1.0)
-        sick = _instance(sick_server)
+        sick = instance_of(sick_server)
     else:
         sick = _stopped("ds-sick", shard=0, replica=1)
-    servers = [_instance(healthy), sick]
+    servers = [instance_of(healthy), sick]
     # A high ejection threshold keeps the sick replica in play for every query.
     fanout = FanOut(http, registry=registry, rng=random.Random(3), eject_after=1000)
 
@@ -201,7 +190,7 @@ async def test_consecutive_failures_eject_until_the_cooldown_ends(
 ) -> None:
     healthy = await make_data_server(shard=0, instance_id="ds-healthy")
     stopped = _stopped("ds-stopped", shard=0, replica=1)
-    servers = [_instance(healthy), stopped]
+    servers = [instance_of(healthy), stopped]
     clock = FakeClock()
     fanout = FanOut(
         http, registry=registry, rng=random.Random(4), eject_after=3, eject_cooldown=10, clock=clock
@@ -244,7 +233,7 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
         make_data_server(shard=0, instance_id="ds-hung"),
         make_data_server(shard=1, instance_id="ds-ok"),
     )
-    servers = [_instance(hung), _instance(healthy)]
+    servers = [instance_of(hung), instance_of(healthy)]
     clock = FakeClock()
     fanout = FanOut(http, registry=registry, eject_after=3, eject_cooldown=30, clock=clock)
     timeout_ms = 400
@@ -301,7 +290,7 @@ async def test_admission_control_refuses_beyond_max_in_flight(
     registry: CollectorRegistry,
 ) -> None:
     server = await make_data_server(shard=0, instance_id="ds-slow")
-    servers = [_instance(server)]
+    servers = [instance_of(server)]
     fanout = FanOut(http, registry=registry, max_in_flight=2)
     await _set_fault(http, server, mode="slow", delay_ms=1000)
     running = [
@@ -331,7 +320,7 @@ async def test_an_answer_for_another_shard_is_a_failure(
     registry: CollectorRegistry,
 ) -> None:
     server = await make_data_server(shard=3, instance_id="ds-shard3")
-    real = _instance(server)
+    real = instance_of(server)
     # A stale registration: shard 0 claimed, but the port now serves shard 3.
     stale = dataclasses.replace(real, payload=dataclasses.replace(real.payload, shard=0))
     fanout = FanOut(http, registry=registry)

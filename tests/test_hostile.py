@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
@@ -20,8 +19,14 @@ from discovery.errors import ZkConnectionError
 from discovery.http import MAX_QUERY_BYTES
 from discovery.instance import MAX_INSTANCE_BYTES
 from discovery.layout import DATA_SERVERS_PATH
-from search_server.server import SearchServer
-from tests.support import DataServerFactory, SearchServerFactory, SessionFactory, eventually
+from tests.support import (
+    DataServerFactory,
+    SearchServerFactory,
+    SessionFactory,
+    all_see,
+    eventually,
+    get_json,
+)
 
 # ZooKeeper's default jute.maxbuffer is 0xfffff bytes (1 MiB - 1) for a whole packet:
 # a node of 1,000,000 bytes is accepted, one of 1 MiB is refused.
@@ -91,22 +96,6 @@ def _hostile_nodes() -> dict[str, tuple[bytes, str]]:
     }
 
 
-def _ids(server: SearchServer) -> set[str]:
-    return {entry["id"] for entry in server.cluster_view()["servers"]}
-
-
-async def _all_see(servers: list[SearchServer], ids: set[str]) -> None:
-    await eventually(lambda: all(_ids(s) == ids for s in servers), message=f"all see {ids}")
-
-
-async def _search(server: SearchServer, **params: str) -> tuple[int, Any]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(f"{server.url}/search", params=params) as response,
-    ):
-        return response.status, await response.json()
-
-
 async def test_hostile_registrations_never_crash_the_leader_nor_reach_the_list(
     make_search_server: SearchServerFactory,
     make_data_server: DataServerFactory,
@@ -116,7 +105,7 @@ async def test_hostile_registrations_never_crash_the_leader_nor_reach_the_list(
 ) -> None:
     good = await make_data_server(shard=0, instance_id="ds-good-0")
     search = [await make_search_server(server_id=f"ss-{i}") for i in range(2)]
-    await _all_see(search, {"ds-good-0"})
+    await all_see(search, {"ds-good-0"})
     leader = await eventually(
         lambda: next((s for s in search if s.is_leader), None), message="a leader"
     )
@@ -155,7 +144,7 @@ async def test_hostile_registrations_never_crash_the_leader_nor_reach_the_list(
     assert leader.is_leader
     assert [s.is_leader for s in search].count(True) == 1
     later = await make_data_server(shard=1, instance_id="ds-good-1")
-    await _all_see(search, {"ds-good-0", "ds-good-1"})
+    await all_see(search, {"ds-good-0", "ds-good-1"})
     assert leader.cluster_view()["epoch"] == epoch
     assert leader.is_leader
 
@@ -169,7 +158,7 @@ async def test_hostile_registrations_never_crash_the_leader_nor_reach_the_list(
 
     # Queries over both shards still succeed on every search server.
     for server in search:
-        status, body = await _search(server, q=sample_queries(1, variant=3)[0])
+        status, body = await get_json(f"{server.url}/search", q=sample_queries(1, variant=3)[0])
         assert status == 200
         assert body["shards"] == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0}
 
@@ -184,7 +173,7 @@ async def test_hostile_registrations_never_crash_the_leader_nor_reach_the_list(
             )
         ),
     )
-    await _all_see(search, {"ds-good-0", "ds-good-1", "hostile-shard-string"})
+    await all_see(search, {"ds-good-0", "ds-good-1", "hostile-shard-string"})
     # Counted once per version: re-reading the other bad nodes counted nothing more.
     assert {reason: skipped(reason) for reason in expected} == expected
     assert leader.registry.get_sample_value("discovery_membership_invalid") == len(hostile) - 1
@@ -200,12 +189,12 @@ async def test_a_query_no_data_server_could_take_is_refused_by_the_search_server
     await make_data_server(shard=0, instance_id="ds-0")
     await make_data_server(shard=1, instance_id="ds-1")
     search = await make_search_server(server_id="ss-0")
-    await _all_see([search], {"ds-0", "ds-1"})
+    await all_see([search], {"ds-0", "ds-1"})
 
     # 4-byte UTF-8 characters, percent-encoded to 12 URL characters each.
     at_the_old_edge = "\U0001d11e" * 680 + "a" * 18
     for _ in range(search.config.eject_after + 1):
-        status, body = await _search(search, q=at_the_old_edge)
+        status, body = await get_json(f"{search.url}/search", q=at_the_old_edge)
         assert status == 400
         assert body["parameter"] == "q"
         assert "bytes" in body["error"]
@@ -221,7 +210,7 @@ async def test_a_query_no_data_server_could_take_is_refused_by_the_search_server
 
     # The longest query accepted reaches every data server and is answered by all.
     longest = "\U0001d11e" * (MAX_QUERY_BYTES // 4)
-    status, body = await _search(search, q=longest)
+    status, body = await get_json(f"{search.url}/search", q=longest)
     assert status == 200
     assert body["shards"] == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0}
     assert not (

@@ -16,15 +16,7 @@ from discovery.publisher import LivePublisher
 from discovery.redislayout import RedisKeys
 from discovery.store import LiveList
 from discovery.testing import RedisServer
-from tests.support import eventually, make_instance
-
-
-def view(*instances: ServiceInstance) -> dict[str, ServiceInstance]:
-    return {instance.id: instance for instance in instances}
-
-
-def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
+from tests.support import eventually, make_instance, sample, view, waited
 
 
 def refetches(registry: CollectorRegistry, cause: str) -> float:
@@ -97,7 +89,9 @@ async def test_a_missing_snapshot_is_an_empty_list(
         # Later publishes arrive.
         publisher = LivePublisher(client, redis_prefix, leader_id="ss-1", epoch=1)
         await publisher.publish_full(view(make_instance("ds-1")))
-        current = await reader.wait_until(lambda lst: lst.version == 1, timeout=10)
+        current = await waited(
+            reader.wait_until(lambda lst: lst.version == 1, timeout=10), "live list version 1"
+        )
         assert set(current.servers) == {"ds-1"}
 
 
@@ -118,7 +112,9 @@ async def test_reader_follows_diffs_in_order(
         await publisher.publish_change(steps[-1], added={}, changed=view(a2), removed={})
         steps.append(view(a2, c))
         await publisher.publish_change(steps[-1], added={}, changed={}, removed={"ds-b": "expired"})
-        current = await reader.wait_until(lambda lst: lst.version == 4, timeout=10)
+        current = await waited(
+            reader.wait_until(lambda lst: lst.version == 4, timeout=10), "live list version 4"
+        )
         assert dict(current.servers) == steps[-1]
         assert [s.id for s in current.routable] == ["ds-c"]
         assert current.servers["ds-a"].payload.reason == "admin"
@@ -143,7 +139,9 @@ async def test_a_gap_triggers_a_refetch_that_ends_at_the_snapshot(
         await client.publish(
             keys.events, event(7, 3, 2, added=[make_instance("ds-wrong").to_dict()])
         )
-        current = await reader.wait_until(lambda lst: lst.version == 3, timeout=10)
+        current = await waited(
+            reader.wait_until(lambda lst: lst.version == 3, timeout=10), "live list version 3"
+        )
         assert dict(current.servers) == truth
         assert refetches(registry, "gap") == 1
         assert sample(registry, "discovery_livelist_diffs_applied_total") == 0
@@ -161,7 +159,9 @@ async def test_full_events_and_new_epochs_trigger_refetches(
         new = LivePublisher(client, redis_prefix, leader_id="ss-new", epoch=21)
         servers = view(make_instance("ds-1"), make_instance("ds-2"))
         await new.publish_full(servers)
-        current = await reader.wait_until(lambda lst: lst.epoch == 21, timeout=10)
+        current = await waited(
+            reader.wait_until(lambda lst: lst.epoch == 21, timeout=10), "live list epoch 21"
+        )
         assert (current.version, current.leader) == (1, "ss-new")
         assert dict(current.servers) == servers
         assert refetches(registry, "full") == 1
@@ -170,7 +170,9 @@ async def test_full_events_and_new_epochs_trigger_refetches(
         later = view(make_instance("ds-3"))
         await client.set(keys.live, snapshot(22, 5, later))
         await client.publish(keys.events, event(22, 5, 4))
-        current = await reader.wait_until(lambda lst: lst.epoch == 22, timeout=10)
+        current = await waited(
+            reader.wait_until(lambda lst: lst.epoch == 22, timeout=10), "live list epoch 22"
+        )
         assert dict(current.servers) == later
         assert refetches(registry, "epoch") == 1
 
@@ -209,7 +211,9 @@ async def test_a_stale_epoch_snapshot_never_wins(
         # The real leader's next publish goes on from where it was.
         more = {**servers, **view(make_instance("ds-3"))}
         await leader.publish_change(more, added=view(make_instance("ds-3")), changed={}, removed={})
-        current = await reader.wait_until(lambda lst: lst.version == 2, timeout=10)
+        current = await waited(
+            reader.wait_until(lambda lst: lst.version == 2, timeout=10), "live list version 2"
+        )
         assert (current.epoch, dict(current.servers)) == (10, more)
 
 
@@ -241,7 +245,9 @@ async def test_redis_outage_keeps_the_list_then_reconnects(
         assert not await publisher.heartbeat()
         newer = {**servers, **view(make_instance("ds-3"))}
         assert await publisher.publish_full(newer) == 2
-        current = await reader.wait_until(lambda lst: lst.version == 2, timeout=15)
+        current = await waited(
+            reader.wait_until(lambda lst: lst.version == 2, timeout=15), "live list version 2"
+        )
         assert dict(current.servers) == newer
         await eventually(lambda: reader.connected, message="reader subscribed again")
         assert refetches(registry, "reconnect") >= 1
@@ -259,7 +265,9 @@ async def test_reader_starts_while_redis_is_down(
         await asyncio.to_thread(own_redis.start)
         publisher = LivePublisher(own_client, prefix, leader_id="ss-1", epoch=1)
         await publisher.publish_full(view(make_instance("ds-1")))
-        current = await reader.wait_until(lambda lst: lst.version == 1, timeout=15)
+        current = await waited(
+            reader.wait_until(lambda lst: lst.version == 1, timeout=15), "live list version 1"
+        )
         assert set(current.servers) == {"ds-1"}
         await eventually(lambda: reader.connected, message="reader subscribed")
 
@@ -296,7 +304,9 @@ async def test_malformed_messages_are_skipped_and_counted(
 
         b = make_instance("ds-b")
         await publisher.publish_change(view(a, b), added=view(b), changed={}, removed={})
-        current = await reader.wait_until(lambda lst: lst.version == 2, timeout=10)
+        current = await waited(
+            reader.wait_until(lambda lst: lst.version == 2, timeout=10), "live list version 2"
+        )
         assert dict(current.servers) == view(a, b)
 
 
@@ -316,7 +326,9 @@ async def test_malformed_snapshots_and_entries_are_skipped(
         document["servers"].append(good["ds-1"].to_dict())  # a duplicate id
         await client.set(keys.live, json.dumps(document))
         await client.publish(keys.events, event(5, 1, None))
-        current = await reader.wait_until(lambda lst: lst.version == 1, timeout=10)
+        current = await waited(
+            reader.wait_until(lambda lst: lst.version == 1, timeout=10), "live list version 1"
+        )
         assert dict(current.servers) == good
         assert sample(registry, "discovery_livelist_malformed_total", kind="server") == 2
 
@@ -329,10 +341,11 @@ async def test_wait_until(client: aioredis.Redis, redis_prefix: str) -> None:
         )
         await publisher.publish_full(view(make_instance("ds-1")))
         await publisher.publish_full(view(make_instance("ds-1"), make_instance("ds-9")))
-        current = await waiter
+        current = await waited(waiter, "ds-9 in the live list")
         assert current.version == 2
         # Already true: returns at once.
-        assert (await reader.wait_until(lambda lst: lst.version >= 1, timeout=1)) is current
+        already = reader.wait_until(lambda lst: lst.version >= 1, timeout=1)
+        assert (await waited(already, "version >= 1, already true")) is current
         with pytest.raises(TimeoutError):
             await reader.wait_until(lambda lst: lst.version > 100, timeout=0.2)
 
@@ -353,7 +366,9 @@ async def test_clients_that_decode_responses_work_too(
             await publisher.publish_change(
                 view(make_instance("ds-1"), b), added=view(b), changed={}, removed={}
             )
-            current = await reader.wait_until(lambda lst: lst.version == 2, timeout=10)
+            current = await waited(
+                reader.wait_until(lambda lst: lst.version == 2, timeout=10), "live list version 2"
+            )
             assert set(current.servers) == {"ds-1", "ds-2"}
             assert await publisher.heartbeat()
             now[0] += 100
@@ -389,7 +404,9 @@ async def test_a_silent_connection_is_detected_by_ping(
             await eventually(lambda: not reader.connected, message="silence detected")
             await eventually(lambda: reader.connected, message="subscribed again")
             await publisher.publish_full(view(make_instance("ds-2")))
-            current = await reader.wait_until(lambda lst: lst.version == 2, timeout=10)
+            current = await waited(
+                reader.wait_until(lambda lst: lst.version == 2, timeout=10), "live list version 2"
+            )
             assert set(current.servers) == {"ds-2"}
     finally:
         await admin.aclose()

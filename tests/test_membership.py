@@ -13,7 +13,7 @@ from discovery.membership import MembershipWatcher
 from discovery.registration import Registration
 from discovery.testing import ZooKeeperEnsemble
 from discovery.zk import SessionState
-from tests.support import SessionFactory, make_instance, repeat_host
+from tests.support import SessionFactory, make_instance, repeat_host, waited, within
 
 
 async def test_malformed_and_oversized_children_are_skipped_and_counted(
@@ -48,8 +48,9 @@ async def test_malformed_and_oversized_children_are_skipped_and_counted(
         # malformed child makes it a member.
         await session.create(f"{DATA_SERVERS_PATH}/ds-late", make_instance("ds-late").to_json())
         await session.set(f"{DATA_SERVERS_PATH}/ds-garbage", make_instance("ds-garbage").to_json())
-        members = await watcher.wait_until(
-            lambda m: {"ds-late", "ds-garbage"} <= set(m), timeout=10
+        members = await waited(
+            watcher.wait_until(lambda m: {"ds-late", "ds-garbage"} <= set(m), timeout=10),
+            "ds-late and the fixed ds-garbage in the membership",
         )
         assert set(members) == {"ds-good", "ds-late", "ds-garbage"}
         assert set(watcher.invalid) == {"ds-wrongid", "ds-huge"}
@@ -61,7 +62,7 @@ async def test_burst_of_registrations_is_coalesced(make_session: SessionFactory)
     session, agent = await make_session(), await make_session()
     async with MembershipWatcher(session, coalesce_window=0.5) as watcher:
         changes = watcher.subscribe()
-        first = await anext(changes)
+        first = await waited(anext(changes), "the initial change set", timeout=10)
         assert first.empty
         assert first.resync
         await asyncio.gather(
@@ -76,11 +77,12 @@ async def test_burst_of_registrations_is_coalesced(make_session: SessionFactory)
         )
         seen: set[str] = set()
         batches = 0
-        async for change in changes:
-            batches += 1
-            seen |= set(change.added)
-            if len(seen) == 50:
-                break
+        async with within(30, "all 50 registrations in the change sets"):
+            async for change in changes:
+                batches += 1
+                seen |= set(change.added)
+                if len(seen) == 50:
+                    break
         assert len(watcher.members) == 50
         # 50 watch events arrived within one window: far fewer change sets than events.
         assert batches <= 3, batches
@@ -91,17 +93,17 @@ async def test_subscription_diffs_added_changed_removed(make_session: SessionFac
     session, agent = await make_session(), await make_session()
     async with MembershipWatcher(session, coalesce_window=0) as watcher:
         changes = watcher.subscribe()
-        await anext(changes)
+        await waited(anext(changes), "the initial change set", timeout=10)
         instance = make_instance("ds-d", 9400)
         registration = Registration(agent, instance)
         await registration.register()
-        change = await anext(changes)
+        change = await waited(anext(changes), "the change set adding ds-d", timeout=10)
         assert dict(change.added) == {"ds-d": instance}
         await registration.update(instance.with_state("draining", reason="test"))
-        change = await anext(changes)
+        change = await waited(anext(changes), "the change set changing ds-d", timeout=10)
         assert change.changed["ds-d"].payload.reason == "test"
         await registration.deregister()
-        change = await anext(changes)
+        change = await waited(anext(changes), "the change set removing ds-d", timeout=10)
         assert set(change.removed) == {"ds-d"}
         assert change.members == {}
         changes.close()
@@ -120,14 +122,18 @@ async def test_session_and_watch_survive_a_zookeeper_restart(
         MembershipWatcher(watcher_session, coalesce_window=0) as watcher,
         Registration(agent, make_instance("ds-before", 9501)),
     ):
-        await watcher.wait_until(lambda m: "ds-before" in m, timeout=10)
+        await waited(
+            watcher.wait_until(lambda m: "ds-before" in m, timeout=10),
+            "ds-before in the membership",
+        )
         events = watcher_session.subscribe()
         session_id = watcher_session.session_id
 
         await asyncio.to_thread(own_zk_server.stop_server, 0)
-        assert (await anext(events)).state is SessionState.SUSPENDED
+        suspended = await waited(anext(events), "a session event as ZooKeeper stops", timeout=30)
+        assert suspended.state is SessionState.SUSPENDED
         await asyncio.to_thread(own_zk_server.start_server, 0)
-        event = await anext(events)
+        event = await waited(anext(events), "reconnection after the restart", timeout=30)
 
         assert event.state is SessionState.CONNECTED
         assert not event.new_session
@@ -135,7 +141,10 @@ async def test_session_and_watch_survive_a_zookeeper_restart(
         assert "ds-before" in watcher.members  # the agent's session survived too
         # The watch survived: a change after the restart is seen.
         async with Registration(agent, make_instance("ds-after", 9502)):
-            await watcher.wait_until(lambda m: "ds-after" in m, timeout=10)
+            await waited(
+                watcher.wait_until(lambda m: "ds-after" in m, timeout=10),
+                "ds-after in the membership",
+            )
         events.close()
 
 
@@ -152,22 +161,27 @@ async def test_ensemble_losing_a_server_carries_on_and_changes_meanwhile_are_see
     async with MembershipWatcher(watcher_session, coalesce_window=0) as watcher:
         leaving = Registration(agent, make_instance("ds-leaving", 9601))
         await leaving.register()
-        await watcher.wait_until(lambda m: "ds-leaving" in m, timeout=10)
+        await waited(
+            watcher.wait_until(lambda m: "ds-leaving" in m, timeout=10),
+            "ds-leaving in the membership",
+        )
         events = watcher_session.subscribe()
 
         await asyncio.to_thread(zk_ensemble.stop_server, 0)
-        assert (await anext(events)).state is SessionState.SUSPENDED
+        suspended = await waited(anext(events), "a session event as server 0 stops", timeout=30)
+        assert suspended.state is SessionState.SUSPENDED
         # The remaining quorum of two carries on: changes are accepted meanwhile.
         joining = Registration(agent, make_instance("ds-joining", 9602))
         await joining.register()
         await leaving.deregister()
         await asyncio.to_thread(zk_ensemble.start_server, 0)
 
-        event = await anext(events)
+        event = await waited(anext(events), "reconnection to server 0", timeout=30)
         assert event.state is SessionState.CONNECTED
         assert not event.new_session
-        members = await watcher.wait_until(
-            lambda m: "ds-joining" in m and "ds-leaving" not in m, timeout=15
+        members = await waited(
+            watcher.wait_until(lambda m: "ds-joining" in m and "ds-leaving" not in m, timeout=15),
+            "ds-joining in and ds-leaving out of the membership",
         )
         assert set(members) == {"ds-joining"}
         events.close()

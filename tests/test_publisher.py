@@ -19,13 +19,9 @@ from discovery.instance import ServiceInstance
 from discovery.publisher import FENCE_SCRIPT, HeartbeatStatus, LivePublisher
 from discovery.redislayout import RedisKeys
 from discovery.testing import RedisServer
-from tests.support import eventually, make_instance
+from tests.support import eventually, make_instance, view
 
 NOW = 1_700_000_000.25  # a fixed wall clock: published_at is 1700000000250
-
-
-def view(*instances: ServiceInstance) -> dict[str, ServiceInstance]:
-    return {instance.id: instance for instance in instances}
 
 
 async def subscribe(client: aioredis.Redis, channel: str) -> PubSub:

@@ -35,7 +35,7 @@ from discovery.testing import RedisServer
 from discovery.tools.status import fetch_status
 from search_server.config import SearchServerConfig, build_parser
 from search_server.server import SearchServer
-from tests.support import DataServerFactory, SearchServerFactory, eventually
+from tests.support import DataServerFactory, SearchServerFactory, eventually, live_ids, sample
 
 ADMIN_PW = "admin-secret"
 READER_PW = "reader secret/with:odd@chars"
@@ -78,16 +78,8 @@ async def _get(url: str) -> int:
         return response.status
 
 
-def _ids(server: SearchServer) -> set[str]:
-    assert server.reader is not None
-    return set(server.reader.current.servers)
-
-
 def _subscribe_errors(server: SearchServer) -> float:
-    value = server.registry.get_sample_value(
-        "discovery_livelist_redis_errors_total", {"operation": "subscribe"}
-    )
-    return value or 0.0
+    return sample(server.registry, "discovery_livelist_redis_errors_total", operation="subscribe")
 
 
 # -- settings -------------------------------------------------------------------------
@@ -194,7 +186,7 @@ async def test_refused_credentials_are_reported_and_retried_until_fixed(
     caplog.set_level(logging.WARNING, logger="discovery.livelist")
     await make_data_server(shard=0, instance_id="ds-a0")
     leader = await make_search_server(server_id="ss-pub", redis_url=acl_redis.url, redis=PUBLISHER)
-    await eventually(lambda: _ids(leader) == {"ds-a0"}, message="the leader publishes")
+    await eventually(lambda: live_ids(leader) == {"ds-a0"}, message="the leader publishes")
 
     wrong = await make_search_server(
         server_id="ss-wrong",
@@ -230,7 +222,7 @@ async def test_refused_credentials_are_reported_and_retried_until_fixed(
     await admin.acl_setuser("reader", enabled=True, passwords=["+not-the-password"])
     await admin.acl_setuser("default", enabled=True, nopass=True)
     await eventually(
-        lambda: _ids(wrong) == {"ds-a0"} and _ids(missing) == {"ds-a0"},
+        lambda: live_ids(wrong) == {"ds-a0"} and live_ids(missing) == {"ds-a0"},
         timeout=20,
         message="both read the list once allowed",
     )
@@ -256,7 +248,8 @@ async def test_reader_only_user_follows_the_list_and_cannot_write(
         server_id="ss-follower", redis_url=acl_redis.url, redis=READER, leader_eligible=False
     )
     await eventually(
-        lambda: _ids(leader) == _ids(follower) == {"ds-b0", "ds-b1"}, message="both see the list"
+        lambda: live_ids(leader) == live_ids(follower) == {"ds-b0", "ds-b1"},
+        message="both see the list",
     )
     assert leader.is_leader
     assert follower.election is None
@@ -343,7 +336,7 @@ async def test_a_leader_without_publishing_rights_resigns_and_pauses(
         server_id="ss-good", redis_url=acl_redis.url, redis=PUBLISHER, leader_retry_pause=pause
     )
     await eventually(
-        lambda: _ids(good) == _ids(bad) == {"ds-c0"}, timeout=20, message="good publishes"
+        lambda: live_ids(good) == live_ids(bad) == {"ds-c0"}, timeout=20, message="good publishes"
     )
     assert good.is_leader
     assert good.leader_refusals == 0
@@ -419,7 +412,7 @@ async def test_search_servers_read_and_publish_over_tls(
         leader_eligible=False,
     )
     await eventually(
-        lambda: _ids(leader) == _ids(follower) == {"ds-t0"}, message="the list over TLS"
+        lambda: live_ids(leader) == live_ids(follower) == {"ds-t0"}, message="the list over TLS"
     )
     assert leader.is_leader
 

@@ -14,8 +14,16 @@ from discovery.layout import DATA_SERVERS_PATH
 from discovery.membership import MembershipWatcher
 from discovery.registration import Registration
 from discovery.testing import ZooKeeperEnsemble, expire_session
-from discovery.zk import SessionState, ZkSession
-from tests.support import SessionFactory, eventually, make_instance, repeat_host
+from discovery.zk import SessionState
+from tests.support import (
+    SessionFactory,
+    absent,
+    eventually,
+    make_instance,
+    next_change,
+    repeat_host,
+    waited,
+)
 
 
 async def test_register_is_seen_with_payload_and_deregister_removes_it(
@@ -26,7 +34,9 @@ async def test_register_is_seen_with_payload_and_deregister_removes_it(
     async with MembershipWatcher(observer, coalesce_window=0.01) as watcher:
         registration = Registration(agent, instance)
         await registration.register()
-        members = await watcher.wait_until(lambda m: "ds-1" in m, timeout=10)
+        members = await waited(
+            watcher.wait_until(lambda m: "ds-1" in m, timeout=10), "ds-1 in the membership"
+        )
         seen = members["ds-1"]
         assert seen == instance
         assert (seen.address, seen.port, seen.payload.shard, seen.payload.docs) == (
@@ -40,7 +50,9 @@ async def test_register_is_seen_with_payload_and_deregister_removes_it(
         assert stat.ephemeral_owner == agent.session_id
 
         await registration.deregister()
-        await watcher.wait_until(lambda m: "ds-1" not in m, timeout=10)
+        await waited(
+            watcher.wait_until(lambda m: "ds-1" not in m, timeout=10), "ds-1 deregistered"
+        )
         assert await observer.exists(f"{DATA_SERVERS_PATH}/ds-1") is None
         await registration.aclose()
 
@@ -54,7 +66,9 @@ async def test_expired_session_loses_node_and_registration_recreates_it(
         MembershipWatcher(observer, coalesce_window=0) as watcher,
         Registration(agent, make_instance("ds-exp", 9102), registry=registry) as registration,
     ):
-        await watcher.wait_until(lambda m: "ds-exp" in m, timeout=10)
+        await waited(
+            watcher.wait_until(lambda m: "ds-exp" in m, timeout=10), "ds-exp in the membership"
+        )
         changes = watcher.subscribe()
         old_session = agent.session_id
 
@@ -62,13 +76,9 @@ async def test_expired_session_loses_node_and_registration_recreates_it(
 
         assert new_session != old_session
         # The observer sees the node go (the server deleted it with the session)...
-        async for change in changes:
-            if "ds-exp" in change.removed:
-                break
+        await next_change(changes, lambda c: "ds-exp" in c.removed, "ds-exp seen removed")
         # ...and come back, owned by the new session, without anyone asking.
-        async for change in changes:
-            if "ds-exp" in change.added:
-                break
+        await next_change(changes, lambda c: "ds-exp" in c.added, "ds-exp seen added again")
         _, stat = await observer.get(f"{DATA_SERVERS_PATH}/ds-exp")
         assert stat.ephemeral_owner == new_session
         await eventually(lambda: registration.registered, message="registered again")
@@ -134,9 +144,12 @@ async def test_update_rewrites_in_place(make_session: SessionFactory) -> None:
 
         await registration.update(instance.with_state(InstanceState.DRAINING))
 
-        members = await watcher.wait_until(
-            lambda m: "ds-drain" in m and m["ds-drain"].payload.state is InstanceState.DRAINING,
-            timeout=10,
+        members = await waited(
+            watcher.wait_until(
+                lambda m: "ds-drain" in m and m["ds-drain"].payload.state is InstanceState.DRAINING,
+                timeout=10,
+            ),
+            "ds-drain seen draining",
         )
         assert members["ds-drain"].enabled is False
         _, after = await observer.get(f"{DATA_SERVERS_PATH}/ds-drain")
@@ -173,21 +186,18 @@ async def test_deregister_while_disconnected_completes_at_reconnect(
     events = agent.subscribe()
 
     await asyncio.to_thread(own_zk_server.stop_server, 0)
-    assert (await anext(events)).state is SessionState.SUSPENDED
+    suspended = await waited(anext(events), "a session event as ZooKeeper stops", timeout=30)
+    assert suspended.state is SessionState.SUSPENDED
     with pytest.raises(ZkConnectionError):
         await registration.deregister()
     await asyncio.to_thread(own_zk_server.start_server, 0)
 
-    event = await anext(events)
+    event = await waited(anext(events), "reconnection after the restart", timeout=30)
     assert event.state is SessionState.CONNECTED
     assert not event.new_session
     await eventually(
-        lambda: _absent(agent, f"{DATA_SERVERS_PATH}/ds-offline"), message="node deleted"
+        lambda: absent(agent, f"{DATA_SERVERS_PATH}/ds-offline"), message="node deleted"
     )
     assert not registration.registered
     events.close()
     await registration.aclose()
-
-
-async def _absent(session: ZkSession, path: str) -> bool:
-    return await session.exists(path) is None

@@ -19,27 +19,20 @@ from discovery.instance import InstanceState
 from discovery.publisher import LivePublisher
 from discovery.testing import RedisServer, ZooKeeperEnsemble, expire_session
 from search_server.server import SearchServer
-from tests.support import DataServerFactory, SearchServerFactory, eventually, repeat_host
-
-
-async def _get(url: str, **params: str) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as client, client.get(url, params=params) as response:
-        return response.status, await response.json()
-
-
-def _ids(server: SearchServer) -> set[str]:
-    assert server.reader is not None
-    return set(server.reader.current.servers)
+from tests.support import (
+    DataServerFactory,
+    SearchServerFactory,
+    all_see,
+    eventually,
+    get_json,
+    live_ids,
+    repeat_host,
+    waited,
+)
 
 
 def _leaders(servers: list[SearchServer]) -> list[SearchServer]:
     return [s for s in servers if s.is_leader]
-
-
-async def _all_see(servers: list[SearchServer], ids: set[str], timeout: float = 15) -> None:
-    await eventually(
-        lambda: all(_ids(s) == ids for s in servers), timeout=timeout, message=f"all see {ids}"
-    )
 
 
 async def test_three_search_servers_one_leader_same_list(
@@ -48,10 +41,10 @@ async def test_three_search_servers_one_leader_same_list(
     data = [await make_data_server(shard=i, instance_id=f"ds-{i}") for i in range(2)]
     search = [await make_search_server(server_id=f"ss-{i}") for i in range(3)]
 
-    await _all_see(search, {"ds-0", "ds-1"})
+    await all_see(search, {"ds-0", "ds-1"})
     await eventually(lambda: len(_leaders(search)) == 1, message="one leader")
     leader = _leaders(search)[0]
-    views = [(await _get(f"{s.url}/cluster"))[1] for s in search]
+    views = [(await get_json(f"{s.url}/cluster"))[1] for s in search]
     assert {v["leader"] for v in views} == {leader.server_id}
     assert len({(v["epoch"], v["version"]) for v in views}) == 1
     assert [v["is_leader"] for v in views].count(True) == 1
@@ -66,7 +59,7 @@ async def test_three_search_servers_one_leader_same_list(
         assert (watching or 0) > 0 if server is leader else not watching
     # Each of them answers queries over both shards.
     for server in search:
-        status, body = await _get(f"{server.url}/search", q=sample_queries(1, variant=6)[0])
+        status, body = await get_json(f"{server.url}/search", q=sample_queries(1, variant=6)[0])
         assert status == 200
         assert body["shards"] == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0}
         assert body["partial"] is False
@@ -81,7 +74,7 @@ async def test_leader_expiry_hands_over_to_a_higher_epoch_and_the_old_one_is_fen
 ) -> None:
     await make_data_server(instance_id="ds-a")
     search = [await make_search_server(server_id=f"ss-{i}") for i in range(3)]
-    await _all_see(search, {"ds-a"})
+    await all_see(search, {"ds-a"})
     await eventually(lambda: len(_leaders(search)) == 1, message="one leader")
     old = _leaders(search)[0]
     assert old.election is not None
@@ -105,7 +98,7 @@ async def test_leader_expiry_hands_over_to_a_higher_epoch_and_the_old_one_is_fen
         lambda: all(s.reader is not None and s.reader.current.epoch == new_epoch for s in search),
         message="everyone follows the new epoch",
     )
-    assert all(_ids(s) == {"ds-a"} for s in search)
+    assert all(live_ids(s) == {"ds-a"} for s in search)
     # The deposed leader, were it to come back with its old epoch, cannot overwrite.
     client = aioredis.Redis.from_url(redis_server.url)
     try:
@@ -114,7 +107,7 @@ async def test_leader_expiry_hands_over_to_a_higher_epoch_and_the_old_one_is_fen
             await stale.publish_full({})
     finally:
         await client.aclose()
-    assert all(_ids(s) == {"ds-a"} for s in search)
+    assert all(live_ids(s) == {"ds-a"} for s in search)
 
 
 async def test_data_server_offline_drained_or_gone_leaves_every_list(
@@ -125,11 +118,11 @@ async def test_data_server_offline_drained_or_gone_leaves_every_list(
         for i, name in enumerate(["ds-offline", "ds-drained", "ds-stopped"])
     ]
     search = [await make_search_server(server_id=f"ss-{i}") for i in range(3)]
-    await _all_see(search, {"ds-offline", "ds-drained", "ds-stopped"})
+    await all_see(search, {"ds-offline", "ds-drained", "ds-stopped"})
 
     async with aiohttp.ClientSession() as client:
         await client.post(f"{offline.url}/admin/fault", json={"mode": "error", "rate": 1.0})
-    await _all_see(search, {"ds-drained", "ds-stopped"})
+    await all_see(search, {"ds-drained", "ds-stopped"})
 
     draining = asyncio.create_task(drained.shutdown(grace=1.0))
 
@@ -139,11 +132,11 @@ async def test_data_server_offline_drained_or_gone_leaves_every_list(
         return instance is not None and instance.payload.state is InstanceState.DRAINING
 
     await eventually(lambda: all(sees_draining(s) for s in search), message="draining seen")
-    await draining
-    await _all_see(search, {"ds-stopped"})
+    await waited(draining, "ds-drained to finish its drain and shut down", timeout=30)
+    await all_see(search, {"ds-stopped"})
 
     await stopped.shutdown(grace=0)
-    await _all_see(search, set())
+    await all_see(search, set())
 
 
 async def test_redis_restarted_empty_gets_the_list_back_and_queries_keep_working(
@@ -159,13 +152,13 @@ async def test_redis_restarted_empty_gets_the_list_back_and_queries_keep_working
         search = [
             await make_search_server(server_id=f"ss-{i}", redis_url=redis.url) for i in range(2)
         ]
-        await _all_see(search, {"ds-r0", "ds-r1"})
+        await all_see(search, {"ds-r0", "ds-r1"})
         query = sample_queries(1, variant=7)[0]
 
         await asyncio.to_thread(redis.stop)
         # Every search server keeps routing with its last known list.
         for server in search:
-            status, body = await _get(f"{server.url}/search", q=query)
+            status, body = await get_json(f"{server.url}/search", q=query)
             assert status == 200
             assert body["shards"]["ok"] == 2
         await eventually(
@@ -181,7 +174,7 @@ async def test_redis_restarted_empty_gets_the_list_back_and_queries_keep_working
             )
         finally:
             await client.aclose()
-        await _all_see(search, {"ds-r0", "ds-r1"})
+        await all_see(search, {"ds-r0", "ds-r1"})
         await eventually(
             lambda: all((_cluster_age(s) or 0) < 2000 for s in search), message="fresh again"
         )
@@ -198,14 +191,14 @@ async def test_search_merges_all_shards_like_direct_queries(
 ) -> None:
     data = [await make_data_server(shard=i, docs=300, instance_id=f"ds-m{i}") for i in range(3)]
     search = await make_search_server(server_id="ss-merge")
-    await _all_see([search], {"ds-m0", "ds-m1", "ds-m2"})
+    await all_see([search], {"ds-m0", "ds-m1", "ds-m2"})
     for query in sample_queries(10, variant=8):
         direct: list[tuple[float, str]] = []
         for server in data:
-            _, body = await _get(f"{server.url}/search", q=query, k="5")
+            _, body = await get_json(f"{server.url}/search", q=query, k="5")
             direct += [(hit["score"], hit["id"]) for hit in body["hits"]]
         expected = sorted(direct, key=lambda h: (-h[0], h[1]))[:5]
-        status, body = await _get(f"{search.url}/search", q=query, k="5")
+        status, body = await get_json(f"{search.url}/search", q=query, k="5")
         assert status == 200
         assert [(h["score"], h["id"]) for h in body["hits"]] == expected
         assert all(h["id"].startswith(f"s{h['shard']}-") for h in body["hits"])
@@ -217,7 +210,7 @@ async def test_hung_data_server_never_stalls_a_query(
     healthy = await make_data_server(shard=0, instance_id="ds-ok")
     hung = await make_data_server(shard=1, instance_id="ds-hung")
     search = await make_search_server(server_id="ss-hang", eject_after=100)
-    await _all_see([search], {"ds-ok", "ds-hung"})
+    await all_see([search], {"ds-ok", "ds-hung"})
     query = sample_queries(1, variant=9)[0]
 
     async with aiohttp.ClientSession() as client:
@@ -226,7 +219,7 @@ async def test_hung_data_server_never_stalls_a_query(
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         started = time.monotonic()
-        status, body = await _get(f"{search.url}/search", q=query, timeout_ms="300")
+        status, body = await get_json(f"{search.url}/search", q=query, timeout_ms="300")
         elapsed = time.monotonic() - started
         assert status == 200
         # The 300 ms deadline holds, far below the 30 s the hang lasts. The slack is
@@ -241,9 +234,9 @@ async def test_hung_data_server_never_stalls_a_query(
             assert body["shards"] == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0}
             break
     else:
-        pytest.fail("the hung server was never removed from the live list")
+        pytest.fail("timed out after 20s waiting for the hung server to leave the live list")
     assert partial_seen
-    assert "ds-hung" not in _ids(search)
+    assert "ds-hung" not in live_ids(search)
     assert healthy.port is not None
     async with aiohttp.ClientSession() as client:
         await client.post(f"{hung.url}/admin/fault", json={"mode": "none"})
@@ -256,11 +249,11 @@ async def test_overload_is_refused_at_once_and_bad_parameters_get_400(
         shard=0, instance_id="ds-slow", agent=_lenient_agent()
     )
     search = await make_search_server(server_id="ss-busy", max_in_flight=2)
-    await _all_see([search], {"ds-slow"})
+    await all_see([search], {"ds-slow"})
     async with aiohttp.ClientSession() as client:
         await client.post(f"{slow.url}/admin/fault", json={"mode": "slow", "delay_ms": 1500})
     busy = [
-        asyncio.create_task(_get(f"{search.url}/search", q="a", timeout_ms="3000"))
+        asyncio.create_task(get_json(f"{search.url}/search", q="a", timeout_ms="3000"))
         for _ in range(2)
     ]
     await eventually(
@@ -268,11 +261,11 @@ async def test_overload_is_refused_at_once_and_bad_parameters_get_400(
         message="two queries in flight",
     )
     started = time.monotonic()
-    status, body = await _get(f"{search.url}/search", q="a")
+    status, body = await get_json(f"{search.url}/search", q="a")
     assert status == 503
     assert "overloaded" in body["error"]
     assert time.monotonic() - started < 0.5  # refused at once, not queued
-    await asyncio.gather(*busy)
+    await waited(asyncio.gather(*busy), "the two slow queries to finish", timeout=15)
     async with aiohttp.ClientSession() as client:
         await client.post(f"{slow.url}/admin/fault", json={"mode": "none"})
 
@@ -284,7 +277,7 @@ async def test_overload_is_refused_at_once_and_bad_parameters_get_400(
         ({"q": "a", "timeout_ms": "99999999"}, "'timeout_ms' must be in"),
         ({"q": "x" * 2000}, "longer than"),
     ]:
-        status, body = await _get(f"{search.url}/search", **params)
+        status, body = await get_json(f"{search.url}/search", **params)
         assert status == 400
         assert message in body["error"]
 
@@ -311,7 +304,9 @@ async def test_suspended_leader_stops_publishing_and_resumes_in_the_same_session
     )
     assert leader.reader is not None
     await eventually(lambda: leader.is_leader, message="leads")
-    await leader.reader.wait_until(lambda live: live.version > 0, timeout=10)
+    await waited(
+        leader.reader.wait_until(lambda live: live.version > 0, timeout=10), "a published list"
+    )
     assert leader.session is not None
     session_id = leader.session.session_id
     prefix = leader.config.cluster.redis_prefix
@@ -356,7 +351,9 @@ async def test_fenced_leader_resigns_and_rejoins_with_a_higher_epoch(
 ) -> None:
     leader = await make_search_server(server_id="ss-fenced")
     assert leader.reader is not None
-    await leader.reader.wait_until(lambda live: live.version > 0, timeout=10)
+    await waited(
+        leader.reader.wait_until(lambda live: live.version > 0, timeout=10), "a published list"
+    )
     assert leader.election is not None
     term = leader.election.leadership
     assert term is not None
@@ -370,8 +367,11 @@ async def test_fenced_leader_resigns_and_rejoins_with_a_higher_epoch(
             lambda: leader.election is not None and leader.election.terms >= 2,
             message="a second term",
         )
-        await leader.reader.wait_until(
-            lambda live: live.leader == "ss-fenced" and live.epoch > term.epoch + 1, timeout=10
+        await waited(
+            leader.reader.wait_until(
+                lambda live: live.leader == "ss-fenced" and live.epoch > term.epoch + 1, timeout=10
+            ),
+            "a list of ss-fenced's new, higher epoch",
         )
     finally:
         await client.aclose()
@@ -390,7 +390,7 @@ async def test_optional_zookeeper_fallback_during_a_long_redis_outage(
             server_id="ss-fallback", redis_url=redis.url, zk_fallback_after=0.5
         )
         plain = await make_search_server(server_id="ss-plain", redis_url=redis.url)
-        await _all_see([search, plain], {"ds-f0"})
+        await all_see([search, plain], {"ds-f0"})
 
         await asyncio.to_thread(redis.stop)
         await eventually(
@@ -402,7 +402,7 @@ async def test_optional_zookeeper_fallback_during_a_long_redis_outage(
             lambda: {s["id"] for s in search.cluster_view()["servers"]} == {"ds-f0", "ds-f1"},
             message="fallback sees the newcomer",
         )
-        status, body = await _get(f"{search.url}/search", q=sample_queries(1, variant=10)[0])
+        status, body = await get_json(f"{search.url}/search", q=sample_queries(1, variant=10)[0])
         assert status == 200
         assert body["shards"]["total"] == 2
         assert plain.cluster_view()["source"] == "redis"
@@ -410,6 +410,6 @@ async def test_optional_zookeeper_fallback_during_a_long_redis_outage(
 
         await asyncio.to_thread(redis.start)
         await eventually(lambda: search.cluster_view()["source"] == "redis", message="back")
-        await _all_see([search, plain], {"ds-f0", "ds-f1"})
+        await all_see([search, plain], {"ds-f0", "ds-f1"})
     finally:
         redis.stop()

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 
 from discovery.testing import RedisServer, free_port
-from tests.support import eventually
+from tests.support import eventually, reap, waited
 
 
 @contextlib.asynccontextmanager
@@ -28,9 +28,7 @@ async def search_server_process(
     try:
         yield process
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await reap(process)
 
 
 async def _cluster(port: int) -> dict[str, Any] | None:
@@ -71,7 +69,7 @@ async def test_killed_leader_is_replaced_by_a_higher_epoch(
         survivor = next(name for name in ports if name != old_leader)
 
         processes[old_leader].send_signal(signal.SIGKILL)
-        await processes[old_leader].wait()
+        await waited(processes[old_leader].wait(), f"{old_leader} to exit on SIGKILL", timeout=10)
 
         async def taken_over() -> dict[str, Any] | None:
             view = await _cluster(ports[survivor])
@@ -83,4 +81,5 @@ async def test_killed_leader_is_replaced_by_a_higher_epoch(
         assert after["epoch"] > old_epoch
         assert after["version"] >= 1
         processes[survivor].send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(processes[survivor].wait(), timeout=20) == 0
+        exited = processes[survivor].wait()
+        assert await waited(exited, f"{survivor} to exit after SIGTERM", timeout=20) == 0

@@ -24,30 +24,35 @@ from tests.support import (
     SessionFactory,
     eventually,
     make_instance,
+    reap,
+    waited,
 )
 
 CLI_TIMEOUT = 60.0
 
 
-async def run_cli(*args: str) -> tuple[int, str, str]:
+async def run_cli(*args: str, log_level: str | None = "WARNING") -> tuple[int, str, str]:
     """``python -m discovery.tools.main status ARGS`` in a subprocess; (exit code, stdout, stderr).
 
     Asynchronous, so that the servers of the test keep running on this loop meanwhile.
+    ``log_level`` None leaves the command's own default.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISCOVERY_")}
+    level = ("--log-level", log_level) if log_level is not None else ()
     process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "discovery.tools.main", "--log-level", "WARNING", "status", *args),
+        *(sys.executable, "-m", "discovery.tools.main", *level, "status", *args),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=env,
     )
     try:
-        async with asyncio.timeout(CLI_TIMEOUT):
-            out, err = await process.communicate()
+        out, err = await waited(
+            process.communicate(),
+            f"`discovery status {' '.join(args)}` to finish",
+            timeout=CLI_TIMEOUT,
+        )
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await reap(process)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
 
@@ -348,3 +353,21 @@ def test_parser_options_and_log_level(capsys: pytest.CaptureFixture[str]) -> Non
         "--json",
     ):
         assert name in help_text
+
+
+async def test_status_is_quiet_by_default_and_logs_connections_on_v(
+    zk_hosts: str, redis_server: RedisServer, redis_prefix: str
+) -> None:
+    args = cluster_args(zk_hosts, redis_server.url, redis_prefix)
+    code, out, err = await run_cli(*args, log_level=None)
+    assert code == 0, err
+    assert "leader" in out
+    # An operator asked a question: the answer, not kazoo's connection log.
+    assert err == ""
+    code, _, err_v = await run_cli("-v", *args, log_level=None)
+    assert code == 0, err_v
+    assert " INFO kazoo.client: Connecting to " in err_v
+    assert " DEBUG " not in err_v
+    code, _, err_vv = await run_cli("-vv", *args, log_level=None)
+    assert code == 0, err_vv
+    assert " DEBUG " in err_vv

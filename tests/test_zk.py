@@ -19,7 +19,7 @@ from discovery.errors import (
 )
 from discovery.testing import expire_session, free_port
 from discovery.zk import SessionState, WatchEvent, ZkSession
-from tests.support import SessionFactory
+from tests.support import SessionFactory, waited, within
 
 
 async def test_operations_round_trip_and_errors_are_translated(zk_session: ZkSession) -> None:
@@ -53,7 +53,7 @@ async def test_watch_callbacks_run_on_the_event_loop(make_session: SessionFactor
     await session.get("/w", watch=on_change)
     await other.set("/w", b"changed")
 
-    event, thread = await asyncio.wait_for(fired, timeout=10)
+    event, thread = await waited(fired, "the watch callback on /w", timeout=10)
     assert (event.kind, event.path) == ("changed", "/w")
     assert thread == threading.get_ident()
 
@@ -75,10 +75,11 @@ async def test_expiry_is_reported_as_lost_then_a_new_session(make_session: Sessi
     new = await expire_session(session)
 
     states = []
-    async for event in events:
-        states.append((event.state, event.new_session))
-        if event.state is SessionState.CONNECTED:
-            break
+    async with within(30, "the session events up to CONNECTED after the expiry"):
+        async for event in events:
+            states.append((event.state, event.new_session))
+            if event.state is SessionState.CONNECTED:
+                break
     assert states[-2:] == [(SessionState.LOST, False), (SessionState.CONNECTED, True)]
     assert new != old
     assert session.session_id == new
@@ -96,7 +97,8 @@ async def test_close_ends_subscriptions_and_deletes_ephemeral_nodes(
 
     await session.aclose()
 
-    assert [event.state async for event in events] == [SessionState.CLOSED]
+    async with within(10, "the subscription to end after close"):
+        assert [event.state async for event in events] == [SessionState.CLOSED]
     assert await observer.exists("/eph") is None
     with pytest.raises(ZkConnectionError):
         await session.get("/")
