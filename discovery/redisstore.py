@@ -72,7 +72,9 @@ class RedisLiveStore:
         if not reconcile_interval > 0:
             raise ValueError(f"reconcile_interval must be positive, got {reconcile_interval!r}")
         self._redis = redis
-        self._publish_redis = None if read_only else (publish_redis or redis)
+        self._publish_redis = (
+            None if read_only else (publish_redis if publish_redis is not None else redis)
+        )
         self._heartbeat_ttl = heartbeat_ttl
         self._reconcile_interval = reconcile_interval
         self._clock = clock
