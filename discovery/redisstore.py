@@ -100,20 +100,17 @@ class RedisLiveStore:
         publishing ones (:class:`~discovery.config.RedisConfig`). Nothing connects yet:
         a Redis that is down now is no error here (followers keep trying).
         """
-        redis = make_redis(
-            cluster,
-            role=RedisRole.READ,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_timeout,
-        )
-        publish_redis = None
-        if not read_only:
-            publish_redis = make_redis(
+
+        def client(role: RedisRole) -> aioredis.Redis:
+            return make_redis(
                 cluster,
-                role=RedisRole.PUBLISH,
+                role=role,
                 socket_timeout=socket_timeout,
                 socket_connect_timeout=socket_timeout,
             )
+
+        redis = client(RedisRole.READ)
+        publish_redis = None if read_only else client(RedisRole.PUBLISH)
         store = cls(
             redis,
             cluster.redis_prefix,

@@ -65,7 +65,8 @@ class SearchServer:
 
     ``store`` is where the live list is published and read; by default a
     :class:`~discovery.redisstore.RedisLiveStore` on ``config.cluster`` that the server
-    opens and closes itself (a store passed in stays the caller's to close). ``picker``
+    opens and closes itself, with the heartbeat TTL and reconcile interval of ``config``
+    (a store passed in brings its own and stays the caller's to close). ``picker``
     chooses a replica per shard for the fan-out (default
     :class:`~search_server.picking.PowerOfTwoChoices`). Metrics go to ``registry`` (a
     fresh one if None).
