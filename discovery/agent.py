@@ -328,6 +328,7 @@ class Agent:
             # This session serves the registration alone, so where the ACL refuses
             # deletes the node may go by ending the session.
             removal=Removal.AUTO,
+            verify_interval=self._config.verify_interval,
         )
         self._task = asyncio.create_task(self._probe_loop(), name=f"agent:{self._instance.id}")
         self._task.add_done_callback(self._on_task_done)

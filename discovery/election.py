@@ -34,7 +34,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from kazoo.exceptions import KazooException
+from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionClosedError, KazooException, SessionExpiredError
 from kazoo.recipe.election import Election
 
 from .errors import DiscoveryError
@@ -175,16 +176,24 @@ class LeaderElection:
     # -- the election thread -----------------------------------------------------
 
     def _contend(self) -> None:
-        client = self._session.client
         while not self._closing.is_set():
             self._connected.wait()
             if self._closing.is_set():
                 break
+            # Read anew each time: the session replaces its client when it declares a
+            # session lost (see ZkSession), and the old one is stopped.
+            client = self._session.client
             # A fresh recipe object per attempt: kazoo's lock remembers its last node.
             election = Election(client, self.path, self.identifier)
             self._election = election
             try:
                 election.run(self._hold, election)
+            except SessionExpiredError as exc:
+                # Connected, yet the ensemble has closed the session: only a new client
+                # gets a new session (ZkSession.report_expired replaces it).
+                log.warning("%s: election attempt failed: %s", self.identifier, exc)
+                self._report_expired(client, exc)
+                self._closing.wait(_RETRY_PAUSE)
             except KazooException as exc:
                 log.warning("%s: election attempt failed: %s", self.identifier, exc)
                 self._closing.wait(_RETRY_PAUSE)
@@ -193,6 +202,12 @@ class LeaderElection:
                 self._closing.wait(_RETRY_PAUSE)
             finally:
                 self._election = None
+
+    def _report_expired(self, client: KazooClient, exc: SessionExpiredError) -> None:
+        if isinstance(exc, ConnectionClosedError) or self._loop is None:
+            return  # a client stopped on purpose, not an expiry
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            self._loop.call_soon_threadsafe(self._session.report_expired, client)
 
     def _hold(self, election: Election) -> None:
         """Called by the recipe in our thread while we hold the lowest node."""

@@ -21,6 +21,10 @@ Within a term:
   is republished; on LOST the election cancels the term;
 * a write refused by the fence (:class:`~discovery.errors.FencedError`) proves a newer
   leader exists: the term ends and the election contends again;
+* at every heartbeat our election node is read back: if it is gone or not ours, the
+  term ends. No event may ever say so: a client can stay connected to a session the
+  ensemble has closed (see :class:`~discovery.zk.ZkSession`), and a leader in that
+  state would otherwise publish until a successor's epoch fences it;
 * store errors (a Redis outage, error replies) are logged and retried at the next
   heartbeat with a full snapshot; a store that refuses our credentials
   (:class:`~discovery.errors.RedisAccessError`) ends the term, for the caller to handle;
@@ -43,7 +47,7 @@ from prometheus_client import CollectorRegistry
 
 from .brake import BrakeStatus, MassLossBrake, MassLossBrakeConfig
 from .election import Leadership
-from .errors import FencedError, StoreError
+from .errors import FencedError, StoreError, ZkError
 from .instance import ServiceInstance
 from .layout import DATA_SERVERS_PATH
 from .membership import MembershipSubscription, MembershipWatcher
@@ -179,6 +183,8 @@ class _Term:
                             await self._wake.wait()
                     if self._wake.is_set() or releasing:
                         continue
+                if not await self._still_elected():
+                    return
                 await self._heartbeat()
                 next_beat = loop.time() + interval
         finally:
@@ -234,6 +240,32 @@ class _Term:
             )
             raise
         self._published = members
+
+    async def _still_elected(self) -> bool:
+        """False once our election node is gone or owned by another session.
+
+        A read that fails (a dropped connection) proves nothing: the session events
+        decide then.
+        """
+        session = self._duty._session
+        if not self._may_write():
+            return True
+        try:
+            stat = await session.exists(self._leadership.node)
+        except ZkError as exc:
+            log.debug("leader: checking the election node deferred: %s", exc)
+            return True
+        if stat is not None and stat.ephemeral_owner == self._leadership.session_id:
+            return True
+        log.error(
+            "leader %s (epoch %d): election node %s is gone although our session 0x%x "
+            "looks connected; resigning",
+            self._duty._leader_id,
+            self._leadership.epoch,
+            self._leadership.node,
+            self._leadership.session_id,
+        )
+        return False
 
     async def _heartbeat(self) -> None:
         if not self._may_write():

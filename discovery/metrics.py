@@ -43,6 +43,18 @@ class SessionMetrics:
             "ZooKeeper sessions established (the first one and each one after an expiry).",
             registry=registry,
         )
+        self.watchdog_expiries = Counter(
+            "discovery_zk_watchdog_expiries",
+            "Sessions the client declared lost itself: no reconnection within the "
+            "watchdog bound after a disconnect (see ZkSession).",
+            registry=registry,
+        )
+        self.client_rebuilds = Counter(
+            "discovery_zk_client_rebuilds",
+            "kazoo clients replaced by a fresh one, by reason (watchdog, restart).",
+            ["reason"],
+            registry=registry,
+        )
         self.operation_errors = Counter(
             "discovery_zk_operation_errors",
             "ZooKeeper operations that failed, by error class.",
@@ -78,6 +90,12 @@ class RegistrationMetrics:
         self.replaced_stale = Counter(
             "discovery_registration_replaced_stale",
             "Times a znode of our own earlier session or process was replaced.",
+            registry=registry,
+        )
+        self.vanished = Counter(
+            "discovery_registration_vanished",
+            "Times a periodic check found our znode gone or not ours although no event "
+            "had said so (a client connected to a session the ensemble had closed).",
             registry=registry,
         )
 

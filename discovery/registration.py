@@ -8,7 +8,12 @@ say), deletes it when asked to deregister, and reconciles on every reconnect:
   so it is created again, without any operator action;
 * if someone deletes the node while we want it, an existence watch brings us back;
 * if a deregister failed because the connection was down, the node is deleted at
-  the next reconnect (the session survived, so the node did too).
+  the next reconnect (the session survived, so the node did too);
+* with ``verify_interval``, the node is also read back that often while it is
+  wanted, and re-created if it is missing or not ours: a client can stay connected
+  to a session the ensemble has closed, and then no event ever tells us that the
+  node went with it (the write that re-creates it makes the session find out that it
+  is gone, see :class:`~discovery.zk.ZkSession`).
 
 Ownership is decided by the node's ``ephemeralOwner``. A node owned by our current
 session is ours. A node owned by a session this object held before, or one that
@@ -95,8 +100,10 @@ class Registration:
         base_path: str = DATA_SERVERS_PATH,
         registry: CollectorRegistry | None = None,
         removal: Removal = Removal.DELETE,
+        verify_interval: float | None = None,
     ) -> None:
         self._session = session
+        self._verify_interval = verify_interval
         self._removal = removal
         # Deregistering ends the session: always under END_SESSION, and under AUTO
         # once the ACL has refused a delete (it will go on refusing).
@@ -225,6 +232,11 @@ class Registration:
                 self._metrics.registered.set(0)
             self._wake.set()
         elif event.state is SessionState.LOST:
+            # The node went with the session (or goes soon, if the session was only
+            # declared lost on our side: see ZkSession's watchdog).
+            if self._owned_session is not None:
+                self._past_sessions.add(self._owned_session)
+                self._owned_session = None
             self._metrics.registered.set(0)
 
     def _on_node_event(self, event: WatchEvent) -> None:
@@ -233,7 +245,9 @@ class Registration:
     async def _run(self) -> None:
         """Reconcile whenever the session reconnects or our node changes under us."""
         while True:
-            await self._wake.wait()
+            if not await self._woken_or_due():
+                await self._verify()
+                continue
             self._wake.clear()
             if not self._session.connected:
                 continue  # the CONNECTED event wakes us again
@@ -245,6 +259,44 @@ class Registration:
                         await self._wake.wait()
                 self._wake.set()
 
+    async def _woken_or_due(self) -> bool:
+        """Wait for a wake-up (True) or, while the node is wanted, a due check (False)."""
+        interval = self._verify_interval if self._wanted else None
+        try:
+            async with asyncio.timeout(interval):
+                await self._wake.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def _verify(self) -> None:
+        """Read our node back; re-create it if it is gone or no longer ours.
+
+        Only what we believe is checked: while we know we are not registered (not
+        connected, a conflict, a stale node we wait out), events drive us already.
+        """
+        session = self._session
+        if not (session.connected and self._wanted and self.registered):
+            return
+        try:
+            stat = await session.exists(self.path)
+        except ZkError as exc:
+            log.info("verifying %s deferred: %s", self.path, exc)
+            return
+        if stat is not None and stat.ephemeral_owner == session.session_id:
+            return
+        owner = "absent" if stat is None else f"owned by session 0x{stat.ephemeral_owner:x}"
+        log.warning(
+            "%s is %s although no event said so (session 0x%x); registering again",
+            self.path,
+            owner,
+            session.session_id or 0,
+        )
+        self._metrics.vanished.inc()
+        self._owned_session = None
+        self._metrics.registered.set(0)
+        self._wake.set()
+
     async def _reconcile_logged(self) -> bool:
         try:
             await self._reconcile()
@@ -253,6 +305,11 @@ class Registration:
             return False
         except ZkError as exc:
             log.error("reconciling %s failed: %s", self.path, exc)
+            return False
+        except Exception:
+            # A bug of ours or of kazoo's must not end the registration for good: the
+            # task would die and the node never come back. Logged, retried.
+            log.exception("reconciling %s failed unexpectedly", self.path)
             return False
         return True
 

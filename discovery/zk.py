@@ -21,6 +21,19 @@ session expired (or the client stopped), its ephemeral nodes are gone, and kazoo
 establish a new session by itself. A CONNECTED event whose ``new_session`` is true
 tells recipes to re-create what they own.
 
+kazoo has no client-side expiry: a client whose reconnection stalls (python-zk/kazoo
+#577, #567; about one in 35 forced expiries in our chaos runs) stays SUSPENDED forever,
+and a data server whose client hangs that way is never registered again. So a session
+keeps a **watchdog**, after ZooKeeper's own client (ZOOKEEPER-4508) and Curator (LOST
+after a session timeout of SUSPENDED): when the connection has not come back within
+``lost_after`` (by default the session timeout) of a disconnect, the session is
+declared LOST on the client side, and the kazoo client is replaced by a fresh one,
+which opens a new session. By then the server has expired the session anyway (it last
+heard from us no later than the disconnect), so the declaration is the truth whenever
+the ensemble has a quorum; recipes react to it as to any expiry (a leader resigns, a
+registration re-creates its node in the new session, replacing the old node by its
+``ephemeralOwner`` if the server has not removed it yet).
+
 Access control (``ZkConfig.auth``, digest scheme): the session authenticates as the
 configured identity and, in addition, as an *owner* identity invented for this object
 (a random user and password that never leave the process). Persistent nodes we create
@@ -38,6 +51,7 @@ import enum
 import logging
 import posixpath
 import secrets
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -137,6 +151,16 @@ class NodeStat:
 
 
 _IMPOSSIBLE_VERSION = 2**31 - 1
+# The watchdog backs off to this while ZooKeeper stays unreachable.
+_WATCHDOG_MAX_DELAY = 60.0
+# How long aclose waits for each replaced client to finish stopping.
+_RETIRE_JOIN = 15.0
+
+_KAZOO_STATES = {
+    KazooState.CONNECTED: SessionState.CONNECTED,
+    KazooState.SUSPENDED: SessionState.SUSPENDED,
+    KazooState.LOST: SessionState.LOST,
+}
 
 _EVENT_KINDS = {
     EventType.CREATED: "created",
@@ -172,6 +196,14 @@ def translate_kazoo_error(exc: BaseException) -> ZkError:
     return ZkError(message)
 
 
+# Writes a session answers with a reply kazoo cannot read belong to a broken session.
+_WRITES = frozenset({"create_async", "set_async", "delete_async"})
+
+
+class _KazooInternalError(Exception):
+    """An operation's result could not be read: an error in kazoo, not from ZooKeeper."""
+
+
 class _LoopWatch:
     """A kazoo watcher that runs an asyncio-side callback on the loop.
 
@@ -198,6 +230,28 @@ class _LoopWatch:
 
     def __hash__(self) -> int:
         return hash(self._callback)
+
+
+class _ClientListener:
+    """The state listener of one kazoo client: hands each change to the loop.
+
+    Runs on kazoo's connection thread, so it does no ZooKeeper work, only the
+    hand-off; the loop side ignores it once its client has been replaced.
+    """
+
+    __slots__ = ("_client", "_session")
+
+    def __init__(self, session: ZkSession, client: KazooClient) -> None:
+        self._session = session
+        self._client = client
+
+    def __call__(self, state: str) -> None:
+        mapped = _KAZOO_STATES.get(state)
+        if mapped is None:
+            return
+        client_id = self._client.client_id
+        session_id = client_id[0] if client_id else None
+        self._session._post(self._session._on_client_state, self._client, mapped, session_id)
 
 
 class SessionSubscription:
@@ -243,9 +297,14 @@ class ZkSession:
     waited longer than ``operation_timeout`` raises
     :class:`~discovery.errors.ZkConnectionError`.
 
-    The session is not re-created by this class (except on request, :meth:`restart`):
     kazoo reconnects on its own, and after an expiry it opens a new session, which
-    subscribers see as a CONNECTED event with ``new_session=True``.
+    subscribers see as a CONNECTED event with ``new_session=True``. The session is
+    re-created by this class in two cases: on request (:meth:`restart`), and by the
+    watchdog, when the connection has not come back ``lost_after`` seconds after a
+    disconnect (subscribers see LOST at once, then CONNECTED with ``new_session``).
+    Both replace the kazoo client with one from ``client_factory`` (the same client is
+    stopped and started again when there is none), so :attr:`client` may change: read
+    it when needed, never keep it.
     """
 
     def __init__(
@@ -258,8 +317,23 @@ class ZkSession:
         acl: list[ACL] | None = None,
         ephemeral_acl: list[ACL] | None = None,
         identities: Sequence[str] = (),
+        client_factory: Callable[[], KazooClient] | None = None,
+        lost_after: float | None = None,
     ) -> None:
         self._client = client
+        self._client_factory = client_factory
+        # kazoo keeps the requested timeout in milliseconds; it has no public accessor.
+        requested = getattr(client, "_session_timeout", 10_000) / 1000.0
+        self._lost_after = lost_after if lost_after is not None else requested
+        # The watchdog: armed while disconnected, fired lost_after later.
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._rebuild_task: asyncio.Task[None] | None = None
+        # Consecutive rebuilds without a connection in between: backs the watchdog off
+        # while ZooKeeper is unreachable, so clients are not churned every few seconds.
+        self._rebuilds_in_a_row = 0
+        # Threads stopping replaced clients (touched on the loop only).
+        self._retiring: list[threading.Thread] = []
+        self._listener: _ClientListener | None = None
         self._operation_timeout = operation_timeout
         self._connect_timeout = connect_timeout
         self._metrics = SessionMetrics(registry if registry is not None else CollectorRegistry())
@@ -314,15 +388,22 @@ class ZkSession:
             owner_password = secrets.token_urlsafe(24)
             auth_data.append(("digest", f"{owner}:{owner_password}"))
             ephemeral_acl = [make_digest_acl(owner, owner_password, all=True), *READ_ACL_UNSAFE]
-        client = KazooClient(
-            hosts=config.hosts,
-            timeout=config.session_timeout,
-            connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=2.0),
-            auth_data=auth_data or None,
-            default_acl=acl or OPEN_ACL_UNSAFE,
-        )
+
+        def build() -> KazooClient:
+            # The same credentials, owner identity included, in every client: a session
+            # that replaces an expired one still owns the ephemeral nodes' ACL.
+            return KazooClient(
+                hosts=config.hosts,
+                timeout=config.session_timeout,
+                connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=2.0),
+                auth_data=auth_data or None,
+                default_acl=acl or OPEN_ACL_UNSAFE,
+            )
+
         return cls(
-            client,
+            build(),
+            client_factory=build,
+            lost_after=config.session_timeout,
             operation_timeout=config.effective_operation_timeout,
             connect_timeout=config.connect_timeout,
             registry=registry,
@@ -341,7 +422,7 @@ class ZkSession:
             ZkAuthError: the credentials were refused.
         """
         self._loop = asyncio.get_running_loop()
-        self._client.add_listener(self._on_kazoo_state)
+        self._listen(self._client)
         try:
             await asyncio.to_thread(self._client.start, self._connect_timeout)
         except KazooTimeoutError:
@@ -361,14 +442,24 @@ class ZkSession:
         if self._closing:
             return
         self._closing = True
+        self._disarm_watchdog()
+        rebuild = self._rebuild_task
+        if rebuild is not None:
+            rebuild.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await rebuild
         async with self._lifecycle:
             await asyncio.to_thread(self._client.stop)
             await asyncio.to_thread(self._client.close)
-        self._client.remove_listener(self._on_kazoo_state)
+        self._unlisten(self._client)
         self._set_state(SessionState.CLOSED, self._session_id)
+        # Clients replaced earlier stop in threads of their own; a stuck one is left to
+        # the interpreter (daemon threads) rather than hang our close.
+        for thread in self._retiring:
+            await asyncio.to_thread(thread.join, _RETIRE_JOIN)
 
     async def restart(self) -> None:
-        """End the current session and open a new one with the same client.
+        """End the current session and open a new one (in a fresh kazoo client).
 
         Ending a session is the one way to remove an ephemeral node without the right
         to delete it: ZooKeeper deletes the session's ephemeral nodes as it closes the
@@ -397,11 +488,12 @@ class ZkSession:
                 log.info("ZooKeeper %s: ending session 0x%x to start anew", self.hosts, old or 0)
                 self._restarting = True
                 try:
+                    # stop() sends closeSession: the server removes our ephemeral nodes.
                     await asyncio.to_thread(self._client.stop)
+                    self._set_state(SessionState.LOST, self._session_id)
                 finally:
                     self._restarting = False
-                # Not start(): on a timeout it would stop and close the client for good.
-                await asyncio.to_thread(self._client.start_async)
+                await self._replace_client("restart", stopped=True)
             async with asyncio.timeout(self._connect_timeout):
                 async for event in events:
                     if event.state is SessionState.CONNECTED and event.new_session:
@@ -492,17 +584,159 @@ class ZkSession:
         except TimeoutError:
             raise ZkConnectionError(f"not connected to ZooKeeper after {timeout:g}s") from None
 
-    def _on_kazoo_state(self, state: str) -> None:
-        # kazoo's connection thread: no ZooKeeper work here, only a hand-off.
-        client_id = self._client.client_id
-        session_id = client_id[0] if client_id else None
-        mapped = {
-            KazooState.CONNECTED: SessionState.CONNECTED,
-            KazooState.SUSPENDED: SessionState.SUSPENDED,
-            KazooState.LOST: SessionState.LOST,
-        }.get(state)
-        if mapped is not None:
-            self._post(self._set_state, mapped, session_id)
+    # -- kazoo clients and the watchdog ----------------------------------------------
+
+    def _listen(self, client: KazooClient) -> None:
+        listener = _ClientListener(self, client)
+        self._listener = listener
+        client.add_listener(listener)
+
+    def _unlisten(self, client: KazooClient) -> None:
+        if self._listener is not None:
+            client.remove_listener(self._listener)
+
+    def _on_client_state(
+        self, client: KazooClient, state: SessionState, session_id: int | None
+    ) -> None:
+        # A replaced client may still report (its LOST as it stops, say): not ours.
+        if client is self._client:
+            self._set_state(state, session_id)
+
+    def _arm_watchdog(self) -> None:
+        if self._watchdog is not None or self._loop is None or self._closing:
+            return
+        delay = min(self._lost_after * 2**self._rebuilds_in_a_row, _WATCHDOG_MAX_DELAY)
+        delay = max(delay, self._lost_after)
+        self._watchdog = self._loop.call_later(delay, self._on_watchdog)
+
+    def _disarm_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+
+    def _on_watchdog(self) -> None:
+        self._watchdog = None
+        if self._closing or self._state is SessionState.CONNECTED:
+            return
+        if self._rebuild_task is not None and not self._rebuild_task.done():
+            return  # a restart or an earlier rebuild is under way
+        if self._state is SessionState.SUSPENDED:
+            log.warning(
+                "ZooKeeper %s: no reconnection %.3gs after the disconnect; session 0x%x is "
+                "presumed expired (client-side expiry)",
+                self.hosts,
+                self._lost_after,
+                self._session_id or 0,
+            )
+            self._metrics.watchdog_expiries.inc()
+            self._set_state(SessionState.LOST, self._session_id)
+        else:
+            log.warning(
+                "ZooKeeper %s: no new session %.3gs after losing the last one; "
+                "replacing the client",
+                self.hosts,
+                self._lost_after,
+            )
+        self._start_rebuild()
+
+    def _start_rebuild(self) -> None:
+        self._rebuilds_in_a_row += 1
+        self._rebuild_task = asyncio.create_task(self._rebuild(), name=f"zk-rebuild:{self.hosts}")
+        self._rebuild_task.add_done_callback(self._on_rebuild_done)
+
+    def _on_rebuild_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("replacing the ZooKeeper client failed", exc_info=task.exception())
+        # Still not connected (or the rebuild failed): try again later, backed off.
+        if self._state is not SessionState.CONNECTED:
+            self._arm_watchdog()
+
+    async def _rebuild(self) -> None:
+        async with self._lifecycle:
+            if self._closing or self._state is SessionState.CONNECTED:
+                return
+            await self._replace_client("watchdog", stopped=False)
+
+    async def _replace_client(self, reason: str, *, stopped: bool) -> None:
+        """Start a new session in a fresh kazoo client (the old one is retired).
+
+        Without a ``client_factory`` the same client is stopped, closed and started
+        again. Called with ``_lifecycle`` held. ``stopped``: the old client has been
+        stopped already (its session closed).
+        """
+        old = self._client
+        self._metrics.client_rebuilds.labels(reason=reason).inc()
+        if self._client_factory is None:
+            if not stopped:
+                await asyncio.to_thread(old.stop)
+            # close() as well: a client started again without it keeps bytes in its
+            # wake-up socket pair until they clog it (python-zk/kazoo #577).
+            await asyncio.to_thread(old.close)
+            await asyncio.to_thread(old.start_async)
+            return
+        new = self._client_factory()
+        self._unlisten(old)
+        self._client = new
+        self._listen(new)
+        self._retire(old)
+        # Not start(): on a timeout it would stop and close the client for good; the
+        # watchdog is what bounds the wait.
+        await asyncio.to_thread(new.start_async)
+
+    def report_expired(
+        self, client: KazooClient | None, why: str = "expired on the server"
+    ) -> None:
+        """ZooKeeper answered SESSIONEXPIRED to ``client``: the session is gone.
+
+        Operations of this class report it themselves; code that uses :attr:`client`
+        directly (kazoo recipes, in threads of their own) calls this on the loop,
+        through ``loop.call_soon_threadsafe``.
+
+        A client can stay CONNECTED to a session the ensemble has closed: a
+        reconnection racing the session's close is accepted by a server that then
+        keeps answering its pings and reads (seen on every few dozen forced expiries
+        next to a server restart). kazoo never leaves that state by itself, and no
+        watch fires for the ephemeral nodes that went with the session. A write is
+        refused with SESSIONEXPIRED, so that is where we learn it: the session is
+        declared LOST and the client replaced, as the watchdog would. (A create
+        on such a session has also been seen to "succeed" with no path, which kazoo
+        cannot read: that counts the same, ``why`` says which.)
+        """
+        if client is not None and client is not self._client:
+            return  # an answer from a client already replaced
+        if self._closing or self._state is not SessionState.CONNECTED:
+            return  # kazoo reports the expiry itself when it is not connected
+        if self._rebuild_task is not None and not self._rebuild_task.done():
+            return
+        log.warning(
+            "ZooKeeper %s: session 0x%x is connected but %s; replacing the client",
+            self.hosts,
+            self._session_id or 0,
+            why,
+        )
+        self._metrics.watchdog_expiries.inc()
+        self._set_state(SessionState.LOST, self._session_id)
+        self._disarm_watchdog()
+        self._start_rebuild()
+
+    def _retire(self, client: KazooClient) -> None:
+        """Stop and close a replaced client in a daemon thread of its own.
+
+        A hung connection thread cannot block us: stop() waits for it (kazoo gives
+        it ten seconds or more), and we never wait for stop().
+        """
+
+        def retire() -> None:
+            try:
+                client.stop()
+                client.close()
+            except Exception as exc:  # a stuck client may refuse to stop cleanly
+                log.warning("stopping a replaced ZooKeeper client: %s", exc)
+
+        thread = threading.Thread(target=retire, name="zk-retire", daemon=True)
+        self._retiring = [t for t in self._retiring if t.is_alive()]
+        self._retiring.append(thread)
+        thread.start()
 
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
         """Run ``callback(*args)`` on the loop; from any thread."""
@@ -523,8 +757,12 @@ class ZkSession:
         if state is SessionState.CONNECTED:
             self._last_session_id = session_id
             self._connected.set()
+            self._disarm_watchdog()
+            self._rebuilds_in_a_row = 0
         else:
             self._connected.clear()
+            if state in (SessionState.SUSPENDED, SessionState.LOST):
+                self._arm_watchdog()
         if state is self._state and not new_session:
             return
         self._state = state
@@ -578,8 +816,15 @@ class ZkSession:
             # kazoo's callback thread.
             try:
                 value = result.get_nowait()
-            except BaseException as exc:
+            except kz.KazooException as exc:
                 self._post(settle, None, exc)
+            except Exception as exc:
+                # kazoo's own completion code failed (seen: a create answered while the
+                # connection was being replaced, whose path kazoo could not un-chroot).
+                # Whatever it was, the operation did not complete: callers retry a
+                # ZkError, while anything else would kill the recipe that awaits it.
+                log.warning("ZooKeeper %s: kazoo failed in %s: %r", self.hosts, method, exc)
+                self._post(settle, None, _KazooInternalError(repr(exc)))
             else:
                 self._post(settle, value, None)
 
@@ -593,8 +838,23 @@ class ZkSession:
                 f"ZooKeeper operation {method.__name__}{args[:1]} timed out after "
                 f"{self._operation_timeout:g}s (state {self._state.value})"
             ) from None
+        except _KazooInternalError as exc:
+            self._metrics.operation_errors.labels(error="ZkError").inc()
+            if method.__name__ in _WRITES:
+                self.report_expired(
+                    getattr(method, "__self__", None), "answers writes with nonsense"
+                )
+            raise ZkError(
+                f"ZooKeeper operation {method.__name__}{args[:1]} failed inside kazoo: {exc}"
+            ) from None
         except kz.KazooException as exc:
             error = translate_kazoo_error(exc)
+            if isinstance(exc, kz.SessionExpiredError) and not isinstance(
+                exc, kz.ConnectionClosedError
+            ):
+                # A bound kazoo method; a transaction's commit is bound to the transaction.
+                owner = getattr(method, "__self__", None)
+                self.report_expired(getattr(owner, "client", owner))
             if isinstance(error, ZkAuthError) and args:
                 error = ZkAuthError(self._refusal(method.__name__, args[0], error))
             self._metrics.operation_errors.labels(error=type(error).__name__).inc()

@@ -245,18 +245,30 @@ def repeat_host(address: str, times: int = 4) -> str:
 
 
 async def bounded_teardown(what: str, *closers: Awaitable[object], timeout: float = 60.0) -> None:
-    """Await ``closers`` together; if they hang, print every asyncio task's stack and
-    every thread's, then fail, so that a hung shutdown names the coroutine that hangs
-    (a thread dump alone shows only the event loop's ``select``)."""
-    try:
-        async with asyncio.timeout(timeout):
-            await asyncio.gather(*closers)
-    except TimeoutError:
+    """Await ``closers`` together; if they hang, print the stacks of the ones still
+    running and every thread's, then cancel them and fail, so that a hung shutdown
+    names the coroutine that hangs (a thread dump alone shows only the event loop's
+    ``select``). The stacks are taken before the cancellation, which would unwind them.
+    """
+    tasks = [asyncio.ensure_future(closer) for closer in closers]
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    if pending:
         out = io.StringIO()
-        out.write(f"=== {what}: teardown hung for {timeout:g}s; asyncio tasks:\n")
+        out.write(f"=== {what}: teardown hung for {timeout:g}s; pending closers:\n")
+        for task in pending:
+            task.print_stack(limit=30, file=out)
+        out.write(f"=== {what}: every other asyncio task:\n")
         for task in asyncio.all_tasks():
-            task.print_stack(limit=12, file=out)
+            if task not in pending and not task.done():
+                task.print_stack(limit=12, file=out)
         sys.stderr.write(out.getvalue())
         sys.stderr.write(f"=== {what}: threads:\n")
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        raise AssertionError(f"{what}: teardown hung for {timeout:g}s (stacks on stderr)") from None
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=5)
+        raise AssertionError(f"{what}: teardown hung for {timeout:g}s (stacks on stderr)")
+    for task in tasks:
+        task.result()  # a closer's own error fails the teardown

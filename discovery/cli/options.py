@@ -409,6 +409,14 @@ AGENT_OPTIONS: tuple[Option, ...] = (
         default=5.0,
         metavar="SECONDS",
     ),
+    Option(
+        "--verify-interval",
+        "DISCOVERY_VERIFY_INTERVAL",
+        "seconds between checks that our registration still exists in ZooKeeper",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+    ),
 )
 
 
@@ -472,6 +480,7 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
         flap_window=args.flap_window,
         flap_cooldown=args.flap_cooldown,
         drain_grace=args.drain_grace,
+        verify_interval=args.verify_interval,
     )
 
 

@@ -10,12 +10,15 @@ sits beside ``kazoo.client``: nothing here is imported by the library.
 * :func:`expire_session` makes ZooKeeper expire a live session on demand (fault
   injection: the victim sees LOST and a new session, everyone sees its ephemeral nodes
   go).
+* :class:`TcpProxy` forwards one TCP link and can drop everything on it
+  (``blackhole``), the way a partition does, until ``heal``.
 * :func:`free_port` / :func:`free_ports` pick unused loopback ports.
 """
 
 from .cluster import DevCluster
 from .faults import expire_session
 from .ports import free_port, free_ports
+from .proxy import TcpProxy
 from .redis import RedisServer
 from .zookeeper import QuorumPeer, ZooKeeperEnsemble, ZooKeeperServer
 
@@ -23,6 +26,7 @@ __all__ = [
     "DevCluster",
     "QuorumPeer",
     "RedisServer",
+    "TcpProxy",
     "ZooKeeperEnsemble",
     "ZooKeeperServer",
     "expire_session",

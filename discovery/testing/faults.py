@@ -14,6 +14,7 @@ import asyncio
 import logging
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
 
 from discovery.errors import DevClusterError
 from discovery.zk import SessionState, ZkSession
@@ -24,9 +25,15 @@ log = logging.getLogger(__name__)
 
 
 def _close_session(hosts: str, session_id: int, password: bytes, timeout: float) -> None:
-    intruder = KazooClient(hosts=hosts, client_id=(session_id, password), timeout=timeout)
+    # No chroot: kazoo would check it with a read, a round trip during which the victim
+    # can reconnect and take its session back.
+    servers = hosts.split("/", 1)[0]
+    intruder = KazooClient(hosts=servers, client_id=(session_id, password), timeout=timeout)
     try:
-        intruder.start(timeout=timeout)
+        try:
+            intruder.start(timeout=timeout)
+        except KazooException as exc:
+            raise DevClusterError(f"could not attach to session 0x{session_id:x}: {exc!r}") from exc
         if intruder.client_id is None or intruder.client_id[0] != session_id:
             raise DevClusterError(
                 f"could not attach to session 0x{session_id:x} (already expired?)"
