@@ -21,6 +21,10 @@ Within a term:
   is republished; on LOST the election cancels the term;
 * a write refused by the fence (:class:`~discovery.errors.FencedError`) proves a newer
   leader exists: the term ends and the election contends again;
+* we write only under a **lease**: within half a session timeout of the last answer
+  that showed our election node ours (read back at every heartbeat; winning the term
+  counts as the first). A leader cut from ZooKeeper so stops publishing well before
+  the server can expire its session, whatever kazoo believes of the connection;
 * at every heartbeat our election node is read back: if it is gone or not ours, the
   term ends. No event may ever say so: a client can stay connected to a session the
   ensemble has closed (see :class:`~discovery.zk.ZkSession`), and a leader in that
@@ -150,6 +154,10 @@ class _Term:
         self.brake = brake
         self._published: Mapping[str, ServiceInstance] | None = None  # None: full next
         self._wake = asyncio.Event()
+        # The lease: we write only within half a session timeout of the last answer
+        # that showed our election node still ours (winning counts as one).
+        self._lease = duty._session.session_timeout / 2
+        self._confirmed_at = duty._clock()
 
     def on_session_event(self, event: SessionEvent) -> None:
         if event.state is SessionState.CONNECTED and not event.new_session:
@@ -200,8 +208,15 @@ class _Term:
 
     def _may_write(self) -> bool:
         session = self._duty._session
-        # Never write unless connected in the session that won this term.
-        return session.connected and session.session_id == self._leadership.session_id
+        # Never write unless connected in the session that won this term, and recently
+        # confirmed by ZooKeeper: kazoo notices a dead link only after up to 2/3 of the
+        # session timeout (plus a ping's jitter), too close to the server's own expiry
+        # to rely on; the lease stops us at half of it, whatever kazoo believes.
+        return (
+            session.connected
+            and session.session_id == self._leadership.session_id
+            and self._duty._clock() - self._confirmed_at < self._lease
+        )
 
     async def _publish_if_due(self, members: Mapping[str, ServiceInstance]) -> None:
         self._wake.clear()
@@ -244,18 +259,31 @@ class _Term:
     async def _still_elected(self) -> bool:
         """False once our election node is gone or owned by another session.
 
-        A read that fails (a dropped connection) proves nothing: the session events
-        decide then.
+        A read that fails or is slow (a dropped connection, a loaded ensemble) proves
+        nothing: the session events decide then. It is given half a heartbeat
+        interval, so that it never holds the heartbeat up.
         """
         session = self._duty._session
-        if not self._may_write():
+        if not (session.connected and session.session_id == self._leadership.session_id):
             return True
+        asked = self._duty._clock()
         try:
-            stat = await session.exists(self._leadership.node)
-        except ZkError as exc:
-            log.debug("leader: checking the election node deferred: %s", exc)
+            async with asyncio.timeout(self._duty._heartbeat_interval / 2):
+                stat = await session.exists(self._leadership.node)
+        except (ZkError, TimeoutError) as exc:
+            log.debug("leader: checking the election node deferred: %r", exc)
             return True
         if stat is not None and stat.ephemeral_owner == self._leadership.session_id:
+            if self._duty._clock() - self._confirmed_at >= self._lease:
+                log.warning(
+                    "leader %s (epoch %d): ZooKeeper answers again; publishing resumes",
+                    self._duty._leader_id,
+                    self._leadership.epoch,
+                )
+                self._published = None  # what was skipped meanwhile: a full snapshot
+                self._wake.set()
+            # The answer proves the node was ours when we asked, not when it came.
+            self._confirmed_at = asked
             return True
         log.error(
             "leader %s (epoch %d): election node %s is gone although our session 0x%x "

@@ -527,6 +527,12 @@ class ZkSession:
         return servers + (self._client.chroot or "")
 
     @property
+    def session_timeout(self) -> float:
+        """Seconds the server keeps the session without hearing from us (as requested;
+        the watchdog's bound too)."""
+        return self._lost_after
+
+    @property
     def state(self) -> SessionState:
         return self._state
 

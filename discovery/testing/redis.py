@@ -141,8 +141,10 @@ class RedisServer(ManagedProcess):
         users: Sequence[str] = (),
         tls: bool = False,
         tls_auth_clients: str = "no",
+        host: str = LOOPBACK,
     ) -> None:
         directory = Path(workdir)
+        self._host = host
         super().__init__("redis", directory, directory / "redis.log")
         self._port = free_port() if port is None else port
         for line in users:
@@ -162,19 +164,19 @@ class RedisServer(ManagedProcess):
 
     @property
     def port(self) -> int:
-        """The TCP port on 127.0.0.1."""
+        """The TCP port on :attr:`host`."""
         return self._port
 
     @property
     def address(self) -> str:
-        """``127.0.0.1:<port>``."""
-        return f"{LOOPBACK}:{self._port}"
+        """``<host>:<port>``."""
+        return f"{self._host}:{self._port}"
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0`` (``rediss://`` with TLS), without credentials."""
+        """``redis://<host>:<port>/0`` (``rediss://`` with TLS), without credentials."""
         scheme = "rediss" if self._tls else "redis"
-        return f"{scheme}://{LOOPBACK}:{self._port}/0"
+        return f"{scheme}://{self._host}:{self._port}/0"
 
     def client_url(self, username: str | None = None, password: str | None = None) -> str:
         """:attr:`url` with credentials in it (quoted as URLs need)."""
@@ -228,7 +230,11 @@ class RedisServer(ManagedProcess):
             "--port",
             str(self._port),
             "--bind",
-            LOOPBACK,
+            self._host,
+            # Protected mode refuses every client from a non-loopback address when no
+            # password is set; ours is a network lab's private address (198.18.0.0/15).
+            "--protected-mode",
+            "yes" if self._host == LOOPBACK else "no",
             "--save",
             "",
             "--appendonly",
@@ -267,4 +273,6 @@ class RedisServer(ManagedProcess):
         return args
 
     def _probe(self) -> bool:
-        return redis_ping(self._port, password=self._password, ssl_context=self._ssl_context)
+        return redis_ping(
+            self._port, self._host, password=self._password, ssl_context=self._ssl_context
+        )

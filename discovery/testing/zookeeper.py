@@ -131,7 +131,8 @@ class QuorumPeer:
 
 
 class ZooKeeperServer(ManagedProcess):
-    """One ZooKeeper JVM listening on ``127.0.0.1:client_port``.
+    """One ZooKeeper JVM listening on ``host:client_port`` (``host`` 127.0.0.1 by default;
+    a network lab's gateway address to be reachable from its namespaces).
 
     ``workdir`` is this server's own directory: it gets ``zoo.cfg``, ``data/`` (with
     ``myid`` for ensemble members) and ``zookeeper.log``. Without ``peers`` the server runs
@@ -152,6 +153,7 @@ class ZooKeeperServer(ManagedProcess):
         min_session_timeout_ms: int | None = None,
         max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS,
         peers: Sequence[QuorumPeer] = (),
+        host: str = LOOPBACK,
     ) -> None:
         if server_id < 1:
             raise ValueError(f"server_id must be >= 1, got {server_id}")
@@ -175,6 +177,7 @@ class ZooKeeperServer(ManagedProcess):
         self._min_session_timeout_ms = min_timeout
         self._max_session_timeout_ms = max_session_timeout_ms
         self._peers = tuple(sorted(peers, key=lambda p: p.server_id))
+        self._host = host
 
     @property
     def server_id(self) -> int:
@@ -188,8 +191,8 @@ class ZooKeeperServer(ManagedProcess):
 
     @property
     def address(self) -> str:
-        """``127.0.0.1:<client port>``, usable as a kazoo hosts string."""
-        return f"{LOOPBACK}:{self._client_port}"
+        """``<host>:<client port>``, usable as a kazoo hosts string."""
+        return f"{self._host}:{self._client_port}"
 
     @property
     def tick_time_ms(self) -> int:
@@ -212,7 +215,7 @@ class ZooKeeperServer(ManagedProcess):
         Never raises: an unreachable or not-yet-serving server gives None.
         """
         try:
-            answer = four_letter_word(self._client_port, "srvr", timeout=1.0)
+            answer = four_letter_word(self._client_port, "srvr", self._host, timeout=1.0)
         except OSError:
             return None
         for line in answer.splitlines():
@@ -237,7 +240,7 @@ class ZooKeeperServer(ManagedProcess):
             f"tickTime={self._tick_time_ms}",
             f"dataDir={self.data_dir}",
             f"clientPort={self._client_port}",
-            f"clientPortAddress={LOOPBACK}",
+            f"clientPortAddress={self._host}",
             f"minSessionTimeout={self._min_session_timeout_ms}",
             f"maxSessionTimeout={self._max_session_timeout_ms}",
             "admin.enableServer=false",
@@ -262,7 +265,7 @@ class ZooKeeperServer(ManagedProcess):
             lines += [f"initLimit={init_limit}", f"syncLimit={sync_limit}"]
             lines += ["reconfigEnabled=false"]
             lines += [
-                f"server.{p.server_id}={LOOPBACK}:{p.quorum_port}:{p.election_port}"
+                f"server.{p.server_id}={self._host}:{p.quorum_port}:{p.election_port}"
                 for p in self._peers
             ]
             (self.data_dir / "myid").write_text(f"{self._server_id}\n", encoding="ascii")
@@ -272,7 +275,7 @@ class ZooKeeperServer(ManagedProcess):
         # `ruok` answers `imok` as soon as the port is open, even while a quorum member is
         # still electing; `srvr` reports a Mode only once the server really serves.
         try:
-            answer = four_letter_word(self._client_port, "srvr", timeout=1.0)
+            answer = four_letter_word(self._client_port, "srvr", self._host, timeout=1.0)
         except OSError:
             return False
         return "Mode:" in answer
@@ -294,6 +297,7 @@ class ZooKeeperEnsemble:
         tick_time_ms: int = DEFAULT_TICK_TIME_MS,
         min_session_timeout_ms: int | None = None,
         max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS,
+        host: str = LOOPBACK,
     ) -> None:
         if size < 1 or size == 2:
             raise ValueError(
@@ -318,6 +322,7 @@ class ZooKeeperEnsemble:
                 min_session_timeout_ms=min_session_timeout_ms,
                 max_session_timeout_ms=max_session_timeout_ms,
                 peers=peers,
+                host=host,
             )
             for i in range(size)
         ]
