@@ -22,15 +22,19 @@ Within a term:
 * a write refused by the fence (:class:`~discovery.errors.FencedError`) proves a newer
   leader exists: the term ends and the election contends again;
 * we write only under a **lease**: within half a session timeout of the last answer
-  that showed our election node ours (read back at every heartbeat; winning the term
-  counts as the first). A leader cut from ZooKeeper so stops publishing well before
-  the server can expire its session, whatever kazoo believes of the connection;
-* at every heartbeat our election node is read back: if it is gone or not ours, the
-  term ends. No event may ever say so: a client can stay connected to a session the
-  ensemble has closed (see :class:`~discovery.zk.ZkSession`), and a leader in that
-  state would otherwise publish until a successor's epoch fences it;
+  that showed our election node ours (read back three times per lease; winning the
+  term counts as the first). A leader cut from ZooKeeper so stops publishing well
+  before the server can expire its session, whatever kazoo believes of the connection;
+* if that read finds our election node gone or not ours, the term ends. No event
+  may ever say so: a client can stay connected to a session the ensemble has closed
+  (see :class:`~discovery.zk.ZkSession`), and a leader in that state would otherwise
+  publish until a successor's epoch fences it;
 * store errors (a Redis outage, error replies) are logged and retried at the next
-  heartbeat with a full snapshot; a store that refuses our credentials
+  heartbeat with a full snapshot; once every write has failed for ``store_grace``
+  (the search server uses its heartbeat TTL) the term ends, and the election's next
+  contender leads: a leader cut from Redis alone must not hold the cluster's list
+  stale while another search server could publish it (if nobody reaches Redis,
+  leadership rotates, harmlessly). A store that refuses our credentials
   (:class:`~discovery.errors.RedisAccessError`) ends the term, for the caller to handle;
 * every publish decision goes through the term's
   :class:`~discovery.brake.MassLossBrake`: when many data servers vanish at once
@@ -45,7 +49,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 
@@ -82,7 +86,9 @@ class LeaderDuty:
     names this leader in what it publishes. ``mass_loss`` configures each term's
     mass-loss brake
     (:class:`~discovery.brake.MassLossBrake`; default ``MassLossBrakeConfig()``,
-    which is on); ``clock`` (monotonic seconds) is the brake's.
+    which is on); ``clock`` (monotonic seconds) is the brake's. ``store_grace``: a term
+    whose writes have all failed for that many seconds ends (None: never), so that a
+    leader cut from the store alone hands over to one that may reach it.
     """
 
     def __init__(
@@ -97,8 +103,10 @@ class LeaderDuty:
         registry: CollectorRegistry | None = None,
         mass_loss: MassLossBrakeConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        store_grace: float | None = None,
     ) -> None:
         self._session = session
+        self._store_grace = store_grace
         self._store = store
         self._leader_id = leader_id
         self._watch_path = watch_path
@@ -158,6 +166,10 @@ class _Term:
         # that showed our election node still ours (winning counts as one).
         self._lease = duty._session.session_timeout / 2
         self._confirmed_at = duty._clock()
+        self._deposed = False  # our election node was found gone
+        # Since when every write has failed (None: the last one succeeded). Time spent
+        # not writing at all (suspended) does not end a streak, but it does not start one.
+        self._failing_since: float | None = None
 
     def on_session_event(self, event: SessionEvent) -> None:
         if event.state is SessionState.CONNECTED and not event.new_session:
@@ -175,11 +187,12 @@ class _Term:
     async def run(self, watcher: MembershipWatcher) -> None:
         changes = watcher.subscribe()
         follower = asyncio.create_task(self._follow(changes), name="leader:follow-changes")
+        keeper = asyncio.create_task(self._keep_lease(), name="leader:keep-lease")
         loop = asyncio.get_running_loop()
         interval = self._duty._heartbeat_interval
         next_beat = loop.time() + interval
         try:
-            while True:
+            while not (self._deposed or self._store_lost()):
                 await self._publish_if_due(watcher.members)
                 delay = next_beat - loop.time()
                 if delay > 0:
@@ -191,20 +204,39 @@ class _Term:
                             await self._wake.wait()
                     if self._wake.is_set() or releasing:
                         continue
-                if not await self._still_elected():
-                    return
                 await self._heartbeat()
                 next_beat = loop.time() + interval
         finally:
             changes.close()
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower
+            for task in (follower, keeper):
+                task.cancel()
+            for task in (follower, keeper):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _follow(self, changes: MembershipSubscription) -> None:
         # Only a wake-up: what to publish is computed from the watcher's current view.
         async for _ in changes:
             self._wake.set()
+
+    def _store_lost(self) -> bool:
+        """True once every write has failed for ``store_grace``: time to hand over."""
+        grace, since = self._duty._store_grace, self._failing_since
+        if grace is None or since is None or self._duty._clock() - since <= grace:
+            return False
+        log.error(
+            "leader %s (epoch %d): the store has refused every write for %.1fs; resigning, "
+            "so that a search server that can reach it leads",
+            self._duty._leader_id,
+            self._leadership.epoch,
+            self._duty._clock() - since,
+        )
+        return True
+
+    def _store_failed(self, started: float) -> None:
+        # From when the failed write was started: it may have hung for a while.
+        if self._failing_since is None:
+            self._failing_since = started
 
     def _may_write(self) -> bool:
         session = self._duty._session
@@ -227,25 +259,14 @@ class _Term:
         members = decision.members
         held_for = self.brake.config.hold
         published = self._published
+        started = self._duty._clock()
         try:
-            if published is None:
-                await self._publisher.publish_full(members)
-            else:
-                added = {k: v for k, v in members.items() if k not in published}
-                changed = {k: v for k, v in members.items() if k in published and published[k] != v}
-                removed = {
-                    k: _removal_reason(v, held_for if k in decision.released else None)
-                    for k, v in published.items()
-                    if k not in members
-                }
-                if not (added or changed or removed):
-                    return
-                await self._publisher.publish_change(
-                    members, added=added, changed=changed, removed=removed
-                )
+            async with self._write_deadline():
+                await self._publish(members, published, decision.released, held_for)
         except StoreError as exc:
             log.warning("leader: publishing failed, retrying with a full snapshot: %s", exc)
             self._published = None
+            self._store_failed(started)
             return
         except FencedError:
             log.error(
@@ -254,21 +275,69 @@ class _Term:
                 self._leadership.epoch,
             )
             raise
+        self._failing_since = None
         self._published = members
 
-    async def _still_elected(self) -> bool:
+    async def _publish(
+        self,
+        members: Mapping[str, ServiceInstance],
+        published: Mapping[str, ServiceInstance] | None,
+        released: frozenset[str],
+        held_for: float,
+    ) -> None:
+        """The full snapshot if nothing is published yet in this term, else the diff."""
+        if published is None:
+            await self._publisher.publish_full(members)
+            return
+        added = {k: v for k, v in members.items() if k not in published}
+        changed = {k: v for k, v in members.items() if k in published and published[k] != v}
+        removed = {
+            k: _removal_reason(v, held_for if k in released else None)
+            for k, v in published.items()
+            if k not in members
+        }
+        if added or changed or removed:
+            await self._publisher.publish_change(
+                members, added=added, changed=changed, removed=removed
+            )
+
+    @contextlib.asynccontextmanager
+    async def _write_deadline(self) -> AsyncIterator[None]:
+        """Bound one write by the store grace: a write that takes longer is as good as
+        failed (readers have given us up), and it must not hold the resignation up.
+        The outcome of a write cut short is unknown, as for any failed write."""
+        grace = self._duty._store_grace
+        try:
+            async with asyncio.timeout(grace):
+                yield
+        except TimeoutError:
+            raise StoreError(f"no answer from the store within {grace:g}s") from None
+
+    async def _keep_lease(self) -> None:
+        """Read our election node back three times per lease, for as long as the term
+        lasts; the first answer that shows it gone deposes us."""
+        period = self._lease / 3
+        while True:
+            if not await self._still_elected(period):
+                self._deposed = True
+                self._wake.set()
+                return
+            # The period of a renewal, not a wait for an event: the term cancels us.
+            await asyncio.sleep(period)
+
+    async def _still_elected(self, timeout: float) -> bool:
         """False once our election node is gone or owned by another session.
 
-        A read that fails or is slow (a dropped connection, a loaded ensemble) proves
-        nothing: the session events decide then. It is given half a heartbeat
-        interval, so that it never holds the heartbeat up.
+        A read that fails or takes longer than ``timeout`` (a dropped connection, a
+        loaded ensemble) proves nothing: the session events decide then, and the lease
+        is not renewed.
         """
         session = self._duty._session
         if not (session.connected and session.session_id == self._leadership.session_id):
             return True
         asked = self._duty._clock()
         try:
-            async with asyncio.timeout(self._duty._heartbeat_interval / 2):
+            async with asyncio.timeout(timeout):
                 stat = await session.exists(self._leadership.node)
         except (ZkError, TimeoutError) as exc:
             log.debug("leader: checking the election node deferred: %r", exc)
@@ -298,12 +367,16 @@ class _Term:
     async def _heartbeat(self) -> None:
         if not self._may_write():
             return
+        started = self._duty._clock()
         try:
-            present = await self._publisher.heartbeat()
+            async with self._write_deadline():
+                present = await self._publisher.heartbeat()
         except StoreError as exc:
             log.warning("leader: heartbeat failed: %s", exc)
             self._published = None
+            self._store_failed(started)
             return
+        self._failing_since = None
         if not present:
             log.warning("leader: the stored live list is missing or not ours; republishing it")
             self._published = None

@@ -194,6 +194,9 @@ class SearchServer:
                 heartbeat_interval=config.heartbeat_interval,
                 registry=self.registry,
                 mass_loss=config.mass_loss,
+                # Readers see the heartbeat run out after its TTL: by then a leader that
+                # cannot write hands over, to a search server that perhaps can.
+                store_grace=config.heartbeat_ttl,
             )
         if config.zk_fallback_after is not None:
             fallback = _ZkFallback(self.session, self.reader, config.zk_fallback_after)

@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
@@ -72,10 +73,11 @@ def _port_of(address: str) -> int:
 class _DataServerProcess:
     """``python -m data_server.cli`` on a lab host (or in the root namespace)."""
 
-    def __init__(self, instance_id: str, zk: str, host: Host | None, workdir: Path) -> None:
+    def __init__(self, instance_id: str, zk: str, host: Host | NetworkLab, workdir: Path) -> None:
         self.instance_id = instance_id
         self.port = free_port()
-        address = host.address if host is not None else "127.0.0.1"
+        # In the root namespace: on the lab's gateway, so that every host reaches it.
+        address = host.address if isinstance(host, Host) else host.gateway
         argv = [
             *(sys.executable, "-m", "data_server.cli", "--zk", zk),
             *("--session-timeout", str(SESSION_TIMEOUT), "--log-level", "WARNING"),
@@ -86,7 +88,7 @@ class _DataServerProcess:
         log = (workdir / f"{instance_id}.log").open("wb")
         self.process = (
             host.popen(argv, stdout=log, stderr=subprocess.STDOUT)
-            if host is not None
+            if isinstance(host, Host)
             else subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         )
         log.close()
@@ -188,7 +190,7 @@ async def test_a_data_server_cut_from_zookeeper_only_leaves_the_lists_and_comes_
 ) -> None:
     victim_host = lab.add_host("ds-cut")
     victim = _DataServerProcess("ds-cut", lab_zk.hosts, victim_host, tmp_path)
-    twin = _DataServerProcess("ds-twin", lab_zk.hosts, None, tmp_path)
+    twin = _DataServerProcess("ds-twin", lab_zk.hosts, lab, tmp_path)
     data_servers += [victim, twin]
     search = await make_search_server(server_id="ss-lab", zk=lab_zk.hosts, redis_url=lab_redis.url)
     await eventually(lambda: live_ids(search) == {"ds-cut", "ds-twin"}, timeout=60, message="both")
@@ -238,7 +240,14 @@ class _SearchServerProcess:
     """``python -m search_server.cli`` on a lab host."""
 
     def __init__(
-        self, server_id: str, zk: str, redis: str, cluster: str, host: Host, workdir: Path
+        self,
+        server_id: str,
+        zk: str,
+        redis: str,
+        cluster: str,
+        host: Host,
+        workdir: Path,
+        *extra: str,
     ) -> None:
         self.port = free_port()
         self.url = f"http://{host.address}:{self.port}"
@@ -248,6 +257,7 @@ class _SearchServerProcess:
             *("--session-timeout", str(SESSION_TIMEOUT), "--host", host.address),
             *("--port", str(self.port), "--heartbeat-interval", "0.2", "--heartbeat-ttl", "2"),
             *("--reconcile-interval", "1"),
+            *extra,
         ]
         log = (workdir / f"{server_id}.log").open("wb")
         self.process = host.popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -327,6 +337,158 @@ async def test_a_leader_cut_from_zookeeper_stops_publishing_before_its_session_e
         await eventually(follows_new, timeout=30, message="ss-old follows ss-new")
         assert await led_by("ss-new") is not None
         assert successor.is_leader
+    finally:
+        await redis.aclose()
+        old.stop()
+
+
+async def test_search_servers_cut_from_one_data_server_eject_it_and_never_wait_past_deadlines(
+    lab: NetworkLab,
+    lab_zk: ZooKeeperEnsemble,
+    lab_redis: RedisServer,
+    data_servers: list[_DataServerProcess],
+    make_search_server: SearchServerFactory,
+    tmp_path: Path,
+) -> None:
+    victim_host = lab.add_host("ds-unreachable")
+    victim = _DataServerProcess("ds-unreachable", lab_zk.hosts, victim_host, tmp_path)
+    twin = _DataServerProcess("ds-twin", lab_zk.hosts, lab, tmp_path)
+    data_servers += [victim, twin]
+    deadline_ms = 300
+    search = await make_search_server(
+        server_id="ss-lab",
+        zk=lab_zk.hosts,
+        redis_url=lab_redis.url,
+        default_timeout_ms=deadline_ms,
+        eject_after=2,
+    )
+    both = {"ds-unreachable", "ds-twin"}
+    await eventually(lambda: live_ids(search) == both, timeout=60, message="both listed")
+
+    # Only the search servers' traffic to its port: it still reaches ZooKeeper, and its
+    # own health probe (over its loopback) still passes, so it stays registered.
+    lab.cut(victim_host, address=lab.gateway, port=victim.port, served=True)
+    queries = sample_queries(100, variant=4)
+    answers: list[tuple[bool, float]] = []  # (partial, seconds)
+    for query in queries:
+        started = time.monotonic()
+        status, body = await get_json(f"{search.url}/search", q=query)
+        answers.append((bool(body.get("partial", True)), time.monotonic() - started))
+        assert status == 200
+    slowest = max(seconds for _, seconds in answers)
+    partial = [i for i, (is_partial, _) in enumerate(answers) if is_partial]
+    # No query waited much past its deadline (the slack: a loaded 2-core machine).
+    assert slowest < deadline_ms / 1000 + 0.5, slowest
+    # Once ejected, every answer is complete: the partial ones all came first.
+    assert len(partial) <= 5, partial
+    assert all(not is_partial for is_partial, _ in answers[-50:])
+    assert live_ids(search) == both  # ejected locally, not removed from the list
+    print(f"{len(partial)} partial answers before the ejection; slowest {slowest * 1000:.0f} ms")
+
+
+async def test_a_search_server_cut_from_redis_serves_its_last_list_and_catches_up(
+    lab: NetworkLab,
+    lab_zk: ZooKeeperEnsemble,
+    lab_redis: RedisServer,
+    redis_prefix: str,
+    data_servers: list[_DataServerProcess],
+    make_search_server: SearchServerFactory,
+    tmp_path: Path,
+) -> None:
+    cluster = redis_prefix.removeprefix("discovery:")
+    data_servers.append(_DataServerProcess("ds-a", lab_zk.hosts, lab, tmp_path))
+    leader = await make_search_server(
+        server_id="ss-leader", zk=lab_zk.hosts, redis_url=lab_redis.url
+    )
+    host = lab.add_host("ss-cut")
+    cut_off = _SearchServerProcess(
+        "ss-cut",
+        lab_zk.hosts,
+        lab_redis.url,
+        cluster,
+        host,
+        tmp_path,
+        *("--no-leader-eligible", "--zk-fallback-after", "0.5"),
+    )
+    try:
+
+        async def view() -> dict[str, object] | None:
+            with contextlib.suppress(OSError, aiohttp.ClientError):
+                status, body = await get_json(f"{cut_off.url}/cluster")
+                if status == 200:
+                    return body  # type: ignore[no-any-return]
+            return None
+
+        async def sees(ids: set[str], source: str) -> bool:
+            current = await view()
+            return (
+                current is not None
+                and current["source"] == source
+                and {s["id"] for s in current["servers"]} == ids  # type: ignore[attr-defined]
+            )
+
+        await eventually(lambda: sees({"ds-a"}, "redis"), timeout=60, message="ss-cut follows")
+        lab.cut(host, address=lab.gateway, port=_port_of(lab_redis.url.rsplit("/", 1)[0]))
+
+        # It keeps answering from the list it has...
+        for query in sample_queries(20, variant=5):
+            status, body = await get_json(f"{cut_off.url}/search", q=query)
+            assert status == 200
+            assert body["partial"] is False
+        # ...and with the fallback on, a server that joins meanwhile reaches it anyway.
+        data_servers.append(_DataServerProcess("ds-b", lab_zk.hosts, lab, tmp_path))
+        await eventually(lambda: live_ids(leader) == {"ds-a", "ds-b"}, timeout=60, message="ds-b")
+        await eventually(
+            lambda: sees({"ds-a", "ds-b"}, "zookeeper"), timeout=30, message="fallback sees ds-b"
+        )
+
+        lab.heal_all()
+        await eventually(
+            lambda: sees({"ds-a", "ds-b"}, "redis"), timeout=30, message="back on the live list"
+        )
+        caught_up = await view()
+        assert caught_up is not None
+        assert leader.reader is not None
+        assert caught_up["version"] == leader.reader.current.version
+    finally:
+        cut_off.stop()
+
+
+async def test_a_leader_cut_from_redis_only_hands_over_to_one_that_reaches_it(
+    lab: NetworkLab,
+    lab_zk: ZooKeeperEnsemble,
+    lab_redis: RedisServer,
+    redis_prefix: str,
+    make_search_server: SearchServerFactory,
+    tmp_path: Path,
+) -> None:
+    cluster = redis_prefix.removeprefix("discovery:")
+    keys = RedisKeys(redis_prefix)
+    host = lab.add_host("leader")
+    old = _SearchServerProcess("ss-old", lab_zk.hosts, lab_redis.url, cluster, host, tmp_path)
+    redis = aioredis.Redis.from_url(lab_redis.url)
+    heartbeat_ttl = 2.0  # what _SearchServerProcess and make_search_server use
+    try:
+
+        async def led_by(leader: str) -> Heartbeat | None:
+            raw = await redis.get(keys.leader)
+            beat = None if raw is None else parse_heartbeat(raw, -1)
+            return beat if beat is not None and beat.leader == leader else None
+
+        first = await eventually(lambda: led_by("ss-old"), timeout=60, message="ss-old leads")
+        successor = await make_search_server(
+            server_id="ss-new", zk=lab_zk.hosts, redis_url=lab_redis.url
+        )
+        cut_at = time.monotonic()
+        lab.cut(host, address=lab.gateway, port=_port_of(lab_redis.url.rsplit("/", 1)[0]))
+        # ZooKeeper is fine for ss-old: only its own resignation lets ss-new lead.
+        new = await eventually(
+            lambda: led_by("ss-new"), timeout=6 * heartbeat_ttl, message="ss-new leads"
+        )
+        handed_over = time.monotonic() - cut_at
+        assert (new.epoch or 0) > (first.epoch or 0)
+        assert successor.is_leader
+        print(f"ss-new publishes {handed_over:.2f}s after ss-old was cut from Redis")
     finally:
         await redis.aclose()
         old.stop()
