@@ -23,14 +23,25 @@ import pytest
 import redis.asyncio as aioredis
 
 from data_server.corpus import sample_queries
+from discovery.agent import Agent
 from discovery.config import ZkConfig
 from discovery.layout import DATA_SERVERS_PATH
+from discovery.loopthread import LoopThread
 from discovery.redislayout import Heartbeat, RedisKeys, parse_heartbeat
-from discovery.testing import RedisServer, ZooKeeperEnsemble, free_port
+from discovery.testing import RedisServer, ZooKeeperEnsemble, ZooKeeperServer, free_port
 from discovery.testing.netns import Host, NetworkLab, netns_available, remove_tagged
+from discovery.testing.zookeeper import four_letter_word
 from discovery.zk import ZkSession
 from tests.conftest import SESSION_TIMEOUT, TICK_TIME_MS
-from tests.support import SearchServerFactory, eventually, get_json, live_ids
+from tests.support import (
+    FAST_AGENT,
+    SearchServerFactory,
+    eventually,
+    get_json,
+    live_ids,
+    make_instance,
+    repeat_host,
+)
 
 pytestmark = pytest.mark.skipif(netns_available() is not None, reason=str(netns_available()))
 
@@ -492,3 +503,77 @@ async def test_a_leader_cut_from_redis_only_hands_over_to_one_that_reaches_it(
     finally:
         await redis.aclose()
         old.stop()
+
+
+async def test_a_zookeeper_server_cut_from_its_peers_loses_its_clients_to_the_quorum(
+    lab: NetworkLab, tmp_path: Path
+) -> None:
+    hosts = [lab.add_host(f"zk{i + 1}") for i in range(3)]
+    ensemble = ZooKeeperEnsemble(
+        3,
+        tmp_path / "zk",
+        tick_time_ms=TICK_TIME_MS,
+        server_hosts=[h.address for h in hosts],
+        launchers=[h.wrap([]) for h in hosts],
+    )
+    ensemble.start()
+    isolated = ensemble.servers[0]
+    others = ",".join(s.address for s in ensemble.servers[1:])
+    # Several times the isolated server, so that most clients start on it (kazoo
+    # shuffles the list); the others are listed too, for the clients to move to.
+    connect = f"{repeat_host(isolated.address)},{others}"
+    # Longer than a follower needs to notice it lost the quorum (syncLimit, 5 s here):
+    # until then it holds its clients, and their sessions must outlive that.
+    zk = ZkConfig(hosts=connect, session_timeout=10.0, connect_timeout=30)
+    fleet_loop = LoopThread("zk-peers-fleet")
+    fleet_loop.start()
+    agents: list[Agent] = []
+    try:
+        for i in range(8):
+            agent = Agent(
+                make_instance(f"ds-{i}", 9500 + i),
+                _Healthy(),
+                zk=zk,
+                config=FAST_AGENT,
+                loop_thread=fleet_loop,
+            )
+            await agent.astart()
+            agents.append(agent)
+            agent.set_ready()
+        for agent in agents:
+            await eventually(lambda a=agent: a.status().registered, message="registered")
+        sessions = {a.instance.id: a.session.session_id for a in agents if a.session}
+        on_isolated = _client_count(isolated)
+        assert on_isolated > 0, "no client started on the server to isolate"
+
+        for peer in hosts[1:]:
+            lab.cut(hosts[0], address=peer.address)
+        # It stops serving, its clients reconnect to the quorum side in their sessions.
+        await eventually(lambda: isolated.mode() is None, timeout=30, message="isolated")
+        await eventually(
+            lambda: all(a.session is not None and a.session.connected for a in agents),
+            timeout=30,
+            message="every client connected again",
+        )
+        assert {a.instance.id: a.session.session_id for a in agents if a.session} == sessions
+        assert all(a.status().registered for a in agents)
+        assert _client_count(isolated) == 0
+        print(f"{on_isolated} clients moved from the isolated server, no session lost")
+    finally:
+        for agent in agents:
+            await agent.astop()
+        fleet_loop.stop()
+        ensemble.stop()
+
+
+def _client_count(server: ZooKeeperServer) -> int:
+    try:
+        answer = four_letter_word(server.client_port, "cons", server.address.rsplit(":", 1)[0])
+    except OSError:
+        return 0
+    return sum(1 for line in answer.splitlines() if "sid=" in line)
+
+
+class _Healthy:
+    async def check(self) -> None:
+        return None

@@ -123,11 +123,12 @@ def four_letter_word(port: int, word: str, host: str = LOOPBACK, timeout: float 
 
 @dataclass(frozen=True)
 class QuorumPeer:
-    """One member of an ensemble as the others see it: its id and its two peer ports."""
+    """One member of an ensemble as the others see it: its id, address and peer ports."""
 
     server_id: int
     quorum_port: int
     election_port: int
+    host: str = LOOPBACK
 
 
 class ZooKeeperServer(ManagedProcess):
@@ -154,6 +155,7 @@ class ZooKeeperServer(ManagedProcess):
         max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS,
         peers: Sequence[QuorumPeer] = (),
         host: str = LOOPBACK,
+        launcher: Sequence[str] = (),
     ) -> None:
         if server_id < 1:
             raise ValueError(f"server_id must be >= 1, got {server_id}")
@@ -178,6 +180,7 @@ class ZooKeeperServer(ManagedProcess):
         self._max_session_timeout_ms = max_session_timeout_ms
         self._peers = tuple(sorted(peers, key=lambda p: p.server_id))
         self._host = host
+        self._launcher = tuple(launcher)
 
     @property
     def server_id(self) -> int:
@@ -226,6 +229,7 @@ class ZooKeeperServer(ManagedProcess):
     def _command(self) -> list[str]:
         main_class = _QUORUM_MAIN if self._peers else _STANDALONE_MAIN
         return [
+            *self._launcher,
             find_java(),
             *_JVM_FLAGS,
             "-cp",
@@ -265,7 +269,7 @@ class ZooKeeperServer(ManagedProcess):
             lines += [f"initLimit={init_limit}", f"syncLimit={sync_limit}"]
             lines += ["reconfigEnabled=false"]
             lines += [
-                f"server.{p.server_id}={self._host}:{p.quorum_port}:{p.election_port}"
+                f"server.{p.server_id}={p.host}:{p.quorum_port}:{p.election_port}"
                 for p in self._peers
             ]
             (self.data_dir / "myid").write_text(f"{self._server_id}\n", encoding="ascii")
@@ -284,6 +288,11 @@ class ZooKeeperServer(ManagedProcess):
 class ZooKeeperEnsemble:
     """A standalone ZooKeeper (``size`` 1) or a quorum of ``size`` >= 3 servers on loopback.
 
+    ``host`` binds every server to another address (a network lab's gateway);
+    ``server_hosts`` gives each server an address of its own and ``launchers`` a command
+    prefix each (``Host.wrap([])``: the server runs inside that lab host's namespace),
+    so that a link between two servers can be cut.
+
     Ports are chosen when the ensemble is constructed and kept for its lifetime, so
     :attr:`hosts` is stable across ``stop_server``/``start_server``. Server ``i`` lives in
     ``workdir/zk<i+1>``. Use as a context manager to start and stop it.
@@ -298,6 +307,8 @@ class ZooKeeperEnsemble:
         min_session_timeout_ms: int | None = None,
         max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS,
         host: str = LOOPBACK,
+        server_hosts: Sequence[str] | None = None,
+        launchers: Sequence[Sequence[str]] | None = None,
     ) -> None:
         if size < 1 or size == 2:
             raise ValueError(
@@ -307,10 +318,16 @@ class ZooKeeperEnsemble:
         self._tick_time_ms = tick_time_ms
         peer_ports = free_ports(3 * size if size > 1 else 1)
         client_ports = peer_ports[:size]
+        addresses = list(server_hosts) if server_hosts is not None else [host] * size
+        prefixes = [list(p) for p in launchers] if launchers is not None else [[]] * size
+        if len(addresses) != size or len(prefixes) != size:
+            raise ValueError(f"need one server host and one launcher per server ({size})")
         peers: list[QuorumPeer] = []
         if size > 1:
             peers = [
-                QuorumPeer(i + 1, peer_ports[size + 2 * i], peer_ports[size + 2 * i + 1])
+                QuorumPeer(
+                    i + 1, peer_ports[size + 2 * i], peer_ports[size + 2 * i + 1], addresses[i]
+                )
                 for i in range(size)
             ]
         self._servers = [
@@ -322,7 +339,8 @@ class ZooKeeperEnsemble:
                 min_session_timeout_ms=min_session_timeout_ms,
                 max_session_timeout_ms=max_session_timeout_ms,
                 peers=peers,
-                host=host,
+                host=addresses[i],
+                launcher=prefixes[i],
             )
             for i in range(size)
         ]
