@@ -11,7 +11,7 @@ DEB_PACKAGES := zookeeper redis-server default-jre-headless chromium docker-comp
   iproute2 iptables
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-packages test lint typecheck pytest demo devcluster bench chaos chaos-ci clean
+.PHONY: setup system-packages test lint typecheck pytest demo devcluster bench chaos chaos-ci soak clean
 
 setup: system-packages $(STAMP)
 
@@ -74,6 +74,14 @@ chaos: setup
 
 chaos-ci: setup
 	$(BIN)/discovery chaos --duration 100 --seed 7
+
+# Thirty minutes of every fault kind (process faults, network partitions, two at once),
+# the five invariants checked all along; the report is docs/BENCHMARKS.md's soak table.
+SOAK_DURATION ?= 1800
+SOAK_SEED     ?= 11
+soak: setup
+	$(BIN)/discovery chaos --duration $(SOAK_DURATION) --seed $(SOAK_SEED) \
+	  --report bench/results/soak.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

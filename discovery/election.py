@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 # Pause before contending again after an unexpected recipe error, so that a
 # persistent failure (an ACL problem, say) does not spin.
 _RETRY_PAUSE = 1.0
+# How often an ending term that has not stopped yet is cancelled again.
+_TERM_NUDGE = 1.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,8 @@ class LeaderElection:
         self._connected = threading.Event()
         self._election: Election | None = None
         self._task: asyncio.Task[None] | None = None
+        # The term being cancelled (LOST, close), until it has really ended.
+        self._ending: asyncio.Task[None] | None = None
         self._current: Leadership | None = None
         self._terms = 0
 
@@ -171,7 +175,11 @@ class LeaderElection:
         if task is None or self._loop is None:
             return
         with contextlib.suppress(RuntimeError):  # the loop is already closed
-            self._loop.call_soon_threadsafe(task.cancel)
+            self._loop.call_soon_threadsafe(self._end_term, task)
+
+    def _end_term(self, task: asyncio.Task[None]) -> None:
+        self._ending = task
+        task.cancel()
 
     # -- the election thread -----------------------------------------------------
 
@@ -235,18 +243,30 @@ class LeaderElection:
         self._task = asyncio.create_task(
             self._lead(leadership), name=f"leadership:{self.identifier}:{leadership.epoch}"
         )
+        task = self._task
         try:
-            await self._task
+            while not task.done():
+                await asyncio.wait({task}, timeout=_TERM_NUDGE)
+                if self._ending is task and not task.done():
+                    # The term's code called a library that swallowed the cancellation
+                    # (see discovery.aio): ask again, or a lost leader would go on.
+                    log.warning("%s: the ending term ignored its cancellation", self.identifier)
+                    task.cancel()
         except asyncio.CancelledError:
-            if not self._task.cancelled():
-                raise  # we ourselves are being cancelled
-            log.info("%s: leadership of epoch %d cancelled", self.identifier, leadership.epoch)
-        except Exception:
-            log.exception(
-                "%s: leadership of epoch %d ended with an error", self.identifier, leadership.epoch
-            )
-        else:
-            log.info("%s gave up leadership of epoch %d", self.identifier, leadership.epoch)
+            task.cancel()  # we ourselves are being cancelled: the term goes with us
+            raise
         finally:
             self._task = None
             self._current = None
+            self._ending = None
+        if task.cancelled():
+            log.info("%s: leadership of epoch %d cancelled", self.identifier, leadership.epoch)
+        elif task.exception() is not None:
+            log.error(
+                "%s: leadership of epoch %d ended with an error",
+                self.identifier,
+                leadership.epoch,
+                exc_info=task.exception(),
+            )
+        else:
+            log.info("%s gave up leadership of epoch %d", self.identifier, leadership.epoch)

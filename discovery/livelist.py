@@ -44,7 +44,6 @@ Failure behaviour:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -56,6 +55,7 @@ import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 from redis.asyncio.client import PubSub
 
+from .aio import cancel_and_wait
 from .errors import MalformedLiveListError
 from .metrics import LiveListMetrics
 from .redislayout import (
@@ -169,11 +169,8 @@ class LiveListReader:
     async def aclose(self) -> None:
         """Stop following and unsubscribe; the last list stays readable."""
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Both tasks run redis-py commands, which may swallow a cancellation.
+        await cancel_and_wait(tasks)
         await self._drop_pubsub()
         self._set_connected(False)
 

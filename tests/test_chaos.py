@@ -12,7 +12,7 @@ import pytest
 
 from discovery.errors import ConfigError
 from discovery.tools.chaos import ChaosConfig, ChaosResult, schedule
-from discovery.tools.chaos.faults import FAULTS, StepResult
+from discovery.tools.chaos.faults import CATEGORIES, FAULTS, StepResult
 from discovery.tools.chaos.load import LoadStats
 from discovery.tools.chaos.observer import Snapshot, Violation
 from discovery.tools.chaos.report import render, to_json
@@ -26,6 +26,17 @@ def test_schedule_is_seeded_and_meets_every_kind_in_each_round() -> None:
     first_rounds = schedule(7)[: 3 * kinds]
     for start in range(0, len(first_rounds), kinds):
         assert sorted(first_rounds[start : start + kinds]) == sorted(FAULTS)
+
+
+def test_schedule_takes_the_categories_in_turn_so_a_short_run_meets_each() -> None:
+    category = {kind: name for name, kinds in CATEGORIES.items() for kind in kinds}
+    assert set(category) == set(FAULTS)
+    for seed in range(20):
+        assert {category[kind] for kind in schedule(seed)[:3]} == set(CATEGORIES)
+    without = schedule(7, partitions=False)
+    assert not any(category[kind] == "partition" for kind in without)
+    others = sorted(kind for kind in FAULTS if category[kind] != "partition")
+    assert sorted(without[: len(others)]) == others
 
 
 def _snapshot(**views: object) -> Snapshot:
@@ -53,7 +64,9 @@ def test_converged_only_when_every_view_equals_the_model() -> None:
 
 
 def _result(violations: list[Violation]) -> ChaosResult:
-    result = ChaosResult(ChaosConfig(duration=10, seed=3), started=True, elapsed=12.0)
+    result = ChaosResult(
+        ChaosConfig(duration=10, seed=3, partitions=False), started=True, elapsed=12.0
+    )
     result.faults_run = ["data_server_kill", "redis_flushall"]
     result.steps = [
         StepResult("data_server_kill", "removed", 6.0, 4.5),
@@ -78,7 +91,7 @@ def test_report_passes_only_without_violations() -> None:
 
 
 def test_a_run_that_never_started_is_not_a_pass() -> None:
-    result = ChaosResult(ChaosConfig(), started=False, setup_error="zk down")
+    result = ChaosResult(ChaosConfig(partitions=False), started=False, setup_error="zk down")
     assert not result.ok
     assert "SETUP FAILED: zk down" in render(result)
 

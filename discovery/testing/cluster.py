@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import DevClusterError
+from .ports import LOOPBACK
 from .redis import RedisServer
 from .zookeeper import (
     DEFAULT_MAX_SESSION_TIMEOUT_MS,
@@ -44,6 +45,7 @@ class DevCluster:
         max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS,
         redis_port: int | None = None,
         start_timeout: float = 60.0,
+        host: str = LOOPBACK,
     ) -> None:
         if zk_nodes < 1 or zk_nodes == 2:
             raise ValueError(f"zk_nodes must be 1 or >= 3, got {zk_nodes}")
@@ -56,6 +58,8 @@ class DevCluster:
         self._max_session_timeout_ms = max_session_timeout_ms
         self._redis_port = redis_port
         self._start_timeout = start_timeout
+        # Where the servers listen: loopback, or a network lab's gateway.
+        self._host = host
         self._workdir: Path | None = None
         self._owns_workdir = False
         self._zk: ZooKeeperEnsemble | None = None
@@ -102,13 +106,14 @@ class DevCluster:
         deadline = time.monotonic() + self._start_timeout
         try:
             workdir = self._make_workdir()
-            self._redis = RedisServer(workdir / "redis", port=self._redis_port)
+            self._redis = RedisServer(workdir / "redis", port=self._redis_port, host=self._host)
             self._zk = ZooKeeperEnsemble(
                 self._zk_nodes,
                 workdir / "zookeeper",
                 tick_time_ms=self._tick_time_ms,
                 min_session_timeout_ms=self._min_session_timeout_ms,
                 max_session_timeout_ms=self._max_session_timeout_ms,
+                host=self._host,
             )
             # Redis is up in milliseconds; launching it first lets it boot while the
             # ensemble waits for its JVMs.

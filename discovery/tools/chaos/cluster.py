@@ -4,8 +4,14 @@ A 3-server ZooKeeper ensemble and Redis (:class:`~discovery.testing.DevCluster`)
 search servers and data servers, each data or search server a process of its own
 started from its console entry point (so each has its own ZooKeeper session and can be
 killed, paused and restarted alone, as in production). The harness talks to them only
-from outside: signals, the data servers' loopback admin endpoints, the search servers'
+from outside: signals, the data servers' admin endpoints, the search servers'
 ``GET /cluster``.
+
+With ``partitions``, every data and search server runs in a network namespace of its
+own (a :class:`~discovery.testing.netns.NetworkLab` host, its own 198.18.x.y address),
+ZooKeeper and Redis listen on the lab's gateway, and :meth:`ChaosCluster.cut` drops
+chosen links with iptables inside one server's namespace. The admin endpoints then
+take a bearer token, since the harness no longer calls from loopback.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from typing import Any
 import aiohttp
 
 from discovery.testing import DevCluster
-from discovery.testing.ports import free_ports
+from discovery.testing.netns import Cut, Host, NetworkLab
+from discovery.testing.ports import LOOPBACK, free_ports
 
 from .config import ChaosConfig
 
@@ -32,6 +39,8 @@ __all__ = ["ChaosCluster", "Member"]
 log = logging.getLogger(__name__)
 
 CLUSTER_NAME = "chaos"
+#: The data servers' admin token in a run with partitions (a scratch cluster's).
+ADMIN_TOKEN = "chaos-admin"
 _STOP_TIMEOUT = 10.0
 #: The niceness of data servers and ZooKeeper. On one 2-core machine they stand in for
 #: other machines: in production a data server starting up (imports, index build) or a
@@ -77,14 +86,20 @@ class Member:
     #: was disturbed by the harness, not by the system.
     disturbances: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Its network namespace when the run has partitions (None: the root namespace).
+    host: Host | None = None
 
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
 
     @property
+    def address(self) -> str:
+        return self.host.address if self.host is not None else LOOPBACK
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
 
 class ChaosCluster:
@@ -93,12 +108,17 @@ class ChaosCluster:
     def __init__(self, config: ChaosConfig, workdir: Path) -> None:
         self.config = config
         self.workdir = workdir
+        self.lab: NetworkLab | None = None
+        if config.partitions:
+            self.lab = NetworkLab().start()
         self.backend = DevCluster(
             workdir / "backend",
             zk_nodes=3,
             tick_time_ms=config.tick_time_ms,
             max_session_timeout_ms=60_000,
+            host=self.lab.gateway if self.lab is not None else LOOPBACK,
         )
+        self._cuts: dict[str, list[Cut]] = {}
         self.search: dict[str, Member] = {}
         self.data: dict[str, Member] = {}
         self._http: aiohttp.ClientSession | None = None
@@ -133,11 +153,13 @@ class ChaosCluster:
         ports = free_ports(config.search_servers + config.data_servers)
         for index in range(config.search_servers):
             name = f"search-{index + 1}"
-            self.search[name] = Member(name, ports.pop(), self._search_argv(name), self._log(name))
+            self.search[name] = Member(
+                name, ports.pop(), self._search_argv(name), self._log(name), host=self._host(name)
+            )
         for index in range(config.data_servers):
             name = f"ds-{index:04d}"
             shard, replica = index % config.shards, index // config.shards
-            member = Member(name, ports.pop(), [], self._log(name))
+            member = Member(name, ports.pop(), [], self._log(name), host=self._host(name))
             member.argv = self._data_argv(member, shard, replica)
             member.extra.update(shard=shard, replica=replica)
             self.data[name] = member
@@ -156,7 +178,41 @@ class ChaosCluster:
         await asyncio.gather(*(self.terminate(member) for member in members))
         if self._http is not None:
             await self._http.close()
-        await asyncio.to_thread(self.backend.stop)
+        try:
+            await asyncio.to_thread(self.backend.stop)
+        finally:
+            if self.lab is not None:
+                await asyncio.to_thread(self.lab.close)
+
+    def _host(self, name: str) -> Host | None:
+        return self.lab.add_host(name) if self.lab is not None else None
+
+    # -- links -------------------------------------------------------------------
+
+    def cut(self, member: Member, what: str) -> None:
+        """Cut ``member`` off: ``zookeeper`` (every ZooKeeper client port), ``redis``,
+        or ``search`` (every search server's traffic to a data server's port)."""
+        lab, host = self.lab, member.host
+        if lab is None or host is None:
+            raise ValueError("a run without partitions has no links to cut")
+        cuts = self._cuts.setdefault(member.name, [])
+        if what == "zookeeper":
+            for server in self.backend.zk.servers:
+                cuts.append(lab.cut(host, address=lab.gateway, port=server.client_port))
+        elif what == "redis":
+            cuts.append(lab.cut(host, address=lab.gateway, port=self.backend.redis.port))
+        elif what == "search":
+            for other in self.search.values():
+                if other.host is not None:
+                    cuts.append(
+                        lab.cut(host, address=other.host.address, port=member.port, served=True)
+                    )
+        else:
+            raise ValueError(f"unknown link {what!r}")
+
+    def heal(self, member: Member) -> None:
+        for cut in self._cuts.pop(member.name, []):
+            cut.heal()
 
     def deprioritize_zookeeper(self) -> None:
         """Renice the running ZooKeeper servers."""
@@ -182,12 +238,14 @@ class ChaosCluster:
     def _log(self, name: str) -> Path:
         return self.workdir / "logs" / f"{name}.log"
 
-    def _common(self) -> list[str]:
+    def _common(self, member: Member) -> list[str]:
         config = self.config
         return [
             *("--zk", self.zk_hosts, "--redis", self.redis_url, "--cluster", CLUSTER_NAME),
             # INFO: kazoo's connection attempts are in the logs when a run fails.
             *("--session-timeout", str(config.session_timeout), "--log-level", "INFO"),
+            *("--host", member.address, "--advertise", member.address),
+            *(("--admin-token", ADMIN_TOKEN) if member.host is not None else ()),
         ]
 
     def _search_argv(self, name: str) -> list[str]:
@@ -195,7 +253,7 @@ class ChaosCluster:
         return [
             *("-m", "search_server.cli", "--id", name),
             *("--heartbeat-interval", str(config.heartbeat_interval)),
-            *("--heartbeat-ttl", str(max(3.0, 4 * config.heartbeat_interval))),
+            *("--heartbeat-ttl", str(config.heartbeat_ttl)),
             *("--reconcile-interval", "5", "--timeout-ms", str(config.deadline_ms)),
         ]
 
@@ -214,7 +272,9 @@ class ChaosCluster:
 
     async def spawn(self, member: Member) -> None:
         """Start ``member``'s process (again), appending to its log."""
-        argv = [sys.executable, *member.argv, *self._common(), "--port", str(member.port)]
+        argv = [sys.executable, *member.argv, *self._common(member), "--port", str(member.port)]
+        if member.host is not None:
+            argv = member.host.wrap(argv)  # ip netns exec execs: same pid
         if member.name in self.data:
             argv = ["nice", "-n", str(BACKGROUND_NICENESS), *argv]  # nice execs: same pid
         with member.log_path.open("ab") as out:
@@ -289,9 +349,12 @@ class ChaosCluster:
     # -- talking to the servers -----------------------------------------------------
 
     async def admin(self, member: Member, path: str, body: object = None) -> bool:
-        """POST to a data server's admin endpoint (loopback, no token); True if 2xx."""
+        """POST to a data server's admin endpoint; True if 2xx."""
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"} if member.host is not None else {}
         try:
-            async with self.http.post(f"{member.url}/admin/{path}", json=body) as response:
+            async with self.http.post(
+                f"{member.url}/admin/{path}", json=body, headers=headers
+            ) as response:
                 await response.read()
                 return response.status < 300
         except (aiohttp.ClientError, TimeoutError) as exc:

@@ -68,6 +68,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="ZooKeeper session timeout of every process [default 5]",
     )
     parser.add_argument(
+        "--partitions",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run each server in a network namespace of its own and cut links with "
+        "iptables (needs root, ip and iptables) [default: on]",
+    )
+    parser.add_argument(
         "--workdir",
         type=Path,
         default=None,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from discovery.errors import ConfigError
+from discovery.testing.netns import netns_available
 
 __all__ = ["ChaosConfig"]
 
@@ -28,6 +29,9 @@ class ChaosConfig:
         session_timeout: ZooKeeper session timeout of every process (the crash bound).
         probe_interval / fall / rise / probe_timeout: the agents' probe budget.
         heartbeat_interval: the leader's heartbeat (the Redis-recovery bound).
+        partitions: put every data and search server in a network namespace of its
+            own (:class:`~discovery.testing.netns.NetworkLab`) and inject link faults;
+            without it only process and application faults run.
         workdir: where processes keep their logs (kept; a scratch directory if None).
         report: where the JSON report is written (None: not written).
     """
@@ -46,6 +50,7 @@ class ChaosConfig:
     fall: int = 3
     rise: int = 2
     heartbeat_interval: float = 0.5
+    partitions: bool = True
     workdir: Path | None = None
     report: Path | None = None
 
@@ -60,6 +65,10 @@ class ChaosConfig:
             )
         if self.duration <= 0 or self.rate <= 0:
             raise ConfigError("--duration and --rate must be positive")
+        if self.partitions:
+            reason = netns_available()
+            if reason is not None:
+                raise ConfigError(f"--partitions: {reason} (or run with --no-partitions)")
 
     # -- the bounds each fault is judged by ---------------------------------------
 
@@ -79,6 +88,12 @@ class ChaosConfig:
         return self.rise * self.probe_interval + self.probe_timeout
 
     @property
+    def heartbeat_ttl(self) -> float:
+        """The search servers' ``--heartbeat-ttl``: also how long a leader that cannot
+        write to Redis keeps trying before it hands over."""
+        return max(3.0, 4 * self.heartbeat_interval)
+
+    @property
     def crash_bound(self) -> float:
         """A dead process's node goes when ZooKeeper expires its session: the timeout,
         rounded up to ZooKeeper's tick, plus the leader's propagation."""
@@ -95,6 +110,7 @@ class ChaosConfig:
             rate=args.rate,
             deadline_ms=args.deadline_ms,
             session_timeout=args.session_timeout,
+            partitions=args.partitions,
             workdir=args.workdir,
             report=args.report,
         )

@@ -26,6 +26,7 @@ import logging
 import os
 import random
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ from .cluster import ChaosCluster, Member
 from .config import ChaosConfig
 from .observer import Observer, Snapshot
 
-__all__ = ["FAULTS", "FaultContext", "StepResult"]
+__all__ = ["CATEGORIES", "FAULTS", "FaultContext", "StepResult"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,14 @@ class FaultContext:
                 "list equals truth within the fault's bound",
                 f"{fault} {step}: not converged within {bound:.1f} s: {detail}",
             )
+            # The model holds the servers that are healthy and can reach ZooKeeper: one
+            # of them still without its node past the bound is a lost registration.
+            lost = sorted(model - last.zk) if last is not None and last.zk is not None else []
+            if lost:
+                observer.violate(
+                    "no registration is ever lost",
+                    f"{fault} {step}: {lost} not registered within {bound:.1f} s",
+                )
             self.results.append(StepResult(fault, step, bound, None, detail))
             try:
                 await observer.wait_for(done, RECOVERY_TIMEOUT)
@@ -256,8 +265,7 @@ async def redis_restart(ctx: FaultContext) -> None:
 
 async def redis_flushall(ctx: FaultContext) -> None:
     """FLUSHALL: the live list, fence and heartbeat vanish at once."""
-    redis = ctx.cluster.backend.redis
-    await asyncio.to_thread(_flushall, redis.port)
+    await asyncio.to_thread(_flushall, ctx.cluster.redis_url)
     await ctx.converge(
         "redis_flushall",
         "republished",
@@ -266,8 +274,8 @@ async def redis_flushall(ctx: FaultContext) -> None:
     )
 
 
-def _flushall(port: int) -> None:
-    client = sync_redis.Redis(port=port, socket_timeout=2.0)
+def _flushall(url: str) -> None:
+    client = sync_redis.Redis.from_url(url, socket_timeout=2.0)
     try:
         client.flushall()
     finally:
@@ -314,6 +322,247 @@ async def zk_quorum_loss(ctx: FaultContext) -> None:
     )
 
 
+# -- network partitions (runs with --partitions) -------------------------------------
+
+
+def _rejoin_bound(ctx: FaultContext) -> float:
+    # After a heal: kazoo's reconnect back-off (2 s at most), a new session (the old one
+    # expired meanwhile), the create, the leader's propagation.
+    return 2.0 + ctx.config.session_timeout / 2 + 1.5
+
+
+async def partition_data_zookeeper(ctx: FaultContext) -> None:
+    """Cut one data server from ZooKeeper only (it still serves): its session expires,
+    it leaves every list within the crash bound; healed, it registers again."""
+    (victim,) = ctx.pick_data(1)
+    log.info("cut %s from ZooKeeper", victim.name)
+    ctx.cluster.cut(victim, "zookeeper")
+    ctx.remove([victim])
+    await ctx.converge("partition_data_zookeeper", "removed", ctx.config.crash_bound)
+    await ctx.hold(0.5, 2.0)
+    ctx.cluster.heal(victim)
+    ctx.add([victim])
+    await ctx.converge("partition_data_zookeeper", "registered again", _rejoin_bound(ctx))
+
+
+async def partition_data_unreachable(ctx: FaultContext) -> None:
+    """Cut one data server from every search server (ZooKeeper fine): it stays listed,
+    local ejection keeps every query within its deadline (invariant 1), and nothing
+    in the lists changes."""
+    (victim,) = ctx.pick_data(1)
+    log.info("cut the search servers from %s", victim.name)
+    ctx.cluster.cut(victim, "search")
+    await ctx.hold(2.0, 4.0)
+    await ctx.converge("partition_data_unreachable", "still listed", 1.0)
+    ctx.cluster.heal(victim)
+
+
+async def partition_leader_zookeeper(ctx: FaultContext) -> None:
+    """Cut the leader from ZooKeeper: it stops publishing before its session can have
+    expired, a successor publishes with a higher epoch; healed, the old leader follows."""
+    kind = "partition_leader_zookeeper"
+    found = await _leader_or_skip(ctx, kind, "cut from ZooKeeper")
+    if found is None:
+        return
+    leader, epoch = found
+    cut_ms = time.time() * 1000
+    ctx.cluster.cut(leader, "zookeeper")
+    await _successor_publishes(ctx, kind, epoch)
+    last = ctx.observer.last_write_ms.get(epoch, 0.0)
+    if last - cut_ms > ctx.config.session_timeout * 1000:
+        ctx.observer.violate(
+            "a cut-off leader is silent before its session can expire",
+            f"{leader.name} (epoch {epoch}) wrote {last - cut_ms:.0f} ms after it was cut "
+            f"from ZooKeeper (session timeout {ctx.config.session_timeout:g} s)",
+        )
+    await ctx.hold(0.5, 2.0)
+    ctx.cluster.heal(leader)
+    await ctx.converge(
+        kind,
+        "old leader follows",
+        _rejoin_bound(ctx),
+        lambda s: leader.name in s.search and leader.name not in s.leaders,
+    )
+
+
+async def partition_leader_redis(ctx: FaultContext) -> None:
+    """Cut the leader from Redis only: it hands over within its heartbeat TTL (plus one
+    write's timeout) to a search server that reaches Redis."""
+    kind = "partition_leader_redis"
+    found = await _leader_or_skip(ctx, kind, "cut from Redis")
+    if found is None:
+        return
+    leader, epoch = found
+    ctx.cluster.cut(leader, "redis")
+    await ctx.converge(
+        kind,
+        "handed over",
+        2 * ctx.config.heartbeat_ttl + 1.5,
+        lambda s: (
+            ctx.observer.max_epoch > epoch and bool(s.leaders) and leader.name not in s.leaders
+        ),
+    )
+    await ctx.hold(0.5, 2.0)
+    ctx.cluster.heal(leader)
+    await ctx.converge(
+        kind, "old leader caught up", _redis_bound(ctx), lambda s: leader.name in s.subscribed
+    )
+
+
+async def partition_search_redis(ctx: FaultContext) -> None:
+    """Cut a search server that does not lead from Redis while a data server goes
+    offline: it answers from its last list meanwhile; healed, it catches up."""
+    kind = "partition_search_redis"
+    leader = await ctx.cluster.leader()
+    followers = sorted(n for n, m in ctx.cluster.search.items() if m.running and m is not leader)
+    if not followers:
+        ctx.skipped[kind] = ctx.skipped.get(kind, 0) + 1
+        return
+    member = ctx.cluster.search[ctx.rng.choice(followers)]
+    log.info("cut %s from Redis", member.name)
+    ctx.cluster.cut(member, "redis")
+    (victim,) = ctx.pick_data(1)
+    await ctx.cluster.admin(victim, "fault", {"mode": "error", "rate": 1.0})
+    ctx.remove([victim])
+    await ctx.hold(2.0, 4.0)
+    ctx.cluster.heal(member)
+    await ctx.converge(
+        kind,
+        "caught up",
+        ctx.config.probe_budget + _redis_bound(ctx),
+        lambda s: member.name in s.subscribed,
+    )
+    await ctx.cluster.admin(victim, "fault", {"mode": "none"})
+    ctx.add([victim])
+    await ctx.converge(kind, "data server back", ctx.config.rise_budget + 1.5)
+
+
+# -- two faults at once ---------------------------------------------------------------
+
+
+async def overlap_flushall_while_leader_paused(ctx: FaultContext) -> None:
+    """SIGSTOP the leader; once a successor publishes, FLUSHALL (the fence goes too);
+    then SIGCONT. The deposed leader must not bring its older epoch back into the
+    emptied store: the epoch in Redis never goes back (the observer checks every
+    write), and the successor's list returns within a heartbeat."""
+    kind = "overlap_flushall_while_leader_paused"
+    found = await _leader_or_skip(ctx, kind, "SIGSTOP, then FLUSHALL,")
+    if found is None:
+        return
+    leader, epoch = found
+    loop = asyncio.get_running_loop()
+    paused_at = loop.time()
+    ctx.cluster.signal(leader, signal.SIGSTOP)
+    await _successor_publishes(ctx, kind, epoch)
+    await asyncio.to_thread(_flushall, ctx.cluster.redis_url)
+    remaining = ctx.config.session_timeout + 1.0 - (loop.time() - paused_at)
+    await asyncio.sleep(max(0.0, remaining))
+    ctx.cluster.signal(leader, signal.SIGCONT)
+    await ctx.converge(
+        kind,
+        "republished, deposed leader follows",
+        max(_redis_bound(ctx), START_BOUND),
+        lambda s: s.redis is not None and leader.name in s.search and leader.name not in s.leaders,
+    )
+
+
+async def overlap_zk_kill_during_leader_kill(ctx: FaultContext) -> None:
+    """``kill -9`` the leader and one ZooKeeper server at once."""
+    kind = "overlap_zk_kill_during_leader_kill"
+    found = await _leader_or_skip(ctx, kind, "kill -9 (with a ZooKeeper server)")
+    if found is None:
+        return
+    leader, epoch = found
+    index = ctx.rng.randrange(ctx.cluster.backend.zk.size)
+    await asyncio.gather(ctx.cluster.kill(leader), asyncio.to_thread(_kill_zk, ctx, index))
+    # The successor's session may have to move to another ZooKeeper server first.
+    await ctx.converge(
+        kind,
+        "new leader",
+        ctx.config.crash_bound + 3.0,
+        lambda s: ctx.observer.max_epoch > epoch and bool(s.leaders),
+    )
+    await asyncio.gather(
+        ctx.cluster.restart(leader), asyncio.to_thread(ctx.cluster.start_zookeeper, index)
+    )
+    await ctx.converge(kind, "restarted", START_BOUND, lambda s: leader.name in s.search)
+
+
+async def overlap_data_kill_during_quorum_loss(ctx: FaultContext) -> None:
+    """Lose the ZooKeeper quorum and ``kill -9`` a data server meanwhile: once the
+    quorum is back its session expires (and only its)."""
+    kind = "overlap_data_kill_during_quorum_loss"
+    ensemble = ctx.cluster.backend.zk
+    indexes = ctx.rng.sample(range(ensemble.size), 2)
+    victims = ctx.pick_data(1)
+    await asyncio.gather(*(asyncio.to_thread(_kill_zk, ctx, i) for i in indexes))
+    await ctx.hold(0.5, 1.5)
+    await asyncio.gather(*(ctx.cluster.kill(m) for m in victims))
+    ctx.remove(victims)
+    await ctx.hold(0.5, 1.5)
+    await asyncio.gather(*(asyncio.to_thread(ctx.cluster.start_zookeeper, i) for i in indexes))
+    await ctx.converge(
+        kind, "quorum back, victim gone", ctx.config.crash_bound + ctx.config.probe_budget
+    )
+    await asyncio.gather(*(ctx.cluster.restart(m) for m in victims))
+    ctx.add(victims)
+    await ctx.converge(kind, "restarted", START_BOUND)
+
+
+async def overlap_redis_restart_during_leader_change(ctx: FaultContext) -> None:
+    """Stop Redis and ``kill -9`` the leader together; start Redis again: the successor
+    publishes into the empty store with a higher epoch and every reader follows."""
+    kind = "overlap_redis_restart_during_leader_change"
+    found = await _leader_or_skip(ctx, kind, "kill -9 (with Redis stopped)")
+    if found is None:
+        return
+    leader, epoch = found
+    redis = ctx.cluster.backend.redis
+    await asyncio.gather(ctx.cluster.kill(leader), asyncio.to_thread(redis.stop))
+    await ctx.hold(1.0, 3.0)
+    await asyncio.to_thread(redis.start)
+    await ctx.converge(
+        kind,
+        "new leader, readers back",
+        ctx.config.crash_bound + _redis_bound(ctx),
+        lambda s: (
+            ctx.observer.max_epoch > epoch and bool(s.leaders) and s.subscribed >= set(s.search)
+        ),
+    )
+    await ctx.cluster.restart(leader)
+    await ctx.converge(kind, "restarted", START_BOUND, lambda s: leader.name in s.search)
+
+
+#: Each fault kind's category; a round of the schedule takes the categories in turn.
+CATEGORIES: dict[str, tuple[str, ...]] = {
+    "process": (
+        "zk_server_kill",
+        "zk_quorum_loss",
+        "redis_restart",
+        "redis_flushall",
+        "leader_kill",
+        "leader_pause",
+        "data_server_kill",
+        "data_server_slow",
+        "data_server_error",
+        "data_server_hang",
+        "agent_session_expiry",
+    ),
+    "partition": (
+        "partition_data_zookeeper",
+        "partition_data_unreachable",
+        "partition_leader_zookeeper",
+        "partition_leader_redis",
+        "partition_search_redis",
+    ),
+    "overlap": (
+        "overlap_flushall_while_leader_paused",
+        "overlap_zk_kill_during_leader_kill",
+        "overlap_data_kill_during_quorum_loss",
+        "overlap_redis_restart_during_leader_change",
+    ),
+}
+
 FAULTS: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
     "zk_server_kill": zk_server_kill,
     "zk_quorum_loss": zk_quorum_loss,
@@ -326,4 +575,13 @@ FAULTS: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
     "data_server_error": _probe_fault("data_server_error", {"mode": "error", "rate": 1.0}),
     "data_server_hang": _probe_fault("data_server_hang", {"mode": "hang"}),
     "agent_session_expiry": agent_session_expiry,
+    "partition_data_zookeeper": partition_data_zookeeper,
+    "partition_data_unreachable": partition_data_unreachable,
+    "partition_leader_zookeeper": partition_leader_zookeeper,
+    "partition_leader_redis": partition_leader_redis,
+    "partition_search_redis": partition_search_redis,
+    "overlap_flushall_while_leader_paused": overlap_flushall_while_leader_paused,
+    "overlap_zk_kill_during_leader_kill": overlap_zk_kill_during_leader_kill,
+    "overlap_data_kill_during_quorum_loss": overlap_data_kill_during_quorum_loss,
+    "overlap_redis_restart_during_leader_change": overlap_redis_restart_during_leader_change,
 }

@@ -127,6 +127,9 @@ class Observer:
         self.violations: list[Violation] = []
         self.max_epoch = 0
         self.epochs_seen: set[int] = set()
+        #: Per epoch, the wall-clock milliseconds of the last write seen from it (its
+        #: heartbeat's own stamp, or when one of its events arrived).
+        self.last_write_ms: dict[int, float] = {}
         self.publishes = 0
         self.last: Snapshot | None = None
         self._changed = asyncio.Condition()
@@ -221,6 +224,8 @@ class Observer:
             heartbeat = parse_heartbeat(beat, -1)
             if heartbeat.epoch is not None:
                 self._check_epoch(heartbeat.epoch, keys.leader)
+                if heartbeat.at is not None:
+                    self._wrote(heartbeat.epoch, float(heartbeat.at))
         if live is None:
             return None, None
         try:
@@ -240,6 +245,9 @@ class Observer:
             return
         self.epochs_seen.add(epoch)
         self.max_epoch = epoch
+
+    def _wrote(self, epoch: int, at_ms: float) -> None:
+        self.last_write_ms[epoch] = max(self.last_write_ms.get(epoch, 0.0), at_ms)
 
     async def _sample_forever(self) -> None:
         while True:
@@ -269,6 +277,7 @@ class Observer:
                         continue
                     self.publishes += 1
                     self._check_epoch(event.epoch, f"event from {event.leader!r}")
+                    self._wrote(event.epoch, time.time() * 1000)
             except _REDIS_ERRORS as exc:
                 log.debug("observer: events subscription lost: %s", exc)
             finally:

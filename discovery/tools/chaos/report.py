@@ -15,6 +15,8 @@ INVARIANTS = (
     "query within deadline + 50 ms",
     "list equals truth within the fault's bound",
     "epoch never decreases",
+    "a cut-off leader is silent before its session can expire",
+    "no registration is ever lost",
 )
 
 
@@ -57,7 +59,7 @@ def render(result: ChaosResult) -> str:
         return "\n".join(lines)
     lines.append("")
     header = (
-        f"{'fault':<24} {'count':>5} {'worst convergence':>24} {'violations':>10} "
+        f"{'fault':<42} {'count':>5} {'worst convergence':>24} {'violations':>10} "
         f"{'queries':>8} {'partial':>8} {'failed':>7} {'max ms':>7}"
     )
     lines += [header, "-" * len(header)]
@@ -74,7 +76,7 @@ def render(result: ChaosResult) -> str:
         sent = sum(outcomes.values())
         max_ms = result.load.max_ms_by_fault.get(kind, 0.0)
         lines.append(
-            f"{kind:<24} {count:>5} {worst:>24} {row['violations']:>10} {sent:>8} "
+            f"{kind:<42} {count:>5} {worst:>24} {row['violations']:>10} {sent:>8} "
             f"{outcomes.get('partial', 0):>8} {outcomes.get('failed', 0):>7} {max_ms:>7.0f}"
         )
     load = result.load
@@ -94,10 +96,10 @@ def render(result: ChaosResult) -> str:
         by_invariant[violation.invariant] += 1
     for invariant in INVARIANTS:
         verdict = "ok" if not by_invariant.get(invariant) else f"{by_invariant[invariant]} VIOLATED"
-        lines.append(f"  {invariant:<45} {verdict}")
+        lines.append(f"  {invariant:<58} {verdict}")
     for invariant, n in sorted(by_invariant.items()):
         if invariant not in INVARIANTS:
-            lines.append(f"  {invariant:<45} {n} VIOLATED")
+            lines.append(f"  {invariant:<58} {n} VIOLATED")
     if result.violations:
         lines += ["", "violations:"]
         lines += [

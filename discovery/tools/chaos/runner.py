@@ -1,11 +1,12 @@
 """One chaos run: start everything, inject seeded faults for ``duration``, judge, report.
 
 The schedule is a sequence of rounds; each round is every fault kind once, in an
-order shuffled by the seed, so a short run still meets each kind and the same seed
-replays the same run (the victims are drawn from the same seeded generator). Faults
-run one after the other: a fault is injected, judged, healed and judged again before
-the next starts, with a short seeded pause in between, so that every verdict belongs
-to one fault.
+order shuffled by the seed, the categories (process faults, network partitions, two
+faults at once) taken in turn, so that even a short run meets each category and the
+same seed replays the same run (the victims are drawn from the same seeded
+generator). Faults run one after the other: a fault is injected, judged, healed and
+judged again before the next starts, with a short seeded pause in between, so that
+every verdict belongs to one fault (an overlap is one fault made of two).
 
 At the end all faults are healed; the final check (invariant 4) is that every data
 server is registered and serving again, in ZooKeeper, in Redis and at every search
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from .cluster import ChaosCluster
 from .config import ChaosConfig
-from .faults import FAULTS, START_BOUND, FaultContext, StepResult
+from .faults import CATEGORIES, FAULTS, START_BOUND, FaultContext, StepResult
 from .load import LoadGenerator, LoadStats, cpu_jiffies
 from .observer import Observer, Violation
 
@@ -59,14 +60,23 @@ class ChaosResult:
         return self.started and not self.violations
 
 
-def schedule(seed: int) -> list[str]:
-    """An endless-enough seeded order of fault kinds: rounds of every kind once."""
+def schedule(seed: int, *, partitions: bool = True) -> list[str]:
+    """An endless-enough seeded order of fault kinds: rounds of every kind once, the
+    categories interleaved (without ``partitions``, the partition kinds are left out)."""
     rng = random.Random(seed)
+    categories = {
+        name: list(kinds)
+        for name, kinds in sorted(CATEGORIES.items())
+        if partitions or name != "partition"
+    }
     order: list[str] = []
     for _ in range(100):
-        kinds = sorted(FAULTS)
-        rng.shuffle(kinds)
-        order.extend(kinds)
+        queues = {name: rng.sample(kinds, len(kinds)) for name, kinds in categories.items()}
+        turn = rng.sample(sorted(queues), len(queues))
+        while any(queues.values()):
+            for name in turn:
+                if queues[name]:
+                    order.append(queues[name].pop())
     return order
 
 
@@ -99,7 +109,7 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
         cpu_before = cpu_jiffies()
         ctx = FaultContext(cluster, observer, config, random.Random(config.seed))
         deadline = time.monotonic() + config.duration
-        for kind in schedule(config.seed):
+        for kind in schedule(config.seed, partitions=config.partitions):
             if time.monotonic() >= deadline:
                 break
             observer.fault = kind

@@ -1,0 +1,39 @@
+"""Cancelling tasks that run library code which may swallow a cancellation.
+
+redis-py's asyncio client has been seen to absorb a ``CancelledError`` that lands in
+the middle of a command (it catches it while disconnecting, or turns it into a
+``ConnectionError``: redis/redis-py #2028, #2717), after which our task goes on, as
+if nothing had happened, into its next iteration: a reader's reconnect loop, a
+leader's next publish. Awaiting such a task once after ``cancel()`` then hangs for
+good (seen: a test's teardown stuck for its whole timeout, the event loop idle).
+:func:`cancel_and_wait` cancels again until the task really ends; the next
+cancellation lands in one of our own awaits (a sleep, a lock), which never swallow it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["cancel_and_wait"]
+
+log = logging.getLogger(__name__)
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]], *, nudge: float = 1.0) -> None:
+    """Cancel ``tasks`` and wait until every one has ended, cancelling again every
+    ``nudge`` seconds those that are still running. Their results and errors are
+    left to their done callbacks. If the caller itself is cancelled meanwhile, the
+    tasks have all been asked to stop, and the caller's cancellation propagates.
+    """
+    pending = {task for task in tasks if not task.done()}
+    for task in pending:
+        task.cancel()
+    while pending:
+        _done, pending = await asyncio.wait(pending, timeout=nudge)
+        for task in pending:
+            name = task.get_name() if isinstance(task, asyncio.Task) else repr(task)
+            log.warning("task %s ignored its cancellation; cancelling it again", name)
+            task.cancel()
