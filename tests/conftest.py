@@ -26,6 +26,7 @@ from data_server.server import DataServer
 from discovery.config import AgentConfig, ClusterConfig, RedisConfig, ZkConfig
 from discovery.store import LiveListStore
 from discovery.testing import RedisServer, ZooKeeperEnsemble
+from discovery.testing.netns import NetworkLab, netns_available
 from discovery.zk import ZkSession
 from search_server.config import SearchServerConfig
 from search_server.picking import ReplicaPicker
@@ -127,6 +128,38 @@ def redis_prefix(redis_server: RedisServer, request: pytest.FixtureRequest) -> I
             client.delete(*keys)
     finally:
         client.close()
+
+
+@pytest.fixture
+def lab() -> Iterator[NetworkLab]:
+    """A network lab (:class:`NetworkLab`) for this test: hosts in namespaces, cuts.
+
+    Skips the test where namespaces cannot be made (not root, no iptables); the
+    Makefile installs what it needs and CI runs as root.
+    """
+    reason = netns_available()
+    if reason is not None:
+        pytest.skip(reason)
+    with NetworkLab() as network:
+        yield network
+
+
+@pytest.fixture
+def lab_zk(lab: NetworkLab, tmp_path: Path) -> Iterator[ZooKeeperEnsemble]:
+    """A standalone ZooKeeper on the lab's gateway, reachable from every lab host."""
+    ensemble = ZooKeeperEnsemble(1, tmp_path / "zk", tick_time_ms=TICK_TIME_MS, host=lab.gateway)
+    ensemble.start()
+    yield ensemble
+    ensemble.stop()
+
+
+@pytest.fixture
+def lab_redis(lab: NetworkLab, tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis on the lab's gateway, reachable from every lab host."""
+    redis = RedisServer(tmp_path / "redis", host=lab.gateway)
+    redis.start()
+    yield redis
+    redis.stop()
 
 
 @pytest.fixture

@@ -47,29 +47,6 @@ pytestmark = pytest.mark.skipif(netns_available() is not None, reason=str(netns_
 
 
 @pytest.fixture
-def lab() -> Iterator[NetworkLab]:
-    with NetworkLab() as network:
-        yield network
-
-
-@pytest.fixture
-def lab_zk(lab: NetworkLab, tmp_path: Path) -> Iterator[ZooKeeperEnsemble]:
-    """A standalone ZooKeeper on the lab's gateway, reachable from every host."""
-    ensemble = ZooKeeperEnsemble(1, tmp_path / "zk", tick_time_ms=TICK_TIME_MS, host=lab.gateway)
-    ensemble.start()
-    yield ensemble
-    ensemble.stop()
-
-
-@pytest.fixture
-def lab_redis(lab: NetworkLab, tmp_path: Path) -> Iterator[RedisServer]:
-    redis = RedisServer(tmp_path / "redis", host=lab.gateway)
-    redis.start()
-    yield redis
-    redis.stop()
-
-
-@pytest.fixture
 async def observer(lab_zk: ZooKeeperEnsemble) -> AsyncIterator[ZkSession]:
     session = ZkSession.from_config(ZkConfig(hosts=lab_zk.hosts, session_timeout=10.0))
     await session.start()

@@ -12,6 +12,9 @@ sits beside ``kazoo.client``: nothing here is imported by the library.
   go).
 * :class:`TcpProxy` forwards one TCP link and can drop everything on it
   (``blackhole``), the way a partition does, until ``heal``.
+* :mod:`discovery.testing.netns` (imported by name: it needs root) runs processes in
+  network namespaces of a :class:`~discovery.testing.netns.NetworkLab` and cuts links
+  between them with iptables.
 * :func:`free_port` / :func:`free_ports` pick unused loopback ports.
 """
 

@@ -189,9 +189,19 @@ class ChaosCluster:
 
     # -- links -------------------------------------------------------------------
 
-    def cut(self, member: Member, what: str) -> None:
+    async def cut(self, member: Member, what: str) -> None:
         """Cut ``member`` off: ``zookeeper`` (every ZooKeeper client port), ``redis``,
-        or ``search`` (every search server's traffic to a data server's port)."""
+        or ``search`` (every search server's traffic to a data server's port).
+
+        In a thread: each rule is an ``iptables`` process, tens of milliseconds that
+        the harness's loop (which times the queries) must not spend blocked.
+        """
+        await asyncio.to_thread(self._cut, member, what)
+
+    async def heal(self, member: Member) -> None:
+        await asyncio.to_thread(self._heal, member)
+
+    def _cut(self, member: Member, what: str) -> None:
         lab, host = self.lab, member.host
         if lab is None or host is None:
             raise ValueError("a run without partitions has no links to cut")
@@ -210,7 +220,7 @@ class ChaosCluster:
         else:
             raise ValueError(f"unknown link {what!r}")
 
-    def heal(self, member: Member) -> None:
+    def _heal(self, member: Member) -> None:
         for cut in self._cuts.pop(member.name, []):
             cut.heal()
 

@@ -336,11 +336,11 @@ async def partition_data_zookeeper(ctx: FaultContext) -> None:
     it leaves every list within the crash bound; healed, it registers again."""
     (victim,) = ctx.pick_data(1)
     log.info("cut %s from ZooKeeper", victim.name)
-    ctx.cluster.cut(victim, "zookeeper")
+    await ctx.cluster.cut(victim, "zookeeper")
     ctx.remove([victim])
     await ctx.converge("partition_data_zookeeper", "removed", ctx.config.crash_bound)
     await ctx.hold(0.5, 2.0)
-    ctx.cluster.heal(victim)
+    await ctx.cluster.heal(victim)
     ctx.add([victim])
     await ctx.converge("partition_data_zookeeper", "registered again", _rejoin_bound(ctx))
 
@@ -351,10 +351,10 @@ async def partition_data_unreachable(ctx: FaultContext) -> None:
     in the lists changes."""
     (victim,) = ctx.pick_data(1)
     log.info("cut the search servers from %s", victim.name)
-    ctx.cluster.cut(victim, "search")
+    await ctx.cluster.cut(victim, "search")
     await ctx.hold(2.0, 4.0)
     await ctx.converge("partition_data_unreachable", "still listed", 1.0)
-    ctx.cluster.heal(victim)
+    await ctx.cluster.heal(victim)
 
 
 async def partition_leader_zookeeper(ctx: FaultContext) -> None:
@@ -366,7 +366,7 @@ async def partition_leader_zookeeper(ctx: FaultContext) -> None:
         return
     leader, epoch = found
     cut_ms = time.time() * 1000
-    ctx.cluster.cut(leader, "zookeeper")
+    await ctx.cluster.cut(leader, "zookeeper")
     await _successor_publishes(ctx, kind, epoch)
     last = ctx.observer.last_write_ms.get(epoch, 0.0)
     if last - cut_ms > ctx.config.session_timeout * 1000:
@@ -376,7 +376,7 @@ async def partition_leader_zookeeper(ctx: FaultContext) -> None:
             f"from ZooKeeper (session timeout {ctx.config.session_timeout:g} s)",
         )
     await ctx.hold(0.5, 2.0)
-    ctx.cluster.heal(leader)
+    await ctx.cluster.heal(leader)
     await ctx.converge(
         kind,
         "old leader follows",
@@ -393,7 +393,7 @@ async def partition_leader_redis(ctx: FaultContext) -> None:
     if found is None:
         return
     leader, epoch = found
-    ctx.cluster.cut(leader, "redis")
+    await ctx.cluster.cut(leader, "redis")
     await ctx.converge(
         kind,
         "handed over",
@@ -403,7 +403,7 @@ async def partition_leader_redis(ctx: FaultContext) -> None:
         ),
     )
     await ctx.hold(0.5, 2.0)
-    ctx.cluster.heal(leader)
+    await ctx.cluster.heal(leader)
     await ctx.converge(
         kind, "old leader caught up", _redis_bound(ctx), lambda s: leader.name in s.subscribed
     )
@@ -420,12 +420,12 @@ async def partition_search_redis(ctx: FaultContext) -> None:
         return
     member = ctx.cluster.search[ctx.rng.choice(followers)]
     log.info("cut %s from Redis", member.name)
-    ctx.cluster.cut(member, "redis")
+    await ctx.cluster.cut(member, "redis")
     (victim,) = ctx.pick_data(1)
     await ctx.cluster.admin(victim, "fault", {"mode": "error", "rate": 1.0})
     ctx.remove([victim])
     await ctx.hold(2.0, 4.0)
-    ctx.cluster.heal(member)
+    await ctx.cluster.heal(member)
     await ctx.converge(
         kind,
         "caught up",
