@@ -17,8 +17,10 @@ from prometheus_client import CollectorRegistry
 
 from data_server.server import DataServer
 from discovery.agent import Agent
-from discovery.config import AgentConfig
+from discovery.config import AgentConfig, ZkConfig
+from discovery.election import Leadership
 from discovery.instance import InstancePayload, ServiceInstance
+from discovery.loopthread import LoopThread
 from discovery.zk import ZkSession
 from search_server.server import SearchServer
 
@@ -272,3 +274,55 @@ async def bounded_teardown(what: str, *closers: Awaitable[object], timeout: floa
         raise AssertionError(f"{what}: teardown hung for {timeout:g}s (stacks on stderr)")
     for task in tasks:
         task.result()  # a closer's own error fails the teardown
+
+
+class Healthy:
+    """A probe that always passes: for tests of registration, not of health."""
+
+    async def check(self) -> None:
+        return None
+
+
+@contextlib.asynccontextmanager
+async def agent_fleet(
+    count: int,
+    zk: ZkConfig,
+    *,
+    config: AgentConfig = FAST_AGENT,
+    name: str = "fleet",
+    base_port: int = 9400,
+) -> AsyncIterator[list[Agent]]:
+    """``count`` always-healthy agents (``ds-00``, ``ds-01``...) on one shared
+    ``LoopThread``, as a fleet process runs them: started and ready; stopped afterwards."""
+    loop_thread = LoopThread(name)
+    loop_thread.start()
+    agents: list[Agent] = []
+    try:
+        for i in range(count):
+            agent = Agent(
+                make_instance(f"ds-{i:02d}", base_port + i),
+                Healthy(),
+                zk=zk,
+                config=config,
+                loop_thread=loop_thread,
+            )
+            await agent.astart()
+            agents.append(agent)
+            agent.set_ready()
+        yield agents
+    finally:
+        for agent in agents:
+            await agent.astop()
+        loop_thread.stop()
+
+
+async def published_term(leader: SearchServer) -> Leadership:
+    """Wait until ``leader`` has published a list; its term (fails if it does not lead)."""
+    assert leader.reader is not None
+    await waited(
+        leader.reader.wait_until(lambda live: live.version > 0, timeout=10), "a published list"
+    )
+    assert leader.election is not None
+    term = leader.election.leadership
+    assert term is not None, f"{leader.server_id} does not lead"
+    return term

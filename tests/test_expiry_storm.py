@@ -20,11 +20,10 @@ from discovery.agent import Agent
 from discovery.config import ZkConfig
 from discovery.errors import DevClusterError
 from discovery.layout import DATA_SERVERS_PATH
-from discovery.loopthread import LoopThread
 from discovery.testing import ZooKeeperEnsemble, expire_session
 from discovery.zk import ZkSession
 from tests.conftest import SESSION_TIMEOUT
-from tests.support import FAST_AGENT, SessionFactory, eventually, make_instance
+from tests.support import FAST_AGENT, SessionFactory, agent_fleet, eventually
 
 AGENTS = 20
 EXPIRIES = 500
@@ -33,11 +32,6 @@ RESTART_EVERY = 50
 # Generous: the slowest path is a zombie session found by the 1 s ownership check,
 # then a new client; a restarting server may hold a victim up for a few seconds more.
 REREGISTERED_WITHIN = 30.0
-
-
-class _Healthy:
-    async def check(self) -> None:
-        return None
 
 
 async def test_every_forced_expiry_is_followed_by_a_new_registration(
@@ -50,23 +44,7 @@ async def test_every_forced_expiry_is_followed_by_a_new_registration(
     config = dataclasses.replace(FAST_AGENT, verify_interval=1.0)
     zk = ZkConfig(hosts=hosts, session_timeout=SESSION_TIMEOUT, connect_timeout=30)
     rng = random.Random(12)
-    agents: list[Agent] = []
-    async with contextlib.AsyncExitStack() as stack:
-        fleet_loop = LoopThread("storm-fleet")
-        stack.callback(fleet_loop.stop)
-        fleet_loop.start()
-        for i in range(AGENTS):
-            agent = Agent(
-                make_instance(f"ds-{i:02d}", 9400 + i),
-                _Healthy(),
-                zk=zk,
-                config=config,
-                loop_thread=fleet_loop,
-            )
-            await agent.astart()
-            stack.push_async_callback(agent.astop)
-            agent.set_ready()
-            agents.append(agent)
+    async with agent_fleet(AGENTS, zk, config=config, name="storm-fleet") as agents:
 
         async def owned_by_current_session(agent: Agent) -> bool:
             session = agent.session

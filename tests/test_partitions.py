@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -23,23 +24,21 @@ import pytest
 import redis.asyncio as aioredis
 
 from data_server.corpus import sample_queries
-from discovery.agent import Agent
 from discovery.config import ZkConfig
 from discovery.layout import DATA_SERVERS_PATH
-from discovery.loopthread import LoopThread
 from discovery.redislayout import Heartbeat, RedisKeys, parse_heartbeat
 from discovery.testing import RedisServer, ZooKeeperEnsemble, ZooKeeperServer, free_port
 from discovery.testing.netns import Host, NetworkLab, netns_available, remove_tagged
 from discovery.testing.zookeeper import four_letter_word
 from discovery.zk import ZkSession
+from search_server.server import SearchServer
 from tests.conftest import SESSION_TIMEOUT, TICK_TIME_MS
 from tests.support import (
-    FAST_AGENT,
     SearchServerFactory,
+    agent_fleet,
     eventually,
     get_json,
     live_ids,
-    make_instance,
     repeat_host,
 )
 
@@ -58,7 +57,29 @@ def _port_of(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
-class _DataServerProcess:
+class _ServerProcess:
+    """A server's entry point run on a lab host (None: the root namespace), its output
+    in ``<log_base>.log``; :meth:`stop` ends it (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, argv: list[str], host: Host | None, log_base: Path) -> None:
+        with log_base.with_suffix(".log").open("wb") as log:
+            self.process = (
+                host.popen(argv, stdout=log, stderr=subprocess.STDOUT)
+                if host is not None
+                else subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class _DataServerProcess(_ServerProcess):
     """``python -m data_server.cli`` on a lab host (or in the root namespace)."""
 
     def __init__(self, instance_id: str, zk: str, host: Host | NetworkLab, workdir: Path) -> None:
@@ -73,22 +94,7 @@ class _DataServerProcess:
             *("--port", str(self.port), "--shard", "0", "--docs", "300"),
             *("--probe-interval", "0.1", "--verify-interval", "1"),
         ]
-        log = (workdir / f"{instance_id}.log").open("wb")
-        self.process = (
-            host.popen(argv, stdout=log, stderr=subprocess.STDOUT)
-            if isinstance(host, Host)
-            else subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        )
-        log.close()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        super().__init__(argv, host if isinstance(host, Host) else None, workdir / instance_id)
 
 
 @pytest.fixture
@@ -97,6 +103,21 @@ def data_servers(tmp_path: Path) -> Iterator[list[_DataServerProcess]]:
     yield servers
     for server in servers:
         server.stop()
+
+
+def _victim_and_twin(
+    name: str,
+    lab: NetworkLab,
+    zk: ZooKeeperEnsemble,
+    workdir: Path,
+    data_servers: list[_DataServerProcess],
+) -> tuple[Host, _DataServerProcess]:
+    """Two replicas of shard 0: ``name`` on a lab host of its own (the one to cut) and
+    ``ds-twin`` in the root namespace, so that every query can stay complete."""
+    host = lab.add_host(name)
+    victim = _DataServerProcess(name, zk.hosts, host, workdir)
+    data_servers += [victim, _DataServerProcess("ds-twin", zk.hosts, lab, workdir)]
+    return host, victim
 
 
 def test_a_lab_leaves_nothing_behind_even_when_its_process_is_killed(tmp_path: Path) -> None:
@@ -176,10 +197,7 @@ async def test_a_data_server_cut_from_zookeeper_only_leaves_the_lists_and_comes_
     make_search_server: SearchServerFactory,
     tmp_path: Path,
 ) -> None:
-    victim_host = lab.add_host("ds-cut")
-    victim = _DataServerProcess("ds-cut", lab_zk.hosts, victim_host, tmp_path)
-    twin = _DataServerProcess("ds-twin", lab_zk.hosts, lab, tmp_path)
-    data_servers += [victim, twin]
+    victim_host, victim = _victim_and_twin("ds-cut", lab, lab_zk, tmp_path, data_servers)
     search = await make_search_server(server_id="ss-lab", zk=lab_zk.hosts, redis_url=lab_redis.url)
     await eventually(lambda: live_ids(search) == {"ds-cut", "ds-twin"}, timeout=60, message="both")
 
@@ -224,7 +242,7 @@ async def test_a_data_server_cut_from_zookeeper_only_leaves_the_lists_and_comes_
     print(f"removed {removed_after:.2f}s after the cut; {len(outcomes)} queries, all complete")
 
 
-class _SearchServerProcess:
+class _SearchServerProcess(_ServerProcess):
     """``python -m search_server.cli`` on a lab host."""
 
     def __init__(
@@ -247,87 +265,102 @@ class _SearchServerProcess:
             *("--reconcile-interval", "1"),
             *extra,
         ]
-        log = (workdir / f"{server_id}.log").open("wb")
-        self.process = host.popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        super().__init__(argv, host, workdir / server_id)
 
 
-async def test_a_leader_cut_from_zookeeper_stops_publishing_before_its_session_expires(
+class _Heartbeats:
+    """The leader's heartbeat key, read from Redis as readers see it."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self._redis = aioredis.Redis.from_url(url)
+        self._key = RedisKeys(prefix).leader
+
+    async def current(self) -> Heartbeat | None:
+        raw = await self._redis.get(self._key)
+        return None if raw is None else parse_heartbeat(raw, -1)
+
+    async def of(self, leader: str) -> Heartbeat | None:
+        beat = await self.current()
+        return beat if beat is not None and beat.leader == leader else None
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+@dataclass
+class _Handover:
+    """``ss-old`` leading from a lab host of its own, ``ss-new`` (in-process) waiting."""
+
+    host: Host
+    old: _SearchServerProcess
+    first: Heartbeat
+    successor: SearchServer
+    beats: _Heartbeats
+
+
+@pytest.fixture
+async def handover(
     lab: NetworkLab,
     lab_zk: ZooKeeperEnsemble,
     lab_redis: RedisServer,
     redis_prefix: str,
     make_search_server: SearchServerFactory,
     tmp_path: Path,
-) -> None:
+) -> AsyncIterator[_Handover]:
     cluster = redis_prefix.removeprefix("discovery:")
-    keys = RedisKeys(redis_prefix)
     host = lab.add_host("leader")
     old = _SearchServerProcess("ss-old", lab_zk.hosts, lab_redis.url, cluster, host, tmp_path)
-    redis = aioredis.Redis.from_url(lab_redis.url)
+    beats = _Heartbeats(lab_redis.url, redis_prefix)
     try:
-
-        async def heartbeat() -> Heartbeat | None:
-            raw = await redis.get(keys.leader)
-            return None if raw is None else parse_heartbeat(raw, -1)
-
-        async def led_by(leader: str) -> Heartbeat | None:
-            beat = await heartbeat()
-            return beat if beat is not None and beat.leader == leader else None
-
-        first = await eventually(lambda: led_by("ss-old"), timeout=60, message="ss-old leads")
+        first = await eventually(lambda: beats.of("ss-old"), timeout=60, message="ss-old leads")
         successor = await make_search_server(
             server_id="ss-new", zk=lab_zk.hosts, redis_url=lab_redis.url
         )
-        cut_at_ms = time.time() * 1000
-        lab.cut(host, address=lab.gateway, port=_port_of(lab_zk.hosts))
-
-        last_old_beat = first.at or 0
-        deadline = time.monotonic() + 6 * SESSION_TIMEOUT
-        new: Heartbeat | None = None
-        while time.monotonic() < deadline:
-            beat = await heartbeat()
-            if beat is not None and beat.leader == "ss-old" and beat.epoch == first.epoch:
-                last_old_beat = max(last_old_beat, beat.at or 0)
-            if beat is not None and beat.leader == "ss-new":
-                new = beat
-                break
-            await asyncio.sleep(0.02)  # ok-sleep: the sampling interval of a bounded watch
-        assert new is not None, "no successor within the bound"
-        assert (new.epoch or 0) > (first.epoch or 0)
-        # Its lease (half a session timeout from the last answer it had, which came
-        # before the cut) ran out: its last heartbeat came well before ZooKeeper could
-        # expire its session. The 100 ms are for stamping the write after the check.
-        assert last_old_beat - cut_at_ms < SESSION_TIMEOUT * 1000 / 2 + 100, (
-            last_old_beat - cut_at_ms
-        )
-        print(
-            f"old leader's last heartbeat {last_old_beat - cut_at_ms:.0f} ms after the cut; "
-            f"successor epoch {new.epoch} > {first.epoch}"
-        )
-
-        lab.heal_all()
-
-        # Back on the network, the old leader follows the new one and writes nothing.
-        async def follows_new() -> bool:
-            status, view = await get_json(f"{old.url}/cluster")
-            return status == 200 and view["leader"] == "ss-new" and not view["is_leader"]
-
-        await eventually(follows_new, timeout=30, message="ss-old follows ss-new")
-        assert await led_by("ss-new") is not None
-        assert successor.is_leader
+        yield _Handover(host, old, first, successor, beats)
     finally:
-        await redis.aclose()
+        await beats.aclose()
         old.stop()
+
+
+async def test_a_leader_cut_from_zookeeper_stops_publishing_before_its_session_expires(
+    lab: NetworkLab, lab_zk: ZooKeeperEnsemble, handover: _Handover
+) -> None:
+    first, beats = handover.first, handover.beats
+    cut_at_ms = time.time() * 1000
+    lab.cut(handover.host, address=lab.gateway, port=_port_of(lab_zk.hosts))
+
+    last_old_beat = first.at or 0
+    deadline = time.monotonic() + 6 * SESSION_TIMEOUT
+    new: Heartbeat | None = None
+    while time.monotonic() < deadline:
+        beat = await beats.current()
+        if beat is not None and beat.leader == "ss-old" and beat.epoch == first.epoch:
+            last_old_beat = max(last_old_beat, beat.at or 0)
+        if beat is not None and beat.leader == "ss-new":
+            new = beat
+            break
+        await asyncio.sleep(0.02)  # ok-sleep: the sampling interval of a bounded watch
+    assert new is not None, "no successor within the bound"
+    assert (new.epoch or 0) > (first.epoch or 0)
+    # Its lease (half a session timeout from the last answer it had, which came before
+    # the cut) ran out: its last heartbeat came well before ZooKeeper could expire its
+    # session. The 100 ms are for stamping the write after the check.
+    assert last_old_beat - cut_at_ms < SESSION_TIMEOUT * 1000 / 2 + 100, last_old_beat - cut_at_ms
+    print(
+        f"old leader's last heartbeat {last_old_beat - cut_at_ms:.0f} ms after the cut; "
+        f"successor epoch {new.epoch} > {first.epoch}"
+    )
+
+    lab.heal_all()
+
+    # Back on the network, the old leader follows the new one and writes nothing.
+    async def follows_new() -> bool:
+        status, view = await get_json(f"{handover.old.url}/cluster")
+        return status == 200 and view["leader"] == "ss-new" and not view["is_leader"]
+
+    await eventually(follows_new, timeout=30, message="ss-old follows ss-new")
+    assert await beats.of("ss-new") is not None
+    assert handover.successor.is_leader
 
 
 async def test_search_servers_cut_from_one_data_server_eject_it_and_never_wait_past_deadlines(
@@ -338,10 +371,7 @@ async def test_search_servers_cut_from_one_data_server_eject_it_and_never_wait_p
     make_search_server: SearchServerFactory,
     tmp_path: Path,
 ) -> None:
-    victim_host = lab.add_host("ds-unreachable")
-    victim = _DataServerProcess("ds-unreachable", lab_zk.hosts, victim_host, tmp_path)
-    twin = _DataServerProcess("ds-twin", lab_zk.hosts, lab, tmp_path)
-    data_servers += [victim, twin]
+    victim_host, victim = _victim_and_twin("ds-unreachable", lab, lab_zk, tmp_path, data_servers)
     deadline_ms = 300
     search = await make_search_server(
         server_id="ss-lab",
@@ -443,43 +473,19 @@ async def test_a_search_server_cut_from_redis_serves_its_last_list_and_catches_u
 
 
 async def test_a_leader_cut_from_redis_only_hands_over_to_one_that_reaches_it(
-    lab: NetworkLab,
-    lab_zk: ZooKeeperEnsemble,
-    lab_redis: RedisServer,
-    redis_prefix: str,
-    make_search_server: SearchServerFactory,
-    tmp_path: Path,
+    lab: NetworkLab, lab_redis: RedisServer, handover: _Handover
 ) -> None:
-    cluster = redis_prefix.removeprefix("discovery:")
-    keys = RedisKeys(redis_prefix)
-    host = lab.add_host("leader")
-    old = _SearchServerProcess("ss-old", lab_zk.hosts, lab_redis.url, cluster, host, tmp_path)
-    redis = aioredis.Redis.from_url(lab_redis.url)
     heartbeat_ttl = 2.0  # what _SearchServerProcess and make_search_server use
-    try:
-
-        async def led_by(leader: str) -> Heartbeat | None:
-            raw = await redis.get(keys.leader)
-            beat = None if raw is None else parse_heartbeat(raw, -1)
-            return beat if beat is not None and beat.leader == leader else None
-
-        first = await eventually(lambda: led_by("ss-old"), timeout=60, message="ss-old leads")
-        successor = await make_search_server(
-            server_id="ss-new", zk=lab_zk.hosts, redis_url=lab_redis.url
-        )
-        cut_at = time.monotonic()
-        lab.cut(host, address=lab.gateway, port=_port_of(lab_redis.url.rsplit("/", 1)[0]))
-        # ZooKeeper is fine for ss-old: only its own resignation lets ss-new lead.
-        new = await eventually(
-            lambda: led_by("ss-new"), timeout=6 * heartbeat_ttl, message="ss-new leads"
-        )
-        handed_over = time.monotonic() - cut_at
-        assert (new.epoch or 0) > (first.epoch or 0)
-        assert successor.is_leader
-        print(f"ss-new publishes {handed_over:.2f}s after ss-old was cut from Redis")
-    finally:
-        await redis.aclose()
-        old.stop()
+    cut_at = time.monotonic()
+    lab.cut(handover.host, address=lab.gateway, port=_port_of(lab_redis.url.rsplit("/", 1)[0]))
+    # ZooKeeper is fine for ss-old: only its own resignation lets ss-new lead.
+    new = await eventually(
+        lambda: handover.beats.of("ss-new"), timeout=6 * heartbeat_ttl, message="ss-new leads"
+    )
+    handed_over = time.monotonic() - cut_at
+    assert (new.epoch or 0) > (handover.first.epoch or 0)
+    assert handover.successor.is_leader
+    print(f"ss-new publishes {handed_over:.2f}s after ss-old was cut from Redis")
 
 
 async def test_a_zookeeper_server_cut_from_its_peers_loses_its_clients_to_the_quorum(
@@ -502,44 +508,28 @@ async def test_a_zookeeper_server_cut_from_its_peers_loses_its_clients_to_the_qu
     # Longer than a follower needs to notice it lost the quorum (syncLimit, 5 s here):
     # until then it holds its clients, and their sessions must outlive that.
     zk = ZkConfig(hosts=connect, session_timeout=10.0, connect_timeout=30)
-    fleet_loop = LoopThread("zk-peers-fleet")
-    fleet_loop.start()
-    agents: list[Agent] = []
     try:
-        for i in range(8):
-            agent = Agent(
-                make_instance(f"ds-{i}", 9500 + i),
-                _Healthy(),
-                zk=zk,
-                config=FAST_AGENT,
-                loop_thread=fleet_loop,
-            )
-            await agent.astart()
-            agents.append(agent)
-            agent.set_ready()
-        for agent in agents:
-            await eventually(lambda a=agent: a.status().registered, message="registered")
-        sessions = {a.instance.id: a.session.session_id for a in agents if a.session}
-        on_isolated = _client_count(isolated)
-        assert on_isolated > 0, "no client started on the server to isolate"
+        async with agent_fleet(8, zk, name="zk-peers-fleet", base_port=9500) as agents:
+            for agent in agents:
+                await eventually(lambda a=agent: a.status().registered, message="registered")
+            sessions = {a.instance.id: a.session.session_id for a in agents if a.session}
+            on_isolated = _client_count(isolated)
+            assert on_isolated > 0, "no client started on the server to isolate"
 
-        for peer in hosts[1:]:
-            lab.cut(hosts[0], address=peer.address)
-        # It stops serving, its clients reconnect to the quorum side in their sessions.
-        await eventually(lambda: isolated.mode() is None, timeout=30, message="isolated")
-        await eventually(
-            lambda: all(a.session is not None and a.session.connected for a in agents),
-            timeout=30,
-            message="every client connected again",
-        )
-        assert {a.instance.id: a.session.session_id for a in agents if a.session} == sessions
-        assert all(a.status().registered for a in agents)
-        assert _client_count(isolated) == 0
-        print(f"{on_isolated} clients moved from the isolated server, no session lost")
+            for peer in hosts[1:]:
+                lab.cut(hosts[0], address=peer.address)
+            # It stops serving, its clients reconnect to the quorum side in their sessions.
+            await eventually(lambda: isolated.mode() is None, timeout=30, message="isolated")
+            await eventually(
+                lambda: all(a.session is not None and a.session.connected for a in agents),
+                timeout=30,
+                message="every client connected again",
+            )
+            assert {a.instance.id: a.session.session_id for a in agents if a.session} == sessions
+            assert all(a.status().registered for a in agents)
+            assert _client_count(isolated) == 0
+            print(f"{on_isolated} clients moved from the isolated server, no session lost")
     finally:
-        for agent in agents:
-            await agent.astop()
-        fleet_loop.stop()
         ensemble.stop()
 
 
@@ -549,8 +539,3 @@ def _client_count(server: ZooKeeperServer) -> int:
     except OSError:
         return 0
     return sum(1 for line in answer.splitlines() if "sid=" in line)
-
-
-class _Healthy:
-    async def check(self) -> None:
-        return None

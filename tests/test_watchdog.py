@@ -23,12 +23,14 @@ from discovery.zk import SessionState
 from tests.conftest import SESSION_TIMEOUT
 from tests.support import (
     FAST_AGENT,
+    Healthy,
     SearchServerFactory,
     SessionFactory,
     absent,
     eventually,
     make_instance,
     next_change,
+    published_term,
     sample,
     waited,
 )
@@ -114,7 +116,7 @@ async def test_an_agent_behind_a_dead_link_registers_again_once_it_heals(
 ) -> None:
     observer = await make_session()
     path = f"{DATA_SERVERS_PATH}/ds-cut"
-    agent = Agent(make_instance("ds-cut", 9301), _Healthy(), zk=_zk(proxied), config=FAST_AGENT)
+    agent = Agent(make_instance("ds-cut", 9301), Healthy(), zk=_zk(proxied), config=FAST_AGENT)
     async with agent:
         agent.set_ready()
         await eventually(lambda: agent.status().registered, message="registered")
@@ -165,11 +167,6 @@ async def test_a_registration_whose_node_vanished_without_an_event_notices_and_r
     await registration.aclose()
 
 
-class _Healthy:
-    async def check(self) -> None:
-        return None
-
-
 def _zk(hosts: str) -> ZkConfig:
     return ZkConfig(hosts=hosts, session_timeout=SESSION_TIMEOUT, connect_timeout=20)
 
@@ -181,13 +178,9 @@ async def test_a_leader_whose_election_node_vanished_without_an_event_resigns(
     # a session the ensemble closed under a still-connected client): it reads it back.
     leader = await make_search_server(server_id="ss-quiet")
     observer = await make_session()
+    term = await published_term(leader)
     assert leader.reader is not None
-    await waited(
-        leader.reader.wait_until(lambda live: live.version > 0, timeout=10), "a published list"
-    )
     assert leader.election is not None
-    term = leader.election.leadership
-    assert term is not None
     await observer.delete(term.node)
     await waited(
         leader.reader.wait_until(

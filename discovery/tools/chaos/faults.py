@@ -220,24 +220,39 @@ async def leader_kill(ctx: FaultContext) -> None:
 
 async def leader_pause(ctx: FaultContext) -> None:
     """SIGSTOP the leader past its session timeout, then SIGCONT: the deposed leader."""
-    found = await _leader_or_skip(ctx, "leader_pause", "SIGSTOP")
+    await _pause_leader(ctx, "leader_pause", "SIGSTOP")
+
+
+async def _pause_leader(
+    ctx: FaultContext,
+    kind: str,
+    action: str,
+    *,
+    while_paused: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """SIGSTOP the leader until a successor publishes and its session is surely gone,
+    doing ``while_paused`` meanwhile; SIGCONT; the deposed leader must then follow (and
+    the store hold a list again)."""
+    found = await _leader_or_skip(ctx, kind, action)
     if found is None:
         return
     leader, epoch = found
     loop = asyncio.get_running_loop()
     paused_at = loop.time()
     ctx.cluster.signal(leader, signal.SIGSTOP)
-    await _successor_publishes(ctx, "leader_pause", epoch)
+    await _successor_publishes(ctx, kind, epoch)
+    if while_paused is not None:
+        await while_paused()
     # Stay paused well past the session timeout, so the session is surely gone.
     remaining = ctx.config.session_timeout + 1.0 - (loop.time() - paused_at)
     await asyncio.sleep(max(0.0, remaining))
     ctx.cluster.signal(leader, signal.SIGCONT)
     log.info("SIGCONT %s", leader.name)
     await ctx.converge(
-        "leader_pause",
+        kind,
         "deposed leader follows",
         START_BOUND,
-        lambda s: leader.name in s.search and leader.name not in s.leaders,
+        lambda s: s.redis is not None and leader.name in s.search and leader.name not in s.leaders,
     )
 
 
@@ -445,25 +460,12 @@ async def overlap_flushall_while_leader_paused(ctx: FaultContext) -> None:
     then SIGCONT. The deposed leader must not bring its older epoch back into the
     emptied store: the epoch in Redis never goes back (the observer checks every
     write), and the successor's list returns within a heartbeat."""
+
+    async def flushall() -> None:
+        await asyncio.to_thread(_flushall, ctx.cluster.redis_url)
+
     kind = "overlap_flushall_while_leader_paused"
-    found = await _leader_or_skip(ctx, kind, "SIGSTOP, then FLUSHALL,")
-    if found is None:
-        return
-    leader, epoch = found
-    loop = asyncio.get_running_loop()
-    paused_at = loop.time()
-    ctx.cluster.signal(leader, signal.SIGSTOP)
-    await _successor_publishes(ctx, kind, epoch)
-    await asyncio.to_thread(_flushall, ctx.cluster.redis_url)
-    remaining = ctx.config.session_timeout + 1.0 - (loop.time() - paused_at)
-    await asyncio.sleep(max(0.0, remaining))
-    ctx.cluster.signal(leader, signal.SIGCONT)
-    await ctx.converge(
-        kind,
-        "republished, deposed leader follows",
-        max(_redis_bound(ctx), START_BOUND),
-        lambda s: s.redis is not None and leader.name in s.search and leader.name not in s.leaders,
-    )
+    await _pause_leader(ctx, kind, "SIGSTOP, then FLUSHALL,", while_paused=flushall)
 
 
 async def overlap_zk_kill_during_leader_kill(ctx: FaultContext) -> None:
