@@ -276,25 +276,28 @@ class Registration:
         connected, a conflict, a stale node we wait out), events drive us already.
         """
         session = self._session
-        if not (session.connected and self._wanted and self.registered):
-            return
-        try:
-            stat = await session.exists(self.path)
-        except ZkError as exc:
-            log.info("verifying %s deferred: %s", self.path, exc)
-            return
-        if stat is not None and stat.ephemeral_owner == session.session_id:
-            return
-        owner = "absent" if stat is None else f"owned by session 0x{stat.ephemeral_owner:x}"
-        log.warning(
-            "%s is %s although no event said so (session 0x%x); registering again",
-            self.path,
-            owner,
-            session.session_id or 0,
-        )
-        self._metrics.vanished.inc()
-        self._owned_session = None
-        self._metrics.registered.set(0)
+        # Under the lock: a register, update or deregister in progress may be replacing
+        # the node right now, and what it finds decides.
+        async with self._lock:
+            if not (session.connected and self._wanted and self.registered):
+                return
+            try:
+                stat = await session.exists(self.path)
+            except ZkError as exc:
+                log.info("verifying %s deferred: %s", self.path, exc)
+                return
+            if stat is not None and stat.ephemeral_owner == session.session_id:
+                return
+            owner = "absent" if stat is None else f"owned by session 0x{stat.ephemeral_owner:x}"
+            log.warning(
+                "%s is %s although no event said so (session 0x%x); registering again",
+                self.path,
+                owner,
+                session.session_id or 0,
+            )
+            self._metrics.vanished.inc()
+            self._owned_session = None
+            self._metrics.registered.set(0)
         self._wake.set()
 
     async def _reconcile_logged(self) -> bool:
