@@ -33,9 +33,12 @@ async def test_a_task_that_swallows_a_cancellation_is_cancelled_again_until_it_e
 
 
 async def test_tasks_that_end_at_once_or_already_ended_are_fine() -> None:
-    done = asyncio.create_task(asyncio.sleep(0))
+    async def nothing() -> None:
+        return None
+
+    done = asyncio.create_task(nothing())
     await done
-    running = asyncio.create_task(asyncio.sleep(3600))
+    running = asyncio.create_task(asyncio.Event().wait())  # runs until cancelled
     await waited(cancel_and_wait([done, running]), "cancel_and_wait", timeout=5)
     assert running.cancelled()
     assert not done.cancelled()

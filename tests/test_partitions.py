@@ -122,14 +122,16 @@ def _victim_and_twin(
 
 def test_a_lab_leaves_nothing_behind_even_when_its_process_is_killed(tmp_path: Path) -> None:
     script = (
-        "import sys, time\n"
+        "import sys\n"
         "from discovery.testing.netns import NetworkLab\n"
         "lab = NetworkLab().start()\n"
         "lab.add_host('victim')\n"
         "print(lab.tag, flush=True)\n"
-        "time.sleep(600)\n"
+        "sys.stdin.read()\n"  # holds the lab until it is killed
     )
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     tag = ""
     try:
         assert process.stdout is not None
@@ -146,6 +148,9 @@ def test_a_lab_leaves_nothing_behind_even_when_its_process_is_killed(tmp_path: P
         if process.poll() is None:
             process.kill()
             process.wait()
+        for pipe in (process.stdin, process.stdout):
+            if pipe is not None:
+                pipe.close()
         if tag:
             remove_tagged(tag)  # whatever the reaper missed, so the machine stays clean
 

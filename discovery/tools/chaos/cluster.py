@@ -108,21 +108,20 @@ class ChaosCluster:
     def __init__(self, config: ChaosConfig, workdir: Path) -> None:
         self.config = config
         self.workdir = workdir
-        self.lab: NetworkLab | None = None
-        if config.partitions:
-            self.lab = NetworkLab().start()
-        self.backend = DevCluster(
-            workdir / "backend",
-            zk_nodes=3,
-            tick_time_ms=config.tick_time_ms,
-            max_session_timeout_ms=60_000,
-            host=self.lab.gateway if self.lab is not None else LOOPBACK,
-        )
+        # Built (ip and iptables processes) in start(), off the event loop.
+        self.lab: NetworkLab | None = NetworkLab() if config.partitions else None
+        self._backend: DevCluster | None = None
         self._cuts: dict[str, list[Cut]] = {}
         self.search: dict[str, Member] = {}
         self.data: dict[str, Member] = {}
         self._http: aiohttp.ClientSession | None = None
         self._readiness: set[asyncio.Task[None]] = set()
+
+    @property
+    def backend(self) -> DevCluster:
+        """ZooKeeper and Redis of the run (from :meth:`start` on)."""
+        assert self._backend is not None, "ChaosCluster not started"
+        return self._backend
 
     @property
     def zk_hosts(self) -> str:
@@ -146,20 +145,35 @@ class ChaosCluster:
     async def start(self) -> None:
         """Start the backend, then every search and data server (not waiting for them)."""
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(self.backend.start)
+        config = self.config
+        lab = self.lab
+        if lab is not None:
+            await asyncio.to_thread(lab.start)
+        self._backend = DevCluster(
+            self.workdir / "backend",
+            zk_nodes=3,
+            tick_time_ms=config.tick_time_ms,
+            max_session_timeout_ms=60_000,
+            host=lab.gateway if lab is not None else LOOPBACK,
+        )
+        await asyncio.to_thread(self._backend.start)
         self.deprioritize_zookeeper()
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
-        config = self.config
+        names = [f"search-{i + 1}" for i in range(config.search_servers)]
+        names += [f"ds-{i:04d}" for i in range(config.data_servers)]
+        hosts: dict[str, Host | None] = dict.fromkeys(names)
+        if lab is not None:
+            hosts.update(await asyncio.to_thread(lambda: {n: lab.add_host(n) for n in names}))
         ports = free_ports(config.search_servers + config.data_servers)
         for index in range(config.search_servers):
             name = f"search-{index + 1}"
             self.search[name] = Member(
-                name, ports.pop(), self._search_argv(name), self._log(name), host=self._host(name)
+                name, ports.pop(), self._search_argv(name), self._log(name), host=hosts[name]
             )
         for index in range(config.data_servers):
             name = f"ds-{index:04d}"
             shard, replica = index % config.shards, index // config.shards
-            member = Member(name, ports.pop(), [], self._log(name), host=self._host(name))
+            member = Member(name, ports.pop(), [], self._log(name), host=hosts[name])
             member.argv = self._data_argv(member, shard, replica)
             member.extra.update(shard=shard, replica=replica)
             self.data[name] = member
@@ -179,13 +193,11 @@ class ChaosCluster:
         if self._http is not None:
             await self._http.close()
         try:
-            await asyncio.to_thread(self.backend.stop)
+            if self._backend is not None:
+                await asyncio.to_thread(self._backend.stop)
         finally:
             if self.lab is not None:
                 await asyncio.to_thread(self.lab.close)
-
-    def _host(self, name: str) -> Host | None:
-        return self.lab.add_host(name) if self.lab is not None else None
 
     # -- links -------------------------------------------------------------------
 
