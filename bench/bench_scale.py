@@ -1,31 +1,33 @@
-"""Scale: per-change cost with 1,000 and 5,000 registered data servers.
+"""Scale: per-change cost of the live list at 500, 5,000 and 50,000 data servers,
+Redis layout 2 against layout 1 (the baseline) in the same run.
 
-Runs a real local ZooKeeper and Redis (``DevCluster``). For each N in ``--sizes``:
+Runs a real local ZooKeeper and Redis (``DevCluster``). For each N in ``--sizes``, and
+for each layout of ``--layouts`` on the same registrations:
 
 1. registers N lightweight data servers: EPHEMERAL ServiceInstance nodes under
    ``/data_servers``, created by a few ZooKeeper sessions in pipelined batches;
-2. starts ``--readers`` :class:`~discovery.livelist.LiveListReader` (each with its own
-   Redis client), then one search server's real :class:`~discovery.election.LeaderElection`
-   with :class:`~discovery.leader.LeaderDuty`, and times the initial full publish: from
-   joining the election until every reader holds all N servers;
+2. starts ``--readers`` followers of the layout (each with its own Redis client), then
+   one search server's real :class:`~discovery.election.LeaderElection` with
+   :class:`~discovery.leader.LeaderDuty`, and times the initial publish: from joining
+   the election until every reader holds all N servers (``initial_total_s``, which
+   includes the leader reading N nodes from ZooKeeper), and from the full write's
+   ``published_at`` stamp to the last reader holding it (``initial_publish_s``);
 3. makes ``--changes`` single changes (delete one node, then re-create it, ...) and for
    each measures the time from the ZooKeeper write returning to every reader's
-   ``current`` reflecting it, the bytes published (the event message, captured on the
-   events channel, and the snapshot written to ``<prefix>:live``), Redis
-   ``total_net_input_bytes`` / ``total_net_output_bytes`` deltas, and the leader's
-   ZooKeeper operations (counted client side);
+   ``current`` reflecting it, Redis ``total_net_input_bytes`` /
+   ``total_net_output_bytes`` deltas, the bytes of the leader's own write (the
+   publisher's metric), and the leader's ZooKeeper operations (counted client side);
 4. measures the memory of one more reader holding N servers (tracemalloc, and RSS).
 
 Prints a table and writes ``bench/results/scale.json``.
 
-    .venv/bin/python bench/bench_scale.py [--sizes 1000 5000] [--changes 40] [--quick]
+    .venv/bin/python bench/bench_scale.py [--sizes 500 5000 50000] [--changes 40] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import logging
 import statistics
@@ -41,13 +43,13 @@ import redis.asyncio as aioredis
 from common import write_results
 from prometheus_client import CollectorRegistry
 
-from discovery.config import ZkConfig
+from discovery.config import ClusterConfig, ZkConfig
 from discovery.election import LeaderElection
 from discovery.instance import InstancePayload, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
 from discovery.leader import LeaderDuty
 from discovery.livelist import LiveListReader
-from discovery.redislayout import RedisKeys
+from discovery.redis_v1 import LiveListReaderV1, RedisLiveStoreV1
 from discovery.redisstore import RedisLiveStore
 from discovery.testing import DevCluster
 from discovery.zk import ZkSession
@@ -85,9 +87,9 @@ def _instance(index: int) -> ServiceInstance:
     )
 
 
-def _publish_seconds(registry: CollectorRegistry) -> tuple[float, float]:
-    """(total seconds, count) of the leader's diff writes to Redis so far."""
-    labels = {"kind": "diff"}
+def _publish_seconds(registry: CollectorRegistry, kind: str) -> tuple[float, float]:
+    """(total seconds, count) of the leader's change writes to Redis so far."""
+    labels = {"kind": kind}
     total = registry.get_sample_value("discovery_publisher_publish_seconds_sum", labels)
     count = registry.get_sample_value("discovery_publisher_publish_seconds_count", labels)
     return total or 0.0, count or 0.0
@@ -130,7 +132,13 @@ async def _register(hosts: str, count: int, sessions: int, batch: int) -> list[Z
     return registrars
 
 
-async def _reader_memory(redis_url: str, prefix: str, size: int) -> dict[str, Any]:
+def _reader(layout: str, client: aioredis.Redis, prefix: str) -> Any:
+    if layout == "v1":
+        return LiveListReaderV1(client, prefix)
+    return LiveListReader(client, prefix)
+
+
+async def _reader_memory(layout: str, redis_url: str, prefix: str, size: int) -> dict[str, Any]:
     """Memory held by one more reader once it has loaded ``size`` servers."""
     redis = aioredis.Redis.from_url(redis_url)
     try:
@@ -138,7 +146,7 @@ async def _reader_memory(redis_url: str, prefix: str, size: int) -> dict[str, An
         rss_before = _rss_kib()
         tracemalloc.start()
         traced_before, _ = tracemalloc.get_traced_memory()
-        reader = LiveListReader(redis, prefix)
+        reader = _reader(layout, redis, prefix)
         await reader.start()
         try:
             await reader.wait_until(lambda live: len(live.servers) == size, APPLY_TIMEOUT)
@@ -163,57 +171,64 @@ async def _reader_memory(redis_url: str, prefix: str, size: int) -> dict[str, An
 
 async def _run_size(
     hosts: str, redis_url: str, size: int, args: argparse.Namespace
-) -> dict[str, Any]:
-    prefix = f"discovery:bench-scale-{size}"
-    keys = RedisKeys(prefix)
-    closers: list[Callable[[], Any]] = []
-    result: dict[str, Any] = {"servers": size}
+) -> list[dict[str, Any]]:
+    registrars = await _register_timed(hosts, size, args)
     try:
-        started = time.monotonic()
-        registrars = await _register(hosts, size, args.registrars, args.batch)
-        closers += [r.aclose for r in registrars]
-        result["register_s"] = round(time.monotonic() - started, 2)
+        rows = []
+        for layout in args.layouts:
+            rows.append(await _run_layout(hosts, redis_url, size, layout, registrars, args))
+        return rows
+    finally:
+        for registrar in registrars:
+            await registrar.aclose()
 
+
+async def _register_timed(hosts: str, size: int, args: argparse.Namespace) -> list[ZkSession]:
+    started = time.monotonic()
+    registrars = await _register(hosts, size, args.registrars, args.batch)
+    print(f"  N={size}: registered in {time.monotonic() - started:.1f} s", flush=True)
+    return registrars
+
+
+async def _run_layout(
+    hosts: str,
+    redis_url: str,
+    size: int,
+    layout: str,
+    registrars: list[ZkSession],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    cluster = ClusterConfig(cluster=f"bench-scale-{size}", redis_layout=layout)
+    prefix = cluster.redis_prefix
+    closers: list[Callable[[], Any]] = []
+    result: dict[str, Any] = {"servers": size, "layout": layout}
+    try:
         control = aioredis.Redis.from_url(redis_url)
         closers.append(control.aclose)
-        reader_clients = [aioredis.Redis.from_url(redis_url) for _ in range(args.readers)]
+        reader_clients = [
+            aioredis.Redis.from_url(redis_url, socket_timeout=APPLY_TIMEOUT)
+            for _ in range(args.readers)
+        ]
         closers += [c.aclose for c in reader_clients]
         readers = []
         for client in reader_clients:
-            reader = LiveListReader(client, prefix)
+            reader = _reader(layout, client, prefix)
             await reader.start()
             closers.append(reader.aclose)
             readers.append(reader)
-
-        # Capture every event message the leader publishes.
-        events: list[tuple[float, int]] = []
-        pubsub = control.pubsub()
-        await pubsub.subscribe(keys.events)
-        closers.append(pubsub.aclose)
-
-        async def collect() -> None:
-            async for message in pubsub.listen():
-                if message.get("type") == "message":
-                    events.append((time.monotonic(), len(message["data"])))
-
-        collector = asyncio.create_task(collect())
-
-        async def stop_collector() -> None:
-            collector.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await collector
-
-        closers.append(stop_collector)
 
         plain = ZkSession.from_config(ZkConfig(hosts=hosts, session_timeout=SESSION_TIMEOUT))
         leader_session = CountingSession(plain.client, operation_timeout=SESSION_TIMEOUT)
         await leader_session.start()
         closers.append(leader_session.aclose)
-        leader_redis = aioredis.Redis.from_url(redis_url)
+        leader_redis = aioredis.Redis.from_url(redis_url, socket_timeout=APPLY_TIMEOUT)
         closers.append(leader_redis.aclose)
         registry = CollectorRegistry()
-        store = RedisLiveStore(leader_redis, prefix, registry=registry)
-        duty = LeaderDuty(leader_session, store, "bench-leader", registry=registry)
+        store_class = RedisLiveStoreV1 if layout == "v1" else RedisLiveStore
+        store = store_class(leader_redis, prefix, registry=registry)
+        duty = LeaderDuty(
+            leader_session, store, "bench-leader", registry=registry, heartbeat_interval=1.0
+        )
         election = LeaderElection(leader_session, SEARCH_ELECTION_PATH, "bench-leader", duty)
         started = time.monotonic()
         await election.start()
@@ -221,18 +236,23 @@ async def _run_size(
         await asyncio.gather(
             *(r.wait_until(lambda live: len(live.servers) == size, APPLY_TIMEOUT) for r in readers)
         )
-        result["initial_publish_s"] = round(time.monotonic() - started, 3)
-        result["initial_snapshot_bytes"] = int(await control.strlen(keys.live))
+        result["initial_total_s"] = round(time.monotonic() - started, 3)
+        published_at = readers[0].current.published_at / 1000
+        result["initial_publish_s"] = round(
+            max(r.applied_at or 0.0 for r in readers) - published_at, 3
+        )
+        result["initial_write_bytes"] = int(
+            registry.get_sample_value("discovery_publisher_snapshot_bytes") or 0
+        )
         result["initial_leader_zk_ops"] = sum(leader_session.ops.values())
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # ok-sleep: let the first heartbeat pass before counting
 
         changer = registrars[0]
         latencies: list[float] = []
-        to_event: list[float] = []
-        snapshot_sizes: list[int] = []
-        events.clear()
+        write_bytes: list[float] = []
         ops_before = sum(leader_session.ops.values())
-        write0 = _publish_seconds(registry)
+        change_kind = "diff" if layout == "v1" else "delta"
+        write0 = _publish_seconds(registry, change_kind)
         net_in0, net_out0 = await _redis_net(control)
         wall0 = time.monotonic()
         for n in range(args.changes):
@@ -254,14 +274,16 @@ async def _run_size(
                 )
             )
             latencies.append(time.monotonic() - written)
-            seen = [t for t, _ in events if t >= written]
-            if seen:
-                to_event.append(seen[0] - written)
-            snapshot_sizes.append(int(await control.strlen(keys.live)))
-        wall = time.monotonic() - wall0
-        await asyncio.sleep(0.2)  # the last event reaches our collector
+            # Spaced beyond the leader's 50 ms coalescing window: each change is then
+            # read at once (leading edge), as a lone change in a real cluster is; changes
+            # within the window are batched by design and would measure the window.
+            await asyncio.sleep(args.spacing)  # ok-sleep: pacing the load, not waiting
+            write_bytes.append(
+                registry.get_sample_value("discovery_publisher_snapshot_bytes") or 0.0
+            )
+        wall = time.monotonic() - wall0 - args.spacing * args.changes
         net_in1, net_out1 = await _redis_net(control)
-        write1 = _publish_seconds(registry)
+        write1 = _publish_seconds(registry, change_kind)
         writes = max(1.0, write1[1] - write0[1])
         k = args.changes
         result.update(
@@ -270,16 +292,8 @@ async def _run_size(
                 "apply_ms_p50": round(statistics.median(latencies) * 1000, 1),
                 "apply_ms_p99": round(_pct(latencies, 0.99) * 1000, 1),
                 "apply_ms_max": round(max(latencies) * 1000, 1),
-                "leader_event_ms_p50": round(statistics.median(to_event) * 1000, 1)
-                if to_event
-                else None,
-                "leader_event_ms_p99": round(_pct(to_event, 0.99) * 1000, 1) if to_event else None,
-                "leader_redis_write_ms_mean": round((write1[0] - write0[0]) / writes * 1000, 1),
-                "event_bytes_mean": round(statistics.mean(b for _, b in events), 1)
-                if events
-                else None,
-                "events_seen": len(events),
-                "snapshot_bytes_per_change": round(statistics.mean(snapshot_sizes)),
+                "leader_redis_write_ms_mean": round((write1[0] - write0[0]) / writes * 1000, 2),
+                "leader_write_bytes_per_change": round(statistics.mean(write_bytes)),
                 "redis_net_in_bytes_per_change": round((net_in1 - net_in0) / k),
                 "redis_net_out_bytes_per_change": round((net_out1 - net_out0) / k),
                 "leader_zk_ops_per_change": round(
@@ -288,16 +302,16 @@ async def _run_size(
                 "changes_wall_s": round(wall, 2),
             }
         )
-        result.update(await _reader_memory(redis_url, prefix, size))
+        result.update(await _reader_memory(layout, redis_url, prefix, size))
         print(
-            f"  N={size}: initial publish {result['initial_publish_s']} s, apply p50 "
-            f"{result['apply_ms_p50']} ms p99 {result['apply_ms_p99']} ms, event "
-            f"{result['event_bytes_mean']} B, snapshot {result['snapshot_bytes_per_change']} B, "
-            f"redis in {result['redis_net_in_bytes_per_change']} B/change, leader zk ops "
-            f"{result['leader_zk_ops_per_change']}/change, reader "
-            f"{result['reader_traced_bytes'] / 1024:.0f} KiB",
+            f"  N={size} {layout}: initial {result['initial_total_s']} s (publish "
+            f"{result['initial_publish_s']} s), apply p50 {result['apply_ms_p50']} ms p99 "
+            f"{result['apply_ms_p99']} ms, leader write {result['leader_write_bytes_per_change']}"
+            f" B/change, redis in {result['redis_net_in_bytes_per_change']} B/change, reader "
+            f"{result['reader_traced_bytes_per_server']:.0f} B/server",
             flush=True,
         )
+        await control.delete(*(await control.keys(prefix.replace("{", "\\{") + ":*")))
         return result
     finally:
         for close in reversed(closers):
@@ -312,52 +326,62 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
     with DevCluster(tick_time_ms=500) as cluster:
         info = cluster.info()
         for size in args.sizes:
-            rows.append(await _run_size(info["zk"], info["redis"], size, args))
+            rows += await _run_size(info["zk"], info["redis"], size, args)
             await asyncio.sleep(1.0)  # the closed sessions' nodes go before the next size
     return rows
 
 
 def _table(rows: list[dict[str, Any]]) -> None:
     header = (
-        f"{'N':>6} | {'initial s':>9} | {'apply p50 ms':>12} {'p99 ms':>7} | {'event p50':>9} | "
-        f"{'write ms':>8} | {'event B':>8} | {'snapshot B':>10} | {'redis in B/chg':>14} | "
-        f"{'zk ops/chg':>10} | {'reader KiB':>10} {'B/server':>8}"
+        f"{'N':>6} {'layout':>6} | {'initial s':>9} {'publish s':>9} | {'apply p50 ms':>12} "
+        f"{'p99 ms':>7} | {'write ms':>8} | {'leader B/chg':>12} | {'redis in B/chg':>14} | "
+        f"{'zk ops/chg':>10} | {'reader B/server':>15}"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
         print(
-            f"{r['servers']:>6} | {r['initial_publish_s']:>9.2f} | {r['apply_ms_p50']:>12.1f} "
-            f"{r['apply_ms_p99']:>7.1f} | {r['leader_event_ms_p50'] or 0:>9.1f} | "
-            f"{r['leader_redis_write_ms_mean']:>8.1f} | {r['event_bytes_mean'] or 0:>8.0f} | "
-            f"{r['snapshot_bytes_per_change']:>10d} | {r['redis_net_in_bytes_per_change']:>14d} | "
-            f"{r['leader_zk_ops_per_change']:>10.2f} | {r['reader_traced_bytes'] / 1024:>10.0f} "
-            f"{r['reader_traced_bytes_per_server']:>8.0f}"
+            f"{r['servers']:>6} {r['layout']:>6} | {r['initial_total_s']:>9.2f} "
+            f"{r['initial_publish_s']:>9.2f} | {r['apply_ms_p50']:>12.1f} "
+            f"{r['apply_ms_p99']:>7.1f} | {r['leader_redis_write_ms_mean']:>8.2f} | "
+            f"{r['leader_write_bytes_per_change']:>12d} | "
+            f"{r['redis_net_in_bytes_per_change']:>14d} | "
+            f"{r['leader_zk_ops_per_change']:>10.2f} | "
+            f"{r['reader_traced_bytes_per_server']:>15.0f}"
         )
 
 
-def _growth(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    first, last = rows[0], rows[-1]
-    scale = last["servers"] / first["servers"]
+_COMPARED = (
+    "apply_ms_p50",
+    "apply_ms_p99",
+    "leader_redis_write_ms_mean",
+    "leader_write_bytes_per_change",
+    "redis_net_in_bytes_per_change",
+    "reader_traced_bytes_per_server",
+)
 
-    def ratio(key: str) -> float | None:
-        a, b = first.get(key), last.get(key)
-        if not a or b is None:
-            return None
-        return round(b / a, 2)
 
-    return {
-        "size_ratio": round(scale, 2),
-        "apply_ms_p50": ratio("apply_ms_p50"),
-        "apply_ms_p99": ratio("apply_ms_p99"),
-        "leader_event_ms_p50": ratio("leader_event_ms_p50"),
-        "leader_redis_write_ms_mean": ratio("leader_redis_write_ms_mean"),
-        "event_bytes_mean": ratio("event_bytes_mean"),
-        "snapshot_bytes_per_change": ratio("snapshot_bytes_per_change"),
-        "redis_net_in_bytes_per_change": ratio("redis_net_in_bytes_per_change"),
-        "leader_zk_ops_per_change": ratio("leader_zk_ops_per_change"),
-        "reader_traced_bytes": ratio("reader_traced_bytes"),
-    }
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or b is None else round(b / a, 3)
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Growth from the smallest to the largest N per layout, and v2 / v1 at each N."""
+    out: dict[str, Any] = {"growth": {}, "v2_over_v1": {}}
+    for layout in sorted({r["layout"] for r in rows}):
+        mine = [r for r in rows if r["layout"] == layout]
+        first, last = mine[0], mine[-1]
+        out["growth"][layout] = {
+            "size_ratio": round(last["servers"] / first["servers"], 2),
+            **{key: _ratio(first.get(key), last.get(key)) for key in _COMPARED},
+        }
+    for size in sorted({r["servers"] for r in rows}):
+        by = {r["layout"]: r for r in rows if r["servers"] == size}
+        if "v1" in by and "v2" in by:
+            out["v2_over_v1"][str(size)] = {
+                key: _ratio(by["v1"].get(key), by["v2"].get(key)) for key in _COMPARED
+            }
+    return out
 
 
 def main() -> int:
@@ -367,10 +391,16 @@ def main() -> int:
     parser.add_argument("--readers", type=int, default=3, help="live-list readers")
     parser.add_argument("--registrars", type=int, default=4, help="sessions registering")
     parser.add_argument("--batch", type=int, default=250, help="creates in flight at once")
-    parser.add_argument("--quick", action="store_true", help="N = 200 1000, fewer changes")
+    parser.add_argument(
+        "--spacing", type=float, default=0.1, help="seconds between one change and the next"
+    )
+    parser.add_argument(
+        "--layouts", nargs="+", default=["v1", "v2"], choices=["v1", "v2"], help="Redis layouts"
+    )
+    parser.add_argument("--quick", action="store_true", help="N = 500 5000, fewer changes")
     args = parser.parse_args()
     if args.sizes is None:
-        args.sizes = [200, 1000] if args.quick else [1000, 5000]
+        args.sizes = [500, 5000] if args.quick else [500, 5000, 50000]
     if args.changes is None:
         args.changes = 20 if args.quick else 40
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -379,35 +409,42 @@ def main() -> int:
     rows = asyncio.run(_run(args))
     print()
     _table(rows)
-    growth = _growth(rows)
-    print(
-        f"from N={rows[0]['servers']} to N={rows[-1]['servers']} (x{growth['size_ratio']}): "
-        f"apply p50 x{growth['apply_ms_p50']}, event bytes x{growth['event_bytes_mean']}, "
-        f"snapshot bytes x{growth['snapshot_bytes_per_change']}, redis input "
-        f"x{growth['redis_net_in_bytes_per_change']}, leader zk ops "
-        f"x{growth['leader_zk_ops_per_change']}, reader memory x{growth['reader_traced_bytes']}",
-        flush=True,
-    )
+    summary = _summary(rows)
+    for layout, growth in summary["growth"].items():
+        print(
+            f"{layout}: from N={rows[0]['servers']} to N={rows[-1]['servers']} "
+            f"(x{growth['size_ratio']}): leader bytes/change "
+            f"x{growth['leader_write_bytes_per_change']}, redis input "
+            f"x{growth['redis_net_in_bytes_per_change']}, apply p99 x{growth['apply_ms_p99']}",
+            flush=True,
+        )
+    for size, ratios in summary["v2_over_v1"].items():
+        print(
+            f"N={size}: v2/v1 leader bytes/change x{ratios['leader_write_bytes_per_change']}, "
+            f"redis input x{ratios['redis_net_in_bytes_per_change']}, apply p99 "
+            f"x{ratios['apply_ms_p99']}, reader memory x{ratios['reader_traced_bytes_per_server']}",
+            flush=True,
+        )
     write_results(
         RESULTS,
         "scale",
         vars(args),
         notes=(
             "apply_ms: from the ZooKeeper create/delete returning to all readers' "
-            "current reflecting it; leader_event_ms: from the same point to the event "
-            "message arriving on the channel (ZooKeeper watch, the watcher's 50 ms "
-            "coalescing window, snapshot encoding and the fenced write). "
-            "leader_redis_write_ms_mean: the fenced Lua write of one diff publish "
-            "(publisher's own histogram; the snapshot is sent whole each time). "
-            "event_bytes: the pub/sub message (a delta). "
-            "snapshot_bytes: the whole <prefix>:live document, rewritten on every "
-            "change. redis_net_in/out: Redis INFO deltas per change, all clients "
-            "(includes the leader's 1/s heartbeat and our own STRLEN polls). "
+            "current reflecting it (ZooKeeper watch, the leader's re-list and 50 ms "
+            "coalescing window, encoding, the fenced write, the readers' follow). "
+            "initial_total_s: from joining the election to every reader holding N "
+            "servers (includes the leader's N ZooKeeper reads); initial_publish_s: from "
+            "the full write's published_at stamp to the last reader holding it. "
+            "leader_write_bytes_per_change: the arguments of the leader's fenced write "
+            "(v1: the whole snapshot, the pub/sub event on top; v2: the changed instances only). "
+            "redis_net_in/out: Redis INFO deltas per change, all clients (includes the "
+            "leader's 1/s heartbeat and, for v2, the readers' XREAD commands). "
             "reader_traced_bytes: tracemalloc delta for one extra reader after it "
             "loaded N servers."
         ),
         rows=rows,
-        growth_first_to_last=growth,
+        summary=summary,
         wall_s=round(time.monotonic() - started, 1),
     )
     return 0

@@ -17,7 +17,14 @@ from dataclasses import dataclass, fields
 
 from .errors import ConfigError
 
-__all__ = ["AgentConfig", "ClusterConfig", "RedisConfig", "ZkConfig", "redact_url"]
+__all__ = [
+    "REDIS_LAYOUTS",
+    "AgentConfig",
+    "ClusterConfig",
+    "RedisConfig",
+    "ZkConfig",
+    "redact_url",
+]
 
 
 @dataclass(frozen=True)
@@ -134,7 +141,17 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_REDIS_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+)
+#: The live list's Redis layouts: 2 (the default) and 1, kept for one release.
+REDIS_LAYOUTS = ("v2", "v1")
 
 
 @dataclass(frozen=True)
@@ -188,7 +205,7 @@ class RedisConfig:
 
     def uses_tls(self, url: str) -> bool:
         """True if connections to ``url`` use TLS (``tls`` or a ``rediss://`` URL)."""
-        return self.tls or urllib.parse.urlsplit(url).scheme == "rediss"
+        return self.tls or urllib.parse.urlsplit(url).scheme.startswith("rediss")
 
     def check_url(self, url: str) -> None:
         """Check these settings against the Redis URL they go with.
@@ -205,7 +222,8 @@ class RedisConfig:
             raise ConfigError(f"{where}: {redact_url(url)!r}: {exc}") from None
         if parts.scheme not in _REDIS_SCHEMES:
             raise ConfigError(
-                f"{where}: {redact_url(url)!r} must start with redis://, rediss:// or unix://"
+                f"{where}: {redact_url(url)!r} must start with redis://, rediss://, unix://, "
+                "redis+sentinel://, rediss+sentinel://, redis+cluster:// or rediss+cluster://"
             )
         if in_url and (self.username is not None or self.password is not None):
             raise ConfigError(
@@ -233,22 +251,39 @@ class ClusterConfig:
     redis_url: str = "redis://127.0.0.1:6379/0"
     admin_token: str | None = None
     redis: RedisConfig = RedisConfig()
+    redis_layout: str = "v2"
 
     def __post_init__(self) -> None:
-        if not self.cluster or any(c in self.cluster for c in " :/\n\t"):
+        if not self.cluster or any(c in self.cluster for c in " :/{}\n\t"):
             raise ConfigError(
                 f"--cluster / DISCOVERY_CLUSTER: {self.cluster!r} must be a non-empty name "
-                "without spaces, ':' or '/'"
+                "without spaces, ':', '/' or braces"
             )
         self.redis.check_url(self.redis_url)
+        if self.redis_layout not in REDIS_LAYOUTS:
+            raise ConfigError(
+                f"--redis-layout / DISCOVERY_REDIS_LAYOUT: {self.redis_layout!r} must be one "
+                f"of {', '.join(REDIS_LAYOUTS)}"
+            )
 
     def __repr__(self) -> str:
         token = None if self.admin_token is None else "***"
         return (
             f"ClusterConfig(cluster={self.cluster!r}, redis_url={redact_url(self.redis_url)!r}, "
-            f"admin_token={token!r}, redis={self.redis!r})"
+            f"admin_token={token!r}, redis={self.redis!r}, redis_layout={self.redis_layout!r})"
         )
 
     @property
     def redis_prefix(self) -> str:
+        """The key prefix of the configured layout (:attr:`redis_layout`)."""
+        return self.redis_prefix_v1 if self.redis_layout == "v1" else self.redis_prefix_v2
+
+    @property
+    def redis_prefix_v2(self) -> str:
+        """``discovery:{<cluster>}``: layout 2's prefix, a Redis Cluster hash tag."""
+        return "discovery:{" + self.cluster + "}"
+
+    @property
+    def redis_prefix_v1(self) -> str:
+        """``discovery:<cluster>``: layout 1's prefix."""
         return f"discovery:{self.cluster}"

@@ -1,44 +1,50 @@
-"""The live list every search server routes with, read from Redis and kept current.
+"""The live list every search server routes with, read from Redis (layout 2) and kept current.
 
 The default :class:`~discovery.store.LiveListFollower`, made by
-:meth:`discovery.redisstore.RedisLiveStore.follower`: the leader writes the list with
-:class:`~discovery.publisher.LivePublisher` in the layout of
-:mod:`discovery.redislayout`, and a :class:`LiveListReader`:
+:meth:`discovery.redisstore.RedisLiveStore.follower`. The leader writes the list with
+:class:`~discovery.publisher.LivePublisher` in the layout of :mod:`discovery.redislayout`;
+a :class:`LiveListReader`:
 
-1. subscribes to ``P:events`` and, once subscribed, fetches the snapshot ``P:live``
-   (subscribing first means no event can fall between the fetch and the
-   subscription);
-2. applies each diff event whose ``prev_version`` is exactly our version in our
-   epoch, in the order Redis delivers them (one task, so in version order);
-3. fetches the snapshot again when that does not hold: a ``full`` event (new leader,
-   resync, recovery after Redis lost its data), an event of a newer epoch, a gap (an
-   event that does not follow our version: a message was lost), and after every
-   (re)subscription, since events published while we were not subscribed are lost;
-4. reconciles every ``reconcile_interval`` seconds: it reads the stored version
-   cheaply from the fence hash ``P:fence`` and fetches the snapshot only if it
-   differs from ours (a lost message and a quiet leader would otherwise leave us
-   behind until the next change).
+1. **loads** ``P:meta``, ``P:servers`` and the id of the last ``P:changes`` entry in
+   one MULTI/EXEC (:func:`~discovery.redislayout.load`), so the list and the point to
+   follow from agree;
+2. **follows** ``P:changes`` with ``XREAD BLOCK`` from that id, and applies each
+   ``delta`` whose ``prev`` is exactly the version it holds in its epoch, in stream
+   order. Applying one is O(changed): the next :class:`~discovery.store.LiveList`
+   shares its map of servers with the last one (:meth:`~discovery.store.LiveList.apply`);
+3. **loads again** when an entry does not follow: a ``full`` entry (a new term, or a
+   leader that found Redis without its last write), a new epoch, or a gap (``prev``
+   is not our version: entries were trimmed away, or Redis lost some);
+4. **reconciles** when nothing arrived for ``reconcile_interval`` seconds and after
+   every reconnection: it reads ``(epoch, version)`` from ``P:meta``; equal confirms
+   the list, newer is caught up from the stream (or loaded), older is a Redis that
+   lost our writes (kept until the leader republishes). This also covers a stream
+   whose ids went backwards (a failover to a replica whose clock is behind).
 
-The list never moves backwards: a snapshot or event with a lower epoch, or the same
-epoch and a lower version, than the list we hold is refused and counted, so the
-leftovers of a deposed leader (or a snapshot written around the fence) cannot win.
-Epochs are ZooKeeper zxids, monotonic for the life of the ZooKeeper ensemble.
+The list never moves backwards: a load or entry with a lower epoch, or the same epoch
+and a lower version, than the list held is refused and counted, so the leftovers of a
+deposed leader (or a replica that missed writes) cannot win. Epochs are ZooKeeper
+zxids, monotonic for the life of the ensemble.
+
+:meth:`LiveListReader.changes` is the API for other services: after a consistent load,
+an async iterator of :class:`~discovery.store.LiveListChange` (what was added, changed
+and removed, and why).
 
 Failure behaviour:
 
-* Redis unreachable (at start or later): the last known list is kept and served
-  (at start, the empty list); :attr:`LiveListReader.connected` is False, the subscriber
-  reconnects with exponential backoff (0.1 s doubling to 2 s, with jitter, so a fleet
-  of search servers does not reconnect in lock-step), and :meth:`LiveListReader.age`
-  grows, so the caller can decide when a list is too old to trust. A silent dead
-  connection is detected by a PING after 5 s without traffic.
-* ``P:live`` missing (Redis restarted empty, FLUSHALL): the list we hold is kept;
-  the leader's heartbeat notices and publishes in full, which brings a ``full`` event.
-* A malformed snapshot or event is skipped, logged and counted
-  (``discovery_livelist_malformed_total{kind}``); a malformed event that names a
-  newer version causes a refetch. A malformed *server entry* in a snapshot is
-  skipped alone (counted as ``server``): one entry a reader cannot decode must not
-  freeze routing on an old list. Nothing malformed stops the reader.
+* Redis unreachable (at start or later), or failing over behind Sentinel: the last
+  list is kept and served (at start, the empty list); :attr:`LiveListReader.connected`
+  is False, the reader retries with exponential backoff (0.1 s doubling to 2 s, with
+  jitter, so a fleet of search servers does not reconnect in lock-step) and
+  reconciles on its return; :meth:`LiveListReader.age` grows meanwhile. A dead
+  connection is noticed by the client's socket timeout on the blocking read (keep it
+  above ``block``), or at the latest ``block`` + 5 s.
+* ``P:meta`` missing (Redis restarted empty, FLUSHALL): the list is kept; the
+  leader's heartbeat notices and publishes in full.
+* A malformed entry or meta record is skipped, logged and counted
+  (``discovery_livelist_malformed_total{kind}``); a malformed entry that names a newer
+  version causes a load. A malformed *server* in a load is skipped alone (counted as
+  ``server``). Nothing malformed stops the reader.
 """
 
 from __future__ import annotations
@@ -47,56 +53,67 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
-from typing import Final
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Final
 
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
-from redis.asyncio.client import PubSub
 
 from .aio import cancel_and_wait
 from .errors import MalformedLiveListError
+from .livefeed import ChangeFeed
 from .metrics import LiveListMetrics
 from .redislayout import (
+    FIRST_STREAM_ID,
+    ChangeEntry,
+    Loaded,
     RedisKeys,
-    parse_event,
-    parse_fence,
-    parse_snapshot,
+    load,
+    parse_change,
     short_repr,
     translate_redis_error,
 )
-from .store import LiveList
+from .store import LiveList, LiveListChange
 
 __all__ = ["RECONNECT_BACKOFF_MAX", "LiveListReader"]
 
 log = logging.getLogger(__name__)
 
 _BACKOFF_MIN: Final = 0.1
-#: The longest pause between attempts to subscribe again while Redis is unreachable,
+#: The longest pause between attempts to reach Redis again while it is unreachable,
 #: hence how long after Redis is back a reader may still go without changes. Short,
 #: because those seconds are stale routing; jitter spreads a fleet's reconnects.
 RECONNECT_BACKOFF_MAX: Final = 2.0
-# How long get_message() waits before the listener checks its keepalive.
-_POLL_INTERVAL: Final = 1.0
-# A subscription silent this long is probed with a PING; no answer within the timeout
-# means a dead connection (a crashed host sends no RST) and we reconnect.
-_KEEPALIVE_INTERVAL: Final = 5.0
-_KEEPALIVE_TIMEOUT: Final = 5.0
-_SUBSCRIBE_TIMEOUT: Final = 10.0
+# Beyond the blocking read's own time: for a client without a socket timeout, the
+# bound on a read from a connection that died silently.
+_READ_GRACE: Final = 5.0
 
 _RedisFailure = (redis_errors.RedisError, OSError)
+
+
+def _stream_key(stream_id: str) -> tuple[int, int]:
+    milliseconds, _, sequence = stream_id.partition("-")
+    try:
+        return (int(milliseconds), int(sequence or 0))
+    except ValueError:
+        return (0, 0)
+
+
+def _decode(value: object) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class LiveListReader:
     """Keep the cluster's live list current from Redis (see the module docstring).
 
     ``async with LiveListReader(redis, prefix) as reader:`` loads the list and follows
-    it in background tasks until closed; ``reader.current`` is the list to route with.
-    ``start()`` does not fail when Redis is down: it starts with the empty list and
-    keeps trying. The redis client is the caller's (not closed here); its timeouts and
-    retry policy bound how long one attempt waits. ``clock`` (wall seconds) measures
-    propagation delay, ``monotonic`` the list's :meth:`age`.
+    it in a background task until closed; ``reader.current`` is the list to route
+    with. ``start()`` does not fail when Redis is down: it starts with the empty list
+    and keeps trying. The redis client is the caller's (not closed here); its socket
+    timeout should exceed ``block`` (seconds one ``XREAD`` waits). ``batch`` bounds the
+    entries read at once. ``clock`` (wall seconds) measures propagation delay,
+    ``monotonic`` the list's :meth:`age`.
     """
 
     def __init__(
@@ -104,7 +121,9 @@ class LiveListReader:
         redis: aioredis.Redis,
         prefix: str,
         *,
-        reconcile_interval: float = 30.0,
+        reconcile_interval: float = 5.0,
+        block: float = 1.0,
+        batch: int = 500,
         registry: CollectorRegistry | None = None,
         metrics: LiveListMetrics | None = None,
         clock: Callable[[], float] = time.time,
@@ -112,9 +131,15 @@ class LiveListReader:
     ) -> None:
         if not reconcile_interval > 0:
             raise ValueError(f"reconcile_interval must be positive, got {reconcile_interval!r}")
+        if not block > 0:
+            raise ValueError(f"block must be positive, got {block!r}")
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch!r}")
         self._redis = redis
         self.keys = RedisKeys(prefix)
         self._reconcile_interval = reconcile_interval
+        self._block_ms = max(1, round(block * 1000))
+        self._batch = batch
         self._clock = clock
         self._monotonic = monotonic
         self._metrics = metrics or LiveListMetrics(
@@ -122,24 +147,28 @@ class LiveListReader:
         )
         self._metrics.track_age(self.age)
         self._current = LiveList.EMPTY
+        self._routable = 0
         self._applied_at: float | None = None
         self._created_at = monotonic()
         self._confirmed_at: float | None = None
         self._connected = False
-        self._fetched = False  # a snapshot fetch has succeeded (refetch cause "start" until then)
+        self._loaded = False  # a load has succeeded (load cause "start" until then)
+        self._stream_id = FIRST_STREAM_ID
+        self._synced = False  # the stream position is trusted (cleared by any failure)
         self._missing_logged = False
-        self._pubsub: PubSub | None = None
-        # Serialises snapshot fetches and event application between the two tasks, so a
-        # fetch is never judged against a list that changed while it was in flight.
+        self._behind_logged = False
+        # Serialises loads and entry application, so a load is never judged against a
+        # list that changed while it was in flight.
         self._lock = asyncio.Lock()
         self._changed = asyncio.Condition()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._feed = ChangeFeed()
+        self._task: asyncio.Task[None] | None = None
         self._started = False
 
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Subscribe, load the snapshot, and start following; never fails for Redis.
+        """Load the list and start following it; never fails for Redis.
 
         If Redis cannot be reached the reader starts with the list it has (empty) and
         the background task keeps trying. Raises RuntimeError if already started.
@@ -148,8 +177,12 @@ class LiveListReader:
             raise RuntimeError("LiveListReader already started")
         self._started = True
         try:
-            await self._connect()
+            async with self._lock:
+                await self._load("start")
+            self._synced = True
+            self._set_connected(True)
         except _RedisFailure as exc:
+            self._metrics.redis_errors.labels(operation="load").inc()
             log.warning(
                 "live list %s: Redis unavailable at start (%s); starting with %d servers "
                 "and retrying",
@@ -157,22 +190,17 @@ class LiveListReader:
                 translate_redis_error(exc),
                 len(self._current.servers),
             )
-        self._tasks = [
-            asyncio.create_task(self._run_subscriber(), name=f"livelist:{self.keys.prefix}"),
-            asyncio.create_task(
-                self._run_reconciler(), name=f"livelist-reconcile:{self.keys.prefix}"
-            ),
-        ]
-        for task in self._tasks:
-            task.add_done_callback(self._on_task_done)
+        self._task = asyncio.create_task(self._run(), name=f"livelist:{self.keys.prefix}")
+        self._task.add_done_callback(self._on_task_done)
 
     async def aclose(self) -> None:
-        """Stop following and unsubscribe; the last list stays readable."""
-        tasks, self._tasks = self._tasks, []
-        # Both tasks run redis-py commands, which may swallow a cancellation.
-        await cancel_and_wait(tasks)
-        await self._drop_pubsub()
+        """Stop following; the last list stays readable; change iterators end."""
+        task, self._task = self._task, None
+        if task is not None:
+            # The task runs redis-py commands, which may swallow a cancellation.
+            await cancel_and_wait([task])
         self._set_connected(False)
+        self._feed.close()
 
     async def __aenter__(self) -> LiveListReader:
         await self.start()
@@ -199,19 +227,32 @@ class LiveListReader:
 
     @property
     def connected(self) -> bool:
-        """True while subscribed to the events channel (so changes arrive as they happen)."""
+        """True while following the change stream (so changes arrive as they happen)."""
         return self._connected
+
+    @property
+    def routable_count(self) -> int:
+        """How many servers of :attr:`current` are routable (kept up to date per change)."""
+        return self._routable
 
     def age(self) -> float:
         """Seconds since the list was last confirmed current against Redis.
 
-        Confirmed by a snapshot fetch or reconcile that found our version, or an applied
-        event. Before the first confirmation, seconds since this reader was created.
-        While Redis is unreachable it grows without bound. With a quiet leader it grows
-        up to ``reconcile_interval`` between reconciles even when all is well.
+        Confirmed by a load or reconcile that found our version, or an applied entry.
+        Before the first confirmation, seconds since this reader was created. While
+        Redis is unreachable it grows without bound; with a quiet leader it stays
+        within about ``reconcile_interval`` + ``block``.
         """
         since = self._created_at if self._confirmed_at is None else self._confirmed_at
         return max(0.0, self._monotonic() - since)
+
+    def changes(self) -> AsyncIterator[LiveListChange]:
+        """Every step of the list from now on (:meth:`LiveListFollower.changes`).
+
+        A delta's step is built from the entry (O(changed)); a reload's by comparing
+        the two lists.
+        """
+        return self._feed.subscribe(self._current)
 
     async def wait_until(self, predicate: Callable[[LiveList], bool], timeout: float) -> LiveList:
         """Wait until ``predicate(current)`` holds; returns that list.
@@ -223,289 +264,288 @@ class LiveListReader:
             await self._changed.wait_for(lambda: predicate(self._current))
             return self._current
 
-    # -- subscriber ----------------------------------------------------------------
+    # -- following -----------------------------------------------------------------
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("live list task %s crashed", task.get_name(), exc_info=task.exception())
 
-    async def _connect(self) -> None:
-        """Subscribe, then fetch the snapshot; on failure nothing is left subscribed."""
-        try:
-            self._pubsub = await self._subscribe()
-            async with self._lock:
-                await self._fetch("reconnect" if self._fetched else "start")
-        except BaseException:
-            await self._drop_pubsub()
-            raise
-        self._set_connected(True)
-
-    async def _subscribe(self) -> PubSub:
-        pubsub = self._redis.pubsub()
-        try:
-            try:
-                await pubsub.subscribe(self.keys.events)
-                # Consume our confirmation here, so that the listener sees a "subscribe"
-                # message only when redis-py re-subscribed by itself after a reconnect.
-                async with asyncio.timeout(_SUBSCRIBE_TIMEOUT):
-                    while True:
-                        message = await pubsub.get_message(timeout=_SUBSCRIBE_TIMEOUT)
-                        if message is not None and message.get("type") == "subscribe":
-                            break
-            except _RedisFailure:
-                self._metrics.redis_errors.labels(operation="subscribe").inc()
-                raise
-        except BaseException:
-            await _close_pubsub(pubsub)
-            raise
-        return pubsub
-
-    async def _drop_pubsub(self) -> None:
-        pubsub, self._pubsub = self._pubsub, None
-        if pubsub is not None:
-            await _close_pubsub(pubsub)
-
     def _set_connected(self, connected: bool) -> None:
         self._connected = connected
         self._metrics.connected.set(1 if connected else 0)
 
-    async def _run_subscriber(self) -> None:
+    async def _run(self) -> None:
         failures = 0
         while True:
-            if self._pubsub is None:
-                try:
-                    await self._connect()
-                except Exception as exc:
-                    failures += 1
-                    delay = _backoff(failures)
-                    if not isinstance(exc, _RedisFailure):
-                        log.exception(
-                            "live list %s: connecting failed unexpectedly", self.keys.prefix
-                        )
-                    # The first failure is news; the rest of an outage is noise.
-                    level = logging.WARNING if failures == 1 else logging.DEBUG
-                    log.log(
-                        level,
-                        "live list %s: cannot subscribe (%s); keeping epoch %d version %d, "
-                        "retry %d in %.1f s",
-                        self.keys.prefix,
-                        translate_redis_error(exc) if isinstance(exc, _RedisFailure) else exc,
-                        self._current.epoch,
-                        self._current.version,
-                        failures,
-                        delay,
-                    )
-                    await asyncio.sleep(delay)
-                    continue
-                if failures:
-                    log.info(
-                        "live list %s: subscribed again after %d attempts; epoch %d version %d",
-                        self.keys.prefix,
-                        failures,
-                        self._current.epoch,
-                        self._current.version,
-                    )
-                failures = 0
-            pubsub = self._pubsub
-            assert pubsub is not None
             try:
-                await self._listen(pubsub)
-            except _SubscriptionLostError as exc:
-                reason: object = exc
+                if not self._synced:
+                    async with self._lock:
+                        await self._reconcile(after_failure=True)
+                    self._synced = True
+                    self._set_connected(True)
+                    if failures:
+                        log.info(
+                            "live list %s: following again after %d attempts; epoch %d version %d",
+                            self.keys.prefix,
+                            failures,
+                            self._current.epoch,
+                            self._current.version,
+                        )
+                    failures = 0
+                await self._follow()
             except _RedisFailure as exc:
-                self._metrics.redis_errors.labels(operation="listen").inc()
-                reason = translate_redis_error(exc)
+                self._metrics.redis_errors.labels(operation="follow").inc()
+                reason: object = translate_redis_error(exc)
+            except TimeoutError:
+                self._metrics.redis_errors.labels(operation="follow").inc()
+                reason = f"no answer within {self._block_ms / 1000 + _READ_GRACE:g}s"
             except Exception as exc:
                 # A bug or an unexpected redis-py state must not end the reader for the
-                # life of the process: log it loudly and start over with a new connection.
-                log.exception("live list %s: subscriber failed unexpectedly", self.keys.prefix)
+                # life of the process: log it loudly and start over.
+                log.exception("live list %s: following failed unexpectedly", self.keys.prefix)
                 reason = exc
-            log.warning(
-                "live list %s: subscription lost (%s); keeping epoch %d version %d, reconnecting",
+            failures += 1
+            self._synced = False
+            self._set_connected(False)
+            delay = _backoff(failures)
+            # The first failure is news; the rest of an outage is noise.
+            log.log(
+                logging.WARNING if failures == 1 else logging.DEBUG,
+                "live list %s: Redis failed (%s); keeping epoch %d version %d, retry %d in %.1f s",
                 self.keys.prefix,
                 reason,
                 self._current.epoch,
                 self._current.version,
+                failures,
+                delay,
             )
-            self._set_connected(False)
-            await self._drop_pubsub()
-            failures = 1
-            await asyncio.sleep(_backoff(failures))
+            await asyncio.sleep(delay)
 
-    async def _listen(self, pubsub: PubSub) -> None:
-        """Handle messages until the connection fails (raises; never returns)."""
-        loop = asyncio.get_running_loop()
-        heard_at = loop.time()
-        pinged_at: float | None = None
+    async def _follow(self) -> None:
+        """Read the stream until Redis fails (raises; never returns)."""
         while True:
-            message = await pubsub.get_message(timeout=_POLL_INTERVAL)
-            now = loop.time()
-            if message is None:
-                if pinged_at is not None:
-                    if now - pinged_at > _KEEPALIVE_TIMEOUT:
-                        raise _SubscriptionLostError(
-                            f"no answer to a PING within {_KEEPALIVE_TIMEOUT:g} s"
-                        )
-                elif now - heard_at > _KEEPALIVE_INTERVAL:
-                    await pubsub.ping()
-                    pinged_at = now
-                continue
-            heard_at, pinged_at = now, None
-            kind = message.get("type")
-            if kind == "message":
-                async with self._lock:
-                    await self._on_event(message.get("data"))
-            elif kind == "subscribe":
-                # redis-py reconnected and re-subscribed by itself: events may have been
-                # lost in between.
-                self._set_connected(True)
-                async with self._lock:
-                    await self._fetch("reconnect")
-            elif kind == "unsubscribe":
-                raise _SubscriptionLostError("unsubscribed by the server")
+            async with asyncio.timeout(self._block_ms / 1000 + _READ_GRACE):
+                reply = await self._redis.xread(
+                    {self.keys.changes: self._stream_id},
+                    count=self._batch,
+                    block=self._block_ms,
+                )
+            entries = _entries(reply)
+            async with self._lock:
+                for stream_id, fields in entries:
+                    await self._on_entry(_decode(stream_id), fields)
+                if self._monotonic() - (self._confirmed_at or self._created_at) >= (
+                    self._reconcile_interval
+                ):
+                    await self._reconcile()
 
-    async def _on_event(self, data: object) -> None:
-        if not isinstance(data, bytes | str):
-            self._skip("event", f"message data is {type(data).__name__}, not bytes")
-            return
+    async def _on_entry(self, stream_id: str, fields: Mapping[Any, Any]) -> None:
+        """Apply one stream entry, or load again. Call with the lock held."""
+        if _stream_key(stream_id) > _stream_key(self._stream_id):
+            self._stream_id = stream_id
         current = self._current
         try:
-            event = parse_event(data)
+            entry = parse_change(stream_id, fields)
         except MalformedLiveListError as exc:
-            self._skip("event", str(exc))
-            # Something newer was published that we could not read: get the snapshot.
+            self._skip("entry", str(exc))
+            # Something newer was published that we could not read: load it.
             if exc.position is not None and exc.position > current.position:
-                await self._fetch("gap")
+                await self._load("gap")
             return
-        position = (event.epoch, event.version)
-        if position <= current.position:
-            if event.epoch < current.epoch:
-                self._metrics.stale.labels(kind="event").inc()
+        if entry.position <= current.position:
+            if entry.epoch < current.epoch:
+                self._metrics.stale.labels(kind="entry").inc()
                 log.warning(
-                    "live list %s: ignoring an event of epoch %d version %d from %r: we hold "
-                    "epoch %d (a deposed leader?)",
+                    "live list %s: ignoring a change of epoch %d version %d from %r: we "
+                    "hold epoch %d (a deposed leader?)",
                     self.keys.prefix,
-                    event.epoch,
-                    event.version,
-                    event.leader,
+                    entry.epoch,
+                    entry.version,
+                    entry.leader,
                     current.epoch,
                 )
-            # else: already contained in the snapshot we fetched after subscribing.
-            return
-        if event.full:
-            await self._fetch("full")
-        elif event.epoch != current.epoch:
-            await self._fetch("epoch")
-        elif event.prev_version != current.version:
+            return  # else: already in what we loaded
+        if entry.full:
+            await self._load("full")
+        elif entry.epoch != current.epoch:
+            await self._load("epoch")
+        elif entry.prev != current.version:
             log.info(
-                "live list %s: event %d follows %s but we hold %d; refetching",
+                "live list %s: change %d follows %d but we hold %d; loading",
                 self.keys.prefix,
-                event.version,
-                event.prev_version,
+                entry.version,
+                entry.prev,
                 current.version,
             )
-            await self._fetch("gap")
+            await self._load("gap")
         else:
-            servers = dict(current.servers)
-            for removed in event.removed:
-                servers.pop(removed, None)
-            for instance in event.upserts:
-                servers[instance.id] = instance
-            self._metrics.diffs_applied.inc()
-            self._metrics.propagation_seconds.observe(
-                max(0.0, self._clock() - event.published_at / 1000)
+            await self._apply(entry)
+
+    async def _apply(self, entry: ChangeEntry) -> None:
+        previous = self._current
+        removes = dict(entry.removes)
+        new = previous.apply(
+            epoch=entry.epoch,
+            version=entry.version,
+            leader=entry.leader,
+            published_at=entry.published_at,
+            upserts=entry.upserts,
+            removes=removes,
+        )
+        old = previous.servers
+        for instance_id in removes:
+            gone = old.get(instance_id)
+            if gone is not None and gone.routable:
+                self._routable -= 1
+        for instance in entry.upserts:
+            before = old.get(instance.id)
+            if before is not None and before.routable and instance.id not in removes:
+                self._routable -= 1
+            if instance.routable:
+                self._routable += 1
+        self._metrics.diffs_applied.inc()
+        self._metrics.propagation_seconds.observe(
+            max(0.0, self._clock() - entry.published_at / 1000)
+        )
+        await self._install(new)
+        self._feed.delta(previous, new, entry.upserts, removes)
+        log.debug(
+            "live list %s: epoch %d version %d: +%d -%d, %d servers",
+            self.keys.prefix,
+            new.epoch,
+            new.version,
+            len(entry.upserts),
+            len(removes),
+            len(new.servers),
+        )
+
+    # -- loads and reconciles ----------------------------------------------------------
+
+    async def _reconcile(self, *, after_failure: bool = False) -> None:
+        """Compare ``P:meta`` with our version: confirm, catch up, or load. Lock held."""
+        if not self._loaded:
+            await self._load("start")
+            return
+        stored = await self._redis.hmget(self.keys.meta, ["epoch", "version"])
+        position = _position(stored)
+        current = self._current.position
+        if position is None:
+            self._on_missing()
+            return
+        self._missing_logged = False
+        if position == current:
+            self._behind_logged = False
+            self._confirm()
+            return
+        if position > current:
+            # Entries may be on their way (published since our last read): apply what
+            # the stream has before deciding that only a load will do.
+            await self._catch_up()
+            if self._current.position == position:
+                return
+            await self._load("reconnect" if after_failure else "reconcile")
+            return
+        if not self._behind_logged:
+            self._behind_logged = True
+            log.warning(
+                "live list %s: Redis holds epoch %d version %d, older than our epoch %d "
+                "version %d (it lost writes: a failover or a restore); keeping ours until "
+                "the leader publishes again",
+                self.keys.prefix,
+                *position,
+                *current,
             )
-            await self._install(
-                LiveList(event.epoch, event.version, event.leader, event.published_at, servers)
+        self._metrics.stale.labels(kind="meta").inc()
+
+    async def _catch_up(self) -> None:
+        reply = await self._redis.xrange(
+            self.keys.changes, min="(" + self._stream_id, max="+", count=self._batch
+        )
+        for stream_id, fields in reply or []:
+            await self._on_entry(_decode(stream_id), fields or {})
+
+    def _on_missing(self) -> None:
+        if self._current.position == LiveList.EMPTY.position:
+            self._confirm()  # nothing published, and we hold nothing: current
+        elif not self._missing_logged:
+            self._missing_logged = True
+            log.warning(
+                "live list %s: %s is missing (Redis lost its data?); keeping epoch %d "
+                "version %d until the leader publishes again",
+                self.keys.prefix,
+                self.keys.meta,
+                self._current.epoch,
+                self._current.version,
             )
 
-    # -- snapshots -------------------------------------------------------------------
-
-    async def _fetch(self, cause: str) -> None:
-        """GET the snapshot and take it if it is newer. Call with the lock held.
+    async def _load(self, cause: str) -> None:
+        """Load the list and take it if it is not older. Call with the lock held.
 
         Raises the redis-py error if Redis fails.
         """
         self._metrics.refetches.labels(cause=cause).inc()
         try:
-            raw = await self._redis.get(self.keys.live)
+            loaded = await load(self._redis, self.keys)
+        except MalformedLiveListError as exc:
+            self._skip("meta", str(exc))
+            return
         except _RedisFailure:
-            self._metrics.redis_errors.labels(operation="fetch").inc()
+            self._metrics.redis_errors.labels(operation="load").inc()
             raise
-        self._fetched = True
+        self._loaded = True
+        # The stream as of the load: entries after it follow what was loaded. (After
+        # Redis lost data this id may be lower than the one we had; it is the right one.)
+        self._stream_id = loaded.stream_id
+        await self._take(loaded)
+
+    async def _take(self, loaded: Loaded) -> None:
         current = self._current
-        if raw is None:
-            if current.position == LiveList.EMPTY.position:
-                self._confirm()  # nothing published, and we hold nothing: current
-            elif not self._missing_logged:
-                self._missing_logged = True
-                log.warning(
-                    "live list %s: %s is missing (Redis lost its data?); keeping epoch %d "
-                    "version %d until the leader publishes again",
-                    self.keys.prefix,
-                    self.keys.live,
-                    current.epoch,
-                    current.version,
-                )
+        meta = loaded.meta
+        if meta is None:
+            self._on_missing()
             return
         self._missing_logged = False
-        try:
-            snapshot, problems = parse_snapshot(raw)
-        except MalformedLiveListError as exc:
-            self._skip("snapshot", str(exc))
-            return
-        if snapshot.position < current.position:
-            self._metrics.stale.labels(kind="snapshot").inc()
+        if meta.position < current.position:
+            self._metrics.stale.labels(kind="load").inc()
             log.warning(
-                "live list %s: refusing a snapshot of epoch %d version %d (leader %r): we "
-                "hold epoch %d version %d",
+                "live list %s: refusing a list of epoch %d version %d (leader %r): we hold "
+                "epoch %d version %d",
                 self.keys.prefix,
-                snapshot.epoch,
-                snapshot.version,
-                snapshot.leader,
+                meta.epoch,
+                meta.version,
+                meta.leader,
                 current.epoch,
                 current.version,
             )
             return
-        for problem in problems:
-            self._skip(
-                "server", f"snapshot epoch {snapshot.epoch} version {snapshot.version}, {problem}"
-            )
-        if snapshot.position == current.position and snapshot.servers == current.servers:
+        for problem in loaded.problems:
+            self._skip("server", f"epoch {meta.epoch} version {meta.version}, {problem}")
+        new = LiveList(meta.epoch, meta.version, meta.leader, meta.published_at, loaded.servers)
+        if new.position == current.position and new.servers == current.servers:
             self._confirm()
             return
-        if snapshot.position == current.position:
-            # Diffs led us somewhere the snapshot of the same version does not agree
-            # with; the snapshot is the authority.
+        if new.position == current.position:
+            # Deltas led us somewhere the stored list of the same version does not agree
+            # with; the stored list is the authority.
             log.warning(
-                "live list %s: epoch %d version %d differs from the snapshot; taking it",
+                "live list %s: epoch %d version %d differs from the stored list; taking it",
                 self.keys.prefix,
-                snapshot.epoch,
-                snapshot.version,
+                new.epoch,
+                new.version,
             )
-        await self._install(snapshot)
-
-    async def _run_reconciler(self) -> None:
-        while True:
-            await asyncio.sleep(self._reconcile_interval)
-            try:
-                async with self._lock:
-                    await self._reconcile()
-            except _RedisFailure as exc:
-                log.debug("live list %s: reconcile failed: %s", self.keys.prefix, exc)
-
-    async def _reconcile(self) -> None:
-        """Compare the stored fence with our version; fetch only if they differ."""
-        try:
-            stored = await self._redis.hmget(self.keys.fence, ["epoch", "version"])
-        except _RedisFailure:
-            self._metrics.redis_errors.labels(operation="reconcile").inc()
-            raise
-        position = parse_fence(stored)
-        if position is not None and position == self._current.position:
-            self._confirm()
-            return
-        await self._fetch("reconcile")
+        self._routable = sum(1 for instance in new.servers.values() if instance.routable)
+        await self._install(new)
+        self._feed.reload(current, new)
+        if new.epoch != current.epoch or len(new.servers) != len(current.servers):
+            log.info(
+                "live list %s: loaded epoch %d version %d from %r: %d servers, %d routable",
+                self.keys.prefix,
+                new.epoch,
+                new.version,
+                new.leader,
+                len(new.servers),
+                self._routable,
+            )
 
     # -- state ---------------------------------------------------------------------
 
@@ -519,43 +559,40 @@ class LiveListReader:
         )
 
     async def _install(self, new: LiveList) -> None:
-        old = self._current
         self._current = new
         self._applied_at = self._clock()
         self._confirm()
         self._metrics.epoch.set(new.epoch)
         self._metrics.version.set(new.version)
         self._metrics.servers.set(len(new.servers))
-        routable = len(new.routable)
-        self._metrics.routable.set(routable)
-        if new.epoch != old.epoch or len(new.servers) != len(old.servers):
-            log.info(
-                "live list %s: epoch %d version %d from %r: %d servers, %d routable",
-                self.keys.prefix,
-                new.epoch,
-                new.version,
-                new.leader,
-                len(new.servers),
-                routable,
-            )
+        self._metrics.routable.set(self._routable)
         async with self._changed:
             self._changed.notify_all()
 
 
-class _SubscriptionLostError(Exception):
-    """The subscription stopped delivering (no PING answer, unsubscribed by the server)."""
+def _entries(reply: object) -> list[tuple[object, Mapping[Any, Any]]]:
+    """The entries of an XREAD reply for one stream (RESP2 list or RESP3 dict)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        streams = list(reply.values())
+        return list(streams[0][0]) if streams and streams[0] else []
+    assert isinstance(reply, list)
+    return list(reply[0][1])
+
+
+def _position(stored: list[Any]) -> tuple[int, int] | None:
+    """``(epoch, version)`` from ``HMGET P:meta epoch version``; None if unusable."""
+    if len(stored) != 2 or stored[0] is None or stored[1] is None:
+        return None
+    try:
+        epoch, version = (int(_decode(v)) for v in stored)
+    except ValueError:
+        return None
+    return (epoch, version)
 
 
 def _backoff(failures: int) -> float:
     delay = min(RECONNECT_BACKOFF_MAX, _BACKOFF_MIN * 2.0 ** min(failures - 1, 16))
     # Jitter spreads the reconnects of many search servers after a Redis restart.
     return delay * random.uniform(0.5, 1.0)
-
-
-async def _close_pubsub(pubsub: PubSub) -> None:
-    # Closing must not raise into the caller's own error handling: the connection may
-    # already be broken, which is usually why it is being closed.
-    try:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
-    except _RedisFailure as exc:
-        log.debug("closing a live-list subscription: %s", exc)

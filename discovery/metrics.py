@@ -184,7 +184,8 @@ class PublisherMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.publishes = Counter(
             "discovery_publisher_publishes",
-            "Live-list writes, by kind (full, diff, heartbeat) and result (ok, fenced, error).",
+            "Live-list writes, by kind (full, delta, heartbeat; diff in layout 1) and result "
+            "(ok, fenced, diverged, error).",
             ["kind", "result"],
             registry=registry,
         )
@@ -207,7 +208,8 @@ class PublisherMetrics:
         )
         self.snapshot_bytes = Gauge(
             "discovery_publisher_snapshot_bytes",
-            "Size of the last snapshot written, in bytes of JSON.",
+            "Bytes sent to Redis by the last publish (a whole snapshot in layout 1; "
+            "only the changed instances of a delta in layout 2).",
             registry=registry,
         )
         self.servers = Gauge(

@@ -1,49 +1,53 @@
-"""The leader's fenced writes of the live list to Redis (layout version 1).
+"""The leader's fenced writes of the live list to Redis (layout 2).
 
 Only the elected leader runs a :class:`LivePublisher`, obtained for its term from
-:meth:`discovery.redisstore.RedisLiveStore.publisher`. The keys and documents it writes
-(``P:live``, ``P:events``, ``P:leader`` and the internal ``P:fence``) are the contract
-in :mod:`discovery.redislayout`; this module is how they are written. ``P:fence``'s
-``writer`` is a random token of one publisher object, which makes a retried write
-recognisable as our own.
+:meth:`discovery.redisstore.RedisLiveStore.publisher`. The keys and records it writes
+(``P:servers``, ``P:meta``, ``P:changes``, ``P:leader``) are the contract in
+:mod:`discovery.redislayout`; this module is how they are written.
 
-Fencing. Every write (snapshot + fence + heartbeat + event, or a heartbeat alone)
-is one Lua script (:data:`FENCE_SCRIPT`, run with EVALSHA through
-``register_script``, so it is loaded again after a Redis restart), hence atomic:
+**A change writes only what changed.** :meth:`LivePublisher.publish_change` sends the
+added and changed instances (each encoded once) and the removed ids: the script
+``HSET``\\s and ``HDEL``\\s those fields, updates ``P:meta`` and appends one stream
+entry. Redis receives about a kilobyte for a change to one server, whether the cluster
+has 500 servers or 50,000. :meth:`LivePublisher.publish_full` rewrites ``P:servers``
+(a new term, or after a write whose outcome is unknown) and appends a ``full`` entry.
 
-* the stored fence is ``P:fence``; if that hash is missing or unusable and ``P:live``
-  exists, the script falls back to ``cjson.decode(P:live)``; if neither gives a
-  number pair, nothing is stored and any write is accepted;
-* a write with an epoch lower than the stored one is refused (``epoch`` fence);
+**Fencing.** Every write (publish or heartbeat) is one Lua script
+(:data:`PUBLISH_SCRIPT`, EVALSHA through ``register_script``, so it is loaded again
+after a Redis restart or failover), hence atomic:
+
+* a write with an epoch lower than ``P:meta``'s is refused (``epoch`` fence);
 * a publish in the stored epoch with a version not above the stored one is refused
-  (``version`` fence) — unless the stored fence is exactly this write (same epoch,
-  version and writer token): that is our own write being retried (redis-py retries a
-  command whose reply was lost), reported as published without writing again;
-* a heartbeat in the stored epoch is refused if the stored version is above ours,
-  or equal but written by another publisher object;
-* otherwise the write is applied and the event published, all in one step.
+  (``version`` fence), unless the stored meta is exactly this write (same epoch,
+  version and writer token): our own write retried by redis-py after a lost reply,
+  reported as published without writing again;
+* a heartbeat in the stored epoch is refused if the stored version is above ours, or
+  equal but written by another publisher object;
+* a delta is applied only on top of the exact version it follows, written by this
+  publisher object (``P:meta`` = our epoch, ``prev``, our token). Anything else means
+  ``P:servers`` is not what we last wrote: a failover promoted a replica that missed
+  acknowledged writes (replication is asynchronous), Redis restarted empty, someone
+  wrote by hand. The script then writes nothing and answers ``diverged``, and the
+  publisher republishes in full at once: **it never trusts what Redis says it has,
+  it checks ``P:meta``**.
 
 A refused write raises :class:`~discovery.errors.FencedError`: a newer leader has
-published, so the caller must stop leading; this publisher then refuses every
-further call without touching Redis.
+published, so the caller must stop leading; this publisher then refuses every further
+call without touching Redis.
 
 Versions start at 1 with the first publish of a publisher (a new epoch) and each
 publish *attempt* takes the next number, so a number is never reused: a write whose
 outcome is unknown (connection lost, timeout, cancelled) may have been applied, and
 reusing its version would fence ourselves. After such a failure the next
-:meth:`LivePublisher.publish_change` is a full publish, because readers cannot know
-which version a diff would follow. Keep one publisher object for the whole
-leadership term: a second object in the same epoch starts at version 1 again and is
-refused once the first has written.
+:meth:`LivePublisher.publish_change` is a full publish. Keep one publisher object for
+the whole term.
 
-Redis outages: connection errors and timeouts raise
-:class:`~discovery.errors.RedisUnavailableError` (the redis-py error as
-``__cause__``); nothing is retried here beyond the client's own retry policy.
-Refused credentials or a missing ACL permission raise
-:class:`~discovery.errors.RedisAccessError` (not a ``RedisOperationError``: retrying
-cannot help; the leader gives up its term, see ``search_server.server``). The
-leader keeps its view and publishes in full once :meth:`LivePublisher.heartbeat`
-reports that ``P:live`` is missing (Redis restarted empty, FLUSHALL) or not ours.
+Errors: :class:`~discovery.errors.RedisUnavailableError` for connection loss,
+timeouts, a read-only replica or a Sentinel with no primary (the leader keeps its view
+and republishes in full later); :class:`~discovery.errors.RedisAccessError` when our
+credentials or ACL do not allow publishing (retrying cannot help; the leader gives up
+its term). The leader republishes in full once :meth:`LivePublisher.heartbeat`
+reports that ``P:meta`` is missing or not our last write.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ from .instance import ServiceInstance
 from .metrics import PublisherMetrics
 from .redislayout import RedisKeys, encode_json, translate_redis_error
 
-__all__ = ["FENCE_SCRIPT", "HeartbeatStatus", "LivePublisher"]
+__all__ = ["DEFAULT_STREAM_LENGTH", "PUBLISH_SCRIPT", "HeartbeatStatus", "LivePublisher"]
 
 log = logging.getLogger(__name__)
 
@@ -73,19 +77,29 @@ log = logging.getLogger(__name__)
 # decimal strings, so every such value compares exactly, beyond Lua's 2**53.
 _MAX_NUMBER: Final = 2**63 - 1
 
-FENCE_SCRIPT: Final = """
--- Fenced write of the live list (see discovery/publisher.py for the contract).
--- KEYS: 1 live, 2 fence, 3 leader
--- ARGV: 1 mode ('publish' | 'heartbeat'), 2 epoch, 3 version (decimal strings),
---       4 writer token, 5 leader id, 6 heartbeat document, 7 heartbeat TTL (ms);
---       publish only: 8 events channel, 9 snapshot document, 10 event document
--- Returns {status, detail, stored_epoch, stored_version[, receivers]}:
---   {'published', 'ok' | 'duplicate', E, V, receivers}   (publish applied / already ours)
---   {'fenced', 'epoch' | 'version', stored E, stored V}  (nothing written)
+DEFAULT_STREAM_LENGTH: Final = 10_000
+"""``MAXLEN ~`` of ``P:changes``: a follower more than this many publishes behind
+loads the whole list again (it sees the gap), so it bounds Redis's memory, not safety."""
+
+# Lua's unpack() is limited by the C stack (LUAI_MAXCSTACK, 8000): fields are written
+# in slices of this many.
+_SLICE: Final = 2000
+
+PUBLISH_SCRIPT: Final = """
+-- Fenced write of the live list, layout 2 (see discovery/publisher.py).
+-- KEYS: 1 servers, 2 meta, 3 changes, 4 leader
+-- ARGV: 1 mode ('full' | 'delta' | 'heartbeat'), 2 epoch, 3 version, 4 prev
+--       (decimal strings), 5 writer token, 6 leader id, 7 published_at (ms),
+--       8 heartbeat document, 9 heartbeat TTL (ms), 10 stream MAXLEN,
+--       11 upserts JSON, 12 removes JSON, 13 number of upserted fields U,
+--       14 .. 13+2U id/instance pairs, then the removed ids
+-- Returns {status, detail, stored_epoch, stored_version}:
+--   {'published', 'ok' | 'duplicate', E, V}            (written / already ours)
+--   {'fenced', 'epoch' | 'version', stored E, stored V} (nothing written)
+--   {'diverged', 'meta', stored E, stored V}           (delta refused; publish full)
 --   {'current' | 'missing' | 'stale', ..., stored E, stored V}  (heartbeat written)
 
--- Epochs and versions are compared as decimal strings (no leading zeros), so
--- 64-bit values compare exactly, beyond the 2^53 that Lua numbers hold.
+-- Decimal strings without leading zeros compare exactly, beyond Lua's 2^53.
 local function cmp(a, b)
   if #a ~= #b then
     if #a < #b then return -1 end
@@ -105,44 +119,27 @@ local function digits(s)
   return type(s) == 'string' and string.match(s, '^%d+$') ~= nil
 end
 
-local function integral(n)
-  if type(n) ~= 'number' or n ~= n or n < 0 or n >= 2^63 or n ~= math.floor(n) then
-    return false
-  end
-  return string.format('%.0f', n)
-end
-
-local mode, epoch, version, writer = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-if (mode ~= 'publish' and mode ~= 'heartbeat') or not digits(epoch) or not digits(version) then
+local mode, epoch, version, prev, writer = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+if (mode ~= 'full' and mode ~= 'delta' and mode ~= 'heartbeat')
+    or not digits(epoch) or not digits(version) or not digits(prev) then
   return redis.error_reply('ERR live-list fence: bad arguments')
 end
 
+local m = redis.call('HMGET', KEYS[2], 'epoch', 'version', 'writer')
 local stored_epoch, stored_version, stored_writer = false, false, false
-local f = redis.call('HMGET', KEYS[2], 'epoch', 'version', 'writer')
-if digits(f[1]) and digits(f[2]) then
-  stored_epoch, stored_version, stored_writer = f[1], f[2], f[3]
-else
-  -- No fence of ours: P:live was written by something else (or by an older
-  -- version of this code). Decoding it is slow for a big list but happens once.
-  local raw = redis.call('GET', KEYS[1])
-  if raw then
-    local ok, doc = pcall(cjson.decode, raw)
-    if ok and type(doc) == 'table' then
-      local e, v = integral(doc['epoch']), integral(doc['version'])
-      if e and v then stored_epoch, stored_version = e, v end
-    end
-  end
+if digits(m[1]) and digits(m[2]) then
+  stored_epoch, stored_version, stored_writer = m[1], m[2], m[3]
 end
+local ours = stored_writer == writer
 
 if stored_epoch then
   local ce = cmp(epoch, stored_epoch)
   if ce < 0 then return {'fenced', 'epoch', stored_epoch, stored_version} end
   if ce == 0 then
     local cv = cmp(version, stored_version)
-    local ours = stored_writer == writer
-    if mode == 'publish' then
+    if mode ~= 'heartbeat' then
       if cv == 0 and ours then
-        return {'published', 'duplicate', stored_epoch, stored_version, 0}
+        return {'published', 'duplicate', stored_epoch, stored_version}
       end
       if cv <= 0 then return {'fenced', 'version', stored_epoch, stored_version} end
     elseif cv < 0 or (cv == 0 and stored_writer and not ours) then
@@ -151,38 +148,70 @@ if stored_epoch then
   end
 end
 
-if mode == 'publish' then
-  redis.call('SET', KEYS[1], ARGV[9])
-  redis.call('HSET', KEYS[2], 'epoch', epoch, 'version', version, 'writer', writer,
-             'leader', ARGV[5])
-  redis.call('SET', KEYS[3], ARGV[6], 'PX', ARGV[7])
-  local receivers = redis.call('PUBLISH', ARGV[8], ARGV[10])
-  return {'published', 'ok', epoch, version, receivers}
+if mode == 'heartbeat' then
+  redis.call('SET', KEYS[4], ARGV[8], 'PX', ARGV[9])
+  if not stored_epoch then
+    return {'missing', 'meta', false, false}
+  end
+  if ours and cmp(epoch, stored_epoch) == 0 and cmp(version, stored_version) == 0 then
+    return {'current', 'ok', stored_epoch, stored_version}
+  end
+  return {'stale', 'meta', stored_epoch, stored_version}
 end
 
-redis.call('SET', KEYS[3], ARGV[6], 'PX', ARGV[7])
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {'missing', 'live', stored_epoch, stored_version}
+if mode == 'delta' then
+  -- Only on top of exactly what this publisher wrote last; else P:servers is not
+  -- what we think (lost writes after a failover, a restart, a hand edit).
+  if not (stored_epoch and ours and cmp(epoch, stored_epoch) == 0
+          and cmp(prev, stored_version) == 0) then
+    return {'diverged', 'meta', stored_epoch, stored_version}
+  end
+else
+  redis.call('DEL', KEYS[1])
 end
-if stored_epoch and cmp(epoch, stored_epoch) == 0 and cmp(version, stored_version) == 0
-    and stored_writer == writer then
-  return {'current', 'ok', stored_epoch, stored_version}
+
+local upserted = tonumber(ARGV[13])
+local first, last = 14, 13 + 2 * upserted
+local i = first
+while i <= last do
+  local j = math.min(i + SLICE - 1, last)
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, j))
+  i = j + 1
 end
-return {'stale', 'live', stored_epoch, stored_version}
-"""
+i = last + 1
+while i <= #ARGV do
+  local j = math.min(i + SLICE - 1, #ARGV)
+  redis.call('HDEL', KEYS[1], unpack(ARGV, i, j))
+  i = j + 1
+end
+
+local count = redis.call('HLEN', KEYS[1])
+redis.call('HSET', KEYS[2], 'epoch', epoch, 'version', version, 'leader', ARGV[6],
+           'published_at', ARGV[7], 'count', count, 'writer', writer)
+redis.call('SET', KEYS[4], ARGV[8], 'PX', ARGV[9])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[10], '*',
+           'epoch', epoch, 'version', version, 'prev', prev, 'kind', mode,
+           'leader', ARGV[6], 'published_at', ARGV[7],
+           'upserts', ARGV[11], 'removes', ARGV[12])
+return {'published', 'ok', epoch, version}
+""".replace("SLICE", str(_SLICE))
 """The Lua script behind every write; its semantics are in the module docstring."""
 
 
 class HeartbeatStatus(StrEnum):
-    """What a heartbeat found in ``P:live`` (:attr:`LivePublisher.last_heartbeat`)."""
+    """What a heartbeat found in ``P:meta`` (:attr:`LivePublisher.last_heartbeat`)."""
 
     CURRENT = "current"
-    """``P:live`` holds this publisher's last snapshot."""
+    """``P:meta`` is this publisher's last write."""
     MISSING = "missing"
-    """``P:live`` does not exist (Redis restarted empty, FLUSHALL, key deleted)."""
+    """``P:meta`` does not exist (Redis restarted empty, FLUSHALL, a fresh primary)."""
     STALE = "stale"
-    """``P:live`` exists but is not this publisher's last snapshot (an older epoch before
-    our first publish, a write whose outcome was unknown, a restore from an old dump)."""
+    """``P:meta`` is not this publisher's last write (nothing published yet in this
+    epoch, a write whose outcome was unknown, a replica that missed our writes)."""
+
+
+class _Diverged(Exception):
+    """The script refused a delta: ``P:meta`` is not the version it follows."""
 
 
 def _text(value: object) -> str:
@@ -192,8 +221,8 @@ def _text(value: object) -> str:
 
 
 def _number(value: object) -> int:
-    # Stored fence values come back as bytes or str (decode_responses), or nil.
-    if value is None:
+    # Stored values come back as bytes or str (decode_responses), or nil (False).
+    if value is None or value is False:
         return 0
     try:
         return int(_text(value))
@@ -211,17 +240,15 @@ class LivePublisher:
     """Fenced writer of one cluster's live list, for the leader of one epoch.
 
     ``epoch`` is the leader's ZooKeeper-issued monotonic number (the czxid of its
-    election node); ``leader_id`` names it in every document. ``heartbeat_ttl`` is
-    the TTL of ``P:leader`` in seconds: call :meth:`heartbeat` well within it (every
-    ttl/3, say). ``clock`` gives wall-clock seconds for the ``published_at`` and
-    ``at`` stamps. Metrics go to ``metrics`` if given (shared across terms), else to a
-    new :class:`~discovery.metrics.PublisherMetrics` on ``registry``.
+    election node); ``leader_id`` names it in every record. ``heartbeat_ttl`` is the
+    TTL of ``P:leader`` in seconds: call :meth:`heartbeat` well within it.
+    ``stream_length`` is the ``MAXLEN ~`` of ``P:changes``. ``clock`` gives wall-clock
+    seconds for the ``published_at`` and ``at`` stamps. Metrics go to ``metrics`` if
+    given (shared across terms), else to a new
+    :class:`~discovery.metrics.PublisherMetrics` on ``registry``.
 
     Calls are serialised (a lock), so concurrent callers cannot interleave versions.
-    Errors: :class:`FencedError` (deposed; stop leading), :class:`RedisUnavailableError`
-    (Redis unreachable; keep the view and retry later), :class:`RedisOperationError`
-    (an unexpected error reply), :class:`~discovery.errors.RedisAccessError` (our
-    credentials or ACL do not allow publishing; retrying cannot help).
+    Errors: see the module docstring.
     """
 
     def __init__(
@@ -232,6 +259,7 @@ class LivePublisher:
         leader_id: str,
         epoch: int,
         heartbeat_ttl: float = 5.0,
+        stream_length: int = DEFAULT_STREAM_LENGTH,
         registry: CollectorRegistry | None = None,
         metrics: PublisherMetrics | None = None,
         clock: Callable[[], float] = time.time,
@@ -240,6 +268,7 @@ class LivePublisher:
             raise ValueError(f"leader_id must be a non-empty string, got {leader_id!r}")
         if not heartbeat_ttl > 0:
             raise ValueError(f"heartbeat_ttl must be positive, got {heartbeat_ttl!r}")
+        self._stream_length = _check_number("stream_length", stream_length, 1)
         self._redis = redis
         self.keys = RedisKeys(prefix)
         self._leader_id = leader_id
@@ -253,16 +282,16 @@ class LivePublisher:
         )
         self._metrics.epoch.set(self._epoch)
         # register_script runs EVALSHA and loads the script on NOSCRIPT, so a Redis
-        # restart (which forgets loaded scripts) costs one extra round trip.
-        self._script = redis.register_script(FENCE_SCRIPT)
+        # restart or a failover (which forget loaded scripts) costs one round trip.
+        self._script = redis.register_script(PUBLISH_SCRIPT)
         # Distinguishes our own retried write from another publisher of the same epoch.
         self._writer = uuid.uuid4().hex
         self._attempted = 0  # the highest version tried; never reused
         self._version = 0  # the last version known to be written
-        # The servers of the last snapshot known to be written; None when a diff cannot
-        # be trusted to follow what readers hold (nothing published yet, or the outcome
-        # of the last write is unknown).
-        self._published: dict[str, ServiceInstance] | None = None
+        # False when a delta cannot be trusted to follow what Redis holds (nothing
+        # published yet, or the outcome of the last write is unknown).
+        self._trusted = False
+        self._count = 0
         self._fenced: FencedError | None = None
         self._last_heartbeat: HeartbeatStatus | None = None
         self._lock = asyncio.Lock()
@@ -295,7 +324,7 @@ class LivePublisher:
     # -- writes ------------------------------------------------------------------
 
     async def publish_full(self, servers: Mapping[str, ServiceInstance]) -> int:
-        """Write ``servers`` as the next version with a ``full`` event; return the version.
+        """Rewrite ``P:servers`` with ``servers`` as the next version; return it.
 
         Raises:
             FencedError: a newer epoch or version is stored; nothing was written.
@@ -303,7 +332,7 @@ class LivePublisher:
             ValueError: a key of ``servers`` is not its instance's id.
         """
         async with self._lock:
-            return await self._publish(_index(servers), None)
+            return await self._publish_full(servers)
 
     async def publish_change(
         self,
@@ -313,54 +342,39 @@ class LivePublisher:
         changed: Mapping[str, ServiceInstance],
         removed: Mapping[str, str],
     ) -> int:
-        """Write ``servers`` (the whole view after the change) with a diff event.
+        """Write the next version as a delta: only ``added``, ``changed`` and ``removed``.
 
-        The event's ``prev_version`` is the last version this publisher wrote. Its
-        lists are the exact difference between that snapshot and ``servers``, so a
-        reader applying it always ends at the snapshot: ``added`` and ``changed``
-        are checked against it (a disagreement, a bug in the caller, is logged and the
-        computed diff wins), and ``removed`` gives each removed id its reason (ids
-        without one get ``"unknown"``). Without a trusted previous snapshot (first
-        publish of this publisher, or the last write's outcome is unknown) this is a
-        full publish instead. Returns the version; raises like :meth:`publish_full`.
+        ``servers`` is the whole view after the change; it is written only if a delta
+        cannot be (the first publish of this publisher, the last write's outcome is
+        unknown, or ``P:meta`` shows Redis does not hold our last write). The caller
+        computes the delta (the leader has it from ZooKeeper's events); it is trusted,
+        not recomputed, which is what makes a change cost O(changed). ``removed``
+        maps each removed id to its reason. Returns the version; raises like
+        :meth:`publish_full`.
         """
         async with self._lock:
-            new = _index(servers)
-            old = self._published
-            if old is None:
-                return await self._publish(new, None)
-            diff_added = {k: v for k, v in new.items() if k not in old}
-            diff_changed = {k: v for k, v in new.items() if k in old and old[k] != v}
-            diff_removed = sorted(k for k in old if k not in new)
-            if (
-                set(added) != set(diff_added)
-                or not set(diff_changed) <= set(changed)
-                or not set(changed) <= set(new)
-                or set(removed) != set(diff_removed)
-            ):
-                log.warning(
-                    "diff given for epoch %d after version %d disagrees with the snapshots "
-                    "(given +%d ~%d -%d, actual +%d ~%d -%d); publishing the actual diff",
-                    self._epoch,
-                    self._version,
-                    len(added),
-                    len(changed),
-                    len(removed),
-                    len(diff_added),
-                    len(diff_changed),
-                    len(diff_removed),
+            if not self._trusted:
+                return await self._publish_full(servers)
+            upserts = {**added, **changed}
+            _check_index(upserts)
+            try:
+                return await self._write(
+                    "delta",
+                    [(k, upserts[k]) for k in sorted(upserts)],
+                    {k: str(removed[k]) for k in sorted(removed)},
+                    count=len(servers),
                 )
-            reasons = {k: str(removed.get(k, "unknown")) for k in diff_removed}
-            return await self._publish(new, (diff_added, diff_changed, reasons))
+            except _Diverged:
+                return await self._publish_full(servers)
 
     async def heartbeat(self) -> bool:
-        """Refresh ``P:leader`` (fenced by our epoch); say whether ``P:live`` is ours.
+        """Refresh ``P:leader`` (fenced by our epoch); say whether ``P:meta`` is ours.
 
-        Returns True if ``P:live`` holds this publisher's last snapshot, False if it is
-        missing (Redis restarted empty, FLUSHALL) or holds something else (nothing
-        published yet in this epoch, a write whose outcome was unknown, an old dump
-        restored): the caller then calls :meth:`publish_full`. :attr:`last_heartbeat`
-        tells which.
+        Returns True if ``P:meta`` is this publisher's last write, False if it is
+        missing (Redis restarted empty, FLUSHALL, a fresh primary) or something else
+        (nothing published yet in this epoch, a write whose outcome was unknown, a
+        replica promoted without our last writes): the caller then calls
+        :meth:`publish_full`. :attr:`last_heartbeat` tells which.
 
         Raises:
             FencedError: a newer epoch (or a newer version of our epoch) is stored.
@@ -368,44 +382,29 @@ class LivePublisher:
         """
         async with self._lock:
             self._check_not_fenced("heartbeat", self._attempted)
-            now_ms = self._now_ms()
-            heartbeat = encode_json(
-                {
-                    "leader": self._leader_id,
-                    "epoch": self._epoch,
-                    "version": self._version,
-                    "at": now_ms,
-                }
-            )
             reply = await self._run(
                 "heartbeat",
                 self._attempted,
-                [
-                    "heartbeat",
-                    str(self._epoch),
-                    str(self._attempted),
-                    self._writer,
-                    self._leader_id,
-                    heartbeat,
-                    str(self._ttl_ms),
-                ],
+                self._arguments("heartbeat", self._attempted, 0, self._now_ms(), [], {}),
             )
             try:
                 status = HeartbeatStatus(_text(reply[0]))
             except ValueError:
                 self._metrics.publishes.labels(kind="heartbeat", result="error").inc()
                 raise RedisOperationError(
-                    f"unexpected reply from the fence script: {reply!r}"
+                    f"unexpected reply from the publish script: {reply!r}"
                 ) from None
             self._metrics.publishes.labels(kind="heartbeat", result="ok").inc()
-            if status != self._last_heartbeat and status != HeartbeatStatus.CURRENT:
-                log.warning(
-                    "%s is %s (epoch %d, our version %d): a full publish is needed",
-                    self.keys.live,
-                    status.value,
-                    self._epoch,
-                    self._version,
-                )
+            if status != HeartbeatStatus.CURRENT:
+                self._trusted = False
+                if status != self._last_heartbeat:
+                    log.warning(
+                        "%s is %s (epoch %d, our version %d): a full publish is needed",
+                        self.keys.meta,
+                        status.value,
+                        self._epoch,
+                        self._version,
+                    )
             self._last_heartbeat = status
             return status == HeartbeatStatus.CURRENT
 
@@ -426,91 +425,110 @@ class LivePublisher:
                 reason=self._fenced.reason,
             )
 
-    async def _publish(
+    async def _publish_full(self, servers: Mapping[str, ServiceInstance]) -> int:
+        _check_index(servers)
+        try:
+            return await self._write("full", sorted(servers.items()), {}, count=len(servers))
+        except _Diverged:  # pragma: no cover - the script never answers so to a full
+            raise RedisOperationError("the publish script refused a full publish") from None
+
+    def _arguments(
         self,
-        servers: dict[str, ServiceInstance],
-        diff: tuple[dict[str, ServiceInstance], dict[str, ServiceInstance], dict[str, str]] | None,
-    ) -> int:
-        kind = "full" if diff is None else "diff"
-        self._check_not_fenced(kind, self._attempted + 1)
-        version = self._attempted + 1
-        self._attempted = version
-        now_ms = self._now_ms()
-        ordered = [servers[k].to_dict() for k in sorted(servers)]
-        snapshot = encode_json(
-            {
-                "epoch": self._epoch,
-                "version": version,
-                "leader": self._leader_id,
-                "published_at": now_ms,
-                "servers": ordered,
-            }
-        )
-        event: dict[str, Any] = {
-            "epoch": self._epoch,
-            "version": version,
-            "prev_version": None if diff is None else self._version,
-            "leader": self._leader_id,
-            "published_at": now_ms,
-            "full": diff is None,
-            "added": [],
-            "changed": [],
-            "removed": [],
-        }
-        if diff is not None:
-            added, changed, removed = diff
-            event["added"] = [added[k].to_dict() for k in sorted(added)]
-            event["changed"] = [changed[k].to_dict() for k in sorted(changed)]
-            event["removed"] = [{"id": k, "reason": removed[k]} for k in sorted(removed)]
+        mode: str,
+        version: int,
+        prev: int,
+        now_ms: int,
+        upserts: list[tuple[str, bytes]],
+        removes: Mapping[str, str],
+    ) -> list[str | bytes]:
         heartbeat = encode_json(
             {"leader": self._leader_id, "epoch": self._epoch, "version": version, "at": now_ms}
         )
-        # Until the reply says otherwise, readers may hold either the previous version or
-        # this one, so no diff may follow: a failure or cancellation leaves it that way.
-        self._published = None
-        reply = await self._run(
-            kind,
-            version,
-            [
-                "publish",
-                str(self._epoch),
-                str(version),
-                self._writer,
-                self._leader_id,
-                heartbeat,
-                str(self._ttl_ms),
-                self.keys.events,
-                snapshot,
-                encode_json(event),
-            ],
-        )
-        if _text(reply[0]) != "published":
-            self._metrics.publishes.labels(kind=kind, result="error").inc()
-            raise RedisOperationError(f"unexpected reply from the fence script: {reply!r}")
+        if mode == "delta":
+            # The instances' JSON is already encoded: the array is spliced, not re-encoded.
+            upserts_json = b"[" + b",".join(raw for _, raw in upserts) + b"]"
+            removes_json = encode_json([{"id": k, "reason": v} for k, v in removes.items()])
+        else:
+            upserts_json = removes_json = b"[]"
+        args: list[str | bytes] = [
+            mode,
+            str(self._epoch),
+            str(version),
+            str(prev),
+            self._writer,
+            self._leader_id,
+            str(now_ms),
+            heartbeat,
+            str(self._ttl_ms),
+            str(self._stream_length),
+            upserts_json,
+            removes_json,
+            str(len(upserts)),
+        ]
+        for instance_id, raw in upserts:
+            args += (instance_id, raw)
+        args.extend(removes)
+        return args
+
+    async def _write(
+        self,
+        mode: str,
+        upserts: list[tuple[str, ServiceInstance]],
+        removes: Mapping[str, str],
+        *,
+        count: int,
+    ) -> int:
+        self._check_not_fenced(mode, self._attempted + 1)
+        version = self._attempted + 1
+        self._attempted = version
+        prev = self._version if mode == "delta" else 0
+        encoded = [(k, instance.to_json()) for k, instance in upserts]
+        args = self._arguments(mode, version, prev, self._now_ms(), encoded, removes)
+        # Until the reply says otherwise, Redis may hold the previous version or this
+        # one, so no delta may follow: a failure or cancellation leaves it that way.
+        self._trusted = False
+        reply = await self._run(mode, version, args)
+        status = _text(reply[0])
+        if status == "diverged":
+            self._metrics.publishes.labels(kind=mode, result="diverged").inc()
+            log.warning(
+                "%s holds epoch %d version %d, not our version %d of epoch %d: Redis lost "
+                "our writes (a failover, a restart); publishing the whole list",
+                self.keys.meta,
+                _number(reply[2]),
+                _number(reply[3]),
+                self._version,
+                self._epoch,
+            )
+            raise _Diverged
+        if status != "published":
+            self._metrics.publishes.labels(kind=mode, result="error").inc()
+            raise RedisOperationError(f"unexpected reply from the publish script: {reply!r}")
         self._version = version
-        self._published = servers
-        self._metrics.publishes.labels(kind=kind, result="ok").inc()
+        self._trusted = True
+        self._count = count
+        self._metrics.publishes.labels(kind=mode, result="ok").inc()
         self._metrics.version.set(version)
-        self._metrics.snapshot_bytes.set(len(snapshot))
-        self._metrics.servers.set(len(servers))
+        written = sum(len(a) for a in args)
+        self._metrics.snapshot_bytes.set(written)
+        self._metrics.servers.set(count)
         log.debug(
-            "published %s epoch %d version %d: %d servers, %d bytes%s",
-            kind,
+            "published %s epoch %d version %d: %d servers, %d instances, %d bytes%s",
+            mode,
             self._epoch,
             version,
-            len(servers),
-            len(snapshot),
+            count,
+            len(encoded),
+            written,
             " (retried write)" if _text(reply[1]) == "duplicate" else "",
         )
         return version
 
     async def _run(self, kind: str, version: int, args: list[str | bytes]) -> list[Any]:
-        """Run the fence script; raise FencedError or a translated Redis error."""
+        """Run the publish script; raise FencedError or a translated Redis error."""
         started = time.perf_counter()
         try:
-            reply = await self._script(
-                keys=[self.keys.live, self.keys.fence, self.keys.leader], args=args
-            )
+            reply = await self._script(keys=list(self.keys.all), args=args)
         except (redis_errors.RedisError, OSError) as exc:
             self._metrics.publishes.labels(kind=kind, result="error").inc()
             error = translate_redis_error(exc)
@@ -518,9 +536,9 @@ class LivePublisher:
             raise error from exc
         finally:
             self._metrics.publish_seconds.labels(kind=kind).observe(time.perf_counter() - started)
-        if not isinstance(reply, list) or len(reply) < 4:
+        if not isinstance(reply, list) or len(reply) < 2:
             self._metrics.publishes.labels(kind=kind, result="error").inc()
-            raise RedisOperationError(f"unexpected reply from the fence script: {reply!r}")
+            raise RedisOperationError(f"unexpected reply from the publish script: {reply!r}")
         if _text(reply[0]) == "fenced":
             fenced = FencedError(
                 epoch=self._epoch,
@@ -531,17 +549,14 @@ class LivePublisher:
             )
             self._fenced = fenced
             self._metrics.publishes.labels(kind=kind, result="fenced").inc()
-            log.error("%s: %s", self.keys.live, fenced)
+            log.error("%s: %s", self.keys.meta, fenced)
             raise fenced
         return reply
 
 
-def _index(servers: Mapping[str, ServiceInstance]) -> dict[str, ServiceInstance]:
-    out: dict[str, ServiceInstance] = {}
+def _check_index(servers: Mapping[str, ServiceInstance]) -> None:
     for key, instance in servers.items():
         if not isinstance(instance, ServiceInstance):
             raise TypeError(f"servers[{key!r}] is not a ServiceInstance: {instance!r}")
         if key != instance.id:
             raise ValueError(f"servers[{key!r}] holds the instance {instance.id!r}")
-        out[key] = instance
-    return out

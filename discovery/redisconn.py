@@ -5,20 +5,40 @@ Every Redis client of the project is made by :func:`make_redis` from a
 :class:`~discovery.config.RedisConfig` (credentials, TLS), for one of two roles:
 
 * :attr:`RedisRole.READ` — every search server's
-  :class:`~discovery.livelist.LiveListReader` and ``discovery status``: GET of the
-  snapshot and the heartbeat, HMGET of the fence, PTTL of the heartbeat (status, in a
-  MULTI/EXEC), SUBSCRIBE to the events channel and PING on it. No writes.
+  :class:`~discovery.livelist.LiveListReader` and ``discovery status``: the
+  consistent load (MULTI, HGETALL of ``P:meta`` and ``P:servers``, XREVRANGE of
+  ``P:changes``, EXEC), XREAD (BLOCK) and XRANGE of the stream, HMGET of ``P:meta``,
+  GET and PTTL of the heartbeat, PING. No writes.
 * :attr:`RedisRole.PUBLISH` — the leader's :class:`~discovery.publisher.LivePublisher`:
-  EVALSHA of the fence script (SCRIPT LOAD when Redis does not know it yet, e.g. after
-  a restart), and, inside the script, GET/HMGET/EXISTS to check the fence, SET/HSET to
-  write, and PUBLISH of the event. Redis checks the commands a script runs against
-  the caller's ACL, key by key and channel by channel, so all of these are listed.
+  EVALSHA of the publish script (SCRIPT LOAD when Redis does not know it yet, e.g.
+  after a restart or a failover), and, inside the script, HMGET to check the fence,
+  DEL/HSET/HDEL/HLEN on the hashes, SET of the heartbeat and XADD to the stream. Redis
+  checks the commands a script runs against the caller's ACL, key by key, so all of
+  these are listed.
+
+Layout 1 (``--redis-layout v1``) has rules of its own:
+:func:`discovery.redis_v1.acl.reader_acl_rules_v1` and
+:func:`~discovery.redis_v1.acl.publisher_acl_rules_v1`.
 
 :func:`reader_acl_rules` and :func:`publisher_acl_rules` give exactly those
 permissions for one key prefix, in Redis 7 ACL syntax; :func:`acl_user_line` makes an
 ACL file line of them (the dev cluster's ``RedisServer(users=...)`` takes such lines,
 and ``ACL SETUSER <name> <rules>`` takes the same rules). ``+select`` is in both so
 that the URL may name a database other than 0.
+
+Three deployments, told apart by the URL's scheme (:func:`make_redis`):
+
+* ``redis://`` / ``rediss://`` / ``unix://`` — one Redis server;
+* ``redis+sentinel://h1:26379,h2:26379/<primary name>[/db]`` — a primary found through
+  Sentinel (redis-py's asyncio :class:`~redis.asyncio.sentinel.Sentinel`): every new
+  connection asks the sentinels where the primary is now, so after a failover the
+  client's next connection reaches the promoted replica. The credentials and TLS
+  options are the data servers'; the sentinels are reached with the same TLS setting
+  and no password (``sentinel auth`` is not supported);
+* ``redis+cluster://h1:p1[,h2:p2...]`` — Redis Cluster (redis-py's
+  :class:`~redis.asyncio.cluster.RedisCluster`); every key of one cluster's live list
+  shares a hash slot (``P = discovery:{<cluster>}``), so scripts and transactions run
+  on the one node that owns it.
 
 Clients connect lazily (on their first command), so building one never fails for an
 unreachable Redis; refused credentials then surface on the first command as
@@ -30,17 +50,22 @@ unreachable Redis; refused credentials then surface on the first command as
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import urllib.parse
 from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 
 from .config import ClusterConfig
+from .errors import ConfigError
 from .redislayout import RedisKeys
 
 __all__ = [
@@ -50,8 +75,10 @@ __all__ = [
     "acl_user_line",
     "credentials_for",
     "make_redis",
+    "parse_hosts",
     "publisher_acl_rules",
     "reader_acl_rules",
+    "role_rules",
 ]
 
 
@@ -68,11 +95,13 @@ class RedisRole(StrEnum):
 READER_COMMANDS: Final = (
     "get",
     "hmget",
+    "hgetall",
+    "xrevrange",
+    "xrange",
+    "xread",
     "pttl",
     "multi",
     "exec",
-    "subscribe",
-    "unsubscribe",
     "ping",
     "select",
 )
@@ -80,12 +109,13 @@ READER_COMMANDS: Final = (
 PUBLISHER_COMMANDS: Final = (
     "evalsha",
     "script|load",
-    "get",
     "hmget",
-    "exists",
-    "set",
     "hset",
-    "publish",
+    "hdel",
+    "hlen",
+    "del",
+    "set",
+    "xadd",
     "select",
 )
 
@@ -98,8 +128,8 @@ def _glob_literal(name: str) -> str:
 def reader_acl_rules(prefix: str) -> str:
     """ACL rules of the reading role for the key prefix ``prefix`` (``discovery:<cluster>``).
 
-    Read-only access (``%R~``) to the snapshot, fence and heartbeat keys, the events
-    channel, and :data:`READER_COMMANDS`; nothing that writes.
+    Read-only access (``%R~``) to the four keys of the layout and
+    :data:`READER_COMMANDS`; nothing that writes.
     """
     return _role_rules(prefix, "%R~", READER_COMMANDS)
 
@@ -107,23 +137,30 @@ def reader_acl_rules(prefix: str) -> str:
 def publisher_acl_rules(prefix: str) -> str:
     """ACL rules of the publishing role for ``prefix``: what the fence script needs.
 
-    Read-write access to the snapshot, fence and heartbeat keys, PUBLISH on the events
-    channel only, and :data:`PUBLISHER_COMMANDS`. It cannot SUBSCRIBE: a leader reads
-    the list with the reading credentials, like every search server.
+    Read-write access to the four keys of the layout and :data:`PUBLISHER_COMMANDS`.
+    It cannot XREAD: a leader reads the list with the reading credentials, like every
+    search server.
     """
     return _role_rules(prefix, "~", PUBLISHER_COMMANDS)
 
 
 def _role_rules(prefix: str, key_access: str, commands: Iterable[str]) -> str:
-    # Nothing but our three keys (read-only with "%R~"), our channel and ``commands``.
-    keys = RedisKeys(prefix)
+    # Nothing but our four keys (read-only with "%R~") and ``commands``.
+    return role_rules(key_access, RedisKeys(prefix).all, (), commands)
+
+
+def role_rules(
+    key_access: str, keys: Iterable[str], channels: Iterable[str], commands: Iterable[str]
+) -> str:
+    """ACL rules granting ``commands`` on exactly ``keys`` (with ``key_access``, ``~`` or
+    ``%R~``) and ``channels``, and nothing else."""
     return " ".join(
         [
             "resetkeys",
             "resetchannels",
             "-@all",
-            *(f"{key_access}{_glob_literal(k)}" for k in (keys.live, keys.fence, keys.leader)),
-            f"&{_glob_literal(keys.events)}",
+            *(f"{key_access}{_glob_literal(k)}" for k in keys),
+            *(f"&{_glob_literal(c)}" for c in channels),
             *(f"+{command}" for command in commands),
         ]
     )
@@ -174,15 +211,88 @@ def _url_without_credentials(url: str, tls: bool) -> str:
     return urllib.parse.urlunsplit(parts._replace(scheme=scheme, netloc=netloc))
 
 
+_WHERE: Final = "--redis / DISCOVERY_REDIS_URL"
+
+
+def parse_hosts(netloc: str) -> list[tuple[str, int]]:
+    """``h1:p1,h2:p2`` (credentials already removed) as ``[(h1, p1), (h2, p2)]``.
+
+    Raises:
+        ConfigError: an empty list, a missing or bad port.
+    """
+    hosts: list[tuple[str, int]] = []
+    for item in netloc.split(","):
+        host, _, port = item.strip().rpartition(":")
+        host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{_WHERE}: {item!r} is not host:port")
+        hosts.append((host, int(port)))
+    if not hosts:
+        raise ConfigError(f"{_WHERE}: no host:port given")
+    return hosts
+
+
+class _SentinelRedis(aioredis.Redis):
+    """The primary's client, which also closes the sentinels' clients it was made with."""
+
+    _sentinel: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        try:
+            await super().aclose(close_connection_pool)
+        finally:
+            sentinel, self._sentinel = self._sentinel, None
+            if sentinel is not None:
+                with contextlib.suppress(redis_errors.RedisError, OSError):
+                    await sentinel.aclose()
+
+
+def _sentinel_client(url: str, kwargs: dict[str, Any]) -> aioredis.Redis:
+    parts = urllib.parse.urlsplit(url)
+    hosts = parse_hosts(parts.netloc.rpartition("@")[2])
+    path = [p for p in parts.path.split("/") if p]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ConfigError(
+            f"{_WHERE}: a Sentinel URL names the primary and optionally a database: "
+            "redis+sentinel://host:port[,host:port...]/<primary name>[/db]"
+        )
+    name, db = path[0], int(path[1]) if len(path) == 2 else 0
+    # The sentinels: the same TLS and socket settings, not the data servers' password.
+    sentinel_kwargs = {
+        k: v for k, v in kwargs.items() if k.startswith(("socket_", "ssl")) or k == "retry"
+    }
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    client = sentinel.master_for(name, redis_class=_SentinelRedis, db=db, **kwargs)
+    assert isinstance(client, _SentinelRedis)
+    client._sentinel = sentinel
+    return client
+
+
+def _cluster_client(url: str, kwargs: dict[str, Any]) -> aioredis.Redis:
+    parts = urllib.parse.urlsplit(url)
+    hosts = parse_hosts(parts.netloc.rpartition("@")[2])
+    if parts.path.strip("/") not in ("", "0"):
+        raise ConfigError(f"{_WHERE}: Redis Cluster has only database 0")
+    kwargs.pop("db", None)
+    client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in hosts], **kwargs)
+    # RedisCluster is no Redis subclass but offers every command the live list uses
+    # (hashes, streams, EVALSHA, single-slot MULTI/EXEC) with the same signatures.
+    return cast(aioredis.Redis, client)
+
+
 def make_redis(
     cluster: ClusterConfig, *, role: RedisRole = RedisRole.READ, **options: Any
 ) -> aioredis.Redis:
     """An asyncio Redis client for ``role`` with the cluster's URL, credentials and TLS.
 
+    The URL's scheme picks one server, Sentinel or Redis Cluster (module docstring).
     ``options`` are passed to redis-py (timeouts, retry policy, ``decode_responses``)
     and win over what the configuration gives. No I/O happens here: the client connects
     (and authenticates) on its first command, so a Redis that is down or refuses us is
     reported there, not at construction. The caller owns the client (``aclose()``).
+
+    Raises:
+        ConfigError: a Sentinel or Cluster URL without usable hosts or primary name.
     """
     settings = cluster.redis
     tls = settings.uses_tls(cluster.redis_url)
@@ -207,4 +317,11 @@ def make_redis(
     # and keep them from noticing that Redis is back.
     kwargs["retry"] = Retry(ExponentialBackoff(cap=0.1, base=0.02), 1)
     kwargs.update(options)
+    scheme = urllib.parse.urlsplit(cluster.redis_url).scheme
+    if tls and "+" in scheme:
+        kwargs["ssl"] = True  # from_url infers it from rediss://; these are built directly
+    if scheme.endswith("+sentinel"):
+        return _sentinel_client(cluster.redis_url, kwargs)
+    if scheme.endswith("+cluster"):
+        return _cluster_client(cluster.redis_url, kwargs)
     return aioredis.Redis.from_url(_url_without_credentials(cluster.redis_url, tls), **kwargs)

@@ -1,48 +1,60 @@
-"""The Redis contract of the live list, layout version 1: key names, documents, errors.
+"""The Redis contract of the live list, layout version 2: key names, records, errors.
 
 Everything that writes or reads the list in Redis spells it through this module: the
-writer (:mod:`discovery.publisher`), the reader (:mod:`discovery.livelist`),
-``discovery status`` and the chaos run. Under the key prefix ``P``
-(``discovery:<cluster>``, :attr:`~discovery.config.ClusterConfig.redis_prefix`):
+writer (:mod:`discovery.publisher`), the follower (:mod:`discovery.livelist`),
+:meth:`~discovery.redisstore.RedisLiveStore.read`, ``discovery status`` and the chaos
+run. Under the key prefix ``P`` (``discovery:{<cluster>}``,
+:attr:`~discovery.config.ClusterConfig.redis_prefix`; the braces are a Redis Cluster
+hash tag, so every key of one cluster lives in one slot and one script may touch them
+all, on a single Redis, behind Sentinel or on Redis Cluster):
 
-* ``P:live`` — the whole list, one JSON string:
-  ``{"epoch":E,"version":V,"leader":"<id>","published_at":<ms>,"servers":[...]}``
-  with ``servers`` sorted by id, each a ServiceInstance in Curator's layout
-  (:meth:`~discovery.instance.ServiceInstance.to_dict`). Draining servers are
-  included (``payload.state`` ``draining``, ``enabled`` false); readers route only
-  to :attr:`~discovery.instance.ServiceInstance.routable` instances.
-* ``P:events`` — a pub/sub channel; one message per accepted publish:
-  ``{"epoch":E,"version":V,"prev_version":V0|null,"leader":"<id>","published_at":<ms>,
-  "full":bool,"added":[...],"changed":[...],"removed":[{"id":..,"reason":..}]}``.
-  ``full: true`` (``prev_version`` null, empty lists) says "a whole new snapshot was
-  written: refetch ``P:live``"; otherwise the message is a diff that turns exactly
-  version ``prev_version`` of the same epoch into version ``V``.
-* ``P:leader`` — the heartbeat, ``{"leader":"<id>","epoch":E,"version":V,"at":<ms>}``,
-  written with a TTL (``SET PX``), so readers can tell that nobody is publishing.
-* ``P:fence`` — **internal**: a hash ``{epoch, version, writer, leader}`` kept in step
-  with ``P:live`` by the fence script (:data:`discovery.publisher.FENCE_SCRIPT`), so
-  the fence check never decodes a multi-megabyte snapshot.
+* ``P:servers`` — a HASH: field = instance id, value = that instance's JSON in
+  Curator's layout (:meth:`~discovery.instance.ServiceInstance.to_json`). Draining
+  and disabled servers are listed; readers route only to
+  :attr:`~discovery.instance.ServiceInstance.routable` instances.
+* ``P:meta`` — a HASH: ``epoch``, ``version``, ``leader``, ``published_at`` (ms),
+  ``count`` (fields of ``P:servers``), and ``writer``, an internal token of the
+  publisher object that wrote last (it makes a retried write recognisable).
+* ``P:changes`` — a STREAM, one entry per accepted publish, with the fields
+  ``epoch``, ``version``, ``prev`` (the version of the same epoch this entry follows;
+  0 for a full publish), ``kind`` (``full`` | ``delta``), ``leader``,
+  ``published_at``, ``upserts`` (a JSON array of instances added or changed) and
+  ``removes`` (a JSON array of ``{"id", "reason"}``). A ``full`` entry carries no
+  instances: it says "``P:servers`` was rewritten, load it". Trimmed with
+  ``MAXLEN ~`` to a bounded length.
+* ``P:leader`` — the heartbeat, ``{"leader","epoch","version","at"}`` JSON written
+  with a TTL (``SET PX``), so readers can tell that nobody is publishing.
 
-Documents are compact UTF-8 JSON (:func:`encode_json`); decoders
-(:func:`parse_snapshot`, :func:`parse_event`, :func:`parse_heartbeat`,
-:func:`parse_fence`) accept any bytes and report what they cannot use as
-:class:`~discovery.errors.MalformedLiveListError` (or, for the heartbeat, in the value),
-never another exception. redis-py errors become our tree through
+Every write is one fenced Lua call (:data:`discovery.publisher.PUBLISH_SCRIPT`):
+refused when its epoch is lower than ``P:meta``'s, or its version does not advance
+within the epoch. Readers load ``P:servers``, ``P:meta`` and the last stream id in
+one MULTI/EXEC (:func:`load`), then follow ``P:changes`` from that id; an
+entry whose ``prev`` is not the version they hold, or a new epoch, means load again.
+
+Decoders (:func:`parse_meta`, :func:`parse_servers`, :func:`parse_change`,
+:func:`parse_heartbeat`) accept whatever Redis returns and report what they cannot
+use as :class:`~discovery.errors.MalformedLiveListError` (or in the value), never
+another exception. redis-py errors become our tree through
 :func:`translate_redis_error`.
+
+Layout version 1 (``P:live`` + pub/sub ``P:events``) is :mod:`discovery.redis_v1`,
+kept for one release behind ``--redis-layout v1``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
+import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
 from .errors import (
     InvalidInstanceError,
     MalformedLiveListError,
+    PayloadTooLargeError,
     RedisAccessError,
     RedisAuthError,
     RedisOperationError,
@@ -50,27 +62,33 @@ from .errors import (
     RedisUnavailableError,
 )
 from .instance import ServiceInstance
-from .store import LiveList
 
 __all__ = [
-    "ChangeEvent",
+    "FIRST_STREAM_ID",
+    "ChangeEntry",
     "Heartbeat",
+    "Loaded",
+    "Meta",
     "RedisKeys",
     "encode_json",
-    "parse_event",
-    "parse_fence",
+    "load",
+    "parse_change",
     "parse_heartbeat",
-    "parse_snapshot",
+    "parse_meta",
+    "parse_servers",
     "short_repr",
     "translate_redis_error",
 ]
 
 _LOG_LIMIT: Final = 200
 
+FIRST_STREAM_ID: Final = "0-0"
+"""The stream id before every entry: follow from here when nothing was loaded."""
+
 
 @dataclass(frozen=True)
 class RedisKeys:
-    """The Redis names of one cluster's live list, from its key prefix."""
+    """The Redis names of one cluster's live list (layout 2), from its key prefix."""
 
     prefix: str
 
@@ -81,14 +99,19 @@ class RedisKeys:
             )
 
     @property
-    def live(self) -> str:
-        """The snapshot (a JSON string)."""
-        return f"{self.prefix}:live"
+    def servers(self) -> str:
+        """The hash of instances by id."""
+        return f"{self.prefix}:servers"
 
     @property
-    def events(self) -> str:
-        """The pub/sub channel of change events."""
-        return f"{self.prefix}:events"
+    def meta(self) -> str:
+        """The hash ``{epoch, version, leader, published_at, count, writer}``."""
+        return f"{self.prefix}:meta"
+
+    @property
+    def changes(self) -> str:
+        """The stream of publishes."""
+        return f"{self.prefix}:changes"
 
     @property
     def leader(self) -> str:
@@ -96,9 +119,53 @@ class RedisKeys:
         return f"{self.prefix}:leader"
 
     @property
-    def fence(self) -> str:
-        """Internal: the hash ``{epoch, version, writer, leader}`` of the stored snapshot."""
-        return f"{self.prefix}:fence"
+    def all(self) -> tuple[str, str, str, str]:
+        """Every key, in the order the publish script takes them."""
+        return (self.servers, self.meta, self.changes, self.leader)
+
+
+@dataclass(frozen=True)
+class Meta:
+    """``P:meta``: which list ``P:servers`` holds, and who wrote it."""
+
+    epoch: int
+    version: int
+    leader: str
+    published_at: int
+    count: int
+    writer: str = ""
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return (self.epoch, self.version)
+
+
+@dataclass(frozen=True)
+class ChangeEntry:
+    """One entry of ``P:changes``.
+
+    A ``delta`` turns version ``prev`` of ``epoch`` into ``version``: ``upserts`` are
+    added or replaced, ``removes`` (id, reason) taken out. A ``full`` entry says the
+    whole list was rewritten; it has no instances.
+    """
+
+    stream_id: str
+    epoch: int
+    version: int
+    prev: int
+    kind: str
+    leader: str
+    published_at: int
+    upserts: tuple[ServiceInstance, ...]
+    removes: tuple[tuple[str, str], ...]
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return (self.epoch, self.version)
+
+    @property
+    def full(self) -> bool:
+        return self.kind == "full"
 
 
 @dataclass(frozen=True)
@@ -123,22 +190,6 @@ class Heartbeat:
         }
 
 
-@dataclass(frozen=True)
-class ChangeEvent:
-    """One message of ``P:events``: a diff that turns ``prev_version`` of the same epoch
-    into ``version`` (``upserts`` added or changed, ``removed`` ids), or, when ``full``,
-    the notice that a whole new snapshot was written."""
-
-    epoch: int
-    version: int
-    prev_version: int | None
-    leader: str
-    published_at: int
-    full: bool
-    upserts: tuple[ServiceInstance, ...]
-    removed: tuple[str, ...]
-
-
 _UNAVAILABLE = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
@@ -158,18 +209,22 @@ _AUTH_FAILED = (
 )
 # A command refused by the ACL inside a script is no NOPERM reply in Redis 7.0 but an
 # ERR naming the script ("The user executing the script can't run this command ...",
-# "... can't access at least one of the keys ...", "... can't publish to the channel");
-# later versions say "no permissions". Matched on the text, as redis-py has no class.
+# "... can't access at least one of the keys ..."); later versions say "no
+# permissions". Matched on the text, as redis-py has no class.
 _SCRIPT_ACL_DENIALS = ("the user executing the script can't", "no permissions to")
+# A replica promoted while a write was on its way, or a cluster slot on the move: the
+# same write succeeds on the new owner, so these are outages, not bugs.
+_TRANSIENT_REPLIES = ("readonly ", "moved ", "ask ", "tryagain", "clusterdown", "loading ")
 
 
 def translate_redis_error(exc: BaseException) -> RedisOperationError | RedisAccessError:
     """Map a redis-py (or socket) error onto our tree; the caller chains the original.
 
-    Connection loss, timeouts, a server still loading its data or a read-only replica
-    become :class:`RedisUnavailableError`; refused credentials
+    Connection loss, timeouts, a server still loading its data, a read-only replica
+    (a failover in progress) or no known primary become
+    :class:`RedisUnavailableError`; refused credentials
     :class:`~discovery.errors.RedisAuthError` and an ACL refusal (NOPERM, also from
-    within the fence script) :class:`~discovery.errors.RedisPermissionError`, both
+    within a script) :class:`~discovery.errors.RedisPermissionError`, both
     :class:`~discovery.errors.RedisAccessError`, which retrying cannot fix; anything
     else (an unexpected error reply) :class:`RedisOperationError`.
     """
@@ -178,19 +233,23 @@ def translate_redis_error(exc: BaseException) -> RedisOperationError | RedisAcce
         return RedisAuthError(
             f"Redis refused our credentials ({exc}); check the Redis user and password"
         )
+    text = str(exc).lower()
     if isinstance(exc, redis_errors.NoPermissionError) or (
         isinstance(exc, redis_errors.ResponseError)
-        and any(text in str(exc).lower() for text in _SCRIPT_ACL_DENIALS)
+        and any(denial in text for denial in _SCRIPT_ACL_DENIALS)
     ):
         return RedisPermissionError(
             f"Redis ACL refused the command ({exc}); the Redis user lacks a permission"
         )
-    if isinstance(exc, _UNAVAILABLE):
+    if isinstance(exc, _UNAVAILABLE) or (
+        isinstance(exc, redis_errors.ResponseError)
+        and any(reply in text for reply in _TRANSIENT_REPLIES)
+    ):
         return RedisUnavailableError(message)
     return RedisOperationError(message)
 
 
-def encode_json(document: Mapping[str, Any]) -> bytes:
+def encode_json(document: Mapping[str, Any] | Sequence[Any]) -> bytes:
     """Compact UTF-8 JSON, as every document of the Redis layout is written."""
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
         "utf-8"
@@ -207,127 +266,174 @@ def _malformed(message: str, position: tuple[int, int] | None = None) -> NoRetur
     raise MalformedLiveListError(message, position)
 
 
-def _reject_constant(token: str) -> NoReturn:
-    _malformed(f"{token} is not valid JSON")
-
-
-def _decode(raw: bytes | str, what: str) -> dict[str, Any]:
-    try:
-        document = json.loads(raw, parse_constant=_reject_constant)
-    except MalformedLiveListError:
-        raise
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, too deep
-        _malformed(f"{what} is not valid JSON: {exc}")
-    if not isinstance(document, dict):
-        _malformed(f"{what} is not a JSON object")
-    return document
-
-
-def _integer(document: Mapping[str, Any], key: str, what: str, low: int = 0) -> int:
-    value = document.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        _malformed(f"{what}: {key} must be an integer >= {low}, got {short_repr(value)}")
-    return value
-
-
-def parse_snapshot(raw: bytes | str) -> tuple[LiveList, list[str]]:
-    """Decode ``P:live``; returns the list and the problems of skipped server entries.
-
-    A malformed server entry is skipped alone (one entry a reader cannot decode must not
-    freeze routing on an old list).
-
-    Raises:
-        MalformedLiveListError: the document itself is not a snapshot of the layout.
-    """
-    document = _decode(raw, "snapshot")
-    epoch = _integer(document, "epoch", "snapshot")
-    version = _integer(document, "version", "snapshot")
-    position = (epoch, version)
-    leader = document.get("leader")
-    if not isinstance(leader, str):
-        _malformed(f"snapshot: leader must be a string, got {short_repr(leader)}", position)
-    published_at = _integer(document, "published_at", "snapshot")
-    entries = document.get("servers")
-    if not isinstance(entries, list):
-        _malformed(f"snapshot: servers must be an array, got {short_repr(entries)}", position)
-    servers: dict[str, ServiceInstance] = {}
-    problems: list[str] = []
-    for index, entry in enumerate(entries):
+def _text(value: object) -> str | None:
+    if isinstance(value, bytes):
         try:
-            instance = ServiceInstance.from_dict(entry)
-        except InvalidInstanceError as exc:
-            problems.append(f"servers[{index}]: {exc}")
-            continue
-        if instance.id in servers:
-            problems.append(f"servers[{index}]: duplicate id {instance.id!r}")
-            continue
-        servers[instance.id] = instance
-    return LiveList(epoch, version, leader, published_at, servers), problems
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return value if isinstance(value, str) else None
 
 
-def parse_event(raw: bytes | str) -> ChangeEvent:
-    """Decode one ``P:events`` message.
+def _field(fields: Mapping[Any, Any], name: str) -> object:
+    # redis-py gives bytes keys unless the client decodes responses.
+    value = fields.get(name.encode())
+    return fields.get(name) if value is None else value
+
+
+def _natural(fields: Mapping[Any, Any], name: str, what: str, low: int = 0) -> int:
+    text = _text(_field(fields, name))
+    if text is None or not text.isascii() or not text.isdigit() or int(text) < low:
+        _malformed(f"{what}: {name} must be an integer >= {low}, got {short_repr(text)}")
+    return int(text)
+
+
+def parse_meta(fields: Mapping[Any, Any]) -> Meta | None:
+    """Decode ``HGETALL P:meta``; None when the hash is empty (nothing published).
 
     Raises:
-        MalformedLiveListError: not an event of the layout, or an entry that is not a
-            valid ServiceInstance (applying the rest would give a list no version had);
-            ``position`` is set when the epoch and version were readable.
+        MalformedLiveListError: ``epoch`` or ``version`` is missing or not a number.
     """
-    document = _decode(raw, "event")
-    epoch = _integer(document, "epoch", "event")
-    version = _integer(document, "version", "event", low=1)
-    position = (epoch, version)
-    try:
-        full = document.get("full")
-        if not isinstance(full, bool):
-            _malformed(f"full must be a boolean, got {short_repr(full)}")
-        prev = document.get("prev_version")
-        if prev is not None and (isinstance(prev, bool) or not isinstance(prev, int)):
-            _malformed(f"prev_version must be an integer or null, got {short_repr(prev)}")
-        if not full and prev is None:
-            _malformed("a diff event needs a prev_version")
-        leader = document.get("leader")
-        if not isinstance(leader, str):
-            _malformed(f"leader must be a string, got {short_repr(leader)}")
-        published_at = _integer(document, "published_at", "event")
-        upserts: list[ServiceInstance] = []
-        for key in ("added", "changed"):
-            entries = document.get(key, [])
-            if not isinstance(entries, list):
-                _malformed(f"{key} must be an array, got {short_repr(entries)}")
-            for entry in entries:
-                try:
-                    upserts.append(ServiceInstance.from_dict(entry))
-                except InvalidInstanceError as exc:
-                    # Applying the rest would leave us with a list no version ever had.
-                    _malformed(f"{key}: {exc}")
-        removed: list[str] = []
-        entries = document.get("removed", [])
-        if not isinstance(entries, list):
-            _malformed(f"removed must be an array, got {short_repr(entries)}")
-        for entry in entries:
-            rid = entry.get("id") if isinstance(entry, dict) else None
-            if not isinstance(rid, str):
-                _malformed(f"removed entries must be objects with an id, got {short_repr(entry)}")
-            removed.append(rid)
-    except MalformedLiveListError as exc:
-        raise MalformedLiveListError(
-            f"event epoch {epoch} version {version}: {exc}", position
-        ) from None
-    return ChangeEvent(
-        epoch, version, prev, leader, published_at, full, tuple(upserts), tuple(removed)
+    if not fields:
+        return None
+    epoch = _natural(fields, "epoch", "meta")
+    version = _natural(fields, "version", "meta")
+    published_at = _natural(fields, "published_at", "meta") if _field(fields, "published_at") else 0
+    count = _natural(fields, "count", "meta") if _field(fields, "count") else 0
+    return Meta(
+        epoch,
+        version,
+        _text(_field(fields, "leader")) or "",
+        published_at,
+        count,
+        _text(_field(fields, "writer")) or "",
     )
 
 
-def parse_fence(stored: list[Any]) -> tuple[int, int] | None:
-    """``(epoch, version)`` from ``HMGET P:fence epoch version``; None if unusable."""
-    if len(stored) != 2 or stored[0] is None or stored[1] is None:
-        return None
+def parse_servers(fields: Mapping[Any, Any]) -> tuple[dict[str, ServiceInstance], list[str]]:
+    """Decode ``HGETALL P:servers``: the instances by id, and the problems of those skipped.
+
+    A malformed entry (bad JSON, not an instance, an id that is not its field) is
+    skipped alone: one entry a reader cannot decode must not freeze routing on an old
+    list.
+    """
+    servers: dict[str, ServiceInstance] = {}
+    problems: list[str] = []
+    for raw_id, raw in fields.items():
+        instance_id = _text(raw_id)
+        if instance_id is None:
+            problems.append(f"field {short_repr(raw_id)}: not UTF-8")
+            continue
+        try:
+            instance = ServiceInstance.from_json(raw)
+        except (InvalidInstanceError, PayloadTooLargeError) as exc:
+            problems.append(f"{instance_id}: {exc}")
+            continue
+        if instance.id != instance_id:
+            problems.append(f"{instance_id}: holds the instance {instance.id!r}")
+            continue
+        servers[instance_id] = instance
+    return servers, problems
+
+
+def _json_array(raw: object, name: str) -> list[Any]:
+    text = _text(raw)
+    if text is None:
+        _malformed(f"{name} is missing or not UTF-8")
     try:
-        epoch, version = (int(v.decode() if isinstance(v, bytes) else v) for v in stored)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return (epoch, version)
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        _malformed(f"{name} is not valid JSON: {exc}")
+    if not isinstance(value, list):
+        _malformed(f"{name} must be a JSON array, got {short_repr(value)}")
+    return value
+
+
+def parse_change(stream_id: object, fields: Mapping[Any, Any]) -> ChangeEntry:
+    """Decode one ``P:changes`` entry.
+
+    Raises:
+        MalformedLiveListError: not an entry of the layout, or an instance that is not
+            valid (applying the rest would give a list no version had); ``position``
+            is set when the epoch and version were readable.
+    """
+    sid = _text(stream_id) or ""
+    epoch = _natural(fields, "epoch", "change")
+    version = _natural(fields, "version", "change", low=1)
+    position = (epoch, version)
+    try:
+        kind = _text(_field(fields, "kind"))
+        if kind not in ("full", "delta"):
+            _malformed(f"kind must be full or delta, got {short_repr(kind)}")
+        prev = _natural(fields, "prev", "change")
+        if kind == "delta" and prev >= version:
+            _malformed(f"a delta must follow an earlier version, got prev {prev}")
+        published_at = _natural(fields, "published_at", "change")
+        upserts: list[ServiceInstance] = []
+        removes: list[tuple[str, str]] = []
+        if kind == "delta":
+            for entry in _json_array(_field(fields, "upserts"), "upserts"):
+                try:
+                    upserts.append(ServiceInstance.from_dict(entry))
+                except InvalidInstanceError as exc:
+                    _malformed(f"upserts: {exc}")
+            for entry in _json_array(_field(fields, "removes"), "removes"):
+                rid = entry.get("id") if isinstance(entry, dict) else None
+                if not isinstance(rid, str):
+                    _malformed(
+                        f"removes entries must be objects with an id, got {short_repr(entry)}"
+                    )
+                reason = entry.get("reason")
+                removes.append((rid, reason if isinstance(reason, str) else "unknown"))
+    except MalformedLiveListError as exc:
+        raise MalformedLiveListError(
+            f"change {sid} (epoch {epoch} version {version}): {exc}", position
+        ) from None
+    return ChangeEntry(
+        sid,
+        epoch,
+        version,
+        prev,
+        kind,
+        _text(_field(fields, "leader")) or "",
+        published_at,
+        tuple(upserts),
+        tuple(removes),
+    )
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What :func:`load` read in one step: ``meta`` (None if nothing is published), the
+    decoded ``servers``, the ``problems`` of entries skipped, and ``stream_id``, the
+    id of the last entry of ``P:changes`` then (follow from the one after it)."""
+
+    meta: Meta | None
+    servers: dict[str, ServiceInstance]
+    problems: list[str]
+    stream_id: str
+
+
+async def load(redis: aioredis.Redis, keys: RedisKeys) -> Loaded:
+    """Read ``P:meta``, ``P:servers`` and the last stream id consistently (MULTI/EXEC).
+
+    One transaction is atomic on a single Redis, behind Sentinel and, as every key of
+    a cluster shares one hash slot, on Redis Cluster. Read-only: a reader needs no
+    write permission and it may run on a replica.
+
+    Raises:
+        redis.exceptions.RedisError, OSError: Redis failed (the caller translates).
+        MalformedLiveListError: ``P:meta`` is not a meta record of the layout.
+    """
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hgetall(keys.meta)
+        pipe.hgetall(keys.servers)
+        pipe.xrevrange(keys.changes, count=1)
+        meta_fields, server_fields, last = await pipe.execute()
+    meta = parse_meta(meta_fields)
+    servers, problems = parse_servers(server_fields)
+    stream_id = _text(last[0][0]) if last else None
+    return Loaded(meta, servers, problems, stream_id or FIRST_STREAM_ID)
 
 
 def _optional_int(document: Mapping[str, Any], key: str) -> int | None:

@@ -1,13 +1,19 @@
-"""The default live-list store: Redis, in the layout of :mod:`discovery.redislayout`.
+"""The default live-list store: Redis, in layout 2 (:mod:`discovery.redislayout`).
 
 :class:`RedisLiveStore` implements :class:`~discovery.store.LiveListStore` with the
-pieces that already speak that layout: each term's publisher is a
-:class:`~discovery.publisher.LivePublisher` (one Lua script fences every write), each
-follower a :class:`~discovery.livelist.LiveListReader` (pub/sub events, snapshot
-refetches, reconciliation). The store holds what those share for the life of a
-process: the clients, the key prefix, the heartbeat TTL and reconcile interval, and one
-set of metrics on the registry given (a registry refuses a second registration, and a
-search server leads many terms).
+pieces that speak that layout: each term's publisher is a
+:class:`~discovery.publisher.LivePublisher` (one Lua script fences every write and
+writes only what changed), each follower a :class:`~discovery.livelist.LiveListReader`
+(a consistent load, then the change stream). The store holds what those share for the
+life of a process: the clients, the key prefix, the heartbeat TTL, the stream length
+and reconcile interval, and one set of metrics on the registry given (a registry
+refuses a second registration, and a search server leads many terms).
+
+The clients may be plain, Sentinel-managed (``redis+sentinel://``: the store follows
+a failover, and the leader republishes in full when the new primary lacks its last
+write) or Redis Cluster clients (``redis+cluster://``: every key of a cluster shares
+one hash slot); :func:`~discovery.redisconn.make_redis` builds the right one from the
+URL. :class:`~discovery.redis_v1.RedisLiveStoreV1` is layout 1, for one release.
 
 Two clients, two roles (:mod:`discovery.redisconn`): followers read with ``redis``,
 publishers write with ``publish_redis`` (default: the same client), so a cluster can
@@ -32,16 +38,16 @@ from .config import ClusterConfig
 from .errors import ConfigError
 from .livelist import LiveListReader
 from .metrics import LiveListMetrics, PublisherMetrics
-from .publisher import LivePublisher
+from .publisher import DEFAULT_STREAM_LENGTH, LivePublisher
 from .redisconn import RedisRole, make_redis
-from .redislayout import RedisKeys, parse_snapshot, translate_redis_error
+from .redislayout import RedisKeys, load, translate_redis_error
 from .store import LiveList
 
 __all__ = ["RedisLiveStore"]
 
 
 class RedisLiveStore:
-    """One cluster's live list in Redis (layout version 1).
+    """One cluster's live list in Redis (layout 2).
 
     Args:
         redis: the reading client (followers, :meth:`read`).
@@ -49,7 +55,9 @@ class RedisLiveStore:
         publish_redis: the client publishers write with; default ``redis``.
         read_only: refuse :meth:`publisher` (a search server that never leads).
         heartbeat_ttl: TTL of ``P:leader`` in seconds; a leader beats well within it.
-        reconcile_interval: how often a follower checks its version against the fence.
+        reconcile_interval: how long a follower that heard nothing waits before it
+            checks its version against ``P:meta``.
+        stream_length: ``MAXLEN ~`` of the change stream.
         registry: where the publisher's and followers' metrics go (a fresh one if None).
         clock: wall-clock seconds for ``published_at`` and the heartbeat's ``at``.
     """
@@ -62,7 +70,8 @@ class RedisLiveStore:
         publish_redis: aioredis.Redis | None = None,
         read_only: bool = False,
         heartbeat_ttl: float = 5.0,
-        reconcile_interval: float = 30.0,
+        reconcile_interval: float = 5.0,
+        stream_length: int = DEFAULT_STREAM_LENGTH,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -77,6 +86,7 @@ class RedisLiveStore:
         )
         self._heartbeat_ttl = heartbeat_ttl
         self._reconcile_interval = reconcile_interval
+        self._stream_length = stream_length
         self._clock = clock
         registry = registry if registry is not None else CollectorRegistry()
         self._follower_metrics = LiveListMetrics(registry)
@@ -90,7 +100,8 @@ class RedisLiveStore:
         *,
         read_only: bool = False,
         heartbeat_ttl: float = 5.0,
-        reconcile_interval: float = 30.0,
+        reconcile_interval: float = 5.0,
+        stream_length: int = DEFAULT_STREAM_LENGTH,
         registry: CollectorRegistry | None = None,
         socket_timeout: float = 2.0,
     ) -> RedisLiveStore:
@@ -118,6 +129,7 @@ class RedisLiveStore:
             read_only=read_only,
             heartbeat_ttl=heartbeat_ttl,
             reconcile_interval=reconcile_interval,
+            stream_length=stream_length,
             registry=registry,
         )
         store._owned = [redis] if publish_redis is None else [redis, publish_redis]
@@ -144,26 +156,28 @@ class RedisLiveStore:
             leader_id=leader_id,
             epoch=epoch,
             heartbeat_ttl=self._heartbeat_ttl,
+            stream_length=self._stream_length,
             metrics=self._publisher_metrics,
             clock=self._clock,
         )
 
     async def read(self) -> LiveList | None:
-        """``P:live`` now, decoded; None if absent. Skipped server entries are left out.
+        """The stored list now, loaded consistently; None if nothing is published.
+        Server entries that cannot be decoded are left out.
 
         Raises:
             RedisOperationError: Redis failed (:class:`RedisUnavailableError` if
                 unreachable); :class:`~discovery.errors.RedisAccessError` if refused.
-            MalformedLiveListError: ``P:live`` is not a snapshot of the layout.
+            MalformedLiveListError: ``P:meta`` is not a meta record of the layout.
         """
         try:
-            raw = await self._redis.get(self.keys.live)
+            loaded = await load(self._redis, self.keys)
         except (redis_errors.RedisError, OSError) as exc:
             raise translate_redis_error(exc) from exc
-        if raw is None:
+        meta = loaded.meta
+        if meta is None:
             return None
-        live, _skipped = parse_snapshot(raw)
-        return live
+        return LiveList(meta.epoch, meta.version, meta.leader, meta.published_at, loaded.servers)
 
     def follower(self) -> LiveListReader:
         """A new :class:`~discovery.livelist.LiveListReader` (start it, or ``async with``)."""

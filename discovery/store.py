@@ -25,16 +25,24 @@ not an edit of the leader or the search server.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar, Protocol, Self, runtime_checkable
 
+import immutables
+
 from .instance import ServiceInstance
 
-__all__ = ["LiveList", "LiveListFollower", "LiveListPublisher", "LiveListStore"]
+__all__ = [
+    "LiveList",
+    "LiveListChange",
+    "LiveListFollower",
+    "LiveListPublisher",
+    "LiveListStore",
+]
 
-_EMPTY_SERVERS: Mapping[str, ServiceInstance] = MappingProxyType({})
+_EMPTY_SERVERS: immutables.Map[str, ServiceInstance] = immutables.Map()
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,11 @@ class LiveList:
 
     ``published_at`` is the leader's wall clock in milliseconds. Draining and disabled
     servers are listed; :attr:`routable` gives the ones to send queries to.
+
+    ``servers`` is an immutable map (a HAMT, :class:`immutables.Map`), so the next
+    version is made from this one in time and memory proportional to the change
+    (:meth:`apply`), sharing everything else: a change to one of 50,000 servers does
+    not copy the other 49,999.
     """
 
     epoch: int
@@ -57,8 +70,34 @@ class LiveList:
     """Nothing published yet: epoch 0, version 0, no servers."""
 
     def __post_init__(self) -> None:
-        # A private read-only copy: the caller's mapping cannot change the list later.
-        object.__setattr__(self, "servers", MappingProxyType(dict(self.servers)))
+        # A private immutable copy (none needed if it already is one): the caller's
+        # mapping cannot change the list later.
+        if not isinstance(self.servers, immutables.Map):
+            object.__setattr__(self, "servers", immutables.Map(self.servers))
+
+    def apply(
+        self,
+        *,
+        epoch: int,
+        version: int,
+        leader: str,
+        published_at: int,
+        upserts: Iterable[ServiceInstance] = (),
+        removes: Iterable[str] = (),
+    ) -> LiveList:
+        """The next list: this one with ``removes`` taken out and ``upserts`` put in.
+
+        O(changed): the map of servers is shared with this list, not copied.
+        """
+        servers = self.servers
+        assert isinstance(servers, immutables.Map)
+        with servers.mutate() as mutation:
+            for instance_id in removes:
+                mutation.pop(instance_id, None)
+            for instance in upserts:
+                mutation[instance.id] = instance
+            changed = mutation.finish()
+        return LiveList(epoch, version, leader, published_at, changed)
 
     @property
     def position(self) -> tuple[int, int]:
@@ -72,6 +111,32 @@ class LiveList:
 
 
 LiveList.EMPTY = LiveList(epoch=0, version=0, leader="", published_at=0)
+
+
+@dataclass(frozen=True)
+class LiveListChange:
+    """One step of a follower's list, as :meth:`LiveListFollower.changes` reports it.
+
+    ``previous`` and ``current`` are the lists before and after. ``added`` and
+    ``changed`` map ids to the new instances, ``removed`` maps each removed id to the
+    reason the leader gave (for a server that vanished from ZooKeeper, what it last
+    said, e.g. ``"draining"``, else that its node was deleted). ``reload`` is true
+    when the whole list was loaded again (a follower's first item, a new epoch, a
+    gap, a full publish); the three maps are then computed against ``previous``.
+    """
+
+    previous: LiveList
+    current: LiveList
+    added: Mapping[str, ServiceInstance] = field(default_factory=lambda: _EMPTY_SERVERS)
+    changed: Mapping[str, ServiceInstance] = field(default_factory=lambda: _EMPTY_SERVERS)
+    removed: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    reload: bool = False
+
+    @property
+    def empty(self) -> bool:
+        """True if no server was added, changed or removed (e.g. a reload that found
+        the list it already had)."""
+        return not (self.added or self.changed or self.removed)
 
 
 @runtime_checkable
@@ -158,6 +223,15 @@ class LiveListFollower(Protocol):
 
     async def wait_until(self, predicate: Callable[[LiveList], bool], timeout: float) -> LiveList:
         """Wait until ``predicate(current)`` holds; ``TimeoutError`` after ``timeout``."""
+        ...
+
+    def changes(self) -> AsyncIterator[LiveListChange]:
+        """Every step of the list from now on, in order, as :class:`LiveListChange`.
+
+        The first item is the list held now, all of it ``added`` (``reload`` true).
+        Items queue while the consumer is busy (none is dropped); the iterator ends
+        when the follower closes. Iterators are independent of each other.
+        """
         ...
 
     async def start(self) -> None: ...

@@ -118,9 +118,10 @@ SEARCH_OPTIONS = (
     Option(
         "--reconcile-interval",
         "DISCOVERY_RECONCILE_INTERVAL",
-        "seconds between checks of the local live list against Redis",
+        "seconds without news after which the local live list is checked against Redis "
+        "(P:meta); it bounds how stale a list can be without anyone noticing",
         type=positive_float,
-        default=30.0,
+        default=5.0,
         metavar="SECONDS",
     ),
     Option(
@@ -203,7 +204,7 @@ class SearchServerConfig:
     max_ejected_percent: int = 50
     heartbeat_interval: float = 1.0
     heartbeat_ttl: float = 5.0
-    reconcile_interval: float = 30.0
+    reconcile_interval: float = 5.0
     zk_fallback_after: float | None = None
     leader_eligible: bool = True
     leader_retry_pause: float = 10.0

@@ -42,6 +42,7 @@ from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.layout import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.leader import LeaderDuty
 from discovery.membership import MembershipWatcher
+from discovery.redis_v1 import RedisLiveStoreV1
 from discovery.redisstore import RedisLiveStore
 from discovery.registration import Registration
 from discovery.store import LiveListFollower, LiveListStore
@@ -159,7 +160,11 @@ class SearchServer:
             # The leader publishes with credentials of its own (by default the reading
             # ones), so a cluster can give the other search servers a user that cannot
             # write. The publishing client connects only once we lead.
-            store = RedisLiveStore.from_config(
+            # Layout 1 stays selectable for one release (--redis-layout v1).
+            store_class = (
+                RedisLiveStoreV1 if config.cluster.redis_layout == "v1" else RedisLiveStore
+            )
+            store = store_class.from_config(
                 config.cluster,
                 read_only=not config.leader_eligible,
                 heartbeat_ttl=config.heartbeat_ttl,

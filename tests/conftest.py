@@ -37,6 +37,7 @@ from tests.support import (
     SearchServerFactory,
     SessionFactory,
     bounded_teardown,
+    cluster_of,
     eventually,
 )
 
@@ -119,7 +120,8 @@ def redis_prefix(redis_server: RedisServer, request: pytest.FixtureRequest) -> I
     """A Redis key prefix of this test's own; its keys are deleted afterwards."""
     import redis
 
-    prefix = f"discovery:test-{uuid.uuid4().hex[:12]}"
+    # Layout 2's prefix: the cluster name in braces (a Redis Cluster hash tag).
+    prefix = "discovery:{test-" + uuid.uuid4().hex[:12] + "}"
     yield prefix
     client = redis.Redis.from_url(redis_server.url)
     try:
@@ -242,7 +244,7 @@ async def make_search_server(
 ) -> AsyncIterator[SearchServerFactory]:
     """Start in-process search servers sharing this test's chroot and Redis prefix."""
     servers: list[SearchServer] = []
-    cluster = redis_prefix.removeprefix("discovery:")
+    cluster = cluster_of(redis_prefix)
 
     async def make(
         *,

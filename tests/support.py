@@ -158,6 +158,11 @@ class FakeClock:
         self.now += seconds
 
 
+def cluster_of(prefix: str) -> str:
+    """The cluster name whose layout-2 Redis prefix is ``prefix`` (``discovery:{<name>}``)."""
+    return prefix.removeprefix("discovery:{").removesuffix("}")
+
+
 def view(*instances: ServiceInstance) -> dict[str, ServiceInstance]:
     """A membership view of ``instances``: each under its id (what a watcher, a live list
     or a publisher holds)."""

@@ -9,7 +9,6 @@ sessions that own them, as a ZooKeeper-side partition would.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +25,7 @@ from discovery.errors import ConfigError
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH
 from discovery.metrics import MassLossBrakeMetrics
+from discovery.redislayout import ChangeEntry, RedisKeys, load, parse_change
 from discovery.zk import ZkSession
 from search_server.config import SearchServerConfig, build_parser
 from search_server.server import SearchServer
@@ -380,11 +380,10 @@ async def _register(session: ZkSession, instances: list[ServiceInstance]) -> Non
 
 
 async def _published(client: aioredis.Redis, prefix: str) -> tuple[int, set[str]]:
-    raw = await client.get(f"{prefix}:live")
-    if raw is None:
+    loaded = await load(client, RedisKeys(prefix))
+    if loaded.meta is None:
         return 0, set()
-    document = json.loads(raw)
-    return document["version"], {s["id"] for s in document["servers"]}
+    return loaded.meta.version, set(loaded.servers)
 
 
 async def _leader(
@@ -398,32 +397,35 @@ async def _leader(
 
 
 class EventLog:
-    """The leader's events on ``<prefix>:events``, collected in the background."""
+    """The leader's entries of ``<prefix>:changes`` from now on, collected in the
+    background."""
 
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.events: list[dict[str, Any]] = []
-        self._pubsub = client.pubsub()
-        self._channel = f"{prefix}:events"
+        self.events: list[ChangeEntry] = []
+        self._client = client
+        self._stream = RedisKeys(prefix).changes
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> EventLog:
-        await self._pubsub.subscribe(self._channel)
-        self._task = asyncio.create_task(self._collect())
+        last = await self._client.xrevrange(self._stream, count=1)
+        self._task = asyncio.create_task(self._collect(last[0][0] if last else "0-0"))
         return self
 
-    async def _collect(self) -> None:
-        async for message in self._pubsub.listen():
-            if message.get("type") == "message":
-                self.events.append(json.loads(message["data"]))
+    async def _collect(self, last: str | bytes) -> None:
+        while True:
+            reply = await self._client.xread({self._stream: last}, block=500)
+            for _name, entries in reply or []:
+                for stream_id, fields in entries:
+                    last = stream_id
+                    self.events.append(parse_change(stream_id, fields))
 
     def removal_reasons(self) -> dict[str, str]:
-        return {r["id"]: r["reason"] for e in self.events for r in e.get("removed", [])}
+        return {rid: why for e in self.events for rid, why in e.removes}
 
     async def __aexit__(self, *exc_info: object) -> None:
         assert self._task is not None
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        await self._pubsub.aclose()
 
 
 async def test_losses_below_the_threshold_are_removed_at_once(
@@ -491,7 +493,7 @@ async def test_mass_loss_is_held_for_the_hold_then_published(
         assert 0 < view["release_in_ms"] <= hold * 1000
 
         # A full republish meanwhile (here: the snapshot lost from Redis) keeps them.
-        await client.delete(f"{redis_prefix}:live")
+        await client.delete(*RedisKeys(redis_prefix).all)
         await eventually(
             lambda: _republished(client, redis_prefix, version), message="full republish"
         )

@@ -19,6 +19,7 @@ from discovery.errors import ZkConnectionError
 from discovery.http import MAX_QUERY_BYTES
 from discovery.instance import MAX_INSTANCE_BYTES
 from discovery.layout import DATA_SERVERS_PATH
+from discovery.redislayout import RedisKeys, load
 from tests.support import (
     DataServerFactory,
     SearchServerFactory,
@@ -150,8 +151,8 @@ async def test_hostile_registrations_never_crash_the_leader_nor_reach_the_list(
 
     # Redis holds only the real servers, with their real addresses: the impersonator
     # did not replace ds-good-0.
-    live = json.loads(await client.get(f"{redis_prefix}:live"))
-    published = {entry["id"]: entry for entry in live["servers"]}
+    loaded = await load(client, RedisKeys(redis_prefix))
+    published = {k: instance.to_dict() for k, instance in loaded.servers.items()}
     assert set(published) == {"ds-good-0", "ds-good-1"}
     assert published["ds-good-0"]["port"] == good.port
     assert published["ds-good-1"]["port"] == later.port

@@ -36,6 +36,7 @@ from tests.conftest import SESSION_TIMEOUT, TICK_TIME_MS
 from tests.support import (
     SearchServerFactory,
     agent_fleet,
+    cluster_of,
     eventually,
     get_json,
     live_ids,
@@ -312,7 +313,7 @@ async def handover(
     make_search_server: SearchServerFactory,
     tmp_path: Path,
 ) -> AsyncIterator[_Handover]:
-    cluster = redis_prefix.removeprefix("discovery:")
+    cluster = cluster_of(redis_prefix)
     host = lab.add_host("leader")
     old = _SearchServerProcess("ss-old", lab_zk.hosts, lab_redis.url, cluster, host, tmp_path)
     beats = _Heartbeats(lab_redis.url, redis_prefix)
@@ -418,7 +419,7 @@ async def test_a_search_server_cut_from_redis_serves_its_last_list_and_catches_u
     make_search_server: SearchServerFactory,
     tmp_path: Path,
 ) -> None:
-    cluster = redis_prefix.removeprefix("discovery:")
+    cluster = cluster_of(redis_prefix)
     data_servers.append(_DataServerProcess("ds-a", lab_zk.hosts, lab, tmp_path))
     leader = await make_search_server(
         server_id="ss-leader", zk=lab_zk.hosts, redis_url=lab_redis.url

@@ -35,7 +35,14 @@ from discovery.testing import RedisServer
 from discovery.tools.status import fetch_status
 from search_server.config import SearchServerConfig, build_parser
 from search_server.server import SearchServer
-from tests.support import DataServerFactory, SearchServerFactory, eventually, live_ids, sample
+from tests.support import (
+    DataServerFactory,
+    SearchServerFactory,
+    cluster_of,
+    eventually,
+    live_ids,
+    sample,
+)
 
 ADMIN_PW = "admin-secret"
 READER_PW = "reader secret/with:odd@chars"
@@ -78,8 +85,8 @@ async def _get(url: str) -> int:
         return response.status
 
 
-def _subscribe_errors(server: SearchServer) -> float:
-    return sample(server.registry, "discovery_livelist_redis_errors_total", operation="subscribe")
+def _load_errors(server: SearchServer) -> float:
+    return sample(server.registry, "discovery_livelist_redis_errors_total", operation="load")
 
 
 # -- settings -------------------------------------------------------------------------
@@ -203,7 +210,7 @@ async def test_refused_credentials_are_reported_and_retried_until_fixed(
         assert await _get(f"{server.url}/readyz") == 503
         assert server.cluster_view()["redis_connected"] is False
     await eventually(
-        lambda: _subscribe_errors(wrong) >= 2 and _subscribe_errors(missing) >= 2,
+        lambda: _load_errors(wrong) >= 2 and _load_errors(missing) >= 2,
         message="both keep trying",
     )
     refusals = [r.getMessage() for r in caplog.records if r.name == "discovery.livelist"]
@@ -258,16 +265,16 @@ async def test_reader_only_user_follows_the_list_and_cannot_write(
     assert await leader.election.contenders() == ["ss-leader"]
 
     keys = RedisKeys(redis_prefix)
-    snapshot = await admin.get(keys.live)
+    snapshot = await admin.hgetall(keys.servers)
     raw = aioredis.Redis.from_url(acl_redis.url, username="reader", password=READER_PW)
     try:
-        assert await raw.get(keys.live) == snapshot
+        assert await raw.hgetall(keys.servers) == snapshot
         writes: list[Any] = [
-            raw.set(keys.live, b"{}"),
-            raw.delete(keys.live),
-            raw.hset(keys.fence, "epoch", "999999999"),
-            raw.publish(keys.events, b'{"full":true}'),
-            raw.eval("return redis.call('SET', KEYS[1], 'x')", 1, keys.live),
+            raw.hset(keys.servers, "ds-x", b"{}"),
+            raw.delete(keys.servers),
+            raw.hset(keys.meta, "epoch", "999999999"),
+            raw.xadd(keys.changes, {"kind": "full"}),
+            raw.eval("return redis.call('DEL', KEYS[1])", 1, keys.servers),
             raw.set(f"{redis_prefix}:other", b"x"),
         ]
         for write in writes:
@@ -281,7 +288,7 @@ async def test_reader_only_user_follows_the_list_and_cannot_write(
             )
     finally:
         await raw.aclose()
-    assert await admin.get(keys.live) == snapshot
+    assert await admin.hgetall(keys.servers) == snapshot
 
     # The publisher user can do exactly the fence script's work: nothing outside the prefix.
     publisher = aioredis.Redis.from_url(acl_redis.url, username="publisher", password=PUBLISHER_PW)
@@ -296,9 +303,7 @@ async def test_reader_only_user_follows_the_list_and_cannot_write(
     # `discovery status` reads with the reader's credentials as well.
     status = await fetch_status(
         ZkConfig(hosts=zk_hosts, connect_timeout=20),
-        ClusterConfig(
-            cluster=redis_prefix.removeprefix("discovery:"), redis_url=acl_redis.url, redis=READER
-        ),
+        ClusterConfig(cluster=cluster_of(redis_prefix), redis_url=acl_redis.url, redis=READER),
     )
     assert status.published.live is not None
     assert set(status.published.live.servers) == {"ds-b0", "ds-b1"}
@@ -327,7 +332,7 @@ async def test_a_leader_without_publishing_rights_resigns_and_pauses(
     # Two pauses lie between the first and the third term: no hot loop.
     assert elapsed >= 1.5 * pause, elapsed
     assert bad.leader_refusals <= elapsed / pause + 2
-    assert await admin.exists(RedisKeys(redis_prefix).live) == 0, "nothing was published"
+    assert await admin.exists(RedisKeys(redis_prefix).meta) == 0, "nothing was published"
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert any("refused to let it publish" in r.getMessage() for r in errors)
 
@@ -353,8 +358,8 @@ async def test_refusals_inside_the_fence_script_and_bad_passwords_are_translated
             "resetkeys",
             "resetchannels",
             "-@all",
-            f"~{keys.live} ~{keys.fence} ~{keys.leader} &{keys.events}",
-            "+evalsha +script|load +get +hmget +exists",
+            " ".join(f"~{key}" for key in keys.all),
+            "+evalsha +script|load +hmget",
         ]
     )
     server = RedisServer(tmp_path / "r", users=[acl_user_line("half", "pw", half_rules)])

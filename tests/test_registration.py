@@ -50,9 +50,7 @@ async def test_register_is_seen_with_payload_and_deregister_removes_it(
         assert stat.ephemeral_owner == agent.session_id
 
         await registration.deregister()
-        await waited(
-            watcher.wait_until(lambda m: "ds-1" not in m, timeout=10), "ds-1 deregistered"
-        )
+        await waited(watcher.wait_until(lambda m: "ds-1" not in m, timeout=10), "ds-1 deregistered")
         assert await observer.exists(f"{DATA_SERVERS_PATH}/ds-1") is None
         await registration.aclose()
 

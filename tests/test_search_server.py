@@ -170,7 +170,7 @@ async def test_redis_restarted_empty_gets_the_list_back_and_queries_keep_working
         client = aioredis.Redis.from_url(redis.url)
         try:
             await eventually(
-                lambda: client.exists(f"discovery:{search[0].config.cluster.cluster}:live"),
+                lambda: client.exists(f"{search[0].config.cluster.redis_prefix}:meta"),
                 message="the leader republished",
             )
         finally:
@@ -313,7 +313,7 @@ async def test_suspended_leader_stops_publishing_and_resumes_in_the_same_session
     prefix = leader.config.cluster.redis_prefix
     client = aioredis.Redis.from_url(redis_server.url)
     try:
-        epoch, version = map(int, await client.hmget(f"{prefix}:fence", "epoch", "version"))
+        epoch, version = map(int, await client.hmget(f"{prefix}:meta", "epoch", "version"))
 
         await asyncio.to_thread(zk_ensemble.stop_server, 0)
         # No heartbeat while suspended: the leader key runs out (TTL 2 s)...
@@ -321,7 +321,7 @@ async def test_suspended_leader_stops_publishing_and_resumes_in_the_same_session
             lambda: _missing(client, f"{prefix}:leader"), timeout=10, message="heartbeat stopped"
         )
         # ...and nothing was published meanwhile.
-        assert list(map(int, await client.hmget(f"{prefix}:fence", "epoch", "version"))) == [
+        assert list(map(int, await client.hmget(f"{prefix}:meta", "epoch", "version"))) == [
             epoch,
             version,
         ]
@@ -343,7 +343,7 @@ async def _missing(client: aioredis.Redis, key: str) -> bool:
 
 
 async def _fence_above(client: aioredis.Redis, prefix: str, epoch: int, version: int) -> bool:
-    stored = await client.hmget(f"{prefix}:fence", "epoch", "version")
+    stored = await client.hmget(f"{prefix}:meta", "epoch", "version")
     return int(stored[0]) == epoch and int(stored[1]) > version
 
 

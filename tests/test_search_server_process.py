@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 
 from discovery.testing import RedisServer, free_port
-from tests.support import eventually, reap, waited
+from tests.support import cluster_of, eventually, reap, waited
 
 
 @contextlib.asynccontextmanager
@@ -46,7 +46,7 @@ async def _cluster(port: int) -> dict[str, Any] | None:
 async def test_killed_leader_is_replaced_by_a_higher_epoch(
     zk_hosts: str, redis_server: RedisServer, redis_prefix: str
 ) -> None:
-    cluster = redis_prefix.removeprefix("discovery:")
+    cluster = cluster_of(redis_prefix)
     ports = {"ss-a": free_port(), "ss-b": free_port()}
     async with (
         search_server_process(zk_hosts, redis_server.url, cluster, "ss-a", ports["ss-a"]) as a,

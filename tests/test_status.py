@@ -22,6 +22,7 @@ from tests.support import (
     DataServerFactory,
     SearchServerFactory,
     SessionFactory,
+    cluster_of,
     eventually,
     make_instance,
     reap,
@@ -58,7 +59,7 @@ async def run_cli(*args: str, log_level: str | None = "WARNING") -> tuple[int, s
 
 
 def cluster_args(zk_hosts: str, redis_url: str, redis_prefix: str) -> list[str]:
-    cluster = redis_prefix.removeprefix("discovery:")
+    cluster = cluster_of(redis_prefix)
     return ["--zk", zk_hosts, "--redis", redis_url, "--cluster", cluster]
 
 
@@ -272,7 +273,7 @@ async def test_malformed_children_and_snapshot_are_listed_not_fatal(
         await session.create(f"{DATA_SERVERS_PATH}/{child}", data, makepath=True)
     await session.create(f"{SEARCH_MEMBERS_PATH}/ss-bad", b"[]", makepath=True)
     keys = RedisKeys(redis_prefix)
-    await client.set(keys.live, b"garbage")
+    await client.hset(keys.meta, mapping={"epoch": "garbage", "version": "1"})
     await client.set(keys.leader, b"{", px=60_000)
 
     status = await collect_status(session, client, redis_prefix)

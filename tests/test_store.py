@@ -32,6 +32,7 @@ from tests.support import (
     DataServerFactory,
     SearchServerFactory,
     SessionFactory,
+    cluster_of,
     eventually,
     make_instance,
     view,
@@ -104,9 +105,7 @@ async def test_a_publisher_of_an_older_term_is_fenced(
 async def test_a_read_only_store_has_no_publisher_and_no_publisher_metrics(
     redis_server: RedisServer, redis_prefix: str, registry: CollectorRegistry
 ) -> None:
-    cluster = ClusterConfig(
-        cluster=redis_prefix.removeprefix("discovery:"), redis_url=redis_server.url
-    )
+    cluster = ClusterConfig(cluster=cluster_of(redis_prefix), redis_url=redis_server.url)
     async with RedisLiveStore.from_config(cluster, read_only=True, registry=registry) as store:
         assert store.prefix == redis_prefix
         with pytest.raises(ConfigError, match="read-only"):
@@ -121,7 +120,7 @@ async def test_read_reports_a_malformed_list_and_an_outage_as_errors(
     redis = fast_redis_client(own_redis.url)
     try:
         store = RedisLiveStore(redis, redis_prefix)
-        await redis.set(RedisKeys(redis_prefix).live, b"{not json")
+        await redis.hset(RedisKeys(redis_prefix).meta, "epoch", "not a number")
         with pytest.raises(MalformedLiveListError):
             await store.read()
         own_redis.stop()

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import AgentConfig, ClusterConfig, RedisConfig, ZkConfig
+from ..config import REDIS_LAYOUTS, AgentConfig, ClusterConfig, RedisConfig, ZkConfig
 from ..errors import ConfigError
 from ..instance import validate_instance_id
 
@@ -52,6 +52,7 @@ __all__ = [
     "positive_int",
     "readable_file",
     "redis_config",
+    "redis_layout",
     "zk_config",
 ]
 
@@ -233,6 +234,15 @@ def log_level(text: str) -> str:
 
 
 #: Credentials and TLS for Redis (:class:`RedisConfig`); part of :data:`COMMON_OPTIONS`.
+def redis_layout(text: str) -> str:
+    """A layout name of :data:`~discovery.config.REDIS_LAYOUTS`."""
+    if text not in REDIS_LAYOUTS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a Redis layout; use one of {', '.join(REDIS_LAYOUTS)}"
+        )
+    return text
+
+
 REDIS_OPTIONS: tuple[Option, ...] = (
     Option(
         "--redis-username",
@@ -319,7 +329,9 @@ COMMON_OPTIONS: tuple[Option, ...] = (
         "--redis",
         "DISCOVERY_REDIS_URL",
         "Redis URL for the published live list: redis:// or rediss:// (TLS), "
-        "[user[:password]@]host:port/db",
+        "[user[:password]@]host:port/db; behind Sentinel "
+        "redis+sentinel://host:port[,host:port...]/<primary name>[/db]; on Redis Cluster "
+        "redis+cluster://host:port[,host:port...] (rediss+... for TLS)",
         default="redis://127.0.0.1:6379/0",
         metavar="URL",
     ),
@@ -327,8 +339,17 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     Option(
         "--cluster",
         "DISCOVERY_CLUSTER",
-        "cluster name; the Redis key prefix is discovery:<cluster>",
+        "cluster name; the Redis key prefix is discovery:{<cluster>} "
+        "(discovery:<cluster> with --redis-layout v1)",
         default="default",
+    ),
+    Option(
+        "--redis-layout",
+        "DISCOVERY_REDIS_LAYOUT",
+        "the live list's Redis layout: v2 (hash + change stream) or v1 (one snapshot "
+        "key + pub/sub; kept for one release, to upgrade a cluster in steps)",
+        type=redis_layout,
+        default="v2",
     ),
     Option(
         "--admin-token",
@@ -532,6 +553,7 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig:
         redis_url=args.redis,
         admin_token=args.admin_token,
         redis=redis_config(args),
+        redis_layout=args.redis_layout,
     )
 
 

@@ -7,6 +7,11 @@ sits beside ``kazoo.client``: nothing here is imported by the library.
   separately. Every server is our child process: ``stop()`` always reaps it, and a
   failed start stops whatever had started. Failures raise
   :class:`~discovery.errors.DevClusterError` with the tail of the server's log.
+* :class:`RedisSentinelGroup` runs a Redis primary, replicas and Sentinels (one
+  :class:`RedisSentinel` each), and forces failovers (``failover``, ``kill_primary``);
+  clients use its ``redis+sentinel://`` URL. ``DevCluster(sentinels=3, redis_replicas=2)``
+  uses one instead of the single Redis server.
+* :class:`RedisClusterServers` forms a real Redis Cluster (``redis+cluster://`` URL).
 * :func:`expire_session` makes ZooKeeper expire a live session on demand (fault
   injection: the victim sees LOST and a new session, everyone sees its ephemeral nodes
   go).
@@ -23,11 +28,16 @@ from .faults import expire_session
 from .ports import free_port, free_ports
 from .proxy import TcpProxy
 from .redis import RedisServer
+from .rediscluster import RedisClusterServers
+from .sentinel import RedisSentinel, RedisSentinelGroup
 from .zookeeper import QuorumPeer, ZooKeeperEnsemble, ZooKeeperServer
 
 __all__ = [
     "DevCluster",
     "QuorumPeer",
+    "RedisClusterServers",
+    "RedisSentinel",
+    "RedisSentinelGroup",
     "RedisServer",
     "TcpProxy",
     "ZooKeeperEnsemble",

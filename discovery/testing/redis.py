@@ -8,6 +8,10 @@ By default there is no authentication and no TLS. Optionally the ``default`` use
 password, further ACL users are defined (lines of an ACL file, e.g. from
 :func:`discovery.redisconn.acl_user_line`), and the server speaks only TLS, with a
 throwaway CA and certificate made in its directory (:func:`~discovery.testing.tls.make_dev_pki`).
+
+For replication (:mod:`discovery.testing.sentinel`) and Redis Cluster
+(:mod:`discovery.testing.rediscluster`) a server can start as a replica (``replicaof``) and
+take further configuration directives, written to a file in its directory.
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ import ssl
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import redis
 
 from ..errors import DevClusterError
 from .ports import LOOPBACK, free_port
 from .process import ManagedProcess
 from .tls import DevPki, make_dev_pki
 
-__all__ = ["RedisServer", "find_redis_server", "redis_ping"]
+__all__ = ["RedisServer", "config_quote", "find_redis_server", "redis_command", "redis_ping"]
 
 _TLS_AUTH_CLIENTS = ("no", "optional", "yes")
 
@@ -52,6 +59,25 @@ def find_redis_server() -> str:
         )
         raise DevClusterError(f"{where}; {_SETUP_HINT}")
     return found
+
+
+def config_quote(value: str) -> str:
+    """Quote ``value`` as one argument of a Redis configuration file line.
+
+    Any text works (spaces, quotes, backslashes, newlines): Redis reads it back exactly.
+    """
+    escaped = (
+        value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    )
+    return f'"{escaped}"'
+
+
+def _write_private(path: Path, text: str) -> None:
+    # Created 0600 (not chmod-ed afterwards): the file may hold a password in clear.
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _sha256(password: str) -> str:
@@ -107,6 +133,36 @@ def redis_ping(
     return len(lines) > replies - 1 and lines[replies - 1].startswith(b"+PONG")
 
 
+def redis_command(
+    host: str,
+    port: int,
+    *command: str,
+    password: str | None = None,
+    timeout: float = 2.0,
+) -> Any:
+    """Send one command on a fresh connection to ``host:port`` and return the reply, for
+    fixtures that inspect servers (``INFO``, ``SENTINEL ...``, ``CLUSTER ...``).
+
+    Strings come back decoded; ``INFO`` as a dict (redis-py's parsing), other replies as
+    Redis sends them. With ``password`` it authenticates as the ``default`` user.
+
+    Raises:
+        redis.RedisError: no answer within ``timeout`` seconds, or an error reply.
+    """
+    client = redis.Redis(
+        host=host,
+        port=port,
+        password=password,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        decode_responses=True,
+    )
+    try:
+        return client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped
+    finally:
+        client.close()
+
+
 class RedisServer(ManagedProcess):
     """One ``redis-server`` on ``127.0.0.1:port`` with its log in ``workdir/redis.log``.
 
@@ -127,9 +183,21 @@ class RedisServer(ManagedProcess):
       is Redis's ``tls-auth-clients`` (``no``, ``optional`` or ``yes``: a client
       certificate signed by that CA is required).
 
+    Replication and further settings, also off by default:
+
+    * ``replicaof``: ``(host, port)`` of a primary to replicate from (``--replicaof``);
+      :attr:`replicaof` can be changed between runs, e.g. to rejoin after a failover;
+    * ``config``: configuration directives (``"cluster-enabled yes"``), written to
+      ``workdir/redis.conf`` (mode 0600, so it may hold ``masterauth``) before every
+      start and given to the server as its configuration file (the command line still
+      wins). Sentinels' ``CONFIG REWRITE`` may change the file; the next start writes it
+      afresh;
+    * ``name``: the name in messages and logs, e.g. ``redis-2`` in a group.
+
     Raises:
         ValueError: a ``users`` line is not a ``user`` line, or names ``default``, or
-            ``tls_auth_clients`` is not one of the three values.
+            ``tls_auth_clients`` is not one of the three values, or a ``config`` line is
+            empty or spans lines.
     """
 
     def __init__(
@@ -142,10 +210,13 @@ class RedisServer(ManagedProcess):
         tls: bool = False,
         tls_auth_clients: str = "no",
         host: str = LOOPBACK,
+        replicaof: tuple[str, int] | None = None,
+        config: Sequence[str] = (),
+        name: str = "redis",
     ) -> None:
         directory = Path(workdir)
         self._host = host
-        super().__init__("redis", directory, directory / "redis.log")
+        super().__init__(name, directory, directory / "redis.log")
         self._port = free_port() if port is None else port
         for line in users:
             words = line.split()
@@ -155,6 +226,11 @@ class RedisServer(ManagedProcess):
                 raise ValueError("the default user is configured by password=, not users=")
         if tls_auth_clients not in _TLS_AUTH_CLIENTS:
             raise ValueError(f"tls_auth_clients must be one of {_TLS_AUTH_CLIENTS}")
+        for line in config:
+            if not line.strip() or "\n" in line or "\r" in line:
+                raise ValueError(f"not one configuration directive: {line!r}")
+        self._replicaof = replicaof
+        self._config = tuple(config)
         self._password = password
         self._users = tuple(users)
         self._tls = tls
@@ -168,9 +244,32 @@ class RedisServer(ManagedProcess):
         return self._port
 
     @property
+    def host(self) -> str:
+        """The address the server binds and clients connect to."""
+        return self._host
+
+    @property
     def address(self) -> str:
         """``<host>:<port>``."""
         return f"{self._host}:{self._port}"
+
+    @property
+    def replicaof(self) -> tuple[str, int] | None:
+        """The primary this server replicates from when it starts, None for a primary.
+
+        Setting it takes effect at the next start; a running server is not changed (the
+        ``REPLICAOF`` command does that).
+        """
+        return self._replicaof
+
+    @replicaof.setter
+    def replicaof(self, primary: tuple[str, int] | None) -> None:
+        self._replicaof = primary
+
+    @property
+    def config_path(self) -> Path | None:
+        """``workdir/redis.conf`` when ``config`` directives were given, else None."""
+        return self._workdir / "redis.conf" if self._config else None
 
     @property
     def url(self) -> str:
@@ -209,6 +308,8 @@ class RedisServer(ManagedProcess):
         return bool(self._users) or self._password is not None
 
     def _prepare(self) -> None:
+        if self.config_path is not None:
+            _write_private(self.config_path, "\n".join(self._config) + "\n")
         if self._uses_acl_file:
             default = (
                 "user default on nopass ~* &* +@all"
@@ -225,8 +326,16 @@ class RedisServer(ManagedProcess):
             self._ssl_context = context
 
     def _command(self) -> list[str]:
+        # A configuration file must come first; command-line options override it.
+        config_file = [] if self.config_path is None else [str(self.config_path)]
+        replication = (
+            []
+            if self._replicaof is None
+            else ["--replicaof", self._replicaof[0], str(self._replicaof[1])]
+        )
         return [
             find_redis_server(),
+            *config_file,
             "--port",
             str(self._port),
             "--bind",
@@ -246,6 +355,7 @@ class RedisServer(ManagedProcess):
             "--logfile",
             str(self._log_path),
             *self._security_arguments(),
+            *replication,
         ]
 
     def _security_arguments(self) -> list[str]:

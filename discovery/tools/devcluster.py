@@ -3,6 +3,10 @@
 It prints where they listen (one JSON line with ``--json``), keeps them running until SIGINT
 or SIGTERM, then stops them and removes the scratch directory. A start-up failure is
 reported on stderr with exit code 1, after stopping whatever had started.
+
+With ``--sentinels M`` Redis is a primary with ``--redis-replicas N`` replicas watched by
+M Sentinels, and the URL printed (and exported as ``DISCOVERY_REDIS_URL``) is the
+``redis+sentinel://h1:p1,.../mymaster/0`` form that ``--redis`` accepts.
 """
 
 from __future__ import annotations
@@ -22,13 +26,27 @@ from discovery.errors import DevClusterError
 from discovery.testing.cluster import DevCluster
 from discovery.testing.zookeeper import DEFAULT_TICK_TIME_MS
 
-__all__ = ["ENV_DIR", "ENV_TICK_MS", "ENV_ZK_NODES", "add_parser", "run"]
+__all__ = [
+    "ENV_DIR",
+    "ENV_REDIS_REPLICAS",
+    "ENV_SENTINELS",
+    "ENV_TICK_MS",
+    "ENV_ZK_NODES",
+    "add_parser",
+    "run",
+]
 
 logger = logging.getLogger(__name__)
 
 ENV_ZK_NODES = "DISCOVERY_DEV_ZK_NODES"
 ENV_TICK_MS = "DISCOVERY_DEV_TICK_MS"
 ENV_DIR = "DISCOVERY_DEV_DIR"
+ENV_REDIS_REPLICAS = "DISCOVERY_DEV_REDIS_REPLICAS"
+ENV_SENTINELS = "DISCOVERY_DEV_SENTINELS"
+
+# A dev machine's worth: each one is a process.
+_MAX_REDIS_REPLICAS = 8
+_MAX_SENTINELS = 9
 
 # 2 * tick is the minimum session timeout and must not exceed the 60 s maximum.
 _TICK_RANGE_MS = (10, 30_000)
@@ -48,8 +66,10 @@ def add_parser(
         description=(
             "Start a real ZooKeeper (standalone or a quorum) and a Redis server on free "
             "loopback ports, print how to reach them, and keep them running until SIGINT or "
-            "SIGTERM. Needs Java and the Debian packages zookeeper and redis-server "
-            "(`make setup`)."
+            "SIGTERM. With --sentinels, Redis is a primary with --redis-replicas replicas "
+            "watched by that many Redis Sentinels, and the URL printed is the "
+            "redis+sentinel://host:port,.../mymaster/0 form that --redis accepts. Needs Java "
+            "and the Debian packages zookeeper and redis-server (`make setup`)."
         ),
     )
     add_options(parser, DEVCLUSTER_OPTIONS)
@@ -85,7 +105,18 @@ def run(args: argparse.Namespace) -> int:
     # clean stop instead of killing us and orphaning the servers.
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        cluster = DevCluster(args.dir, zk_nodes=args.zk_nodes, tick_time_ms=args.tick_time)
+        try:
+            cluster = DevCluster(
+                args.dir,
+                zk_nodes=args.zk_nodes,
+                tick_time_ms=args.tick_time,
+                redis_replicas=args.redis_replicas,
+                sentinels=args.sentinels,
+            )
+        except ValueError as exc:
+            # Options that are fine alone but not together, e.g. replicas without sentinels.
+            print(f"discovery devcluster: error: {exc}", file=sys.stderr, flush=True)
+            return 2
         try:
             cluster.start()
         except (DevClusterError, OSError) as exc:
@@ -109,9 +140,17 @@ def _print_info(info: dict[str, Any], *, as_json: bool, scratch: bool) -> None:
         return
     servers = "server" if info["zk_nodes"] == 1 else "servers"
     kept = "removed at exit" if scratch else "kept"
+    redis = [f"Redis      {info['redis']}"]
+    if "sentinels" in info:
+        replicas = [a for a in info["redis_servers"] if a != info["redis_primary"]]
+        redis = [
+            f"Redis      {info['redis']}  ({len(info['sentinels'])} sentinels)",
+            f"  primary  {info['redis_primary']}",
+            f"  replicas {', '.join(replicas) or '(none)'}",
+        ]
     lines = [
         f"ZooKeeper  {info['zk']}  ({info['zk_nodes']} {servers}, tick {info['tick_time_ms']} ms)",
-        f"Redis      {info['redis']}",
+        *redis,
         f"Work dir   {info['workdir']}  ({kept})",
         "",
         f"export DISCOVERY_ZK_HOSTS={shlex.quote(info['zk'])}",
@@ -148,6 +187,24 @@ DEVCLUSTER_OPTIONS = (
         type=int_range(*_TICK_RANGE_MS),
         default=DEFAULT_TICK_TIME_MS,
         metavar="MS",
+    ),
+    Option(
+        "--redis-replicas",
+        ENV_REDIS_REPLICAS,
+        "Redis replicas of the primary; needs --sentinels",
+        type=int_range(0, _MAX_REDIS_REPLICAS),
+        default=0,
+        metavar="N",
+    ),
+    Option(
+        "--sentinels",
+        ENV_SENTINELS,
+        "Redis Sentinels watching the primary (0: one plain Redis server; use an odd "
+        "number >= 3 for a quorum that survives losing one); the URL printed is then "
+        "redis+sentinel://...",
+        type=int_range(0, _MAX_SENTINELS),
+        default=0,
+        metavar="M",
     ),
     Option(
         "--dir",

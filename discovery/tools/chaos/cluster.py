@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from discovery.config import ClusterConfig
 from discovery.testing import DevCluster
 from discovery.testing.netns import Cut, Host, NetworkLab
 from discovery.testing.ports import LOOPBACK, free_ports
@@ -133,7 +134,7 @@ class ChaosCluster:
 
     @property
     def redis_prefix(self) -> str:
-        return f"discovery:{CLUSTER_NAME}"
+        return ClusterConfig(cluster=CLUSTER_NAME).redis_prefix
 
     @property
     def http(self) -> aiohttp.ClientSession:

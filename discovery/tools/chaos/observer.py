@@ -33,7 +33,7 @@ import redis.exceptions as redis_errors
 from discovery.config import ZkConfig
 from discovery.errors import DiscoveryError, MalformedLiveListError
 from discovery.membership import MembershipWatcher
-from discovery.redislayout import RedisKeys, parse_event, parse_heartbeat, parse_snapshot
+from discovery.redislayout import RedisKeys, load, parse_change, parse_heartbeat
 from discovery.zk import ZkSession
 
 from .cluster import ChaosCluster
@@ -217,8 +217,12 @@ class Observer:
         assert self._redis is not None
         keys = RedisKeys(self._cluster.redis_prefix)
         try:
-            live, beat = await self._redis.mget(keys.live, keys.leader)
+            beat = await self._redis.get(keys.leader)
+            loaded = await load(self._redis, keys)
         except _REDIS_ERRORS:
+            return None, None
+        except MalformedLiveListError as exc:
+            self.violate("published list readable", f"{keys.meta} does not parse: {exc}")
             return None, None
         if beat is not None:
             heartbeat = parse_heartbeat(beat, -1)
@@ -226,15 +230,15 @@ class Observer:
                 self._check_epoch(heartbeat.epoch, keys.leader)
                 if heartbeat.at is not None:
                     self._wrote(heartbeat.epoch, float(heartbeat.at))
-        if live is None:
+        if loaded.meta is None:
             return None, None
-        try:
-            snapshot, _skipped = parse_snapshot(live)
-        except MalformedLiveListError as exc:
-            self.violate("published list readable", f"{keys.live} does not parse: {exc}")
-            return None, None
-        self._check_epoch(snapshot.epoch, keys.live)
-        return frozenset(i.id for i in snapshot.routable), snapshot.epoch
+        if loaded.problems:
+            self.violate(
+                "published list readable", f"{keys.servers}: {'; '.join(loaded.problems[:3])}"
+            )
+        self._check_epoch(loaded.meta.epoch, keys.meta)
+        routable = frozenset(k for k, instance in loaded.servers.items() if instance.routable)
+        return routable, loaded.meta.epoch
 
     def _check_epoch(self, epoch: int, where: str) -> None:
         if epoch < self.max_epoch:
@@ -259,30 +263,28 @@ class Observer:
             await asyncio.sleep(max(0.0, self._interval - (self._clock() - started)))
 
     async def _follow_events(self) -> None:
-        """Every accepted publish sends one message; check each one's epoch, in order."""
+        """Every accepted publish appends one stream entry; check each one's epoch, in
+        order."""
         assert self._redis is not None
-        channel = RedisKeys(self._cluster.redis_prefix).events
+        stream = RedisKeys(self._cluster.redis_prefix).changes
+        last = "$"  # from now on; then from the last entry seen
         while True:
-            pubsub = self._redis.pubsub()
             try:
-                await pubsub.subscribe(channel)
                 while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if message is None or message.get("type") != "message":
-                        continue
-                    try:
-                        event = parse_event(message["data"])
-                    except MalformedLiveListError as exc:
-                        self.violate("published event readable", f"{channel}: {exc}")
-                        continue
-                    self.publishes += 1
-                    self._check_epoch(event.epoch, f"event from {event.leader!r}")
-                    self._wrote(event.epoch, time.time() * 1000)
+                    reply: Any = await self._redis.xread({stream: last}, count=100, block=1000)
+                    for _name, entries in reply or []:
+                        for stream_id, fields in entries:
+                            last = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
+                            try:
+                                entry = parse_change(stream_id, fields)
+                            except MalformedLiveListError as exc:
+                                self.violate("published change readable", f"{stream}: {exc}")
+                                continue
+                            self.publishes += 1
+                            self._check_epoch(entry.epoch, f"change from {entry.leader!r}")
+                            self._wrote(entry.epoch, time.time() * 1000)
             except _REDIS_ERRORS as exc:
-                log.debug("observer: events subscription lost: %s", exc)
-            finally:
-                with contextlib.suppress(*_REDIS_ERRORS):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                log.debug("observer: following %s failed: %s", stream, exc)
             # Redis is down (a fault of this very run): try again shortly.
             await asyncio.sleep(0.2)
 

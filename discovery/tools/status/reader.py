@@ -8,8 +8,9 @@
   ``/data_servers``. A child that is not a valid ServiceInstance is listed as invalid
   with the reason, as :class:`~discovery.membership.MembershipWatcher` would skip it.
 * **Redis** (one MULTI/EXEC, so the keys are read at one instant): the published
-  list ``P:live`` and the leader's heartbeat ``P:leader`` with its remaining TTL,
-  decoded by the contract module :mod:`discovery.redislayout`.
+  list (``P:meta`` and ``P:servers``) and the leader's heartbeat ``P:leader`` with its
+  remaining TTL, decoded by the contract module :mod:`discovery.redislayout` (or,
+  with ``--redis-layout v1``, ``P:live`` by :mod:`discovery.redis_v1.layout`).
 
 The ZooKeeper and Redis reads are not one atomic snapshot: while the cluster changes
 (a server registers, a leader takes over) a difference may show for the moment the
@@ -45,14 +46,17 @@ from discovery.errors import (
 )
 from discovery.instance import ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
+from discovery.redis_v1.layout import V1Keys, parse_snapshot
 from discovery.redisconn import RedisRole, make_redis
 from discovery.redislayout import (
     Heartbeat,
     RedisKeys,
     parse_heartbeat,
-    parse_snapshot,
+    parse_meta,
+    parse_servers,
     translate_redis_error,
 )
+from discovery.store import LiveList
 from discovery.zk import NodeStat, ZkSession
 
 from .model import ClusterStatus, Contender, Published, compare
@@ -157,23 +161,48 @@ def _parse_published(raw: bytes | str | None) -> Published:
     return Published(live, skipped=tuple(problems))
 
 
-async def read_redis(redis: aioredis.Redis, prefix: str) -> tuple[Heartbeat | None, Published]:
-    """Read ``P:live``, ``P:leader`` and its TTL in one MULTI/EXEC.
+def _parse_published_v2(meta_fields: Any, server_fields: Any) -> Published:
+    try:
+        meta = parse_meta(meta_fields)
+    except MalformedLiveListError as exc:
+        return Published(None, error=f"invalid: {exc}")
+    if meta is None:
+        return Published(None, error="missing")
+    servers, problems = parse_servers(server_fields)
+    live = LiveList(meta.epoch, meta.version, meta.leader, meta.published_at, servers)
+    return Published(live, skipped=tuple(problems))
+
+
+async def read_redis(
+    redis: aioredis.Redis, prefix: str, *, layout: str = "v2"
+) -> tuple[Heartbeat | None, Published]:
+    """Read the published list, ``P:leader`` and its TTL in one MULTI/EXEC.
+
+    ``layout`` is ``v2`` (``P:meta`` + ``P:servers``) or ``v1`` (``P:live``).
 
     Raises:
         RedisOperationError: Redis failed (:class:`RedisUnavailableError` if unreachable).
     """
-    keys = RedisKeys(prefix)
     try:
         async with redis.pipeline(transaction=True) as pipe:
-            pipe.get(keys.live)
-            pipe.get(keys.leader)
-            pipe.pttl(keys.leader)
-            raw_live, raw_leader, ttl_ms = await pipe.execute()
+            if layout == "v1":
+                v1 = V1Keys(prefix)
+                pipe.get(v1.live)
+                leader = v1.leader
+            else:
+                keys = RedisKeys(prefix)
+                pipe.hgetall(keys.meta)
+                pipe.hgetall(keys.servers)
+                leader = keys.leader
+            pipe.get(leader)
+            pipe.pttl(leader)
+            *lists, raw_leader, ttl_ms = await pipe.execute()
     except (redis_errors.RedisError, OSError) as exc:
         raise translate_redis_error(exc) from exc
     heartbeat = None if raw_leader is None else parse_heartbeat(raw_leader, int(ttl_ms))
-    return heartbeat, _parse_published(raw_live)
+    if layout == "v1":
+        return heartbeat, _parse_published(lists[0])
+    return heartbeat, _parse_published_v2(lists[0], lists[1])
 
 
 def describe_redis(redis: aioredis.Redis) -> str:
@@ -190,12 +219,14 @@ async def collect_status(
     redis: aioredis.Redis,
     prefix: str,
     *,
+    layout: str = "v2",
     clock: Callable[[], float] = time.time,
 ) -> ClusterStatus:
     """Read the cluster's registrations, election and published list, and compare them.
 
     ``session`` must be started; ``prefix`` is the Redis key prefix
-    (``discovery:<cluster>``). The ZooKeeper and Redis reads run concurrently.
+    (``discovery:{<cluster>}``) of ``layout``. The ZooKeeper and Redis reads run
+    concurrently.
 
     Raises:
         ZkError: a ZooKeeper read failed (ZkConnectionError if unreachable).
@@ -210,7 +241,7 @@ async def collect_status(
         read_contenders(session),
         read_directory(session, SEARCH_MEMBERS_PATH),
         read_directory(session, DATA_SERVERS_PATH),
-        read_redis(redis, prefix),
+        read_redis(redis, prefix, layout=layout),
     )
     elected = tuple(contenders)
     status = ClusterStatus(
@@ -308,7 +339,9 @@ async def fetch_status(zk: ZkConfig, cluster: ClusterConfig) -> ClusterStatus:
         assert isinstance(zk_result, ZkSession)
         assert isinstance(redis_result, aioredis.Redis)
         try:
-            return await collect_status(zk_result, redis_result, cluster.redis_prefix)
+            return await collect_status(
+                zk_result, redis_result, cluster.redis_prefix, layout=cluster.redis_layout
+            )
         except ZkError as exc:
             raise StatusError(f"cannot read ZooKeeper at {zk.hosts}: {_one_line(exc)}") from exc
         except (RedisOperationError, RedisAccessError) as exc:
