@@ -687,7 +687,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         cluster = Cluster(args, info["zk"], info["redis"])
         zk = ZkSession.from_config(ZkConfig(hosts=info["zk"], session_timeout=30.0))
         redis = aioredis.Redis.from_url(info["redis"])
-        events = EventLog(redis, "discovery:default", clock=_now, timeout=WAIT)
+        events = EventLog(redis, "discovery:{default}", clock=_now, timeout=WAIT)
         connector = aiohttp.TCPConnector(limit=0)
         http = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=10))
         outcome: dict[str, list[Trial]] = {kind: [] for kind in KINDS}

@@ -55,7 +55,7 @@ from discovery.zk import ZkSession
 
 log = logging.getLogger("bench_failover")
 RESULTS = Path(__file__).resolve().parent / "results" / "failover.json"
-PREFIX = "discovery:bench-failover"
+PREFIX = "discovery:{bench-failover}"
 REGISTRAR_TIMEOUT = 30.0  # the registrar's session: it must outlive every trial
 WAIT_TIMEOUT = 30.0
 GRACEFUL_TARGET_MS = 500.0

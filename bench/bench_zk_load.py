@@ -237,7 +237,7 @@ async def _ours(
     ids: list[str],
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    prefix = f"discovery:bench-zk-load-{search}"
+    prefix = "discovery:{bench-zk-load-" + str(search) + "}"
     closers: list[Callable[[], Any]] = []
     try:
         sessions = await _start_sessions(hosts, search)

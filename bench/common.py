@@ -19,7 +19,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from discovery.redislayout import RedisKeys
+from discovery.redislayout import RedisKeys, parse_change
 
 #: The repository: the benchmarks' child processes run from it.
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,7 +141,13 @@ def summary_ms(values_ms: list[float]) -> dict[str, float]:
 
 
 class EventLog:
-    """Every ``P:events`` message with its arrival time (``clock``), from pub/sub."""
+    """Every ``P:changes`` entry with its arrival time (``clock``), followed with XREAD.
+
+    Each entry is given as a dict in the shape of layout 1's events, so the benchmarks
+    match on it unchanged: ``epoch``, ``version``, ``leader``, ``published_at``,
+    ``full``, ``added`` and ``changed`` (both: the entry's upserts, which layout 2 does
+    not split) and ``removed`` (``[{"id", "reason"}]``).
+    """
 
     def __init__(
         self,
@@ -152,26 +158,44 @@ class EventLog:
         timeout: float = 30.0,
     ) -> None:
         self._redis = redis
-        self._channel = RedisKeys(prefix).events
+        self._stream = RedisKeys(prefix).changes
         self._clock = clock
         self._timeout = timeout
         self.events: list[tuple[float, dict[str, Any]]] = []
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._pubsub: Any = None
 
     async def start(self) -> None:
-        self._pubsub = self._redis.pubsub()
-        await self._pubsub.subscribe(self._channel)
-        self._task = asyncio.create_task(self._read(), name="bench:events")
+        last = await self._redis.xrevrange(self._stream, count=1)
+        self._task = asyncio.create_task(
+            self._read(last[0][0] if last else "0-0"), name="bench:events"
+        )
 
-    async def _read(self) -> None:
-        async for message in self._pubsub.listen():
-            if message.get("type") != "message":
-                continue
+    async def _read(self, last: Any) -> None:
+        while True:
+            reply = await self._redis.xread({self._stream: last}, block=1000)
             arrived = self._clock()
-            self.events.append((arrived, json.loads(message["data"])))
-            self._arrived.set()
+            for _name, entries in reply or []:
+                for stream_id, fields in entries:
+                    last = stream_id
+                    entry = parse_change(stream_id, fields)
+                    upserts = [i.to_dict() for i in entry.upserts]
+                    self.events.append(
+                        (
+                            arrived,
+                            {
+                                "epoch": entry.epoch,
+                                "version": entry.version,
+                                "leader": entry.leader,
+                                "published_at": entry.published_at,
+                                "full": entry.full,
+                                "added": upserts,
+                                "changed": upserts,
+                                "removed": [{"id": i, "reason": r} for i, r in entry.removes],
+                            },
+                        )
+                    )
+                    self._arrived.set()
 
     async def wait_for(
         self,
@@ -199,8 +223,6 @@ class EventLog:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._pubsub is not None:
-            await self._pubsub.aclose()
 
 
 # The whole run of the benchmark that imports this module (see machine()).

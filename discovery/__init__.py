@@ -48,6 +48,7 @@ from .errors import (
     ZkNodeExistsError,
     ZkNoNodeError,
     ZkSessionExpiredError,
+    ZkUnsupportedError,
 )
 from .instance import MAX_INSTANCE_BYTES, InstancePayload, InstanceState, ServiceInstance
 from .layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
@@ -58,7 +59,7 @@ from .probes import CallableProbe, HttpProbe, Probe, SearchProbe
 from .publisher import LivePublisher
 from .redisstore import RedisLiveStore
 from .registration import Registration, Removal
-from .store import LiveList, LiveListFollower, LiveListPublisher, LiveListStore
+from .store import LiveList, LiveListChange, LiveListFollower, LiveListPublisher, LiveListStore
 from .zk import SessionEvent, SessionState, ZkSession
 
 __all__ = [
@@ -84,6 +85,7 @@ __all__ = [
     "LeaderElection",
     "Leadership",
     "LiveList",
+    "LiveListChange",
     "LiveListFollower",
     "LiveListPublisher",
     "LiveListReader",
@@ -122,4 +124,5 @@ __all__ = [
     "ZkNodeExistsError",
     "ZkSession",
     "ZkSessionExpiredError",
+    "ZkUnsupportedError",
 ]

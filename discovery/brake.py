@@ -47,6 +47,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+import immutables
+
 from .errors import ConfigError
 from .instance import ServiceInstance
 from .metrics import MassLossBrakeMetrics
@@ -199,21 +201,31 @@ class MassLossBrake:
         due = min(loss.at for loss in self._held.values()) + self.config.hold
         return max(0.0, due - self._clock())
 
-    def apply(self, members: Mapping[str, ServiceInstance]) -> BrakeDecision:
+    def apply(
+        self,
+        members: Mapping[str, ServiceInstance],
+        removed: Mapping[str, ServiceInstance] | None = None,
+    ) -> BrakeDecision:
         """Record ``members`` (the current real view) and say what to publish.
 
-        ``members`` is kept by reference and must not be mutated afterwards (the
-        watcher's views are immutable).
+        ``removed``, if given, is every member removed since the last call, with its
+        last instance (the leader collects them from the watcher's change sets): the
+        brake then looks only at those, O(changed). Without it the brake compares
+        ``members`` with the view of its last call, O(members). ``members`` is kept by
+        reference and must not be mutated afterwards (the watcher's views are
+        immutable).
         """
         now = self._clock()
         previous, self._seen = self._seen, members
         if previous is None or not self.config.enabled:
             return BrakeDecision(members)
+        gone = previous.items() if removed is None else removed.items()
         vanished = {
             instance_id: _Loss(now, instance)
-            for instance_id, instance in previous.items()
+            for instance_id, instance in gone
             if instance_id not in members and not _announced(instance)
         }
+        # Members that came back are no losses (O(losses), not O(members)).
         for instance_id in [i for i in self._losses if i in members]:
             del self._losses[instance_id]
         released: frozenset[str] = frozenset()
@@ -238,6 +250,9 @@ class MassLossBrake:
         self._update_gauges()
         if not self._held:
             return BrakeDecision(members, released)
+        if isinstance(members, immutables.Map):
+            # O(held): the held instances are put back into a view sharing the rest.
+            return BrakeDecision(members.update(self.held), released)
         published = dict(members)
         published.update(self.held)
         return BrakeDecision(published, released)

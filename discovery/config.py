@@ -158,10 +158,11 @@ REDIS_LAYOUTS = ("v2", "v1")
 class RedisConfig:
     """Credentials and TLS for Redis, beyond what the URL (:class:`ClusterConfig`) says.
 
-    Two roles use Redis: every search server *reads* the live list (GET, HMGET,
-    SUBSCRIBE, PING) with ``username``/``password``; the leader *publishes* it (the
-    fence script) with ``publish_username``/``publish_password``, each of which
-    defaults to its reading counterpart. So a cluster can give non-leaders a user that
+    Two roles use Redis: every search server *reads* the live list (MULTI/EXEC of
+    HGETALL, XREAD, HMGET, GET, PING) with ``username``/``password``; the leader
+    *publishes* it (the fenced publish script) with
+    ``publish_username``/``publish_password``, each of which defaults to its reading
+    counterpart. So a cluster can give non-leaders a user that
     cannot write (see :mod:`discovery.redisconn` for the ACL rules of both roles).
     Reading credentials may instead be in the URL (``redis://user:pw@host``), but not
     in both places.

@@ -19,6 +19,7 @@ kept as ``__cause__``.
     │   ├── ZkConnectionError               connection down or timed out (retry later)
     │   │   └── ZkSessionExpiredError       the session and its ephemeral nodes are gone
     │   ├── ZkAuthError, ZkNoNodeError, ZkNodeExistsError, ZkBadVersionError
+    │   ├── ZkUnsupportedError              the server lacks a request (addWatch: < 3.6)
     │   └── RegistrationConflictError       another live session owns our id
     ├── FencedError                         a newer leader has published: stop leading
     ├── StoreError                          the live-list store failed (retry later)
@@ -61,6 +62,7 @@ __all__ = [
     "ZkNoNodeError",
     "ZkNodeExistsError",
     "ZkSessionExpiredError",
+    "ZkUnsupportedError",
 ]
 
 
@@ -132,6 +134,11 @@ class ZkNodeExistsError(ZkError):
 
 class ZkBadVersionError(ZkError):
     """A conditional update or delete lost a race: the znode's version changed."""
+
+
+class ZkUnsupportedError(ZkError):
+    """The ZooKeeper server does not implement a request we need (it answered
+    UNIMPLEMENTED): ``addWatch`` needs ZooKeeper 3.6 or later."""
 
 
 class RegistrationConflictError(ZkError):

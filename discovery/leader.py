@@ -10,9 +10,10 @@ A term of leadership is one call of :class:`LeaderDuty`; it runs as a task of
 Within a term:
 
 * the first write is the full snapshot (a new epoch starts at version 1);
-* every membership change is published as the new snapshot plus a diff against what
-  was last published (added, changed, removed with a reason), so readers can apply it
-  or refetch;
+* every membership change is published as a diff against what was last published
+  (added, changed, removed with a reason), computed over the ids the watcher's change
+  sets touched (plus the brake's held and released ones): O(changed), whatever the
+  cluster's size;
 * a heartbeat tells readers the leader is alive every ``heartbeat_interval``; if it
   finds the stored list missing or not ours (Redis restarted empty, FLUSHALL), the full
   snapshot is republished, so the list is back within one heartbeat interval;
@@ -29,8 +30,10 @@ Within a term:
   may ever say so: a client can stay connected to a session the ensemble has closed
   (see :class:`~discovery.zk.ZkSession`), and a leader in that state would otherwise
   publish until a successor's epoch fences it;
-* store errors (a Redis outage, error replies) are logged and retried at the next
-  heartbeat with a full snapshot; once every write has failed for ``store_grace``
+* store errors (a Redis outage, a Sentinel failover, error replies) are logged; the
+  store is then probed with a heartbeat every 0.2 s, and the first that succeeds
+  brings a full snapshot (a write whose outcome is unknown leaves readers unsure of
+  what they hold); once every write has failed for ``store_grace``
   (the search server uses its heartbeat TTL) the term ends, and the election's next
   contender leads: a leader cut from Redis alone must not hold the cluster's list
   stale while another search server could publish it (if nobody reaches Redis,
@@ -66,6 +69,9 @@ from .zk import SessionEvent, SessionState, ZkSession
 __all__ = ["LeaderDuty"]
 
 log = logging.getLogger(__name__)
+
+# How soon a leader whose last write failed tries again (between heartbeats).
+_STORE_RETRY = 0.2
 
 
 def _removal_reason(instance: ServiceInstance, held: float | None = None) -> str:
@@ -161,6 +167,10 @@ class _Term:
         self._leadership = leadership
         self.brake = brake
         self._published: Mapping[str, ServiceInstance] | None = None  # None: full next
+        # What the watcher's change sets touched since the last publish, and what they
+        # removed since the brake last looked: a change costs O(changed), not O(members).
+        self._dirty: set[str] = set()
+        self._removed: dict[str, ServiceInstance] = {}
         self._wake = asyncio.Event()
         # The lease: we write only within half a session timeout of the last answer
         # that showed our election node still ours (winning counts as one).
@@ -195,6 +205,14 @@ class _Term:
             while not (self._deposed or self._store_lost()):
                 await self._publish_if_due(watcher.members)
                 delay = next_beat - loop.time()
+                # While the store fails (a Redis failover in progress), probe it with a
+                # heartbeat soon rather than at the next beat: the first one that
+                # succeeds brings the full publish, so readers are current again within
+                # a retry of the new primary's arrival. (A heartbeat, not the publish
+                # itself: a full publish of 50,000 servers is megabytes to encode.)
+                retrying = self._failing_since is not None and delay > _STORE_RETRY
+                if retrying:
+                    delay = _STORE_RETRY
                 if delay > 0:
                     # A hold that ends before the next heartbeat is published on time.
                     release = self.brake.seconds_until_release()
@@ -215,8 +233,12 @@ class _Term:
                     await task
 
     async def _follow(self, changes: MembershipSubscription) -> None:
-        # Only a wake-up: what to publish is computed from the watcher's current view.
-        async for _ in changes:
+        # What to publish is computed from the watcher's current view; the change sets
+        # say which ids to look at. A change set consumed after the view was read only
+        # makes the next round look at ids again, never skip one.
+        async for change in changes:
+            self._dirty.update(change.added, change.removed, change.changed)
+            self._removed.update(change.removed)
             self._wake.set()
 
     def _store_lost(self) -> bool:
@@ -253,8 +275,11 @@ class _Term:
     async def _publish_if_due(self, members: Mapping[str, ServiceInstance]) -> None:
         self._wake.clear()
         # Fed even while we may not write, so that a hold's clock runs and ends on time.
-        decision = self.brake.apply(members)
-        if not self._may_write():
+        removed, self._removed = self._removed, {}
+        decision = self.brake.apply(members, removed)
+        if not self._may_write() or self._failing_since is not None:
+            # A failing store is probed by heartbeats (see run()); one that succeeds
+            # clears the failure, and the full publish follows at once.
             return
         members = decision.members
         held_for = self.brake.config.hold
@@ -285,17 +310,29 @@ class _Term:
         released: frozenset[str],
         held_for: float,
     ) -> None:
-        """The full snapshot if nothing is published yet in this term, else the diff."""
+        """The full snapshot if nothing is published yet in this term, else the diff.
+
+        The diff looks only at the ids the watcher's change sets touched, the brake's
+        held ones and those it released: O(changed) at any cluster size.
+        """
+        ids, self._dirty = self._dirty, set()
         if published is None:
             await self._publisher.publish_full(members)
             return
-        added = {k: v for k, v in members.items() if k not in published}
-        changed = {k: v for k, v in members.items() if k in published and published[k] != v}
-        removed = {
-            k: _removal_reason(v, held_for if k in released else None)
-            for k, v in published.items()
-            if k not in members
-        }
+        ids |= released
+        ids.update(self.brake.held)
+        added: dict[str, ServiceInstance] = {}
+        changed: dict[str, ServiceInstance] = {}
+        removed: dict[str, str] = {}
+        for k in ids:
+            new, old = members.get(k), published.get(k)
+            if new is None:
+                if old is not None:
+                    removed[k] = _removal_reason(old, held_for if k in released else None)
+            elif old is None:
+                added[k] = new
+            elif old != new:
+                changed[k] = new
         if added or changed or removed:
             await self._publisher.publish_change(
                 members, added=added, changed=changed, removed=removed
@@ -372,11 +409,20 @@ class _Term:
             async with self._write_deadline():
                 present = await self._publisher.heartbeat()
         except StoreError as exc:
-            log.warning("leader: heartbeat failed: %s", exc)
+            # The first failure is news; the probes of an outage that follow are noise.
+            log.log(
+                logging.WARNING if self._failing_since is None else logging.DEBUG,
+                "leader: heartbeat failed: %s",
+                exc,
+            )
             self._published = None
             self._store_failed(started)
             return
+        if self._failing_since is not None:
+            log.info("leader: the store answers again; publishing the whole list")
         self._failing_since = None
+        if self._published is None:
+            self._wake.set()  # a failed write left readers unsure: the full list follows
         if not present:
             log.warning("leader: the stored live list is missing or not ours; republishing it")
             self._published = None

@@ -34,8 +34,9 @@ Failure behaviour:
 
 * Redis unreachable (at start or later), or failing over behind Sentinel: the last
   list is kept and served (at start, the empty list); :attr:`LiveListReader.connected`
-  is False, the reader retries with exponential backoff (0.1 s doubling to 2 s, with
-  jitter, so a fleet of search servers does not reconnect in lock-step) and
+  is False, the reader retries with exponential backoff (0.1 s doubling to 0.5 s, with
+  jitter, so a fleet of search servers does not reconnect in lock-step; a retry is one
+  cheap ``HMGET`` unless the list changed meanwhile) and
   reconciles on its return; :meth:`LiveListReader.age` grows meanwhile. A dead
   connection is noticed by the client's socket timeout on the blocking read (keep it
   above ``block``), or at the latest ``block`` + 5 s.
@@ -84,7 +85,7 @@ _BACKOFF_MIN: Final = 0.1
 #: The longest pause between attempts to reach Redis again while it is unreachable,
 #: hence how long after Redis is back a reader may still go without changes. Short,
 #: because those seconds are stale routing; jitter spreads a fleet's reconnects.
-RECONNECT_BACKOFF_MAX: Final = 2.0
+RECONNECT_BACKOFF_MAX: Final = 0.5
 # Beyond the blocking read's own time: for a client without a socket timeout, the
 # bound on a read from a connection that died silently.
 _READ_GRACE: Final = 5.0

@@ -1,12 +1,21 @@
 """An up-to-date, decoded view of a membership directory such as ``/data_servers``.
 
-:class:`MembershipWatcher` keeps one child watch on the directory and one data watch
-per child. Watch callbacks only mark what is dirty and wake a single refresh task on
-the event loop; the task refreshes at most once per short coalescing window (the
-first change after a quiet spell at once, so a burst of 100 registrations costs two
-refreshes, not 100), re-lists the children if the list changed,
-reads only the children that are new or whose data changed, and hands a
+:class:`MembershipWatcher` keeps one *persistent recursive* watch on the directory
+(ZooKeeper 3.6+ ``addWatch``, :mod:`discovery.zkwatch`): the server names each child
+created, changed or deleted, so a change costs one read of that child, never a
+re-list of all of them (at 50,000 data servers a re-list is 2 MB and tens of
+milliseconds of CPU on both sides). On a server without ``addWatch`` (or with
+``persistent_watch=False``) it falls back to one child watch on the directory and one
+data watch per child, re-listing the names on every child event. Watch callbacks only
+mark what is dirty and wake a single refresh task on the event loop; the task
+refreshes at most once per short coalescing window (the first change after a quiet
+spell at once, so a burst of 100 registrations costs two refreshes, not 100), reads
+only the children that are new or whose data changed, and hands a
 :class:`MembershipChange` (snapshot plus added / removed / changed) to subscribers.
+The view is an immutable map (:class:`immutables.Map`): each change set makes the
+next view from the last in time proportional to the change, sharing the rest, so a
+change to one of 50,000 members costs what it costs with 500 (with the fallback,
+plus the re-list of the children's names that a child watch requires).
 
 Failure and session behaviour:
 
@@ -17,7 +26,8 @@ Failure and session behaviour:
 * While the connection is SUSPENDED the last view is kept (it is still our best
   knowledge; readers can see :attr:`MembershipWatcher.stale`). On every reconnect,
   and after a session expiry, the whole directory is re-read, so changes made while
-  we were away are seen even if a watch was lost with the session.
+  we were away are seen even if a watch was lost with the session (with the
+  persistent watch: once it is back on the server, at its ``resync`` event).
 * A refresh that fails is retried at the next reconnect, or after a short pause if
   the connection is up.
 """
@@ -33,13 +43,21 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import immutables
 from prometheus_client import CollectorRegistry
 
-from .errors import InvalidInstanceError, PayloadTooLargeError, ZkError, ZkNoNodeError
+from .errors import (
+    InvalidInstanceError,
+    PayloadTooLargeError,
+    ZkError,
+    ZkNoNodeError,
+    ZkUnsupportedError,
+)
 from .instance import MAX_INSTANCE_BYTES, ServiceInstance
 from .layout import DATA_SERVERS_PATH
 from .metrics import MembershipMetrics
 from .zk import NodeStat, SessionEvent, SessionState, WatchEvent, ZkSession
+from .zkwatch import SessionRecursiveWatch
 
 __all__ = ["MembershipChange", "MembershipSubscription", "MembershipWatcher"]
 
@@ -112,11 +130,16 @@ class MembershipWatcher:
         coalesce_window: float = 0.05,
         max_bytes: int = MAX_INSTANCE_BYTES,
         read_concurrency: int = 256,
+        persistent_watch: bool = True,
         registry: CollectorRegistry | None = None,
         metrics: MembershipMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._session = session
+        # True while the persistent recursive watch is in use (falls back when the
+        # server lacks addWatch, or the watch fails).
+        self._persistent = persistent_watch
+        self._recursive: SessionRecursiveWatch | None = None
         self.path = path.rstrip("/") or "/"
         self._window = coalesce_window
         self._max_bytes = max_bytes
@@ -127,7 +150,8 @@ class MembershipWatcher:
         self._metrics = metrics or MembershipMetrics(
             registry if registry is not None else CollectorRegistry()
         )
-        self._members: Mapping[str, ServiceInstance] = _EMPTY
+        # An immutable map (HAMT): each view shares all but what changed with the last.
+        self._members: immutables.Map[str, ServiceInstance] = immutables.Map()
         self._invalid: dict[str, str] = {}
         self._counted_invalid: dict[str, int] = {}  # child -> mzxid already counted
         self._children: set[str] = set()
@@ -152,16 +176,46 @@ class MembershipWatcher:
         self._session.add_listener(self._on_session_event)
         try:
             await self._session.ensure_path(self.path)
+            if self._persistent:
+                await self._start_recursive()
             await self._refresh_once()
         except BaseException:
             self._session.remove_listener(self._on_session_event)
+            await self._stop_recursive()
             raise
         self._task = asyncio.create_task(self._run(), name=f"membership:{self.path}")
         self._task.add_done_callback(self._on_task_done)
 
+    async def _start_recursive(self) -> None:
+        # Added before the first read: a change after that read is then reported.
+        watch = SessionRecursiveWatch(self._session, self.path, self._on_recursive_event)
+        try:
+            await watch.start()
+        except ZkUnsupportedError as exc:
+            log.warning(
+                "%s: the ZooKeeper server has no persistent watches (%s); re-listing the "
+                "children on every change instead",
+                self.path,
+                exc,
+            )
+            self._persistent = False
+            return
+        self._recursive = watch
+
+    async def _stop_recursive(self) -> None:
+        watch, self._recursive = self._recursive, None
+        if watch is not None:
+            await watch.aclose()
+
+    @property
+    def persistent(self) -> bool:
+        """True while following with a persistent recursive watch (else re-listing)."""
+        return self._persistent
+
     async def aclose(self) -> None:
         """Stop following; subscriptions end."""
         self._session.remove_listener(self._on_session_event)
+        await self._stop_recursive()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -230,11 +284,29 @@ class MembershipWatcher:
     # -- watch and session callbacks (on the loop) ----------------------------
 
     def _on_session_event(self, event: SessionEvent) -> None:
-        if event.state is SessionState.CONNECTED:
+        # With the persistent watch, its resync event (once it is back on the server)
+        # asks for the re-read instead: a read before it could miss a change.
+        if event.state is SessionState.CONNECTED and not self._persistent:
             # Re-read everything: after an expiry our watches are gone, and after a
             # long disconnect a full read is the simplest proof of being current.
             self._full = True
             self._wake.set()
+
+    def _on_recursive_event(self, event: WatchEvent) -> None:
+        if event.kind == "resync":
+            self._full = True
+        elif event.kind == "failed":
+            log.warning("%s: the persistent watch failed; re-listing the children", self.path)
+            self._persistent = False
+            self._full = True
+        elif event.path.rsplit("/", 1)[0] == self.path:
+            # A child created, changed or deleted: read it (a deleted one reads as gone).
+            self._dirty_nodes.add(event.path.rsplit("/", 1)[-1])
+        elif event.path == self.path:
+            self._full = True  # the directory itself was deleted or created
+        else:
+            return  # deeper nodes are not members
+        self._wake.set()
 
     def _on_children_event(self, event: WatchEvent) -> None:
         self._children_dirty = True
@@ -293,57 +365,97 @@ class MembershipWatcher:
         if relist:
             children = set(await self._list_children())
             new = children - self._children
+            gone = self._children - children
         else:
-            children, new = self._children, set()
+            # Updated in place below (a copy would cost O(members) per change). The
+            # persistent watch names new children; the child watch relists for them.
+            children, gone = self._children, set()
+            new = dirty - children if self._persistent else set()
         to_read = sorted(children if full else new | (dirty & children))
         reads = await asyncio.gather(*(self._read(child) for child in to_read))
 
-        members = {child: inst for child, inst in self._members.items() if child in children}
-        invalid = {child: why for child, why in self._invalid.items() if child in children}
-        for child, result in zip(to_read, reads, strict=True):
-            members.pop(child, None)
-            invalid.pop(child, None)
-            if result is None:
-                children = children - {child}  # deleted since listed; the child watch fired
-                continue
-            instance, reason, stat = result
-            if instance is not None:
-                members[child] = instance
-            elif reason is not None:
-                invalid[child] = reason
-                if self._counted_invalid.get(child) != stat.mzxid:
-                    self._counted_invalid[child] = stat.mzxid
-                    self._metrics.skipped_total.labels(reason=reason.split(":", 1)[0]).inc()
-                    log.warning("skipping %s/%s: %s", self.path, child, reason)
-        for child in list(self._counted_invalid):
-            if child not in invalid:
-                del self._counted_invalid[child]
-
+        # Only what was listed away or read is looked at: O(changed), not O(members),
+        # and the next view shares everything else with this one.
         old = self._members
-        added = {k: v for k, v in members.items() if k not in old}
-        removed = {k: v for k, v in old.items() if k not in members}
-        changed = {k: v for k, v in members.items() if k in old and old[k] != v}
+        added: dict[str, ServiceInstance] = {}
+        removed: dict[str, ServiceInstance] = {}
+        changed: dict[str, ServiceInstance] = {}
+        invalid = self._invalid
+        invalid_changed = False
+        with old.mutate() as members:
+            if full:
+                gone = set(old) - children
+                gone |= {child for child in invalid if child not in children}
+            for child in gone:
+                instance = members.pop(child, None)
+                if instance is not None:
+                    removed[child] = instance
+                if child in invalid:
+                    invalid = {k: v for k, v in invalid.items() if k != child}
+                    invalid_changed = True
+                self._counted_invalid.pop(child, None)
+            for child, result in zip(to_read, reads, strict=True):
+                before = old.get(child)
+                if result is None:
+                    # Deleted (since listed): a watch has fired or will fire for it.
+                    children.discard(child)
+                    if before is not None:
+                        members.pop(child, None)
+                        removed[child] = before
+                    if child in invalid:
+                        invalid = {k: v for k, v in invalid.items() if k != child}
+                        invalid_changed = True
+                    continue
+                instance, reason, stat = result
+                children.add(child)
+                if instance is not None:
+                    members[child] = instance
+                    if before is None:
+                        added[child] = instance
+                    elif before != instance:
+                        changed[child] = instance
+                    if child in invalid:
+                        invalid = {k: v for k, v in invalid.items() if k != child}
+                        invalid_changed = True
+                        self._counted_invalid.pop(child, None)
+                    continue
+                if before is not None:
+                    members.pop(child, None)
+                    removed[child] = before
+                if reason is not None:
+                    if invalid.get(child) != reason:
+                        invalid = {**invalid, child: reason}
+                        invalid_changed = True
+                    if self._counted_invalid.get(child) != stat.mzxid:
+                        self._counted_invalid[child] = stat.mzxid
+                        self._metrics.skipped_total.labels(reason=reason.split(":", 1)[0]).inc()
+                        log.warning("skipping %s/%s: %s", self.path, child, reason)
+            view = members.finish()
         self._children = children
         if full:
             self._metrics.resyncs.inc()
         self._metrics.refresh_seconds.observe(self._clock() - started)
-        if added or removed or changed or invalid != self._invalid or self._generation == 0:
-            await self._publish(members, added, removed, changed, invalid, resync=full)
+        if added or removed or changed or invalid_changed or self._generation == 0:
+            await self._publish(view, added, removed, changed, invalid, resync=full)
 
     async def _list_children(self) -> list[str]:
         try:
-            return await self._session.get_children(self.path, watch=self._on_children_event)
+            return await self._session.get_children(self.path, watch=self._children_watch())
         except ZkNoNodeError:
             # Someone deleted the directory; it comes back with the next registration.
             await self._session.ensure_path(self.path)
-            return await self._session.get_children(self.path, watch=self._on_children_event)
+            return await self._session.get_children(self.path, watch=self._children_watch())
+
+    def _children_watch(self) -> Callable[[WatchEvent], None] | None:
+        return None if self._persistent else self._on_children_event
 
     async def _read(self, child: str) -> tuple[ServiceInstance | None, str | None, NodeStat] | None:
         """Read and decode one child; None if it no longer exists."""
         async with self._read_slots:
             try:
                 data, stat = await self._session.get(
-                    f"{self.path}/{child}", watch=self._on_node_event
+                    f"{self.path}/{child}",
+                    watch=None if self._persistent else self._on_node_event,
                 )
             except ZkNoNodeError:
                 return None
@@ -359,7 +471,7 @@ class MembershipWatcher:
 
     async def _publish(
         self,
-        members: dict[str, ServiceInstance],
+        members: immutables.Map[str, ServiceInstance],
         added: dict[str, ServiceInstance],
         removed: dict[str, ServiceInstance],
         changed: dict[str, ServiceInstance],
@@ -368,7 +480,7 @@ class MembershipWatcher:
         resync: bool,
     ) -> None:
         self._generation += 1
-        self._members = MappingProxyType(members)
+        self._members = members
         self._invalid = invalid
         change = MembershipChange(
             generation=self._generation,

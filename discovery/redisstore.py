@@ -51,7 +51,7 @@ class RedisLiveStore:
 
     Args:
         redis: the reading client (followers, :meth:`read`).
-        prefix: the key prefix, ``discovery:<cluster>``.
+        prefix: the key prefix, ``discovery:{<cluster>}``.
         publish_redis: the client publishers write with; default ``redis``.
         read_only: refuse :meth:`publisher` (a search server that never leads).
         heartbeat_ttl: TTL of ``P:leader`` in seconds; a leader beats well within it.

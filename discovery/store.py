@@ -17,9 +17,9 @@ depend on one: the :class:`LiveList` value and three protocols.
 
 :class:`~discovery.leader.LeaderDuty` takes a store and asks it for a publisher at the
 start of each term; ``search_server`` takes one and routes with its follower. The
-default implementation is :class:`~discovery.redisstore.RedisLiveStore` (Redis: a
-snapshot key, a pub/sub channel of diffs, a heartbeat key and one Lua script that
-fences every write). A second backend is a new class implementing these protocols,
+default implementation is :class:`~discovery.redisstore.RedisLiveStore` (Redis layout 2:
+a hash of servers, a meta hash, a stream of changes, a heartbeat key and one Lua script
+that fences every write). A second backend is a new class implementing these protocols,
 not an edit of the leader or the search server.
 """
 

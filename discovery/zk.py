@@ -122,7 +122,9 @@ class WatchEvent:
     """A fired ZooKeeper watch, delivered on the event loop.
 
     ``kind`` is one of ``created``, ``deleted``, ``changed``, ``child`` or ``none``
-    (a session event kazoo passes to watchers).
+    (a session event kazoo passes to watchers); a persistent recursive watch
+    (:mod:`discovery.zkwatch`) also reports ``resync`` (events may have been missed:
+    re-read) and ``failed`` (the watch is gone).
     """
 
     kind: str

@@ -21,8 +21,10 @@ from discovery.errors import ConfigError, RedisUnavailableError
 from discovery.redisconn import make_redis
 from discovery.redisstore import RedisLiveStore
 from discovery.store import LiveList, LiveListChange, LiveListPublisher
+from discovery.testing.redis import redis_command
 from discovery.testing.rediscluster import RedisClusterServers
 from discovery.testing.sentinel import RedisSentinelGroup
+from discovery.tools.status.reader import describe_redis
 from tests.support import make_instance, view, waited
 
 DOWN_AFTER_MS = 1000
@@ -112,6 +114,66 @@ async def test_readers_follow_a_sentinel_failover_and_never_move_backwards(
     assert seen[-1] == (11, publisher.version)
 
 
+async def test_writes_a_promoted_replica_never_got_are_republished(
+    sentinel_group: RedisSentinelGroup, ha_store: RedisLiveStore
+) -> None:
+    """Replication is asynchronous: the primary acknowledges a write, dies before any
+    replica has it, and a replica without it is promoted. The leader must find out from
+    P:meta (never trust what it wrote) and publish in full; followers never go back."""
+    publisher = ha_store.publisher(leader_id="ss-1", epoch=4)
+    a, b, c = make_instance("ds-a"), make_instance("ds-b"), make_instance("ds-c")
+    await publisher.publish_full(view(a))
+    await asyncio.to_thread(sentinel_group.wait_replicated)
+    async with ha_store.follower() as follower:
+        seen: list[tuple[int, int]] = []
+        changes = follower.changes()
+
+        async def record() -> None:
+            async for change in changes:
+                seen.append(change.current.position)
+
+        recorder = asyncio.create_task(record())
+        try:
+            # Cut the replicas off: new connections to the primary need a password they
+            # lack, and the replicas' links are killed. Our clients stay connected.
+            host, port = sentinel_group.primary_address()
+            await asyncio.to_thread(
+                redis_command, host, port, "ACL", "SETUSER", "default", "resetpass", ">cut-off"
+            )
+            await asyncio.to_thread(
+                redis_command, host, port, "CLIENT", "KILL", "TYPE", "replica", password="cut-off"
+            )
+            lost = await publisher.publish_change(view(a, b), added=view(b), changed={}, removed={})
+            await waited(follower.wait_until(lambda lst: lst.version == lost, 10), "seen")
+            killed = await asyncio.to_thread(sentinel_group.kill_primary)
+            await asyncio.to_thread(sentinel_group.wait_for_new_primary, (host, port), 30)
+            stored = await ha_store.read()
+            assert stored is not None
+            assert stored.version < lost, "the promoted replica must lack the last write"
+            # The next change is a delta on a version Redis does not hold: refused by
+            # the script, and the whole list is written instead.
+            version = await _until_written(
+                publisher,
+                lambda: publisher.publish_change(
+                    view(a, b, c), added=view(c), changed={}, removed={}
+                ),
+                30,
+            )
+            current = await waited(
+                follower.wait_until(lambda lst: lst.version == version, 30), "the full list"
+            )
+            assert dict(current.servers) == view(a, b, c)
+            stored = await ha_store.read()
+            assert stored is not None
+            assert dict(stored.servers) == view(a, b, c)
+        finally:
+            recorder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await recorder
+    assert seen == sorted(seen), seen
+    await asyncio.to_thread(sentinel_group.restart, killed)
+
+
 async def test_publishing_and_reading_on_redis_cluster(tmp_path: Path) -> None:
     servers = RedisClusterServers(tmp_path / "cluster", primaries=3)
     await asyncio.to_thread(servers.start)
@@ -146,3 +208,11 @@ def test_bad_sentinel_and_cluster_urls_name_the_flag() -> None:
         with pytest.raises(ConfigError, match=message) as error:
             make_redis(ClusterConfig(redis_url=url))
         assert "--redis" in str(error.value)
+
+
+def test_status_names_where_a_sentinel_or_cluster_client_connects() -> None:
+    for url, shown in (
+        ("redis+sentinel://h1:26379,h2:26379/mymaster/2", "sentinel:mymaster/2"),
+        ("redis+cluster://b:7001,a:7000", "cluster:a:7000,b:7001"),
+    ):
+        assert describe_redis(make_redis(ClusterConfig(redis_url=url))) == shown

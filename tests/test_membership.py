@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import Callable
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from discovery.layout import DATA_SERVERS_PATH
@@ -15,8 +16,13 @@ from discovery.testing import ZooKeeperEnsemble
 from discovery.zk import SessionState
 from tests.support import SessionFactory, make_instance, repeat_host, waited, within
 
+# Every test runs with the persistent recursive watch (ZooKeeper 3.6+) and with the
+# child-watch fallback (older servers).
+pytestmark = pytest.mark.parametrize("persistent", [True, False], ids=["addwatch", "relist"])
+
 
 async def test_malformed_and_oversized_children_are_skipped_and_counted(
+    persistent: bool,
     make_session: SessionFactory,
 ) -> None:
     session = await make_session()
@@ -31,7 +37,9 @@ async def test_malformed_and_oversized_children_are_skipped_and_counted(
     oversized["payload"]["blob"] = "x" * (70 * 1024)
     await session.create(f"{DATA_SERVERS_PATH}/ds-huge", json.dumps(oversized).encode())
 
-    async with MembershipWatcher(session, coalesce_window=0, registry=registry) as watcher:
+    async with MembershipWatcher(
+        session, coalesce_window=0, registry=registry, persistent_watch=persistent
+    ) as watcher:
         assert dict(watcher.members) == {"ds-good": good}
         assert set(watcher.invalid) == {"ds-garbage", "ds-wrongid", "ds-huge"}
         assert watcher.invalid["ds-huge"].startswith("too_large")
@@ -58,9 +66,13 @@ async def test_malformed_and_oversized_children_are_skipped_and_counted(
         assert skipped("too_large") == 1
 
 
-async def test_burst_of_registrations_is_coalesced(make_session: SessionFactory) -> None:
+async def test_burst_of_registrations_is_coalesced(
+    persistent: bool, make_session: SessionFactory
+) -> None:
     session, agent = await make_session(), await make_session()
-    async with MembershipWatcher(session, coalesce_window=0.5) as watcher:
+    async with MembershipWatcher(
+        session, coalesce_window=0.5, persistent_watch=persistent
+    ) as watcher:
         changes = watcher.subscribe()
         first = await waited(anext(changes), "the initial change set", timeout=10)
         assert first.empty
@@ -89,9 +101,13 @@ async def test_burst_of_registrations_is_coalesced(make_session: SessionFactory)
         changes.close()
 
 
-async def test_subscription_diffs_added_changed_removed(make_session: SessionFactory) -> None:
+async def test_subscription_diffs_added_changed_removed(
+    persistent: bool, make_session: SessionFactory
+) -> None:
     session, agent = await make_session(), await make_session()
-    async with MembershipWatcher(session, coalesce_window=0) as watcher:
+    async with MembershipWatcher(
+        session, coalesce_window=0, persistent_watch=persistent
+    ) as watcher:
         changes = watcher.subscribe()
         await waited(anext(changes), "the initial change set", timeout=10)
         instance = make_instance("ds-d", 9400)
@@ -105,11 +121,12 @@ async def test_subscription_diffs_added_changed_removed(make_session: SessionFac
         await registration.deregister()
         change = await waited(anext(changes), "the change set removing ds-d", timeout=10)
         assert set(change.removed) == {"ds-d"}
-        assert change.members == {}
+        assert dict(change.members) == {}
         changes.close()
 
 
 async def test_session_and_watch_survive_a_zookeeper_restart(
+    persistent: bool,
     own_zk_server: ZooKeeperEnsemble,
     make_session: SessionFactory,
     chroot: Callable[[str], str],
@@ -119,7 +136,9 @@ async def test_session_and_watch_survive_a_zookeeper_restart(
     watcher_session = await make_session(hosts, session_timeout=20)
     agent = await make_session(hosts, session_timeout=20)
     async with (
-        MembershipWatcher(watcher_session, coalesce_window=0) as watcher,
+        MembershipWatcher(
+            watcher_session, coalesce_window=0, persistent_watch=persistent
+        ) as watcher,
         Registration(agent, make_instance("ds-before", 9501)),
     ):
         await waited(
@@ -149,6 +168,7 @@ async def test_session_and_watch_survive_a_zookeeper_restart(
 
 
 async def test_ensemble_losing_a_server_carries_on_and_changes_meanwhile_are_seen(
+    persistent: bool,
     zk_ensemble: ZooKeeperEnsemble,
     make_session: SessionFactory,
     chroot: Callable[[str], str],
@@ -158,7 +178,9 @@ async def test_ensemble_losing_a_server_carries_on_and_changes_meanwhile_are_see
     watcher_session = await make_session(chroot(repeat_host(first.address)), session_timeout=20)
     suffix = watcher_session.hosts[watcher_session.hosts.index("/") :]
     agent = await make_session(",".join(s.address for s in others) + suffix, session_timeout=20)
-    async with MembershipWatcher(watcher_session, coalesce_window=0) as watcher:
+    async with MembershipWatcher(
+        watcher_session, coalesce_window=0, persistent_watch=persistent
+    ) as watcher:
         leaving = Registration(agent, make_instance("ds-leaving", 9601))
         await leaving.register()
         await waited(

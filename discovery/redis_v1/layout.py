@@ -22,7 +22,7 @@ Under the key prefix ``P`` (``discovery:<cluster>``,
 * ``P:leader`` — the heartbeat, ``{"leader":"<id>","epoch":E,"version":V,"at":<ms>}``,
   written with a TTL (``SET PX``), so readers can tell that nobody is publishing.
 * ``P:fence`` — **internal**: a hash ``{epoch, version, writer, leader}`` kept in step
-  with ``P:live`` by the fence script (:data:`discovery.publisher.FENCE_SCRIPT`), so
+  with ``P:live`` by the fence script (:data:`discovery.redis_v1.publisher.FENCE_SCRIPT`), so
   the fence check never decodes a multi-megabyte snapshot (:data:`FENCE_SCRIPT` of
   :mod:`discovery.redis_v1.publisher`).
 

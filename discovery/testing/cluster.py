@@ -36,7 +36,8 @@ class DevCluster:
     quorum; 1 works but cannot survive its own loss), reached through
     :meth:`~discovery.testing.sentinel.RedisSentinelGroup.sentinel_url`. Replicas need
     sentinels: without them nothing would promote a replica, and clients would only know
-    the primary's URL.
+    the primary's URL. ``sentinel_down_after_ms`` is how long the sentinels wait for a
+    silent primary before they fail it over.
 
     Without ``workdir`` a scratch directory is created by ``start()`` and removed by
     ``stop()``; a given ``workdir`` is created if needed and always kept. Use as a context
@@ -63,11 +64,13 @@ class DevCluster:
         host: str = LOOPBACK,
         redis_replicas: int = 0,
         sentinels: int = 0,
+        sentinel_down_after_ms: int = 1000,
     ) -> None:
         if zk_nodes < 1 or zk_nodes == 2:
             raise ValueError(f"zk_nodes must be 1 or >= 3, got {zk_nodes}")
         if tick_time_ms < 1:
             raise ValueError(f"tick_time_ms must be >= 1, got {tick_time_ms}")
+        self._sentinel_down_after_ms = sentinel_down_after_ms
         if redis_replicas < 0 or sentinels < 0:
             raise ValueError(
                 f"redis_replicas and sentinels must be >= 0, got {redis_replicas}, {sentinels}"
@@ -167,6 +170,7 @@ class DevCluster:
                     workdir / "redis",
                     replicas=self._redis_replicas,
                     sentinels=self._sentinels,
+                    down_after_ms=self._sentinel_down_after_ms,
                     host=self._host,
                 )
             else:

@@ -206,8 +206,17 @@ async def read_redis(
 
 
 def describe_redis(redis: aioredis.Redis) -> str:
-    """Where a client connects, without credentials (``host:port/db`` or the socket path)."""
-    kwargs = redis.connection_pool.connection_kwargs
+    """Where a client connects, without credentials (``host:port/db``, the socket path,
+    ``sentinel:<primary name>/db`` or ``cluster:<host:port,...>``)."""
+    pool = getattr(redis, "connection_pool", None)
+    if pool is None:  # Redis Cluster: no single pool
+        nodes = getattr(redis, "startup_nodes", None) or {}
+        names = sorted(f"{n.host}:{n.port}" for n in getattr(nodes, "values", lambda: nodes)())
+        return "cluster:" + ",".join(names)
+    service = getattr(pool, "service_name", None)
+    if service is not None:  # behind Sentinel
+        return f"sentinel:{service}/{pool.connection_kwargs.get('db', 0)}"
+    kwargs = pool.connection_kwargs
     db = kwargs.get("db", 0)
     if "path" in kwargs:
         return f"unix:{kwargs['path']}/{db}"
