@@ -56,7 +56,7 @@ demo: setup
 
 # Every benchmark, one after the other (they would distort each other in parallel);
 # each writes bench/results/<name>.json and can also be run alone.
-BENCHES := index fleet convergence failover fanout zk_load scale
+BENCHES := index fleet convergence failover fanout zk_load scale zk_watch redis_failover
 bench: setup
 	@for b in $(BENCHES); do \
 	  if [ -f bench/bench_$$b.py ]; then \
@@ -66,15 +66,21 @@ bench: setup
 
 # A seeded chaos run: a 3-server ZooKeeper ensemble, Redis, 3 search servers and 30
 # data servers under load, faults injected for CHAOS_DURATION seconds, the invariants
-# checked all along; exits non-zero on any violation. CI runs the short one.
-CHAOS_DURATION ?= 600
-CHAOS_SEED     ?= 1
+# checked all along; exits non-zero on any violation. CHAOS_SENTINELS=3 runs Redis as a
+# primary, 2 replicas and 3 sentinels and fails the primary over (report: chaos-sentinel.json).
+# CI runs the short ones, single Redis and Sentinel; the Sentinel run is 140 s, enough for
+# seed 7's first 20 faults, so every process fault (redis_failover included) runs once.
+CHAOS_DURATION  ?= 600
+CHAOS_SEED      ?= 1
+CHAOS_SENTINELS ?= 0
 chaos: setup
 	$(BIN)/discovery chaos --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) \
-	  --report bench/results/chaos.json
+	  --redis-sentinels $(CHAOS_SENTINELS) \
+	  --report bench/results/chaos$(if $(filter-out 0,$(CHAOS_SENTINELS)),-sentinel).json
 
 chaos-ci: setup
 	$(BIN)/discovery chaos --duration 100 --seed 7
+	$(BIN)/discovery chaos --duration 140 --seed 7 --redis-sentinels 3
 
 # Thirty minutes of every fault kind (process faults, network partitions, two at once),
 # the five invariants checked all along; the report is docs/BENCHMARKS.md's soak table.
@@ -82,7 +88,8 @@ SOAK_DURATION ?= 1800
 SOAK_SEED     ?= 11
 soak: setup
 	$(BIN)/discovery chaos --duration $(SOAK_DURATION) --seed $(SOAK_SEED) \
-	  --report bench/results/soak.json
+	  --redis-sentinels $(CHAOS_SENTINELS) \
+	  --report bench/results/soak$(if $(filter-out 0,$(CHAOS_SENTINELS)),-sentinel).json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -532,7 +532,9 @@ class LivePublisher:
         except (redis_errors.RedisError, OSError) as exc:
             self._metrics.publishes.labels(kind=kind, result="error").inc()
             error = translate_redis_error(exc)
-            log.warning("%s write of epoch %d failed: %s", kind, self._epoch, error)
+            # DEBUG: the caller decides what is news (the leader logs the first failure
+            # of an outage, not each of its probes every 0.2 s).
+            log.debug("%s write of epoch %d failed: %s", kind, self._epoch, error)
             raise error from exc
         finally:
             self._metrics.publish_seconds.labels(kind=kind).observe(time.perf_counter() - started)

@@ -12,31 +12,72 @@ import pytest
 
 from discovery.errors import ConfigError
 from discovery.tools.chaos import ChaosConfig, ChaosResult, schedule
-from discovery.tools.chaos.faults import CATEGORIES, FAULTS, StepResult
+from discovery.tools.chaos.faults import CATEGORIES, FAULTS, SENTINEL_KINDS, StepResult, kinds
 from discovery.tools.chaos.load import LoadStats
 from discovery.tools.chaos.observer import Snapshot, Violation
 from discovery.tools.chaos.report import render, to_json
 from discovery.tools.main import build_parser
 
 
-def test_schedule_is_seeded_and_meets_every_kind_in_each_round() -> None:
-    assert schedule(7) == schedule(7)
-    assert schedule(7) != schedule(8)
-    kinds = len(FAULTS)
-    first_rounds = schedule(7)[: 3 * kinds]
-    for start in range(0, len(first_rounds), kinds):
-        assert sorted(first_rounds[start : start + kinds]) == sorted(FAULTS)
+def _mode_kinds(*, sentinels: bool, partitions: bool = True) -> list[str]:
+    return sorted(
+        kind
+        for name in CATEGORIES
+        if partitions or name != "partition"
+        for kind in kinds(name, sentinels=sentinels)
+    )
+
+
+@pytest.mark.parametrize("sentinels", [False, True])
+def test_schedule_is_seeded_and_meets_every_kind_in_each_round(sentinels: bool) -> None:
+    assert schedule(7, sentinels=sentinels) == schedule(7, sentinels=sentinels)
+    assert schedule(7, sentinels=sentinels) != schedule(8, sentinels=sentinels)
+    every = _mode_kinds(sentinels=sentinels)
+    assert len(every) == 20
+    first_rounds = schedule(7, sentinels=sentinels)[: 3 * len(every)]
+    for start in range(0, len(first_rounds), len(every)):
+        assert sorted(first_rounds[start : start + len(every)]) == every
 
 
 def test_schedule_takes_the_categories_in_turn_so_a_short_run_meets_each() -> None:
-    category = {kind: name for name, kinds in CATEGORIES.items() for kind in kinds}
+    category = {kind: name for name, pool in CATEGORIES.items() for kind in pool}
     assert set(category) == set(FAULTS)
     for seed in range(20):
-        assert {category[kind] for kind in schedule(seed)[:3]} == set(CATEGORIES)
-    without = schedule(7, partitions=False)
-    assert not any(category[kind] == "partition" for kind in without)
-    others = sorted(kind for kind in FAULTS if category[kind] != "partition")
-    assert sorted(without[: len(others)]) == others
+        for sentinels in (False, True):
+            first = schedule(seed, sentinels=sentinels)[:3]
+            assert {category[kind] for kind in first} == set(CATEGORIES)
+    for sentinels in (False, True):
+        without = schedule(7, partitions=False, sentinels=sentinels)
+        assert not any(category[kind] == "partition" for kind in without)
+        others = _mode_kinds(sentinels=sentinels, partitions=False)
+        assert sorted(without[: len(others)]) == others
+
+
+def test_single_redis_schedules_are_unchanged_by_the_sentinel_kinds() -> None:
+    # Seed 7's first round as it was before the Sentinel kinds existed (make chaos-ci):
+    # adding kinds for the other mode must not reshuffle a single-Redis run.
+    assert schedule(7)[:6] == [
+        "leader_pause",
+        "overlap_redis_restart_during_leader_change",
+        "partition_leader_zookeeper",
+        "redis_restart",
+        "overlap_zk_kill_during_leader_kill",
+        "partition_leader_redis",
+    ]
+
+
+def test_sentinel_mode_fails_redis_over_and_never_restarts_it_empty() -> None:
+    for seed in range(20):
+        for partitions in (True, False):
+            single = schedule(seed, partitions=partitions)
+            with_sentinels = schedule(seed, partitions=partitions, sentinels=True)
+            assert "redis_failover" in with_sentinels
+            assert "overlap_redis_failover_during_leader_change" in with_sentinels
+            assert not set(SENTINEL_KINDS) & set(with_sentinels)
+            assert not set(SENTINEL_KINDS.values()) & set(single)
+            # The same seed, the same run: the failovers take the restarts' places.
+            assert with_sentinels == [SENTINEL_KINDS.get(kind, kind) for kind in single]
+    assert CATEGORIES["process"].count("redis_failover") == 1
 
 
 def _snapshot(**views: object) -> Snapshot:
@@ -61,6 +102,12 @@ def test_converged_only_when_every_view_equals_the_model() -> None:
     assert not _snapshot(search={}).converged  # nobody routing proves nothing
     detail = _snapshot(search={"s1": frozenset({"a", "c"})}).describe()
     assert "s1: missing ['b'] extra ['c']" in detail
+
+
+def test_search_follows_redis_only_when_every_server_holds_its_epoch() -> None:
+    assert _snapshot(epochs={"s1": 5, "s2": 5}).search_follows_redis
+    assert not _snapshot(epochs={"s1": 5, "s2": 4}).search_follows_redis  # not reloaded yet
+    assert not _snapshot(redis=None, redis_epoch=None, epochs={"s1": 5}).search_follows_redis
 
 
 def _result(violations: list[Violation]) -> ChaosResult:
@@ -100,10 +147,47 @@ def parse_chaos_args(argv: list[str]) -> argparse.Namespace:
     return build_parser().parse_args(["chaos", *argv])
 
 
+def test_a_sentinel_run_is_reported_as_one() -> None:
+    result = _result([])
+    result.config = ChaosConfig(duration=10, seed=3, partitions=False, redis_sentinels=3)
+    longest = "overlap_redis_failover_during_leader_change"
+    result.faults_run += ["redis_failover", longest]
+    result.steps += [
+        StepResult("redis_failover", "failed over", 5.0, 3.1),
+        StepResult(longest, "new leader, readers back", 11.1, 5.0),
+    ]
+    text = render(result)
+    assert "Redis primary + 2 replicas + 3 sentinels" in text
+    assert "redis_failover" in text
+    assert "3.10 s (62% of bound)" in text
+    # The columns stay aligned with the longest kind's name in the table.
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("fault "))
+    count_end = header.index("count") + len("count")
+    for kind in ("redis_failover", longest, "data_server_kill"):
+        row = next(line for line in lines if line.startswith(kind + " "))
+        assert row[:count_end].endswith(" 1"), row
+    record = to_json(result)
+    assert record["config"]["redis_sentinels"] == 3
+    assert record["faults"]["redis_failover"]["count"] == 1
+
+
+def test_failover_bound_is_down_after_plus_target_plus_slack() -> None:
+    config = ChaosConfig(partitions=False, redis_sentinels=3)
+    assert config.sentinel_mode
+    assert not ChaosConfig(partitions=False).sentinel_mode
+    # 1 s down-after + 3 s target + 0.5 s heartbeat + 0.5 s reconnect back-off.
+    assert config.redis_failover_bound == pytest.approx(5.0)
+    args = parse_chaos_args(["--redis-sentinels", "3", "--no-partitions"])
+    assert ChaosConfig.from_args(args).redis_sentinels == 3
+    assert ChaosConfig.from_args(parse_chaos_args(["--no-partitions"])).redis_sentinels == 0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--data-servers", "4", "--shards", "8"], "--data-servers (4) must be at least --shards"),
+        (["--redis-sentinels", "-1", "--no-partitions"], "--redis-sentinels must be 0"),
         (["--search-servers", "1"], None),  # refused by argparse: 2..9
     ],
 )

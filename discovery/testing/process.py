@@ -15,12 +15,12 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..errors import DevClusterError
 
-__all__ = ["ManagedProcess", "log_tail", "terminate_all"]
+__all__ = ["ManagedProcess", "log_tail", "log_tails", "remaining", "terminate_all"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +29,20 @@ logger = logging.getLogger(__name__)
 _POLL_INTERVAL_S = 0.05
 _TAIL_LINES = 30
 _TAIL_BYTES = 64 * 1024
+
+
+def remaining(deadline: float) -> float:
+    """Seconds left until ``deadline`` (``time.monotonic()``), never negative."""
+    return max(0.0, deadline - time.monotonic())
+
+
+def log_tails(processes: Iterable[ManagedProcess], lines: int = 12) -> str:
+    """The last ``lines`` of each process's log, headed by its name and pid (for the
+    error message of a group of servers that failed to come up)."""
+    return "\n".join(
+        f"--- {p.name} (pid {p.pid}), last lines of {p.log_path}:\n{log_tail(p.log_path, lines)}"
+        for p in processes
+    )
 
 
 def log_tail(path: Path, lines: int = _TAIL_LINES) -> str:

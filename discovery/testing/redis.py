@@ -34,7 +34,14 @@ from .ports import LOOPBACK, free_port
 from .process import ManagedProcess
 from .tls import DevPki, make_dev_pki
 
-__all__ = ["RedisServer", "config_quote", "find_redis_server", "redis_command", "redis_ping"]
+__all__ = [
+    "RedisServer",
+    "config_quote",
+    "find_redis_server",
+    "redis_command",
+    "redis_ping",
+    "redis_query",
+]
 
 _TLS_AUTH_CLIENTS = ("no", "optional", "yes")
 
@@ -161,6 +168,15 @@ def redis_command(
         return client.execute_command(*command)  # type: ignore[no-untyped-call]  # untyped
     finally:
         client.close()
+
+
+def redis_query(host: str, port: int, *command: str, password: str | None = None) -> Any:
+    """:func:`redis_command`, but None if the server cannot be reached or answers with an
+    error: for fixtures that poll a condition."""
+    try:
+        return redis_command(host, port, *command, password=password)
+    except (redis.RedisError, OSError):
+        return None
 
 
 class RedisServer(ManagedProcess):

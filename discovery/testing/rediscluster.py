@@ -28,12 +28,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import redis
-
 from ..errors import DevClusterError
 from .ports import LOOPBACK
-from .process import log_tail
-from .redis import RedisServer, config_quote, redis_command
+from .process import log_tail, log_tails, remaining
+from .redis import RedisServer, config_quote, redis_query
 
 __all__ = ["CLUSTER_SLOTS", "RedisClusterServers", "cluster_ports", "find_redis_cli"]
 
@@ -113,10 +111,7 @@ def cluster_ports(n: int, host: str = LOOPBACK) -> list[int]:
 
 def _query(node: RedisServer, *command: str) -> Any:
     """The reply to ``command``, or None if the node does not answer or answers an error."""
-    try:
-        return redis_command(node.host, node.port, *command, password=node.password)
-    except (redis.RedisError, OSError):
-        return None
+    return redis_query(node.host, node.port, *command, password=node.password)
 
 
 def _info_fields(reply: Any) -> dict[str, str]:
@@ -250,9 +245,9 @@ class RedisClusterServers:
                 (server.workdir / "nodes.conf").unlink(missing_ok=True)
                 server.start(wait=False)
             for server in self._servers:
-                server.wait_ready(_remaining(deadline))
+                server.wait_ready(remaining(deadline))
             self._create(deadline)
-            self.wait_healthy(_remaining(deadline))
+            self.wait_healthy(remaining(deadline))
         except BaseException:
             self.stop()
             raise
@@ -286,7 +281,7 @@ class RedisClusterServers:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
-                    timeout=_remaining(deadline),
+                    timeout=remaining(deadline),
                     check=False,
                 )
         except subprocess.TimeoutExpired:
@@ -358,11 +353,7 @@ class RedisClusterServers:
             )
 
     def _log_tails(self) -> str:
-        return "\n".join(
-            f"--- {s.name} (pid {s.pid}), last lines of {s.log_path}:\n"
-            f"{log_tail(s.log_path, _TAIL_LINES)}"
-            for s in self._servers
-        )
+        return log_tails(self._servers, _TAIL_LINES)
 
     def __enter__(self) -> RedisClusterServers:
         self.start()
@@ -381,7 +372,3 @@ class RedisClusterServers:
             f"<RedisClusterServers primaries={self._primaries} "
             f"replicas_per_primary={self._replicas_per_primary} dir={self._workdir}>"
         )
-
-
-def _remaining(deadline: float) -> float:
-    return max(0.0, deadline - time.monotonic())

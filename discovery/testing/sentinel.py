@@ -35,8 +35,15 @@ import redis
 
 from ..errors import DevClusterError
 from .ports import LOOPBACK, free_port, free_ports
-from .process import ManagedProcess, log_tail
-from .redis import RedisServer, config_quote, find_redis_server, redis_command, redis_ping
+from .process import ManagedProcess, log_tails, remaining
+from .redis import (
+    RedisServer,
+    config_quote,
+    find_redis_server,
+    redis_command,
+    redis_ping,
+    redis_query,
+)
 
 __all__ = ["RedisSentinel", "RedisSentinelGroup", "find_redis_sentinel"]
 
@@ -81,12 +88,7 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def _query(address: Address, *command: str, password: str | None = None) -> Any:
-    """:func:`redis_command`, but None if the server cannot be reached or answers with an
-    error: for callers that poll."""
-    try:
-        return redis_command(*address, *command, password=password)
-    except (redis.RedisError, OSError):
-        return None
+    return redis_query(*address, *command, password=password)
 
 
 def _fields(reply: Any) -> dict[str, str]:
@@ -407,7 +409,7 @@ class RedisSentinelGroup:
         """
         deadline = time.monotonic() + timeout
         for server in self._servers:
-            server.wait_ready(_remaining(deadline))
+            server.wait_ready(remaining(deadline))
         self._wait(
             self._replicas_linked,
             "the replicas replicate from redis-1",
@@ -418,7 +420,7 @@ class RedisSentinelGroup:
             if not sentinel.running:
                 sentinel.start(wait=False)
         for sentinel in self._sentinels:
-            sentinel.wait_ready(_remaining(deadline))
+            sentinel.wait_ready(remaining(deadline))
         self._wait(
             self._sentinels_converged,
             "every sentinel sees the whole group",
@@ -482,7 +484,7 @@ class RedisSentinelGroup:
                     refusals.append(f"{sentinel.name}: {exc}")
                     continue
                 logger.info("%s forced a failover away from %s:%d", sentinel.name, *old)
-                return self.wait_for_new_primary(old, _remaining(deadline))
+                return self.wait_for_new_primary(old, remaining(deadline))
             if time.monotonic() >= deadline:
                 raise DevClusterError(
                     f"no sentinel started a failover within {timeout:g} s: "
@@ -564,7 +566,7 @@ class RedisSentinelGroup:
         primary = self.primary_address()
         own = _address_of(server)
         server.replicaof = None if primary == own else primary
-        server.start(timeout=_remaining(deadline))
+        server.start(timeout=remaining(deadline))
         if primary == own:
             return
 
@@ -697,11 +699,7 @@ class RedisSentinelGroup:
             time.sleep(_POLL_INTERVAL_S)
 
     def _log_tails(self) -> str:
-        return "\n".join(
-            f"--- {p.name} (pid {p.pid}), last lines of {p.log_path}:\n"
-            f"{log_tail(p.log_path, _TAIL_LINES)}"
-            for p in (*self._servers, *self._sentinels)
-        )
+        return log_tails((*self._servers, *self._sentinels), _TAIL_LINES)
 
     def __enter__(self) -> RedisSentinelGroup:
         self.start()
@@ -720,7 +718,3 @@ class RedisSentinelGroup:
             f"<RedisSentinelGroup {self._master_name} servers={len(self._servers)} "
             f"sentinels={len(self._sentinels)} dir={self._workdir}>"
         )
-
-
-def _remaining(deadline: float) -> float:
-    return max(0.0, deadline - time.monotonic())

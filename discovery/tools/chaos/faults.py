@@ -8,11 +8,19 @@ kind of fault has by design:
 * probe faults (slow, error, hang): one probe interval, then ``fall`` probes that may
   each run to the probe timeout, plus 1.5 s of propagation;
 * crash (``kill -9``): the session timeout, one tick, 1 s of propagation;
-* Redis restart / FLUSHALL: the readers' reconnect back-off (2 s at most), two
+* Redis restart / FLUSHALL: the readers' reconnect back-off (0.5 s at most), two
   heartbeats, 1 s;
+* Redis failover (``--redis-sentinels``: SIGKILL of the primary): ``down-after`` plus
+  the issue's 3 s target plus a heartbeat and the readers' longest back-off
+  (:attr:`~discovery.tools.chaos.config.ChaosConfig.redis_failover_bound`, 5 s); with
+  the leader killed too, the crash bound on top;
 * leader killed or paused: the crash bound plus 1 s for the election and first publish;
 * ZooKeeper server faults: the session timeout once the servers are back;
 * restarts: process start-up plus ``rise`` probes (:data:`START_BOUND`).
+
+With sentinels the schedule swaps the kinds that restart the one Redis server empty
+for their failover counterparts (:data:`SENTINEL_KINDS`): a primary that comes back
+empty is not what a Sentinel deployment goes through, a promoted replica is.
 
 A step that does not converge within its bound is a violation; the runner then waits
 (up to :data:`RECOVERY_TIMEOUT`) for the cluster to settle, so that one failure does
@@ -32,13 +40,15 @@ from dataclasses import dataclass
 
 import redis as sync_redis
 
+from discovery.errors import DevClusterError
 from discovery.livelist import RECONNECT_BACKOFF_MAX
+from discovery.testing.redis import RedisServer
 
 from .cluster import ChaosCluster, Member
 from .config import ChaosConfig
 from .observer import Observer, Snapshot
 
-__all__ = ["CATEGORIES", "FAULTS", "FaultContext", "StepResult"]
+__all__ = ["CATEGORIES", "FAULTS", "SENTINEL_KINDS", "FaultContext", "StepResult", "kinds"]
 
 log = logging.getLogger(__name__)
 
@@ -279,8 +289,9 @@ async def redis_restart(ctx: FaultContext) -> None:
 
 
 async def redis_flushall(ctx: FaultContext) -> None:
-    """FLUSHALL: the live list, fence and heartbeat vanish at once."""
-    await asyncio.to_thread(_flushall, ctx.cluster.redis_url)
+    """FLUSHALL (with sentinels, on the primary; it replicates): the live list, fence
+    and heartbeat vanish at once."""
+    await asyncio.to_thread(_flushall, ctx.cluster)
     await ctx.converge(
         "redis_flushall",
         "republished",
@@ -289,12 +300,86 @@ async def redis_flushall(ctx: FaultContext) -> None:
     )
 
 
-def _flushall(url: str) -> None:
-    client = sync_redis.Redis.from_url(url, socket_timeout=2.0)
+def _flushall(cluster: ChaosCluster) -> None:
+    # The primary's own URL: a plain client cannot take the sentinel URL, and asking
+    # the sentinels for the primary is blocking I/O too (this runs in a thread).
+    client = sync_redis.Redis.from_url(cluster.primary_url, socket_timeout=2.0)
     try:
         client.flushall()
     finally:
         client.close()
+
+
+async def _kill_redis_primary(
+    ctx: FaultContext, kind: str
+) -> tuple[RedisServer, asyncio.Task[None]] | None:
+    """SIGKILL the primary; return it and a task that logs when the sentinels have
+    promoted another (for the report's timings; the verdict is the converge's). None
+    (a violation) if no sentinel names a running primary to kill."""
+    group = ctx.cluster.backend.redis_group
+    loop = asyncio.get_running_loop()
+    try:
+        old = await asyncio.to_thread(group.primary_address)
+        killed_at = loop.time()
+        killed = await asyncio.to_thread(group.kill_primary)
+    except DevClusterError as exc:
+        ctx.observer.violate("fault injected", f"{kind}: cannot kill the Redis primary: {exc}")
+        return None
+    log.info("%s: killed the Redis primary %s (%s:%d)", kind, killed.name, *old)
+
+    async def promoted() -> None:
+        try:
+            new = await asyncio.to_thread(group.wait_for_new_primary, old, RECOVERY_TIMEOUT)
+        except DevClusterError as exc:
+            log.error("%s: no new Redis primary: %s", kind, exc)
+            return
+        log.info(
+            "%s: the sentinels promoted %s:%d %.2f s after the kill",
+            kind,
+            *new,
+            loop.time() - killed_at,
+        )
+
+    return killed, asyncio.create_task(promoted(), name=f"{kind}:promotion")
+
+
+async def _rejoin_redis(ctx: FaultContext, kind: str, killed: RedisServer) -> None:
+    """Bring a killed data server back as a replica of the new primary and wait until
+    every replica replicates from it, so the next fault starts from a healthy group."""
+    group = ctx.cluster.backend.redis_group
+    try:
+        await asyncio.to_thread(group.restart, killed, RECOVERY_TIMEOUT)
+        await asyncio.to_thread(group.wait_replicated, RECOVERY_TIMEOUT)
+    except DevClusterError as exc:
+        ctx.observer.violate("fault healed", f"{kind}: {killed.name} did not rejoin: {exc}")
+        return
+    log.info("%s: %s replicates from the new primary again", kind, killed.name)
+
+
+async def redis_failover(ctx: FaultContext) -> None:
+    """``kill -9`` the Redis primary (with sentinels): they promote a replica, the
+    list is readable from it and every search server follows it again within the
+    failover bound; the killed server then rejoins as a replica, and nothing moves."""
+    kind = "redis_failover"
+    found = await _kill_redis_primary(ctx, kind)
+    if found is None:
+        return
+    killed, promotion = found
+    # Readable (the snapshot's Redis view equals the model, so not None), every reader
+    # holding what the new primary holds (the leader's epoch, or its successor's if it
+    # gave up during the failover) and following the stream again: until then a reader
+    # would miss a change.
+    await ctx.converge(
+        kind,
+        "failed over",
+        ctx.config.redis_failover_bound,
+        lambda s: s.redis is not None and s.search_follows_redis and s.subscribed >= set(s.search),
+    )
+    await promotion
+    await _rejoin_redis(ctx, kind, killed)
+    await ctx.converge(
+        kind, "old primary rejoined", _redis_bound(ctx), lambda s: s.subscribed >= set(s.search)
+    )
 
 
 # -- ZooKeeper ---------------------------------------------------------------------------
@@ -462,7 +547,7 @@ async def overlap_flushall_while_leader_paused(ctx: FaultContext) -> None:
     write), and the successor's list returns within a heartbeat."""
 
     async def flushall() -> None:
-        await asyncio.to_thread(_flushall, ctx.cluster.redis_url)
+        await asyncio.to_thread(_flushall, ctx.cluster)
 
     kind = "overlap_flushall_while_leader_paused"
     await _pause_leader(ctx, kind, "SIGSTOP, then FLUSHALL,", while_paused=flushall)
@@ -535,7 +620,44 @@ async def overlap_redis_restart_during_leader_change(ctx: FaultContext) -> None:
     await ctx.converge(kind, "restarted", START_BOUND, lambda s: leader.name in s.search)
 
 
+async def overlap_redis_failover_during_leader_change(ctx: FaultContext) -> None:
+    """``kill -9`` the leader and the Redis primary together (with sentinels): the
+    successor publishes with a higher epoch to the promoted replica and every reader
+    follows; then both come back (the old primary as a replica)."""
+    kind = "overlap_redis_failover_during_leader_change"
+    found = await _leader_or_skip(ctx, kind, "kill -9 (with the Redis primary)")
+    if found is None:
+        return
+    leader, epoch = found
+    primary, _ = await asyncio.gather(_kill_redis_primary(ctx, kind), ctx.cluster.kill(leader))
+    if primary is None:
+        await ctx.cluster.restart(leader)
+        return
+    killed, promotion = primary
+    await ctx.converge(
+        kind,
+        "new leader, readers back",
+        ctx.config.crash_bound + ctx.config.redis_failover_bound,
+        lambda s: (
+            ctx.observer.max_epoch > epoch
+            and bool(s.leaders)
+            and s.redis is not None
+            and s.search_follows_redis
+            and s.subscribed >= set(s.search)
+        ),
+    )
+    await promotion
+    await asyncio.gather(ctx.cluster.restart(leader), _rejoin_redis(ctx, kind, killed))
+    await ctx.converge(
+        kind,
+        "restarted",
+        START_BOUND,
+        lambda s: leader.name in s.search and s.subscribed >= set(s.search),
+    )
+
+
 #: Each fault kind's category; a round of the schedule takes the categories in turn.
+#: A kind of :data:`SENTINEL_KINDS` (either side) runs in one Redis mode only.
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "process": (
         "zk_server_kill",
@@ -549,6 +671,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
         "data_server_error",
         "data_server_hang",
         "agent_session_expiry",
+        "redis_failover",
     ),
     "partition": (
         "partition_data_zookeeper",
@@ -562,8 +685,29 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
         "overlap_zk_kill_during_leader_kill",
         "overlap_data_kill_during_quorum_loss",
         "overlap_redis_restart_during_leader_change",
+        "overlap_redis_failover_during_leader_change",
     ),
 }
+
+#: With sentinels, each kind on the left is replaced by the one on the right, in its
+#: place: restarting the one Redis server empty has no Sentinel counterpart but the
+#: primary's crash and a replica's promotion. Kinds on the right run only then.
+SENTINEL_KINDS: dict[str, str] = {
+    "redis_restart": "redis_failover",
+    "overlap_redis_restart_during_leader_change": "overlap_redis_failover_during_leader_change",
+}
+
+
+def kinds(category: str, *, sentinels: bool = False) -> list[str]:
+    """The kinds of ``category`` that a run in this Redis mode schedules, in the order
+    of :data:`CATEGORIES` (single Redis: exactly as before sentinels existed, so a seed
+    replays the same run; with sentinels: the same order, the swapped kinds in place)."""
+    replaced = set(SENTINEL_KINDS.values())
+    chosen = [kind for kind in CATEGORIES[category] if kind not in replaced]
+    if sentinels:
+        chosen = [SENTINEL_KINDS.get(kind, kind) for kind in chosen]
+    return chosen
+
 
 FAULTS: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
     "zk_server_kill": zk_server_kill,
@@ -586,4 +730,6 @@ FAULTS: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
     "overlap_zk_kill_during_leader_kill": overlap_zk_kill_during_leader_kill,
     "overlap_data_kill_during_quorum_loss": overlap_data_kill_during_quorum_loss,
     "overlap_redis_restart_during_leader_change": overlap_redis_restart_during_leader_change,
+    "redis_failover": redis_failover,
+    "overlap_redis_failover_during_leader_change": overlap_redis_failover_during_leader_change,
 }

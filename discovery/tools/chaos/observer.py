@@ -7,7 +7,9 @@ The observer keeps four views of the data servers, refreshed every ``interval``:
 * **ZooKeeper**: the serving nodes under ``/data_servers``, from a
   :class:`~discovery.membership.MembershipWatcher` on a session of our own;
 * **Redis**: the serving servers of ``P:live``, read directly and decoded as the
-  contract (:mod:`discovery.redislayout`) says;
+  contract (:mod:`discovery.redislayout`) says, with a client made like the search
+  servers' (:func:`~discovery.redisconn.make_redis`): behind Sentinel it asks the
+  sentinels for the primary at each new connection, so it follows a failover;
 * each running search server's list (``GET /cluster``).
 
 It checks continuously that the epoch in Redis never decreases (``P:live``,
@@ -30,13 +32,14 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
-from discovery.config import ZkConfig
+from discovery.config import ClusterConfig, ZkConfig
 from discovery.errors import DiscoveryError, MalformedLiveListError
 from discovery.membership import MembershipWatcher
+from discovery.redisconn import make_redis
 from discovery.redislayout import RedisKeys, load, parse_change, parse_heartbeat
 from discovery.zk import ZkSession
 
-from .cluster import ChaosCluster
+from .cluster import CLUSTER_NAME, ChaosCluster
 
 __all__ = ["Observer", "Snapshot", "Violation"]
 
@@ -68,6 +71,16 @@ class Snapshot:
     leaders: list[str] = field(default_factory=list)
     #: Search servers subscribed to the events channel again (after a Redis fault).
     subscribed: set[str] = field(default_factory=set)
+    #: The epoch of each search server's list (``GET /cluster``).
+    epochs: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def search_follows_redis(self) -> bool:
+        """Every search server that answers holds the epoch Redis holds: after a
+        failover, each has read the list from the new primary."""
+        return self.redis_epoch is not None and all(
+            epoch == self.redis_epoch for epoch in self.epochs.values()
+        )
 
     @property
     def converged(self) -> bool:
@@ -158,8 +171,12 @@ class Observer:
         await self._session.start()
         self._watcher = MembershipWatcher(self._session)
         await self._watcher.start()
-        self._redis = aioredis.Redis.from_url(
-            cluster.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
+        # The sentinel URL in a run with sentinels: only make_redis builds a client that
+        # follows a failover (a plain from_url cannot even parse that URL).
+        self._redis = make_redis(
+            ClusterConfig(cluster=CLUSTER_NAME, redis_url=cluster.redis_url),
+            socket_timeout=1.0,
+            socket_connect_timeout=1.0,
         )
         self._tasks = [
             asyncio.create_task(self._sample_forever(), name="chaos:sample"),
@@ -197,17 +214,19 @@ class Observer:
         search: dict[str, frozenset[str]] = {}
         leaders: list[str] = []
         subscribed: set[str] = set()
+        epochs: dict[str, int] = {}
         members = list(self._cluster.search.values())
         views = await asyncio.gather(*(self._cluster.view(m) for m in members))
         for member, view in zip(members, views, strict=True):
             if view is None or not view.get("version"):
                 continue
             search[member.name] = _serving(view.get("servers", []))
+            epochs[member.name] = int(view.get("epoch") or 0)
             if view.get("is_leader"):
                 leaders.append(member.name)
             if view.get("redis_connected"):
                 subscribed.add(member.name)
-        snapshot = Snapshot(at, model, zk, redis_ids, epoch, search, leaders, subscribed)
+        snapshot = Snapshot(at, model, zk, redis_ids, epoch, search, leaders, subscribed, epochs)
         self.last = snapshot
         async with self._changed:
             self._changed.notify_all()

@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from .config import REDIS_REPLICAS
 from .runner import ChaosResult
 
 __all__ = ["render", "to_json", "write_json"]
@@ -46,9 +47,14 @@ def _per_kind(result: ChaosResult) -> dict[str, dict[str, Any]]:
 def render(result: ChaosResult) -> str:
     """The human report: what ran, per-kind figures, invariant verdicts, violations."""
     config = result.config
+    redis = (
+        f"Redis primary + {REDIS_REPLICAS} replicas + {config.redis_sentinels} sentinels"
+        if config.sentinel_mode
+        else "Redis"
+    )
     lines = [
         f"chaos run: seed {config.seed}, {config.data_servers} data servers, "
-        f"{config.search_servers} search servers, 3 ZooKeeper servers, Redis; "
+        f"{config.search_servers} search servers, 3 ZooKeeper servers, {redis}; "
         f"{config.rate:g} q/s, deadline {config.deadline_ms} ms, "
         f"session timeout {config.session_timeout:g} s; {result.elapsed:.0f} s in all",
         "(data servers and ZooKeeper at nice 10: on this one machine they stand in for "
@@ -58,12 +64,15 @@ def render(result: ChaosResult) -> str:
         lines.append(f"SETUP FAILED: {result.setup_error}")
         return "\n".join(lines)
     lines.append("")
+    rows = sorted(_per_kind(result).items())
+    # As wide as the longest kind's name (overlap_redis_failover_during_leader_change).
+    width = max([42, *(len(kind) for kind, _ in rows)])
     header = (
-        f"{'fault':<42} {'count':>5} {'worst convergence':>24} {'violations':>10} "
+        f"{'fault':<{width}} {'count':>5} {'worst convergence':>24} {'violations':>10} "
         f"{'queries':>8} {'partial':>8} {'failed':>7} {'max ms':>7}"
     )
     lines += [header, "-" * len(header)]
-    for kind, row in sorted(_per_kind(result).items()):
+    for kind, row in rows:
         worst = "-"
         if row.get("worst_step"):
             worst = (
@@ -76,7 +85,7 @@ def render(result: ChaosResult) -> str:
         sent = sum(outcomes.values())
         max_ms = result.load.max_ms_by_fault.get(kind, 0.0)
         lines.append(
-            f"{kind:<42} {count:>5} {worst:>24} {row['violations']:>10} {sent:>8} "
+            f"{kind:<{width}} {count:>5} {worst:>24} {row['violations']:>10} {sent:>8} "
             f"{outcomes.get('partial', 0):>8} {outcomes.get('failed', 0):>7} {max_ms:>7.0f}"
         )
     load = result.load
@@ -121,6 +130,8 @@ def to_json(result: ChaosResult) -> dict[str, Any]:
             "rate": config.rate,
             "deadline_ms": config.deadline_ms,
             "session_timeout_s": config.session_timeout,
+            "redis_sentinels": config.redis_sentinels,
+            "redis_replicas": REDIS_REPLICAS if config.sentinel_mode else 0,
         },
         "ok": result.ok,
         "started": result.started,

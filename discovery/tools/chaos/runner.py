@@ -1,12 +1,14 @@
 """One chaos run: start everything, inject seeded faults for ``duration``, judge, report.
 
-The schedule is a sequence of rounds; each round is every fault kind once, in an
-order shuffled by the seed, the categories (process faults, network partitions, two
-faults at once) taken in turn, so that even a short run meets each category and the
-same seed replays the same run (the victims are drawn from the same seeded
-generator). Faults run one after the other: a fault is injected, judged, healed and
-judged again before the next starts, with a short seeded pause in between, so that
-every verdict belongs to one fault (an overlap is one fault made of two).
+The schedule is a sequence of rounds; each round is every fault kind of the run's
+Redis mode once (with ``--redis-sentinels``, Redis failovers where a single-Redis run
+restarts Redis empty), in an order shuffled by the seed, the categories (process
+faults, network partitions, two faults at once) taken in turn, so that even a short
+run meets each category and the same seed replays the same run (the victims are drawn
+from the same seeded generator). Faults run one after the other: a fault is injected,
+judged, healed and judged again before the next starts, with a short seeded pause in
+between, so that every verdict belongs to one fault (an overlap is one fault made of
+two).
 
 At the end all faults are healed; the final check (invariant 4) is that every data
 server is registered and serving again, in ZooKeeper, in Redis and at every search
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from .cluster import ChaosCluster
 from .config import ChaosConfig
-from .faults import CATEGORIES, FAULTS, START_BOUND, FaultContext, StepResult
+from .faults import CATEGORIES, FAULTS, START_BOUND, FaultContext, StepResult, kinds
 from .load import LoadGenerator, LoadStats, cpu_jiffies
 from .observer import Observer, Violation
 
@@ -60,18 +62,24 @@ class ChaosResult:
         return self.started and not self.violations
 
 
-def schedule(seed: int, *, partitions: bool = True) -> list[str]:
+def schedule(seed: int, *, partitions: bool = True, sentinels: bool = False) -> list[str]:
     """An endless-enough seeded order of fault kinds: rounds of every kind once, the
-    categories interleaved (without ``partitions``, the partition kinds are left out)."""
+    categories interleaved (without ``partitions``, the partition kinds are left out).
+
+    The kinds are those of the Redis mode (:func:`~.faults.kinds`): with ``sentinels``
+    the Redis restarts become failovers, in their places, so the same seed gives the
+    same order in both modes but for those; a single-Redis schedule never holds a
+    failover, nor a Sentinel one a restart.
+    """
     rng = random.Random(seed)
     categories = {
-        name: list(kinds)
-        for name, kinds in sorted(CATEGORIES.items())
+        name: kinds(name, sentinels=sentinels)
+        for name in sorted(CATEGORIES)
         if partitions or name != "partition"
     }
     order: list[str] = []
     for _ in range(100):
-        queues = {name: rng.sample(kinds, len(kinds)) for name, kinds in categories.items()}
+        queues = {name: rng.sample(pool, len(pool)) for name, pool in categories.items()}
         turn = rng.sample(sorted(queues), len(queues))
         while any(queues.values()):
             for name in turn:
@@ -109,7 +117,9 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
         cpu_before = cpu_jiffies()
         ctx = FaultContext(cluster, observer, config, random.Random(config.seed))
         deadline = time.monotonic() + config.duration
-        for kind in schedule(config.seed, partitions=config.partitions):
+        for kind in schedule(
+            config.seed, partitions=config.partitions, sentinels=config.sentinel_mode
+        ):
             if time.monotonic() >= deadline:
                 break
             observer.fault = kind
