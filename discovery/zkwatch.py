@@ -515,7 +515,11 @@ class PersistentRecursiveWatch:
             self._connections += 1
             active = self._state == _ACTIVE
         if active:
-            self._readd("reconnected")
+            # No ZooKeeper request from inside kazoo's connection listener: the re-add
+            # is handed to kazoo's callback thread, which queues it (never waiting).
+            self._client.handler.dispatch_callback(
+                Callback("watch", self._readd, ("reconnected",))
+            )
 
     def _readd(self, why: str) -> None:
         """Send ``addWatch`` again (any thread; never blocks); RESYNC follows success."""

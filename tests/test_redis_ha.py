@@ -60,7 +60,7 @@ def assert_gone(pids: Sequence[int | None]) -> None:
     deadline = time.monotonic() + 10.0
     while any(pid_alive(pid) for pid in alive):
         assert time.monotonic() < deadline, f"processes {alive} still exist"
-        time.sleep(0.05)  # the polling interval of a deadline-bounded wait
+        time.sleep(0.05)  # ok-sleep: the period of a deadline-bounded poll
 
 
 def sync_client(address: tuple[str, int], *, decode: bool = False) -> redis.Redis:
