@@ -517,9 +517,7 @@ class PersistentRecursiveWatch:
         if active:
             # No ZooKeeper request from inside kazoo's connection listener: the re-add
             # is handed to kazoo's callback thread, which queues it (never waiting).
-            self._client.handler.dispatch_callback(
-                Callback("watch", self._readd, ("reconnected",))
-            )
+            self._client.handler.dispatch_callback(Callback("watch", self._readd, ("reconnected",)))
 
     def _readd(self, why: str) -> None:
         """Send ``addWatch`` again (any thread; never blocks); RESYNC follows success."""
