@@ -17,6 +17,13 @@ next view from the last in time proportional to the change, sharing the rest, so
 change to one of 50,000 members costs what it costs with 500 (with the fallback,
 plus the re-list of the children's names that a child watch requires).
 
+A full read (start, reconnect, resync) reads every child. With the persistent watch,
+whenever more than a handful of children are to be read, it uses ZooKeeper's
+``multiRead`` (:func:`discovery.zkread.read_many`: up to 500 children per request; on
+a local ZooKeeper 50,000 children take about 0.4 s to read instead of 15 s with one
+``get`` each, and 0.7 s more to decode). The child-watch fallback needs a data watch
+on each child, which only a ``get`` can set, so it reads them one by one.
+
 Failure and session behaviour:
 
 * A child that is not a valid ServiceInstance (bad JSON, wrong fields, over the
@@ -57,6 +64,7 @@ from .instance import MAX_INSTANCE_BYTES, ServiceInstance
 from .layout import DATA_SERVERS_PATH
 from .metrics import MembershipMetrics
 from .zk import NodeStat, SessionEvent, SessionState, WatchEvent, ZkSession
+from .zkread import read_many
 from .zkwatch import SessionRecursiveWatch
 
 __all__ = ["MembershipChange", "MembershipSubscription", "MembershipWatcher"]
@@ -64,6 +72,14 @@ __all__ = ["MembershipChange", "MembershipSubscription", "MembershipWatcher"]
 log = logging.getLogger(__name__)
 
 _RETRY_INTERVAL = 1.0
+# More children than this to read at once (persistent watch only) go by multiRead.
+_BULK_READ_MIN = 16
+# Children decoded between two yields to the loop in a bulk read (~7 ms of decoding).
+_DECODE_SLICE = 500
+
+# A child as read: the instance or why it was skipped, and its stat; None: gone.
+_Read = tuple[ServiceInstance | None, str | None, NodeStat]
+
 _EMPTY: Mapping[str, ServiceInstance] = MappingProxyType({})
 
 
@@ -372,7 +388,11 @@ class MembershipWatcher:
             children, gone = self._children, set()
             new = dirty - children if self._persistent else set()
         to_read = sorted(children if full else new | (dirty & children))
-        reads = await asyncio.gather(*(self._read(child) for child in to_read))
+        reads: list[_Read | None]
+        if self._persistent and len(to_read) > _BULK_READ_MIN:
+            reads = await self._read_bulk(to_read)
+        else:
+            reads = await asyncio.gather(*(self._read(child) for child in to_read))
 
         # Only what was listed away or read is looked at: O(changed), not O(members),
         # and the next view shares everything else with this one.
@@ -449,7 +469,7 @@ class MembershipWatcher:
     def _children_watch(self) -> Callable[[WatchEvent], None] | None:
         return None if self._persistent else self._on_children_event
 
-    async def _read(self, child: str) -> tuple[ServiceInstance | None, str | None, NodeStat] | None:
+    async def _read(self, child: str) -> _Read | None:
         """Read and decode one child; None if it no longer exists."""
         async with self._read_slots:
             try:
@@ -459,6 +479,23 @@ class MembershipWatcher:
                 )
             except ZkNoNodeError:
                 return None
+        return self._decode(child, data, stat)
+
+    async def _read_bulk(self, children: list[str]) -> list[_Read | None]:
+        """Read and decode many children by multiRead, in order; None for those gone.
+
+        Sets no data watch (multiRead cannot): for the persistent-watch mode only.
+        """
+        raw = await read_many(self._session, [f"{self.path}/{child}" for child in children])
+        reads: list[_Read | None] = []
+        for index, (child, entry) in enumerate(zip(children, raw, strict=True)):
+            if index and index % _DECODE_SLICE == 0:
+                await asyncio.sleep(0)  # 50,000 children take ~0.7 s to decode
+            reads.append(None if entry is None else self._decode(child, *entry))
+        return reads
+
+    def _decode(self, child: str, data: bytes, stat: NodeStat) -> _Read:
+        """Decode one child's data; the instance, or None and why it is skipped."""
         try:
             instance = ServiceInstance.from_json(data, max_bytes=self._max_bytes)
         except PayloadTooLargeError as exc:

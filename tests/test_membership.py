@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -208,3 +209,63 @@ async def test_ensemble_losing_a_server_carries_on_and_changes_meanwhile_are_see
         assert set(members) == {"ds-joining"}
         events.close()
         await joining.aclose()
+
+
+async def test_hundreds_of_children_read_in_bulk_give_the_same_view(
+    persistent: bool, make_session: SessionFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With the persistent watch a full read goes by multiRead (no get per child); the
+    # child-watch fallback reads each child with a get (and its data watch).
+    session, agent = await make_session(), await make_session()
+    await session.ensure_path(DATA_SERVERS_PATH)
+    instances = {f"ds-{i:03d}": make_instance(f"ds-{i:03d}", 10_000 + i) for i in range(300)}
+    await asyncio.gather(
+        *(
+            agent.create(f"{DATA_SERVERS_PATH}/{child}", instance.to_json())
+            for child, instance in instances.items()
+        )
+    )
+    await agent.create(f"{DATA_SERVERS_PATH}/ds-garbage", b"{not json")
+    await agent.create(f"{DATA_SERVERS_PATH}/ds-wrongid", make_instance("other").to_json())
+    gets = 0
+    get = session.get
+
+    async def counting_get(*args: Any, **kwargs: Any) -> Any:
+        nonlocal gets
+        gets += 1
+        return await get(*args, **kwargs)
+
+    monkeypatch.setattr(session, "get", counting_get)
+    registry = CollectorRegistry()
+    async with MembershipWatcher(
+        session, coalesce_window=0.3, registry=registry, persistent_watch=persistent
+    ) as watcher:
+        assert dict(watcher.members) == instances
+        assert set(watcher.invalid) == {"ds-garbage", "ds-wrongid"}
+        assert gets == (0 if persistent else 302)
+        for reason in ("malformed", "id_mismatch"):
+            assert (
+                registry.get_sample_value("discovery_membership_skipped_total", {"reason": reason})
+                == 1
+            )
+
+        # A burst of changes (more than a bulk read's minimum) within one window.
+        changed = {
+            child: instances[child].with_state("draining", reason="bulk")
+            for child in list(instances)[:40]
+        }
+        deleted = list(instances)[40:45]
+        await asyncio.gather(
+            *(agent.set(f"{DATA_SERVERS_PATH}/{c}", i.to_json()) for c, i in changed.items()),
+            *(agent.delete(f"{DATA_SERVERS_PATH}/{child}") for child in deleted),
+        )
+        expected = {
+            child: changed.get(child, instance)
+            for child, instance in instances.items()
+            if child not in deleted
+        }
+        await waited(
+            watcher.wait_until(lambda members: dict(members) == expected, timeout=15),
+            "the burst of changes in the membership",
+        )
+        assert set(watcher.invalid) == {"ds-garbage", "ds-wrongid"}

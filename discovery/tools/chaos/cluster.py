@@ -405,12 +405,17 @@ class ChaosCluster:
 
     # -- talking to the servers -----------------------------------------------------
 
-    async def admin(self, member: Member, path: str, body: object = None) -> bool:
-        """POST to a data server's admin endpoint; True if 2xx."""
+    async def admin(
+        self, member: Member, path: str, body: object = None, *, timeout: float = 5.0
+    ) -> bool:
+        """POST to a data server's admin endpoint; True if 2xx within ``timeout`` s."""
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"} if member.host is not None else {}
         try:
             async with self.http.post(
-                f"{member.url}/admin/{path}", json=body, headers=headers
+                f"{member.url}/admin/{path}",
+                json=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout),
             ) as response:
                 await response.read()
                 return response.status < 300

@@ -186,7 +186,14 @@ async def agent_session_expiry(ctx: FaultContext) -> None:
     """Expire a data server agent's ZooKeeper session on the server: it must re-register."""
     (victim,) = ctx.pick_data(1)
     log.info("expire the session of %s", victim.name)
-    if not await ctx.cluster.admin(victim, "expire-session"):
+    # The endpoint answers once the victim is connected in a new session. That can take
+    # an operation timeout longer than the expiry itself: when the victim's reconnection
+    # races the close, a server may take it back into the closing session (a zombie,
+    # see discovery.zk), and only a write that goes unanswered reveals it (seen: 6 s).
+    expired = await ctx.cluster.admin(
+        victim, "expire-session", timeout=3 * ctx.config.session_timeout + 5.0
+    )
+    if not expired:
         ctx.observer.violate("fault injected", f"expire-session refused by {victim.name}")
         return
     await ctx.converge("agent_session_expiry", "re-registered", ctx.config.session_timeout)
