@@ -52,8 +52,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
+import immutables
 from prometheus_client import CollectorRegistry
 
 from .brake import BrakeStatus, MassLossBrake, MassLossBrakeConfig
@@ -83,6 +84,21 @@ def _removal_reason(instance: ServiceInstance, held: float | None = None) -> str
     if held is not None:
         reason += f"; removal held up to {held:g}s by the mass-loss brake"
     return reason
+
+
+def _applied(
+    published: Mapping[str, ServiceInstance],
+    upserts: Mapping[str, ServiceInstance],
+    removed: Iterable[str],
+) -> Mapping[str, ServiceInstance]:
+    """``published`` with a diff applied: O(changed) on the watcher's immutable views."""
+    base = published if isinstance(published, immutables.Map) else immutables.Map(published)
+    view = base.mutate()
+    for instance_id in removed:
+        view.pop(instance_id, None)
+    for instance_id, instance in upserts.items():
+        view[instance_id] = instance
+    return view.finish()
 
 
 class LeaderDuty:
@@ -287,7 +303,7 @@ class _Term:
         started = self._duty._clock()
         try:
             async with self._write_deadline():
-                await self._publish(members, published, decision.released, held_for)
+                written = await self._publish(members, published, decision.released, held_for)
         except StoreError as exc:
             log.warning("leader: publishing failed, retrying with a full snapshot: %s", exc)
             self._published = None
@@ -301,7 +317,7 @@ class _Term:
             )
             raise
         self._failing_since = None
-        self._published = members
+        self._published = written
 
     async def _publish(
         self,
@@ -309,16 +325,20 @@ class _Term:
         published: Mapping[str, ServiceInstance] | None,
         released: frozenset[str],
         held_for: float,
-    ) -> None:
-        """The full snapshot if nothing is published yet in this term, else the diff.
+    ) -> Mapping[str, ServiceInstance]:
+        """The full snapshot if nothing is published yet in this term, else the diff;
+        returns what readers now hold.
 
         The diff looks only at the ids the watcher's change sets touched, the brake's
-        held ones and those it released: O(changed) at any cluster size.
+        held ones and those it released: O(changed) at any cluster size. What readers
+        hold is the last publish with this diff applied, not ``members``: a change set
+        the follower task has not consumed yet is already in ``members`` but not in the
+        diff, and must still count as unpublished when its ids come in.
         """
         ids, self._dirty = self._dirty, set()
         if published is None:
             await self._publisher.publish_full(members)
-            return
+            return members
         ids |= released
         ids.update(self.brake.held)
         added: dict[str, ServiceInstance] = {}
@@ -333,10 +353,10 @@ class _Term:
                 added[k] = new
             elif old != new:
                 changed[k] = new
-        if added or changed or removed:
-            await self._publisher.publish_change(
-                members, added=added, changed=changed, removed=removed
-            )
+        if not (added or changed or removed):
+            return published
+        await self._publisher.publish_change(members, added=added, changed=changed, removed=removed)
+        return _applied(published, {**added, **changed}, removed)
 
     @contextlib.asynccontextmanager
     async def _write_deadline(self) -> AsyncIterator[None]:

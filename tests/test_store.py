@@ -3,6 +3,7 @@ publishing through a store of another kind (an in-memory one) under a real elect
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 
 import pytest
@@ -21,6 +22,7 @@ from discovery.errors import (
 from discovery.instance import ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
 from discovery.leader import LeaderDuty
+from discovery.membership import MembershipChange, MembershipSubscription
 from discovery.redislayout import RedisKeys
 from discovery.redisstore import RedisLiveStore
 from discovery.registration import Registration
@@ -252,3 +254,42 @@ async def test_a_search_server_publishes_and_routes_through_the_store_it_is_give
     await server.shutdown()
     # A store passed in stays the caller's: still open after the server is gone.
     assert await store.read() is not None
+
+
+async def test_a_change_set_the_leader_consumes_late_is_still_published(
+    make_session: SessionFactory,
+    zk_session: ZkSession,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    registry: CollectorRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watcher's view changes before the leader's follower task has consumed the
+    change set that says which ids changed; a publish in between must not count those
+    ids as published (chaos caught it: 11 registrations of a burst never published)."""
+    original = MembershipSubscription.__anext__
+
+    async def late(self: MembershipSubscription) -> MembershipChange:
+        change = await original(self)
+        await asyncio.sleep(0.3)  # ok-sleep: the fault itself, a change set consumed late
+        return change
+
+    monkeypatch.setattr(MembershipSubscription, "__anext__", late)
+    redis = aioredis.Redis.from_url(redis_server.url)
+    try:
+        store = RedisLiveStore(redis, redis_prefix, registry=registry)
+        leader_session = await make_session()
+        # Heartbeats every 20 ms: the leader's loop looks at the view all the time.
+        duty = LeaderDuty(leader_session, store, "ss-1", registry=registry, heartbeat_interval=0.02)
+        await zk_session.ensure_path(DATA_SERVERS_PATH)
+        async with LeaderElection(leader_session, SEARCH_ELECTION_PATH, "ss-1", duty):
+            await eventually(store.read, message="the first publish")
+            async with Registration(zk_session, A), Registration(zk_session, B):
+
+                async def published() -> bool:
+                    stored = await store.read()
+                    return stored is not None and set(stored.servers) == {"ds-a", "ds-b"}
+
+                await eventually(published, timeout=10, message="both registrations published")
+    finally:
+        await redis.aclose()
