@@ -72,6 +72,8 @@ from .redislayout import (
     RedisKeys,
     load,
     parse_change,
+    parse_position,
+    reply_text,
     short_repr,
     translate_redis_error,
 )
@@ -99,10 +101,6 @@ def _stream_key(stream_id: str) -> tuple[int, int]:
         return (int(milliseconds), int(sequence or 0))
     except ValueError:
         return (0, 0)
-
-
-def _decode(value: object) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class LiveListReader:
@@ -334,7 +332,7 @@ class LiveListReader:
             entries = _entries(reply)
             async with self._lock:
                 for stream_id, fields in entries:
-                    await self._on_entry(_decode(stream_id), fields)
+                    await self._on_entry(reply_text(stream_id), fields)
                 if self._monotonic() - (self._confirmed_at or self._created_at) >= (
                     self._reconcile_interval
                 ):
@@ -428,7 +426,7 @@ class LiveListReader:
             await self._load("start")
             return
         stored = await self._redis.hmget(self.keys.meta, ["epoch", "version"])
-        position = _position(stored)
+        position = parse_position(stored)
         current = self._current.position
         if position is None:
             self._on_missing()
@@ -463,7 +461,7 @@ class LiveListReader:
             self.keys.changes, min="(" + self._stream_id, max="+", count=self._batch
         )
         for stream_id, fields in reply or []:
-            await self._on_entry(_decode(stream_id), fields or {})
+            await self._on_entry(reply_text(stream_id), fields or {})
 
     def _on_missing(self) -> None:
         if self._current.position == LiveList.EMPTY.position:
@@ -580,17 +578,6 @@ def _entries(reply: object) -> list[tuple[object, Mapping[Any, Any]]]:
         return list(streams[0][0]) if streams and streams[0] else []
     assert isinstance(reply, list)
     return list(reply[0][1])
-
-
-def _position(stored: list[Any]) -> tuple[int, int] | None:
-    """``(epoch, version)`` from ``HMGET P:meta epoch version``; None if unusable."""
-    if len(stored) != 2 or stored[0] is None or stored[1] is None:
-        return None
-    try:
-        epoch, version = (int(_decode(v)) for v in stored)
-    except ValueError:
-        return None
-    return (epoch, version)
 
 
 def _backoff(failures: int) -> float:

@@ -67,7 +67,7 @@ from prometheus_client import CollectorRegistry
 from .errors import FencedError, RedisOperationError
 from .instance import ServiceInstance
 from .metrics import PublisherMetrics
-from .redislayout import RedisKeys, encode_json, translate_redis_error
+from .redislayout import RedisKeys, encode_json, reply_text, translate_redis_error
 
 __all__ = ["DEFAULT_STREAM_LENGTH", "PUBLISH_SCRIPT", "HeartbeatStatus", "LivePublisher"]
 
@@ -214,18 +214,12 @@ class _Diverged(Exception):
     """The script refused a delta: ``P:meta`` is not the version it follows."""
 
 
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)
-
-
 def _number(value: object) -> int:
     # Stored values come back as bytes or str (decode_responses), or nil (False).
     if value is None or value is False:
         return 0
     try:
-        return int(_text(value))
+        return int(reply_text(value))
     except ValueError:
         return 0
 
@@ -388,7 +382,7 @@ class LivePublisher:
                 self._arguments("heartbeat", self._attempted, 0, self._now_ms(), [], {}),
             )
             try:
-                status = HeartbeatStatus(_text(reply[0]))
+                status = HeartbeatStatus(reply_text(reply[0]))
             except ValueError:
                 self._metrics.publishes.labels(kind="heartbeat", result="error").inc()
                 raise RedisOperationError(
@@ -488,7 +482,7 @@ class LivePublisher:
         # one, so no delta may follow: a failure or cancellation leaves it that way.
         self._trusted = False
         reply = await self._run(mode, version, args)
-        status = _text(reply[0])
+        status = reply_text(reply[0])
         if status == "diverged":
             self._metrics.publishes.labels(kind=mode, result="diverged").inc()
             log.warning(
@@ -520,7 +514,7 @@ class LivePublisher:
             count,
             len(encoded),
             written,
-            " (retried write)" if _text(reply[1]) == "duplicate" else "",
+            " (retried write)" if reply_text(reply[1]) == "duplicate" else "",
         )
         return version
 
@@ -541,13 +535,13 @@ class LivePublisher:
         if not isinstance(reply, list) or len(reply) < 2:
             self._metrics.publishes.labels(kind=kind, result="error").inc()
             raise RedisOperationError(f"unexpected reply from the publish script: {reply!r}")
-        if _text(reply[0]) == "fenced":
+        if reply_text(reply[0]) == "fenced":
             fenced = FencedError(
                 epoch=self._epoch,
                 version=version,
                 stored_epoch=_number(reply[2]),
                 stored_version=_number(reply[3]),
-                reason=_text(reply[1]),
+                reason=reply_text(reply[1]),
             )
             self._fenced = fenced
             self._metrics.publishes.labels(kind=kind, result="fenced").inc()

@@ -75,7 +75,9 @@ __all__ = [
     "parse_change",
     "parse_heartbeat",
     "parse_meta",
+    "parse_position",
     "parse_servers",
+    "reply_text",
     "short_repr",
     "translate_redis_error",
 ]
@@ -260,6 +262,25 @@ def short_repr(value: object) -> str:
     """``repr(value)``, cut to a length fit for a log line or an error message."""
     text = repr(value)
     return text if len(text) <= _LOG_LIMIT else text[: _LOG_LIMIT - 3] + "..."
+
+
+def reply_text(value: object) -> str:
+    """A Redis reply item as text: bytes decoded (undecodable bytes replaced), anything
+    else through ``str`` (clients made with ``decode_responses`` give str already)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def parse_position(stored: Sequence[Any]) -> tuple[int, int] | None:
+    """``(epoch, version)`` from ``HMGET <hash> epoch version``; None if unusable."""
+    if len(stored) != 2 or stored[0] is None or stored[1] is None:
+        return None
+    try:
+        epoch, version = (int(reply_text(v)) for v in stored)
+    except ValueError:
+        return None
+    return (epoch, version)
 
 
 def _malformed(message: str, position: tuple[int, int] | None = None) -> NoReturn:

@@ -43,7 +43,7 @@ from typing import Any, NoReturn
 
 from ..errors import InvalidInstanceError, MalformedLiveListError
 from ..instance import ServiceInstance
-from ..redislayout import short_repr
+from ..redislayout import parse_position, short_repr
 from ..store import LiveList
 
 __all__ = ["ChangeEvent", "V1Keys", "parse_event", "parse_fence", "parse_snapshot"]
@@ -216,10 +216,4 @@ def parse_event(raw: bytes | str) -> ChangeEvent:
 
 def parse_fence(stored: list[Any]) -> tuple[int, int] | None:
     """``(epoch, version)`` from ``HMGET P:fence epoch version``; None if unusable."""
-    if len(stored) != 2 or stored[0] is None or stored[1] is None:
-        return None
-    try:
-        epoch, version = (int(v.decode() if isinstance(v, bytes) else v) for v in stored)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return (epoch, version)
+    return parse_position(stored)

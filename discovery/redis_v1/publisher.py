@@ -63,7 +63,7 @@ from prometheus_client import CollectorRegistry
 from ..errors import FencedError, RedisOperationError
 from ..instance import ServiceInstance
 from ..metrics import PublisherMetrics
-from ..redislayout import encode_json, translate_redis_error
+from ..redislayout import encode_json, reply_text, translate_redis_error
 from .layout import V1Keys
 
 __all__ = ["FENCE_SCRIPT", "HeartbeatStatus", "LivePublisherV1"]
@@ -186,18 +186,12 @@ class HeartbeatStatus(StrEnum):
     our first publish, a write whose outcome was unknown, a restore from an old dump)."""
 
 
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)
-
-
 def _number(value: object) -> int:
     # Stored fence values come back as bytes or str (decode_responses), or nil.
     if value is None:
         return 0
     try:
-        return int(_text(value))
+        return int(reply_text(value))
     except ValueError:
         return 0
 
@@ -392,7 +386,7 @@ class LivePublisherV1:
                 ],
             )
             try:
-                status = HeartbeatStatus(_text(reply[0]))
+                status = HeartbeatStatus(reply_text(reply[0]))
             except ValueError:
                 self._metrics.publishes.labels(kind="heartbeat", result="error").inc()
                 raise RedisOperationError(
@@ -485,7 +479,7 @@ class LivePublisherV1:
                 encode_json(event),
             ],
         )
-        if _text(reply[0]) != "published":
+        if reply_text(reply[0]) != "published":
             self._metrics.publishes.labels(kind=kind, result="error").inc()
             raise RedisOperationError(f"unexpected reply from the fence script: {reply!r}")
         self._version = version
@@ -501,7 +495,7 @@ class LivePublisherV1:
             version,
             len(servers),
             len(snapshot),
-            " (retried write)" if _text(reply[1]) == "duplicate" else "",
+            " (retried write)" if reply_text(reply[1]) == "duplicate" else "",
         )
         return version
 
@@ -522,13 +516,13 @@ class LivePublisherV1:
         if not isinstance(reply, list) or len(reply) < 4:
             self._metrics.publishes.labels(kind=kind, result="error").inc()
             raise RedisOperationError(f"unexpected reply from the fence script: {reply!r}")
-        if _text(reply[0]) == "fenced":
+        if reply_text(reply[0]) == "fenced":
             fenced = FencedError(
                 epoch=self._epoch,
                 version=version,
                 stored_epoch=_number(reply[2]),
                 stored_version=_number(reply[3]),
-                reason=_text(reply[1]),
+                reason=reply_text(reply[1]),
             )
             self._fenced = fenced
             self._metrics.publishes.labels(kind=kind, result="fenced").inc()

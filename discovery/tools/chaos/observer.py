@@ -36,7 +36,7 @@ from discovery.config import ClusterConfig, ZkConfig
 from discovery.errors import DiscoveryError, MalformedLiveListError
 from discovery.membership import MembershipWatcher
 from discovery.redisconn import make_redis
-from discovery.redislayout import RedisKeys, load, parse_change, parse_heartbeat
+from discovery.redislayout import RedisKeys, load, parse_change, parse_heartbeat, reply_text
 from discovery.zk import ZkSession
 
 from .cluster import CLUSTER_NAME, ChaosCluster
@@ -293,7 +293,7 @@ class Observer:
                     reply: Any = await self._redis.xread({stream: last}, count=100, block=1000)
                     for _name, entries in reply or []:
                         for stream_id, fields in entries:
-                            last = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
+                            last = reply_text(stream_id)
                             try:
                                 entry = parse_change(stream_id, fields)
                             except MalformedLiveListError as exc:
