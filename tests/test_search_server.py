@@ -237,7 +237,15 @@ async def test_hung_data_server_never_stalls_a_query(
     else:
         pytest.fail("timed out after 20s waiting for the hung server to leave the live list")
     assert partial_seen
-    assert "ds-hung" not in live_ids(search)
+    # The agent announces the departure (draining, which stops routing) before it
+    # deletes its node: two publishes, so the query above can be complete while the
+    # list still holds the server as draining. It must not be routable by then.
+    assert search.reader is not None
+    hung_entry = search.reader.current.servers.get("ds-hung")
+    assert hung_entry is None or not hung_entry.routable, hung_entry
+    await eventually(
+        lambda: "ds-hung" not in live_ids(search), message="the hung server leaves the list"
+    )
     assert healthy.port is not None
     async with aiohttp.ClientSession() as client:
         await client.post(f"{hung.url}/admin/fault", json={"mode": "none"})
