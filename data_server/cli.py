@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from collections.abc import Sequence
 
-from discovery.cli.entrypoint import configure_logging, stop_on_signals
+from discovery.cli.entrypoint import configure_logging, run_event_loop, stop_on_signals
 from discovery.errors import ConfigError, DiscoveryError
 
 from . import loadgen
@@ -48,9 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(config, FleetConfig):
             if args.worker is None:
                 return run_fleet(config, args_list[1:])
-            asyncio.run(run_worker(config, args.worker))
+            run_event_loop(run_worker(config, args.worker), args.event_loop)
         else:
-            asyncio.run(serve(config))
+            run_event_loop(serve(config), args.event_loop)
     except (DiscoveryError, OSError, ValueError) as exc:
         # ZooKeeper unreachable, port taken, a bad --docs-file line: say it, exit 1.
         log.error("%s", exc)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from discovery.cli.options import (
     AGENT_OPTIONS,
     COMMON_OPTIONS,
+    RUNTIME_OPTIONS,
     ZK_OPTIONS,
     Option,
     add_options,
@@ -17,6 +19,7 @@ from discovery.cli.options import (
     agent_config,
     checked_id,
     cluster_config,
+    int_range,
     listen_options,
     non_negative_int,
     port_number,
@@ -25,14 +28,53 @@ from discovery.cli.options import (
     zk_config,
 )
 from discovery.config import AgentConfig, ClusterConfig, ZkConfig
-from discovery.errors import ConfigError
+from discovery.errors import ConfigError, InvalidInstanceError
+from discovery.instance import (
+    DEFAULT_WEIGHT,
+    MAX_WEIGHT,
+    MAX_ZONE_LENGTH,
+    MIN_WEIGHT,
+    validate_weight,
+    validate_zone,
+)
 
 __all__ = [
     "DataServerConfig",
     "FleetConfig",
     "build_fleet_parser",
     "build_parser",
+    "zone_list",
+    "zone_name",
 ]
+
+
+_ZONE_RULE = f"1..{MAX_ZONE_LENGTH} characters of [A-Za-z0-9._:-]"
+
+
+def _checked(check: Callable[[object, str], object], value: object, flag: str) -> None:
+    """Run a payload validator on a setting; raise :class:`ConfigError` naming ``flag``."""
+    try:
+        check(value, flag)
+    except InvalidInstanceError as exc:
+        raise ConfigError(str(exc).removeprefix("invalid ServiceInstance: ")) from None
+
+
+def zone_name(text: str) -> str:
+    """argparse type: a zone name (surrounding blanks ignored), as ``payload.zone`` allows."""
+    try:
+        return validate_zone(text.strip())
+    except InvalidInstanceError:
+        raise argparse.ArgumentTypeError(f"not a zone name ({_ZONE_RULE}): {text!r}") from None
+
+
+def zone_list(text: str) -> tuple[str, ...]:
+    """argparse type: comma-separated, distinct zone names (``a,b,c``)."""
+    zones = tuple(zone_name(part) for part in text.split(","))
+    for i, zone in enumerate(zones):
+        if zone in zones[:i]:
+            # A repeated zone would silently give it twice the servers; say so instead.
+            raise argparse.ArgumentTypeError(f"zone {zone!r} is listed twice in {text!r}")
+    return zones
 
 
 SERVER_OPTIONS = (
@@ -51,6 +93,23 @@ SERVER_OPTIONS = (
         "DISCOVERY_DOCS_FILE",
         'JSONL file of documents ({"id","text","title"} per line) instead of generated ones',
         metavar="PATH",
+    ),
+    Option(
+        "--zone",
+        "DISCOVERY_ZONE",
+        f"zone (data centre, availability zone) published in the registration; search "
+        f"servers prefer replicas in their own zone ({_ZONE_RULE}; unset: no zone)",
+        type=zone_name,
+        metavar="ZONE",
+    ),
+    Option(
+        "--weight",
+        "DISCOVERY_WEIGHT",
+        "relative share of its shard's queries this replica asks for, published in the "
+        f"registration ({MIN_WEIGHT}..{MAX_WEIGHT}; a replica of weight 200 gets twice the "
+        "queries of one of weight 100)",
+        type=int_range(MIN_WEIGHT, MAX_WEIGHT),
+        default=DEFAULT_WEIGHT,
     ),
     Option(
         "--seed",
@@ -101,11 +160,20 @@ FLEET_OPTIONS = (
         "distinct shards; server i holds shard i %% shards, replica i // shards",
         type=positive_int,
     ),
+    Option(
+        "--zones",
+        "DISCOVERY_FLEET_ZONES",
+        "comma-separated zones dealt out round-robin: the server of shard s, replica r "
+        "gets zone (s + r) %% count, so a shard's replicas land in different zones "
+        "(unset: every server gets --zone)",
+        type=zone_list,
+        metavar="A,B,...",
+    ),
 )
 
 
 def _add_server_options(parser: argparse.ArgumentParser, fleet: bool) -> None:
-    add_options(parser, (*ZK_OPTIONS, *COMMON_OPTIONS))
+    add_options(parser, (*ZK_OPTIONS, *COMMON_OPTIONS, *RUNTIME_OPTIONS))
     server = [
         o
         for o in SERVER_OPTIONS
@@ -141,7 +209,11 @@ def build_fleet_parser() -> argparse.ArgumentParser:
 
 @dataclass(frozen=True)
 class DataServerConfig:
-    """One data server. ``instance_id`` None means ``ds-<advertise>-<port>``."""
+    """One data server. ``instance_id`` None means ``ds-<advertise>-<port>``.
+
+    ``zone`` (None: no zone) and ``weight`` go into the registered payload. The
+    constructor raises :class:`ConfigError` naming the flag of a bad value.
+    """
 
     zk: ZkConfig
     cluster: ClusterConfig
@@ -156,9 +228,16 @@ class DataServerConfig:
     docs_file: Path | None = None
     seed: int = 0
     shutdown_timeout: float = 10.0
+    zone: str | None = None
+    weight: int = DEFAULT_WEIGHT
 
     def __post_init__(self) -> None:
         checked_id(self.instance_id)
+        # The parser checked flags and variables already; this catches programmatic
+        # configs, before the registration would fail with a payload error.
+        if self.zone is not None:
+            _checked(validate_zone, self.zone, "--zone / DISCOVERY_ZONE")
+        _checked(validate_weight, self.weight, "--weight / DISCOVERY_WEIGHT")
         if self.docs_file is not None and not self.docs_file.is_file():
             raise ConfigError(f"--docs-file / DISCOVERY_DOCS_FILE: no such file {self.docs_file}")
 
@@ -190,6 +269,8 @@ class DataServerConfig:
             docs_file=Path(args.docs_file) if args.docs_file else None,
             seed=args.seed,
             shutdown_timeout=args.shutdown_timeout,
+            zone=args.zone,
+            weight=args.weight,
         )
 
 
@@ -203,8 +284,16 @@ class FleetConfig:
     base_port: int
     shards: int
     first_index: int = 0
+    zones: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.zones and self.template.zone is not None:
+            # Which would win is not obvious; make the operator choose.
+            raise ConfigError(
+                "--zones (DISCOVERY_FLEET_ZONES) and --zone (DISCOVERY_ZONE): give only one"
+            )
+        for zone in self.zones:
+            _checked(validate_zone, zone, "--zones / DISCOVERY_FLEET_ZONES")
         if self.procs > self.count:
             raise ConfigError(f"--procs ({self.procs}) must not exceed --count ({self.count})")
         if self.base_port and self.base_port + self.count - 1 > 65535:
@@ -214,15 +303,25 @@ class FleetConfig:
         """The configuration of this fleet's server ``index`` (0-based within the fleet).
 
         Ids, shards and replicas count from ``first_index`` (cluster-wide), ports from
-        ``base_port`` (this host's).
+        ``base_port`` (this host's). With ``zones``, the server of shard ``s``, replica
+        ``r`` gets ``zones[(s + r) % len(zones)]``: plain round-robin with one replica
+        per shard, and a shard's replicas in different zones when there are several
+        (round-robin over the server number would put them all in one zone whenever
+        the shard count is a multiple of the zone count).
         """
         number = self.first_index + index
-        return self.template.with_slot(
+        shard, replica = number % self.shards, number // self.shards
+        config = self.template.with_slot(
             port=self.base_port + index if self.base_port else 0,
-            shard=number % self.shards,
-            replica=number // self.shards,
+            shard=shard,
+            replica=replica,
             instance_id=f"ds-{number:04d}",
         )
+        if self.zones:
+            config = dataclasses.replace(
+                config, zone=self.zones[(shard + replica) % len(self.zones)]
+            )
+        return config
 
     def worker_slice(self, worker: int) -> range:
         """Contiguous indices run by process ``worker`` of ``procs``."""
@@ -237,4 +336,5 @@ class FleetConfig:
             base_port=args.base_port,
             shards=args.shards or args.count,
             first_index=args.first_index,
+            zones=args.zones or (),
         )

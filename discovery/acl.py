@@ -16,6 +16,7 @@ chroot node (``/``)         admin ALL, world READ
 ``/search_servers``         admin ALL, search role READ, world READ
 ``/search_servers/election`` admin ALL, search role CREATE|DELETE|READ, world READ
 ``/search_servers/members``  admin ALL, search role CREATE|DELETE|READ, world READ
+``/maintenance``            admin ALL, search role READ, world READ
 =========================== ===============================================================
 
 * A data server creates its ephemeral node with "all rights for this process's own
@@ -30,6 +31,11 @@ chroot node (``/``)         admin ALL, world READ
   a stale member node of its previous incarnation. The search role is trusted not to
   remove another search server's election node; there are a handful of them, run by
   the same operators as ZooKeeper.
+* Maintenance markers (``/maintenance/<id>``, :mod:`discovery.maintenance`) are
+  written by operators with the admin identity (``discovery maint --zk-auth``); the
+  leader only reads them. Neither data nor search servers may create or delete one:
+  a data server must not be able to take itself (or another) out of maintenance,
+  which is the point of keeping the marker outside its own node.
 * Everyone may read: the list of data servers is not a secret (their addresses are on
   the network anyway), Java readers with Curator and ``discovery status`` need no
   credentials, and a read-only ACL still keeps an unauthenticated client from
@@ -56,7 +62,12 @@ from .errors import (
     ZkError,
     ZkNoNodeError,
 )
-from .layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
+from .layout import (
+    DATA_SERVERS_PATH,
+    MAINTENANCE_PATH,
+    SEARCH_ELECTION_PATH,
+    SEARCH_MEMBERS_PATH,
+)
 from .zk import ZkSession
 
 __all__ = [
@@ -122,6 +133,7 @@ SEARCH_SERVER_ACCESS: Final = (
     Access(SEARCH_ELECTION_PATH, CREATE | DELETE, "take part in the leader election"),
     Access(SEARCH_MEMBERS_PATH, CREATE | DELETE, "register search-server members"),
     Access(DATA_SERVERS_PATH, READ, "read the data servers"),
+    Access(MAINTENANCE_PATH, READ, "read the operators' maintenance markers"),
 )
 
 

@@ -13,6 +13,7 @@ kept as ``__cause__``.
     ├── ConfigError (ValueError)            a setting is missing or malformed
     ├── InvalidInstanceError (ValueError)   a ServiceInstance document is malformed
     │   └── PayloadTooLargeError
+    ├── InvalidMarkerError (ValueError)     a maintenance marker that cannot be written
     ├── BadRequestError (ValueError)        an HTTP client's input (answered 400)
     ├── ProbeFailed                         a health probe's verdict: not healthy
     ├── ZkError                             a ZooKeeper operation failed
@@ -43,6 +44,7 @@ __all__ = [
     "DiscoveryError",
     "FencedError",
     "InvalidInstanceError",
+    "InvalidMarkerError",
     "MalformedLiveListError",
     "OverloadedError",
     "PayloadTooLargeError",
@@ -80,6 +82,12 @@ class InvalidInstanceError(DiscoveryError, ValueError):
 
 class PayloadTooLargeError(InvalidInstanceError):
     """A ServiceInstance document exceeds the size bound (64 KiB by default)."""
+
+
+class InvalidMarkerError(DiscoveryError, ValueError):
+    """A maintenance marker (``/maintenance/<id>``) to write is unusable: a bad instance
+    id, a blank or over-long reason. Markers *read* are never refused this way: an
+    unreadable one still puts its server in maintenance (:mod:`discovery.maintenance`)."""
 
 
 class BadRequestError(DiscoveryError, ValueError):

@@ -32,6 +32,12 @@ Compatibility rules:
 
 * Unknown top-level keys (a newer Curator's fields) are tolerated on decode and
   dropped, as Curator itself does.
+* ``payload.zone`` and ``payload.weight`` are optional (a Java service registering
+  through Curator may omit them; so did our own first release). Absent or ``null``
+  means no zone and weight :data:`DEFAULT_WEIGHT` (100). ``zone`` is written only
+  when set and ``weight`` only when it is not 100, so a document without them
+  re-encodes byte for byte; a document that spells out ``"weight":100`` re-encodes
+  without it (same meaning, a few bytes shorter).
 * Unknown payload keys are kept in :attr:`InstancePayload.extra` and written
   back, so a newer writer's fields survive a round trip through an older
   reader. Jackson's ``"@class"`` type id (present when a Java writer uses a typed
@@ -64,14 +70,20 @@ from .errors import InvalidInstanceError, PayloadTooLargeError
 
 __all__ = [
     "DEFAULT_SERVICE_TYPE",
+    "DEFAULT_WEIGHT",
     "MAX_ADDRESS_LENGTH",
     "MAX_ID_LENGTH",
     "MAX_INSTANCE_BYTES",
+    "MAX_WEIGHT",
+    "MAX_ZONE_LENGTH",
+    "MIN_WEIGHT",
     "SERVICE_TYPES",
     "InstancePayload",
     "InstanceState",
     "ServiceInstance",
     "validate_instance_id",
+    "validate_weight",
+    "validate_zone",
 ]
 
 MAX_INSTANCE_BYTES: Final = 64 * 1024
@@ -79,6 +91,14 @@ MAX_INSTANCE_BYTES: Final = 64 * 1024
 
 MAX_ID_LENGTH: Final = 128
 MAX_ADDRESS_LENGTH: Final = 255
+
+MAX_ZONE_LENGTH: Final = 64
+"""Longest ``payload.zone``; zones are short names like ``eu-west-1b``."""
+MIN_WEIGHT: Final = 1
+MAX_WEIGHT: Final = 1000
+DEFAULT_WEIGHT: Final = 100
+"""``payload.weight`` when absent: a replica's share of its shard's traffic is its
+weight over the sum of the weights of the shard's replicas."""
 
 DEFAULT_SERVICE_TYPE: Final = "DYNAMIC"
 SERVICE_TYPES: Final = frozenset({"DYNAMIC", "STATIC", "PERMANENT", "DYNAMIC_SEQUENTIAL"})
@@ -97,8 +117,10 @@ _MAX_NESTING: Final = 64
 _MAX_PATH_IN_MESSAGE: Final = 120
 
 _ID_PATTERN: Final = re.compile(rf"[A-Za-z0-9._:@-]{{1,{MAX_ID_LENGTH}}}")
+# Zones end up in metric labels, log lines and the dashboard: keep them plain.
+_ZONE_PATTERN: Final = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_ZONE_LENGTH}}}")
 _CLASS_KEY: Final = "@class"
-_PAYLOAD_KEYS: Final = ("shard", "replica", "docs", "version", "state", "reason")
+_PAYLOAD_KEYS: Final = ("shard", "replica", "docs", "version", "state", "reason", "zone", "weight")
 _REQUIRED_PAYLOAD_KEYS: Final = ("shard", "replica", "docs", "version", "state")
 _REQUIRED_KEYS: Final = ("name", "id", "address", "port", "payload", "registrationTimeUTC")
 
@@ -107,11 +129,15 @@ class InstanceState(StrEnum):
     """What the data server asks of the search servers.
 
     ``DRAINING`` means "finish what you sent me, send nothing new": the node stays
-    registered so operators can see it, but it is not routable.
+    registered so operators can see it, but it is not routable. ``MAINTENANCE`` is
+    set by the leader, not by the data server: an operator's persistent marker
+    (``/maintenance/<id>``, :mod:`discovery.maintenance`) keeps the server listed
+    but unroutable, whatever its own node says, until the marker is cleared.
     """
 
     SERVING = "serving"
     DRAINING = "draining"
+    MAINTENANCE = "maintenance"
 
 
 class _FrozenJSONObject(Mapping[str, Any]):
@@ -300,12 +326,40 @@ def validate_instance_id(value: object) -> str:
     return value
 
 
+def validate_zone(value: object, field_name: str = "payload.zone") -> str:
+    """Return ``value`` if it is a usable zone name, else raise.
+
+    A zone is 1..64 characters of ``[A-Za-z0-9._:-]`` (``eu-west-1b``,
+    ``dc1:rack-7``). Raises :class:`InvalidInstanceError` naming ``field_name``;
+    configuration parsers pass their flag's name instead.
+    """
+    if not isinstance(value, str):
+        _fail(field_name, f"must be a string, got {_describe(value)}")
+    if _ZONE_PATTERN.fullmatch(value) is None:
+        _fail(
+            field_name,
+            f"must be 1..{MAX_ZONE_LENGTH} characters of [A-Za-z0-9._:-], got {_short(value)}",
+        )
+    return value
+
+
+def validate_weight(value: object, field_name: str = "payload.weight") -> int:
+    """Return ``value`` if it is a usable weight (an integer 1..1000, not a bool), else raise.
+
+    Raises :class:`InvalidInstanceError` naming ``field_name``.
+    """
+    return _require_int(field_name, value, MIN_WEIGHT, MAX_WEIGHT)
+
+
 @dataclass(frozen=True, slots=True)
 class InstancePayload:
     """Our fields inside the Curator ``payload`` object.
 
     ``shard`` and ``replica`` are Java ints (0..2**31-1), ``docs`` a Java long
-    (>= 0). ``reason`` is written only when not ``None``. ``extra`` holds every
+    (>= 0). ``reason`` is written only when not ``None``. ``zone`` (``None``: no
+    zone; else see :func:`validate_zone`) is written only when set, and
+    ``weight`` (an integer 1..1000, the replica's relative share of its shard's
+    traffic) only when it is not :data:`DEFAULT_WEIGHT`. ``extra`` holds every
     other payload key (including Jackson's ``"@class"``) and is written back
     unchanged; it must not repeat a named field. The constructor validates
     everything and raises :class:`InvalidInstanceError` naming the field.
@@ -317,6 +371,8 @@ class InstancePayload:
     version: str
     state: InstanceState
     reason: str | None = None
+    zone: str | None = None
+    weight: int = DEFAULT_WEIGHT
     extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -331,6 +387,9 @@ class InstancePayload:
         set_(self, "state", _coerce_state("payload.state", self.state))
         if self.reason is not None:
             set_(self, "reason", _require_str("payload.reason", self.reason))
+        if self.zone is not None:
+            set_(self, "zone", str(validate_zone(self.zone)))
+        set_(self, "weight", validate_weight(self.weight))
         set_(self, "extra", _freeze_extra(self.extra))
 
     def to_dict(self) -> dict[str, Any]:
@@ -347,6 +406,12 @@ class InstancePayload:
         out["state"] = self.state.value
         if self.reason is not None:
             out["reason"] = self.reason
+        if self.zone is not None:
+            out["zone"] = self.zone
+        if self.weight != DEFAULT_WEIGHT:
+            # The default is left out so that a document without a weight (a Curator
+            # writer's, or our first release's) re-encodes byte for byte.
+            out["weight"] = self.weight
         for key, value in self.extra.items():
             if key != _CLASS_KEY:
                 out[key] = copy.deepcopy(value)
@@ -358,7 +423,9 @@ class InstancePayload:
 
         Raises :class:`InvalidInstanceError` if ``data`` is not an object, a
         required field is missing, or a field is invalid. ``"reason": null``
-        is read as no reason.
+        is read as no reason, ``"zone": null`` (or none) as no zone, and
+        ``"weight": null`` (or none) as :data:`DEFAULT_WEIGHT`: Jackson writes
+        an unset ``String`` or ``Integer`` field of a Java payload as ``null``.
         """
         if not isinstance(data, Mapping):
             _fail("payload", f"must be an object, got {_describe(data)}")
@@ -372,6 +439,8 @@ class InstancePayload:
             version=data["version"],
             state=data["state"],
             reason=data.get("reason"),
+            zone=data.get("zone"),
+            weight=DEFAULT_WEIGHT if data.get("weight") is None else data["weight"],
             extra={k: v for k, v in data.items() if k not in _PAYLOAD_KEYS},
         )
 
@@ -473,6 +542,16 @@ class ServiceInstance:
             uri_spec=uri_spec,
             enabled=True if enabled is None else enabled,
         )
+
+    @property
+    def zone(self) -> str | None:
+        """The data server's zone (``payload.zone``); ``None`` when it has none."""
+        return self.payload.zone
+
+    @property
+    def weight(self) -> int:
+        """The data server's weight (``payload.weight``), 1..1000, 100 when unset."""
+        return self.payload.weight
 
     @property
     def routable(self) -> bool:

@@ -43,7 +43,16 @@ Within a term:
   :class:`~discovery.brake.MassLossBrake`: when many data servers vanish at once
   without announcing it, their removals are held (they stay in what we publish,
   full snapshots included) for at most ``mass_loss.hold`` seconds. The loop wakes at
-  the end of a hold to publish the release even if nothing else happens.
+  the end of a hold to publish the release even if nothing else happens;
+* operators' maintenance markers (``/maintenance/<id>``, followed by a
+  :class:`~discovery.maintenance.MaintenanceWatcher` for the term, read before the
+  first publish) are laid over what is published: a marked server that is registered
+  (or held by the brake) is published with state ``maintenance``, the marker's reason
+  and ``enabled: false``, through its re-registrations and restarts, until the marker
+  is cleared. A marker change marks only its id dirty, so it costs a delta of that id;
+  a full snapshot applies the markers in O(markers). The brake sees the real members,
+  so a server put in maintenance is no loss, and a server in maintenance whose node
+  then goes is a deliberate removal (announced), never held.
 """
 
 from __future__ import annotations
@@ -60,10 +69,17 @@ from prometheus_client import CollectorRegistry
 from .brake import BrakeStatus, MassLossBrake, MassLossBrakeConfig
 from .election import Leadership
 from .errors import FencedError, StoreError, ZkError
-from .instance import ServiceInstance
-from .layout import DATA_SERVERS_PATH
+from .instance import InstanceState, ServiceInstance
+from .layout import DATA_SERVERS_PATH, MAINTENANCE_PATH
+from .maintenance import (
+    MaintenanceMarker,
+    MaintenanceView,
+    MaintenanceWatcher,
+    apply_marker,
+    overlay,
+)
 from .membership import MembershipSubscription, MembershipWatcher
-from .metrics import MassLossBrakeMetrics, MembershipMetrics
+from .metrics import MaintenanceMetrics, MassLossBrakeMetrics, MembershipMetrics
 from .store import LiveListPublisher, LiveListStore
 from .zk import SessionEvent, SessionState, ZkSession
 
@@ -73,11 +89,14 @@ log = logging.getLogger(__name__)
 
 # How soon a leader whose last write failed tries again (between heartbeats).
 _STORE_RETRY = 0.2
+_NO_MARKERS: Mapping[str, MaintenanceMarker] = immutables.Map()
 
 
 def _removal_reason(instance: ServiceInstance, held: float | None = None) -> str:
     # ZooKeeper does not say why a node went; what the node last said is our best clue.
-    if instance.payload.reason:
+    if instance.payload.state is InstanceState.MAINTENANCE:
+        reason = f"node deleted while in maintenance ({instance.payload.reason})"
+    elif instance.payload.reason:
         reason = instance.payload.reason
     else:
         reason = "node deleted (deregistered, forced offline or session expired)"
@@ -111,6 +130,8 @@ class LeaderDuty:
     which is on); ``clock`` (monotonic seconds) is the brake's. ``store_grace``: a term
     whose writes have all failed for that many seconds ends (None: never), so that a
     leader cut from the store alone hands over to one that may reach it.
+    ``maintenance_path``: where operators' maintenance markers live (None: no
+    maintenance overlay, for tests of other things).
     """
 
     def __init__(
@@ -126,8 +147,10 @@ class LeaderDuty:
         mass_loss: MassLossBrakeConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         store_grace: float | None = None,
+        maintenance_path: str | None = MAINTENANCE_PATH,
     ) -> None:
         self._session = session
+        self._maintenance_path = maintenance_path
         self._store_grace = store_grace
         self._store = store
         self._leader_id = leader_id
@@ -138,6 +161,7 @@ class LeaderDuty:
         # Created once: every term reuses them (a registry refuses duplicates).
         self._membership_metrics = MembershipMetrics(registry)
         self._brake_metrics = MassLossBrakeMetrics(registry)
+        self._maintenance_metrics = MaintenanceMetrics(registry)
         self._mass_loss = mass_loss if mass_loss is not None else MassLossBrakeConfig()
         self._clock = clock
         self._term: _Term | None = None
@@ -154,12 +178,26 @@ class LeaderDuty:
         self._term = term
         self._session.add_listener(term.on_session_event)
         try:
-            async with MembershipWatcher(
-                self._session,
-                self._watch_path,
-                coalesce_window=self._window,
-                metrics=self._membership_metrics,
-            ) as watcher:
+            async with contextlib.AsyncExitStack() as stack:
+                if self._maintenance_path is not None:
+                    # Read before the first publish: a new leader must never publish a
+                    # server in maintenance as serving, not even for one version.
+                    term.maintenance = await stack.enter_async_context(
+                        MaintenanceWatcher(
+                            self._session,
+                            self._maintenance_path,
+                            on_change=term.on_maintenance_change,
+                            metrics=self._maintenance_metrics,
+                        )
+                    )
+                watcher = await stack.enter_async_context(
+                    MembershipWatcher(
+                        self._session,
+                        self._watch_path,
+                        coalesce_window=self._window,
+                        metrics=self._membership_metrics,
+                    )
+                )
                 await term.run(watcher)
         finally:
             self._session.remove_listener(term.on_session_event)
@@ -182,6 +220,7 @@ class _Term:
         self._publisher = publisher
         self._leadership = leadership
         self.brake = brake
+        self.maintenance: MaintenanceWatcher | None = None  # set before run()
         self._published: Mapping[str, ServiceInstance] | None = None  # None: full next
         # What the watcher's change sets touched since the last publish, and what they
         # removed since the brake last looked: a change costs O(changed), not O(members).
@@ -209,6 +248,11 @@ class _Term:
                 self._duty._leader_id,
                 self._leadership.epoch,
             )
+
+    def on_maintenance_change(self, ids: frozenset[str]) -> None:
+        # On the loop, called by the maintenance watcher: only these ids are diffed.
+        self._dirty.update(ids)
+        self._wake.set()
 
     async def run(self, watcher: MembershipWatcher) -> None:
         changes = watcher.subscribe()
@@ -290,8 +334,15 @@ class _Term:
 
     async def _publish_if_due(self, members: Mapping[str, ServiceInstance]) -> None:
         self._wake.clear()
+        markers = self.maintenance.markers if self.maintenance is not None else _NO_MARKERS
         # Fed even while we may not write, so that a hold's clock runs and ends on time.
         removed, self._removed = self._removed, {}
+        if markers:
+            # A server in maintenance was out of the fan-out already: its node going
+            # is no unexplained loss (O(removed)).
+            removed = {
+                k: apply_marker(v, markers[k]) if k in markers else v for k, v in removed.items()
+            }
         decision = self.brake.apply(members, removed)
         if not self._may_write() or self._failing_since is not None:
             # A failing store is probed by heartbeats (see run()); one that succeeds
@@ -303,7 +354,9 @@ class _Term:
         started = self._duty._clock()
         try:
             async with self._write_deadline():
-                written = await self._publish(members, published, decision.released, held_for)
+                written = await self._publish(
+                    members, markers, published, decision.released, held_for
+                )
         except StoreError as exc:
             log.warning("leader: publishing failed, retrying with a full snapshot: %s", exc)
             self._published = None
@@ -322,6 +375,7 @@ class _Term:
     async def _publish(
         self,
         members: Mapping[str, ServiceInstance],
+        markers: Mapping[str, MaintenanceMarker],
         published: Mapping[str, ServiceInstance] | None,
         released: frozenset[str],
         held_for: float,
@@ -334,11 +388,17 @@ class _Term:
         hold is the last publish with this diff applied, not ``members``: a change set
         the follower task has not consumed yet is already in ``members`` but not in the
         diff, and must still count as unpublished when its ids come in.
+
+        ``members`` are the real ones (and the brake's held ones); ``markers`` are laid
+        over them: over all of them for a full snapshot (O(markers)), over the ids
+        looked at for a diff. A marker's appearing, changing or going makes its id
+        dirty (:meth:`on_maintenance_change`), so it is looked at.
         """
         ids, self._dirty = self._dirty, set()
         if published is None:
-            await self._publisher.publish_full(members)
-            return members
+            servers = overlay(members, markers)
+            await self._publisher.publish_full(servers)
+            return servers
         ids |= released
         ids.update(self.brake.held)
         added: dict[str, ServiceInstance] = {}
@@ -346,6 +406,8 @@ class _Term:
         removed: dict[str, str] = {}
         for k in ids:
             new, old = members.get(k), published.get(k)
+            if new is not None and k in markers:
+                new = apply_marker(new, markers[k])
             if new is None:
                 if old is not None:
                     removed[k] = _removal_reason(old, held_for if k in released else None)
@@ -355,7 +417,10 @@ class _Term:
                 changed[k] = new
         if not (added or changed or removed):
             return published
-        await self._publisher.publish_change(members, added=added, changed=changed, removed=removed)
+        # The whole view is only counted, or iterated for a full fallback: lazily overlaid.
+        await self._publisher.publish_change(
+            MaintenanceView(members, markers), added=added, changed=changed, removed=removed
+        )
         return _applied(published, {**added, **changed}, removed)
 
     @contextlib.asynccontextmanager

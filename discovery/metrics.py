@@ -339,3 +339,30 @@ class MassLossBrakeMetrics:
             ["outcome"],
             registry=registry,
         )
+
+
+class MaintenanceMetrics:
+    """The leader's view of the operators' maintenance markers (``/maintenance``)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.markers = Gauge(
+            "discovery_maintenance_markers",
+            "Maintenance markers read by the leader (unreadable ones included).",
+            registry=registry,
+        )
+        self.unreadable = Gauge(
+            "discovery_maintenance_unreadable",
+            "Maintenance markers that could not be decoded (applied with a reason saying so).",
+            registry=registry,
+        )
+        self.unreadable_total = Counter(
+            "discovery_maintenance_unreadable_versions",
+            "Unreadable maintenance marker versions seen, by reason (each version once).",
+            ["reason"],
+            registry=registry,
+        )
+        self.resyncs = Counter(
+            "discovery_maintenance_resyncs",
+            "Full re-reads of /maintenance (start, reconnect, session expiry).",
+            registry=registry,
+        )

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from collections.abc import Sequence
 
-from discovery.cli.entrypoint import configure_logging, stop_on_signals
+from discovery.cli.entrypoint import configure_logging, run_event_loop, stop_on_signals
 from discovery.errors import ConfigError, DiscoveryError
 
 from .config import SearchServerConfig, build_parser
@@ -38,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         parser.error(str(exc))
     try:
-        asyncio.run(serve(config))
+        run_event_loop(serve(config), args.event_loop)
     except (DiscoveryError, OSError) as exc:
         log.error("%s", exc)
         return 1

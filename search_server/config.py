@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from discovery.brake import MassLossBrakeConfig
 from discovery.cli.options import (
     COMMON_OPTIONS,
+    RUNTIME_OPTIONS,
     ZK_OPTIONS,
     Option,
     add_options,
@@ -22,9 +23,22 @@ from discovery.cli.options import (
     zk_config,
 )
 from discovery.config import ClusterConfig, ZkConfig
-from discovery.errors import ConfigError
+from discovery.errors import ConfigError, InvalidInstanceError
+from discovery.instance import MAX_ZONE_LENGTH, validate_zone
 
 __all__ = ["SearchServerConfig", "build_parser"]
+
+
+_ZONE_RULE = f"1..{MAX_ZONE_LENGTH} characters of [A-Za-z0-9._:-]"
+
+
+def _zone(text: str) -> str:
+    # The same rule as a data server's payload.zone: a zone we could never match
+    # is a typo, better refused at start-up than silently never preferred.
+    try:
+        return validate_zone(text.strip())
+    except InvalidInstanceError:
+        raise argparse.ArgumentTypeError(f"not a zone name ({_ZONE_RULE}): {text!r}") from None
 
 
 def _fraction(text: str) -> float:
@@ -44,8 +58,37 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _picker(text: str) -> str:
+    value = text.strip().lower()
+    if value not in PICKERS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(PICKERS)}, got {text!r}")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be in 0..100, got {text!r}")
+    return value
+
+
+#: The replica pickers ``--picker`` names.
+PICKERS = ("ars", "p2c")
+
 SEARCH_OPTIONS = (
     *listen_options(8080, "ss"),
+    Option(
+        "--zone",
+        "DISCOVERY_ZONE",
+        "this search server's zone: it prefers data servers registered with the same "
+        f"zone and spills over to other zones when a shard has no healthy replica in it "
+        f"({_ZONE_RULE}; unset: no preference)",
+        type=_zone,
+        metavar="ZONE",
+    ),
     Option(
         "--timeout-ms",
         "DISCOVERY_QUERY_TIMEOUT_MS",
@@ -90,6 +133,24 @@ SEARCH_OPTIONS = (
         "most data servers (in percent, at least one) ejected locally at once",
         type=int_range(0, 100),
         default=50,
+    ),
+    Option(
+        "--picker",
+        "DISCOVERY_PICKER",
+        "how a shard's replica is chosen: ars (adaptive replica selection: response "
+        "time, service time and queue, with C3's concurrency compensation) or p2c "
+        "(power of two choices on requests in flight)",
+        type=_picker,
+        default="ars",
+    ),
+    Option(
+        "--hedge-percent",
+        "DISCOVERY_HEDGE_PERCENT",
+        "hedged requests: a shard's answer later than its recent p95 gets one more "
+        "request to another replica, capped at this percent of sub-requests (0: off)",
+        type=_percent,
+        default=5.0,
+        metavar="PERCENT",
     ),
     Option(
         "--heartbeat-interval",
@@ -184,12 +245,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one search server: takes part in the leader election (the leader "
         "publishes the live data servers to Redis), keeps the live list, and fans queries out.",
     )
-    add_options(parser, (*ZK_OPTIONS, *COMMON_OPTIONS, *SEARCH_OPTIONS))
+    add_options(parser, (*ZK_OPTIONS, *COMMON_OPTIONS, *RUNTIME_OPTIONS, *SEARCH_OPTIONS))
     return parser
 
 
 @dataclass(frozen=True)
 class SearchServerConfig:
+    """One search server's settings; the constructor raises :class:`ConfigError`
+    naming the flag of an inconsistent or invalid value.
+
+    ``zone`` is the server's own zone (``--zone``), ``None`` for no preference.
+    ``picker`` names the replica picker (``--picker``: ``ars`` or ``p2c``) and
+    ``hedge_percent`` caps hedged requests (``--hedge-percent``, 0 turns them off).
+    """
+
     zk: ZkConfig
     cluster: ClusterConfig
     host: str = "127.0.0.1"
@@ -209,9 +278,21 @@ class SearchServerConfig:
     leader_eligible: bool = True
     leader_retry_pause: float = 10.0
     mass_loss: MassLossBrakeConfig = field(default_factory=MassLossBrakeConfig)
+    zone: str | None = None
+    picker: str = "ars"
+    hedge_percent: float = 5.0
 
     def __post_init__(self) -> None:
+        if self.picker not in PICKERS:
+            raise ConfigError(f"--picker must be one of {', '.join(PICKERS)}, got {self.picker!r}")
+        if not 0 <= self.hedge_percent <= 100:
+            raise ConfigError(f"--hedge-percent must be in 0..100, got {self.hedge_percent}")
         checked_id(self.server_id)
+        if self.zone is not None:
+            try:
+                validate_zone(self.zone, "--zone / DISCOVERY_ZONE")
+            except InvalidInstanceError as exc:
+                raise ConfigError(str(exc).removeprefix("invalid ServiceInstance: ")) from None
         if self.default_timeout_ms > self.max_timeout_ms:
             raise ConfigError("--timeout-ms must not exceed --max-timeout-ms")
         if self.heartbeat_ttl <= self.heartbeat_interval:
@@ -240,6 +321,9 @@ class SearchServerConfig:
             zk_fallback_after=args.zk_fallback_after,
             leader_eligible=args.leader_eligible,
             leader_retry_pause=args.leader_retry_pause,
+            zone=args.zone,
+            picker=args.picker,
+            hedge_percent=args.hedge_percent,
             mass_loss=MassLossBrakeConfig(
                 fraction=args.mass_loss_fraction,
                 window=args.mass_loss_window,

@@ -5,13 +5,21 @@ one dead or hung data server made every query wait for it, requests piled up and
 site fell over. Discovery keeps dead servers out of the list within a session timeout
 and sick ones within a few probes; the fan-out bounds what is left over:
 
-* **One deadline per query.** Everything runs under a single ``asyncio.timeout``; each
-  request gets the *remaining* budget, and at the deadline every unanswered shard is
-  reported as ``timed_out`` and its request cancelled. A hung data server costs a query
-  at most its deadline, never more.
-* **Replica choice** by a :class:`~search_server.picking.ReplicaPicker`, by default
-  power of two choices on outstanding requests (two random replicas, the less busy one
-  wins). The picker is told when each request starts and how it ended.
+* **One deadline per query.** At the deadline every unanswered shard is reported as
+  ``timed_out`` and its requests are abandoned (their connections closed). A hung data
+  server costs a query at most its deadline, never more.
+* **Replica choice** by a :class:`~search_server.picking.ReplicaPicker` (by default
+  adaptive replica selection) among the shard's candidates: routable, not ejected, not
+  yet tried by this query, in the search server's own ``zone`` when a usable replica
+  is there (other zones otherwise), and **warmed up**: a replica with fewer than
+  ``warmup_samples`` answers from this search server gets one request at a time, as
+  Finagle's probation does, so that a replica that has just joined (and ranks first
+  for lack of samples) is not sent a flood before anyone knows its speed.
+* **Hedged requests** ("The Tail at Scale", Dean and Barroso): when a shard's answer is
+  later than the recent 95th percentile of that shard's answers, one more request goes
+  to another replica; the first answer wins and the other is abandoned. A budget caps
+  hedges at ``hedge_ratio`` of the sub-requests (plus a small burst), so that a slow
+  cluster is not sent more load (Finagle's BackupRequestFilter does the same).
 * **Retry on failure** (connection error, non-200, bad JSON) to another replica of the
   shard while time remains, each replica at most once per query.
 * **Outlier ejection.** A data server that failed or timed out ``eject_after`` times in a
@@ -25,6 +33,13 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   refused at once with :class:`OverloadedError` rather than queued, so that a slow cluster
   cannot make requests pile up on the search server (the original outage).
 
+**Cost.** A 100-shard query is 100 sub-requests, and their cost on the search server's
+CPU bounds its queries per second. So the common path has no task per sub-request: the
+client's future for each one ends in a callback (:meth:`_on_answer`) that records the
+answer and, for the last shard, wakes the query; the query's request line is encoded
+once; the routing table (replicas by shard) is built once per live-list version; hits
+are validated in place and only the merged top ``k`` are copied with their shard.
+
 Everything here runs on the caller's event loop and is not thread-safe.
 """
 
@@ -36,20 +51,22 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlencode
 
-import aiohttp
+import orjson
 from prometheus_client import CollectorRegistry
 
 from discovery.errors import OverloadedError
 from discovery.instance import ServiceInstance
 
+from .httpclient import HttpClient, Response, SubrequestClient, SubrequestError
 from .metrics import FanOutMetrics
-from .picking import Outcome, PowerOfTwoChoices, ReplicaPicker, target_key
+from .picking import AdaptiveReplicaSelection, Replica, ReplicaPicker, target_key
 
-__all__ = ["FanOut", "FanOutResult"]
+__all__ = ["FanOut", "FanOutResult", "HedgeBudget", "LatencyWindow"]
 
 log = logging.getLogger(__name__)
 
@@ -84,100 +101,194 @@ class FanOutResult:
         }
 
 
-@dataclass(slots=True)
-class _Health:
-    """Consecutive failures of one data server, and its ejection if any."""
+class LatencyWindow:
+    """The recent answers' response times of one shard, and their 95th percentile.
 
-    instance_id: str
-    failures: int = 0
-    ejected_until: float | None = None
+    A ring of the last ``size`` samples; the percentile is recomputed every ``every``
+    samples (sorting on every answer would cost more than the answer). ``None`` until
+    ``min_samples`` answers: no hedging on a guess.
+    """
 
-    def is_ejected(self, now: float) -> bool:
-        return self.ejected_until is not None and now < self.ejected_until
+    __slots__ = ("_every", "_min", "_next", "_p95", "_ring", "_since", "_size")
+
+    def __init__(self, size: int = 128, every: int = 16, min_samples: int = 20) -> None:
+        self._ring: list[float] = []
+        self._next = 0
+        self._every = every
+        self._since = 0
+        self._min = min_samples
+        self._p95: float | None = None
+        self._size = size
+
+    def add(self, seconds: float) -> None:
+        ring = self._ring
+        if len(ring) < self._size:
+            ring.append(seconds)
+        else:
+            ring[self._next] = seconds
+            self._next = (self._next + 1) % self._size
+        self._since += 1
+        if self._since >= self._every and len(ring) >= self._min:
+            self._since = 0
+            ordered = sorted(ring)
+            self._p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+
+    @property
+    def p95(self) -> float | None:
+        return self._p95
 
 
-@dataclass(slots=True)
+class HedgeBudget:
+    """Allows hedges up to ``ratio`` of the sub-requests, plus a burst of ``burst``.
+
+    Each sub-request deposits ``ratio`` of a token (up to ``burst`` tokens); a hedge
+    takes one. Over any stretch, hedges ≤ ratio x sub-requests + burst.
+    """
+
+    __slots__ = ("_burst", "_ratio", "_tokens")
+
+    def __init__(self, ratio: float = 0.05, burst: float = 10.0) -> None:
+        if not 0 <= ratio <= 1:
+            raise ValueError(f"hedge ratio must be in 0..1, got {ratio}")
+        self._ratio = ratio
+        self._burst = burst
+        self._tokens = 0.0
+
+    def deposit(self, requests: int) -> None:
+        self._tokens = min(self._burst, self._tokens + self._ratio * requests)
+
+    def withdraw(self) -> bool:
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+
+class _Attempt:
+    """One sub-request of a shard call: to which replica, since when, and whether it
+    is a hedge."""
+
+    __slots__ = ("future", "hedge", "replica", "started")
+
+    def __init__(
+        self, replica: Replica, future: asyncio.Future[Response], started: float, hedge: bool
+    ) -> None:
+        self.replica = replica
+        self.future = future
+        self.started = started
+        self.hedge = hedge
+
+
 class _ShardCall:
     """The progress of one shard within one query."""
 
-    shard: int
-    replicas: list[ServiceInstance]
-    tried: set[str] = field(default_factory=set)
-    # The replica whose request is in flight: at the deadline it is charged a timeout.
-    current: ServiceInstance | None = None
-    hits: list[dict[str, Any]] | None = None
-    # Until a replica answers: what the last attempt did ("failed" if none could be made).
-    outcome: _ShardOutcome = "failed"
+    __slots__ = ("attempts", "done", "hedge_timer", "hits", "outcome", "replicas", "shard", "tried")
+
+    def __init__(self, shard: int, replicas: list[Replica]) -> None:
+        self.shard = shard
+        self.replicas = replicas
+        self.tried: list[Replica] = []
+        self.attempts: list[_Attempt] = []
+        self.hits: list[_Ranked] | None = None
+        # Until a replica answers: what the last attempt did ("failed" if none could be made).
+        self.outcome: _ShardOutcome = "failed"
+        self.done = False
+        self.hedge_timer: asyncio.TimerHandle | None = None
 
 
-def _url(instance: ServiceInstance) -> str:
-    host = instance.address
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"  # an IPv6 literal
-    return f"http://{host}:{instance.port}/search"
+class _Query:
+    """One query in flight: its calls, its request line, and the future it waits on."""
+
+    __slots__ = ("deadline", "k", "loop", "open_calls", "target", "waiter")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, target: bytes, k: int, deadline: float
+    ) -> None:
+        self.loop = loop
+        self.target = target
+        self.k = k
+        self.deadline = deadline
+        self.open_calls = 0
+        self.waiter: asyncio.Future[None] = loop.create_future()
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+#: A hit as the merge ranks it: (-score, id, shard, the data server's hit object).
+_Ranked = tuple[float, str, int, dict[str, Any]]
 
 
-def _parse_hits(body: Any, shard: int, k: int) -> list[dict[str, Any]]:
-    """Validate a data server's answer; return its hits annotated with ``shard``.
+def _ranked_hits(body: Any, shard: int, k: int) -> list[_Ranked]:
+    """Validate a data server's answer; its first ``k`` hits, ready for the merge.
+
+    The hit objects are the decoded ones, not copied: only the merged top ``k`` are.
 
     Raises:
         _BadAnswer: not the data server's ``{"hits":[{"id","score",…}],"shard":n}``.
     """
-    if not isinstance(body, dict):
+    if type(body) is not dict:
         raise _BadAnswer("answer is not a JSON object")
     raw_hits = body.get("hits")
-    if not isinstance(raw_hits, list):
+    if type(raw_hits) is not list:
         raise _BadAnswer("answer has no 'hits' list")
-    if "shard" in body and body["shard"] != shard:
+    answered_shard = body.get("shard", shard)
+    if answered_shard != shard:
         # A stale registration whose port now belongs to a server of another shard:
         # merging its hits would return another shard's documents twice.
-        raise _BadAnswer(f"answered for shard {body['shard']!r}, registered for shard {shard}")
-    hits: list[dict[str, Any]] = []
+        raise _BadAnswer(f"answered for shard {answered_shard!r}, registered for shard {shard}")
+    ranked: list[_Ranked] = []
+    isfinite = math.isfinite
     for hit in raw_hits[:k]:
-        if not isinstance(hit, dict):
+        if type(hit) is not dict:
             raise _BadAnswer("a hit is not a JSON object")
         hit_id, score = hit.get("id"), hit.get("score")
-        if not isinstance(hit_id, str):
+        if type(hit_id) is not str:
             raise _BadAnswer(f"a hit's 'id' is not a string: {hit_id!r}")
-        if (
-            isinstance(score, bool)
-            or not isinstance(score, int | float)
-            or not math.isfinite(score)
-        ):
+        if (type(score) is not float and type(score) is not int) or not isfinite(score):
             raise _BadAnswer(f"hit {hit_id!r} has no finite 'score': {score!r}")
-        hits.append({**hit, "shard": shard})
-    return hits
+        ranked.append((-score, hit_id, shard, hit))
+    return ranked
+
+
+def _feedback(body: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The data server's reported search time (seconds) and requests in flight, if sane."""
+    took, queue = body.get("took_ms"), body.get("queue")
+    service = None
+    if (type(took) is float or type(took) is int) and 0 <= took < 3.6e6:
+        service = took / 1000
+    reported = float(queue) if type(queue) is int and 0 <= queue < 1_000_000 else None
+    return service, reported
 
 
 class FanOut:
     """Fans queries out to the data servers and merges their hits.
 
-    ``http`` is the application's session; its connector pools keep-alive connections
-    (size ``limit_per_host`` for the expected concurrency), so a query costs no
-    connection set-up. The fan-out never closes it.
+    ``client`` sends the sub-requests (default: an :class:`~search_server.httpclient.
+    HttpClient` of the fan-out's own, closed by :meth:`aclose`; a client passed in stays
+    the caller's to close).
 
-    ``clock`` times ejections only (tests may advance it); deadlines use the event
-    loop's clock, which is what ``asyncio.timeout`` enforces. ``picker`` chooses among a
-    shard's replicas (default :class:`~search_server.picking.PowerOfTwoChoices` on
-    ``rng``, which makes the choice reproducible). Metrics go to ``registry`` (a fresh
-    one if ``None``).
+    ``clock`` times ejections only (tests may advance it); deadlines and hedges use the
+    event loop's clock. ``picker`` chooses among a shard's candidates (default
+    :class:`~search_server.picking.AdaptiveReplicaSelection`). ``zone`` is this search
+    server's zone: replicas there are preferred while the shard has a usable one.
+    ``hedge_ratio`` caps hedges as a share of sub-requests (0 turns hedging off).
+    ``rng`` is kept for pickers that want one and for reproducible tests. Metrics go to
+    ``registry`` (a fresh one if ``None``).
 
-    Raises ``ValueError`` for a limit below 1 or a negative cool-down.
+    Raises ``ValueError`` for a limit below 1, a negative cool-down or a ratio out of
+    range.
     """
 
     def __init__(
         self,
-        http: aiohttp.ClientSession,
+        client: SubrequestClient | None = None,
         *,
         max_in_flight: int = 256,
         eject_after: int = 3,
         eject_cooldown: float = 10.0,
         max_ejected_share: float = 0.5,
+        hedge_ratio: float = 0.05,
+        hedge_burst: float = 10.0,
+        warmup_samples: int = 5,
+        zone: str | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
@@ -191,22 +302,42 @@ class FanOut:
             raise ValueError(f"eject_cooldown must be >= 0 seconds, got {eject_cooldown}")
         if not 0 <= max_ejected_share <= 1:
             raise ValueError(f"max_ejected_share must be in 0..1, got {max_ejected_share}")
-        self._http = http
+        if warmup_samples < 0:
+            raise ValueError(f"warmup_samples must be >= 0, got {warmup_samples}")
+        self._owns_client = client is None
+        self._client: SubrequestClient = client if client is not None else HttpClient()
         self._max_in_flight = max_in_flight
         self._eject_after = eject_after
         self._eject_cooldown = eject_cooldown
         self._max_ejected_share = max_ejected_share
-        # Routable data servers in the last list we fanned out to: the base of the cap.
-        self._known = 0
+        self._hedging = hedge_ratio > 0
+        self._budget = HedgeBudget(hedge_ratio, hedge_burst)
+        self._warmup = warmup_samples
+        self.zone = zone
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = FanOutMetrics(self.registry)
         self._clock = clock
-        self.picker: ReplicaPicker = picker if picker is not None else PowerOfTwoChoices(rng)
+        self.rng = rng if rng is not None else random.Random()
+        self.picker: ReplicaPicker = picker if picker is not None else AdaptiveReplicaSelection()
         self._in_flight = 0
-        # Only data servers that failed lately have an entry (a success removes it), so
-        # this stays small; entries of servers gone from the list are pruned.
-        self._health: dict[str, _Health] = {}
-        self._next_prune = clock()
+        # The routing table of the last list fanned out to, and that list (by identity).
+        self._table_source: object = None
+        self._table: list[tuple[int, list[Replica]]] = []
+        # Every replica we route to, by target key; kept across lists (the statistics
+        # survive list changes), pruned to the current list at each rebuild except
+        # those still ejected.
+        self._replicas: dict[str, Replica] = {}
+        self._latency: dict[int, LatencyWindow] = {}
+        # Routable data servers in the last list: the base of the ejection cap.
+        self._known = 0
+        # Counts of shard-request results since the last flush into the metrics:
+        # a prometheus counter increment takes a lock, once per query is plenty.
+        self._pending_ok = 0
+
+    async def aclose(self) -> None:
+        """Close the sub-request client if the fan-out made it."""
+        if self._owns_client:
+            await self._client.aclose()
 
     @property
     def in_flight(self) -> int:
@@ -217,20 +348,30 @@ class FanOut:
     def max_in_flight(self) -> int:
         return self._max_in_flight
 
+    def replica(self, instance: ServiceInstance) -> Replica | None:
+        """What this fan-out knows of ``instance`` (``None`` before it routed to it)."""
+        return self._replicas.get(target_key(instance))
+
     def ejected(self) -> set[str]:
         """Instance ids of the data servers currently ejected (skipped) by this fan-out."""
         now = self._clock()
-        return {h.instance_id for h in self._health.values() if h.is_ejected(now)}
+        return {r.instance.id for r in self._replicas.values() if r.is_ejected(now)}
 
     async def search(
-        self, servers: Sequence[ServiceInstance], query: str, k: int, timeout_ms: int
+        self,
+        servers: Iterable[ServiceInstance] | Mapping[str, ServiceInstance],
+        query: str,
+        k: int,
+        timeout_ms: int,
     ) -> FanOutResult:
         """Search every shard of ``servers`` for ``query``; merge the top ``k`` hits.
 
-        ``servers`` is the live list; instances that are not ``routable`` (draining,
-        disabled) are ignored. Returns within ``timeout_ms`` (plus the time to cancel
-        the outstanding requests, a loop iteration): shards that failed or had no answer
-        by then are counted in the result, which is then ``partial``; they never raise.
+        ``servers`` is the live list (instances, or a mapping of ids to instances);
+        instances that are not ``routable`` (draining, disabled, in maintenance) are
+        ignored. Passing the same object again (an unchanged live list) reuses the
+        routing table built for it, so do not mutate it in between. Returns within
+        ``timeout_ms`` (plus a loop iteration): shards that failed or had no answer by
+        then are counted in the result, which is then ``partial``; they never raise.
 
         Raises:
             OverloadedError: ``max_in_flight`` queries are already running (raised before
@@ -255,74 +396,228 @@ class FanOut:
             self._in_flight -= 1
             self.metrics.in_flight.dec()
 
+    # -- routing table ----------------------------------------------------------------
+
+    def _routing_table(
+        self, servers: Iterable[ServiceInstance] | Mapping[str, ServiceInstance]
+    ) -> list[tuple[int, list[Replica]]]:
+        if servers is self._table_source:
+            return self._table
+        instances = servers.values() if isinstance(servers, Mapping) else servers
+        old = self._replicas
+        replicas: dict[str, Replica] = {}
+        by_shard: dict[int, list[Replica]] = {}
+        for instance in instances:
+            if not instance.routable:
+                continue
+            replica = Replica.of(instance)
+            kept = old.get(replica.key)
+            if kept is not None:
+                # Same target, maybe a new payload (weight, zone): keep what we learned.
+                kept.instance, kept.zone, kept.weight = instance, replica.zone, replica.weight
+                replica = kept
+            replicas[replica.key] = replica
+            by_shard.setdefault(replica.shard, []).append(replica)
+        now = self._clock()
+        for key, replica in old.items():
+            # An ejected server that left and comes back (same registration) stays
+            # ejected for the rest of its cool-down.
+            if key not in replicas and replica.is_ejected(now):
+                replicas[key] = replica
+        self._replicas = replicas
+        self._known = sum(len(group) for group in by_shard.values())
+        self._table = sorted(by_shard.items())
+        self._table_source = servers
+        for shard in [s for s in self._latency if s not in by_shard]:
+            del self._latency[shard]
+        return self._table
+
+    # -- one query --------------------------------------------------------------------
+
     async def _fan_out(
-        self, servers: Sequence[ServiceInstance], query: str, k: int, timeout_ms: int
+        self,
+        servers: Iterable[ServiceInstance] | Mapping[str, ServiceInstance],
+        query: str,
+        k: int,
+        timeout_ms: int,
     ) -> FanOutResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        deadline = started + timeout_ms / 1000
-        by_shard: dict[int, list[ServiceInstance]] = {}
-        for instance in servers:
-            if instance.routable:
-                by_shard.setdefault(instance.payload.shard, []).append(instance)
-        self._prune(by_shard)
-        self._known = sum(len(replicas) for replicas in by_shard.values())
-        calls = [_ShardCall(shard, replicas) for shard, replicas in sorted(by_shard.items())]
-        tasks = {
-            asyncio.create_task(
-                self._call_shard(call, query, k, deadline), name=f"fanout-shard-{call.shard}"
-            ): call
-            for call in calls
-        }
-        deadline_passed = False
+        table = self._routing_table(servers)
+        target = ("/search?" + urlencode({"q": query, "k": k})).encode("ascii")
+        q = _Query(loop, target, k, started + timeout_ms / 1000)
+        calls = [_ShardCall(shard, replicas) for shard, replicas in table]
+        self._budget.deposit(len(calls))
+        q.open_calls = len(calls)
+        for call in calls:
+            if not self._next_attempt(q, call, hedge=False):
+                self._finish(q, call)  # every replica ejected: failed at once
+        deadline_timer = loop.call_at(q.deadline, _wake, q.waiter)
         try:
-            if tasks:
-                async with asyncio.timeout_at(deadline):
-                    await asyncio.wait(list(tasks))
-        except TimeoutError:
-            # Only our own deadline: asyncio.timeout raises TimeoutError for nothing else.
-            deadline_passed = True
+            if q.open_calls > 0:
+                await q.waiter
         finally:
-            pending = [task for task in tasks if not task.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                # Cancelling an aiohttp request closes its connection at once; waiting
-                # for it keeps the outstanding-request counts exact.
-                await asyncio.gather(*pending, return_exceptions=True)
-        if deadline_passed:
-            # A cancellation of the whole query from outside (client gone) is no fault of
-            # the data servers and charges nothing; only our deadline does.
-            for task in pending:
-                call = tasks[task]
-                if call.hits is not None:
-                    continue  # answered in the very loop iteration of the deadline
-                call.outcome = "timed_out"
-                # Still set only if the request did not end by itself: when aiohttp's own
-                # timeout fires in the same iteration as ours, the shard task has already
-                # charged the timeout, and it must not count twice towards ejection.
-                if call.current is not None:
-                    stuck, call.current = call.current, None
-                    self._record_failure(stuck, "timeout", "no answer by the query deadline")
-        for task, call in tasks.items():
-            if task.cancelled():
-                continue
-            if (exc := task.exception()) is not None:
-                # A bug, not a data server's fault; the shard is failed, the query goes on.
-                log.error("fan-out to shard %d failed", call.shard, exc_info=exc)
-                call.hits, call.outcome = None, "failed"
+            deadline_timer.cancel()
+            # At the deadline (or when the query itself is cancelled, the client gone):
+            # abandon what is still in flight.
+            timed_out = loop.time() >= q.deadline
+            for call in calls:
+                if not call.done:
+                    self._abandon(q, call, timed_out)
+        self._flush_metrics()
         return self._merge(calls, k, (loop.time() - started) * 1000)
 
+    def _candidates(self, call: _ShardCall, now: float) -> list[Replica]:
+        tried = call.tried
+        usable = [r for r in call.replicas if r not in tried and not r.is_ejected(now)]
+        if len(usable) > 1:
+            zone = self.zone
+            if zone is not None:
+                local = [r for r in usable if r.zone == zone]
+                if local:
+                    usable = local
+            if self._warmup:
+                warm = self._warmup
+                ready = [r for r in usable if r.samples >= warm or r.outstanding == 0]
+                if not ready:
+                    # All still warming up and busy: the least busy ones, so that a
+                    # picker ranking the unknown first cannot pile onto one of them.
+                    fewest = min(r.outstanding for r in usable)
+                    ready = [r for r in usable if r.outstanding == fewest]
+                usable = ready
+        return usable
+
+    def _next_attempt(self, q: _Query, call: _ShardCall, *, hedge: bool) -> bool:
+        """Send the shard's next request (a retry, or a hedge); False if no replica is left."""
+        candidates = self._candidates(call, self._clock())
+        if not candidates:
+            return False
+        replica = self.picker.pick(candidates)
+        call.tried.append(replica)
+        replica.outstanding += 1
+        now = q.loop.time()
+        future = self._client.get(replica.endpoint, q.target)
+        attempt = _Attempt(replica, future, now, hedge)
+        call.attempts.append(attempt)
+        future.add_done_callback(lambda f: self._on_answer(q, call, attempt))
+        if not hedge and self._hedging and len(call.replicas) > 1 and call.hedge_timer is None:
+            window = self._latency.get(call.shard)
+            p95 = window.p95 if window is not None else None
+            if p95 is not None and now + p95 < q.deadline:
+                call.hedge_timer = q.loop.call_at(now + p95, self._hedge, q, call)
+        return True
+
+    def _hedge(self, q: _Query, call: _ShardCall) -> None:
+        call.hedge_timer = None
+        if call.done or not call.attempts:
+            return
+        if not self._candidates(call, self._clock()):
+            return
+        if not self._budget.withdraw():
+            self.metrics.hedges.labels(result="over_budget").inc()
+            return
+        if self._next_attempt(q, call, hedge=True):
+            self.metrics.hedges.labels(result="sent").inc()
+
+    def _on_answer(self, q: _Query, call: _ShardCall, attempt: _Attempt) -> None:
+        future = attempt.future
+        if future.cancelled() or call.done:
+            return  # abandoned by us; accounted for where it was abandoned
+        call.attempts.remove(attempt)
+        replica = attempt.replica
+        replica.outstanding -= 1
+        elapsed = q.loop.time() - attempt.started
+        exc = future.exception()
+        try:
+            if exc is not None:
+                raise exc
+            status, body = future.result()
+            if status != 200:
+                raise _BadAnswer(f"HTTP {status}")
+            decoded = orjson.loads(body)
+            hits = _ranked_hits(decoded, call.shard, q.k)
+        except (SubrequestError, ValueError) as error:
+            # ValueError: a _BadAnswer or undecodable JSON (orjson.JSONDecodeError).
+            replica.penalize(elapsed)
+            self._record_failure(replica, "error", _describe(error))
+            call.outcome = "failed"
+            if call.attempts:
+                return  # a hedge is still out; its answer decides
+            if q.loop.time() < q.deadline and self._next_attempt(q, call, hedge=False):
+                self.metrics.retries.inc()
+                return
+            self._finish(q, call)
+            return
+        except Exception as error:  # a client bug must not hang the query
+            log.error("sub-request to %s failed", replica.instance.id, exc_info=error)
+            call.outcome = "failed"
+            if not call.attempts:
+                self._finish(q, call)
+            return
+        service, queue = _feedback(decoded)
+        replica.observe(elapsed, service, queue)
+        window = self._latency.get(call.shard)
+        if window is None:
+            window = self._latency[call.shard] = LatencyWindow()
+        window.add(elapsed)
+        self._record_success(replica)
+        call.hits, call.outcome = hits, "ok"
+        if attempt.hedge:
+            self.metrics.hedges.labels(result="won").inc()
+        for loser in call.attempts:
+            # The slower of a hedged pair: it took longer than the winner, at least.
+            loser.replica.outstanding -= 1
+            loser.replica.penalize(elapsed)
+            loser.future.cancel()
+        call.attempts.clear()
+        self._finish(q, call)
+
+    def _finish(self, q: _Query, call: _ShardCall) -> None:
+        call.done = True
+        if call.hedge_timer is not None:
+            call.hedge_timer.cancel()
+            call.hedge_timer = None
+        q.open_calls -= 1
+        if q.open_calls == 0:
+            _wake(q.waiter)
+
+    def _abandon(self, q: _Query, call: _ShardCall, timed_out: bool) -> None:
+        """End a call still open at the deadline (``timed_out``) or at a cancellation."""
+        call.done = True
+        if call.hedge_timer is not None:
+            call.hedge_timer.cancel()
+            call.hedge_timer = None
+        if timed_out:
+            call.outcome = "timed_out"
+        now = q.loop.time()
+        for attempt in call.attempts:
+            replica = attempt.replica
+            replica.outstanding -= 1
+            attempt.future.cancel()
+            if timed_out:
+                replica.penalize(now - attempt.started)
+                self._record_failure(replica, "timeout", "no answer by the query deadline")
+        call.attempts.clear()
+
+    # -- merging ----------------------------------------------------------------------
+
     def _merge(self, calls: list[_ShardCall], k: int, took_ms: float) -> FanOutResult:
-        answered = [call.hits for call in calls if call.hits is not None]
-        timed_out = sum(1 for call in calls if call.hits is None and call.outcome == "timed_out")
-        failed = len(calls) - len(answered) - timed_out
+        answered = 0
+        timed_out = 0
+        candidates: list[_Ranked] = []
+        for call in calls:
+            hits = call.hits
+            if hits is None:
+                if call.outcome == "timed_out":
+                    timed_out += 1
+                continue
+            answered += 1
+            candidates.extend(hits)
+        failed = len(calls) - answered - timed_out
         # Each shard's hits are already its top k: the top k overall are among them.
-        hits = heapq.nsmallest(
-            k,
-            (hit for shard_hits in answered for hit in shard_hits),
-            key=lambda hit: (-hit["score"], hit["id"]),
-        )
+        # Ties of score and id are broken by shard, so the hit objects are never compared.
+        top = heapq.nsmallest(k, candidates)
+        merged = [{**hit, "shard": shard} for _, _, shard, hit in top]
         partial = failed + timed_out > 0
         self.metrics.queries.labels(outcome="partial" if partial else "complete").inc()
         self.metrics.query_seconds.observe(took_ms / 1000)
@@ -334,116 +629,32 @@ class FanOut:
                 timed_out,
             )
         return FanOutResult(
-            hits=hits,
-            shards={
-                "total": len(calls),
-                "ok": len(answered),
-                "failed": failed,
-                "timed_out": timed_out,
-            },
+            hits=merged,
+            shards={"total": len(calls), "ok": answered, "failed": failed, "timed_out": timed_out},
             partial=partial,
             took_ms=round(took_ms, 3),
         )
 
-    async def _call_shard(self, call: _ShardCall, query: str, k: int, deadline: float) -> None:
-        """Ask replicas of one shard until one answers, time runs out, or none is left.
+    # -- health -----------------------------------------------------------------------
 
-        Leaves the answer or the reason for none in ``call``; never raises except when
-        cancelled (at the deadline).
-        """
-        loop = asyncio.get_running_loop()
-        while True:
-            now = self._clock()
-            candidates = [
-                replica
-                for replica in call.replicas
-                if target_key(replica) not in call.tried and not self._is_ejected(replica, now)
-            ]
-            if not candidates:
-                return
-            instance = self.picker.pick(candidates)
-            if call.tried:
-                self.metrics.retries.inc()
-            call.tried.add(target_key(instance))
-            call.current = instance
-            try:
-                hits = await self._request(instance, call.shard, query, k, deadline)
-            except TimeoutError:
-                # aiohttp's own timeout (the remaining budget) fired just before ours.
-                call.current, call.outcome = None, "timed_out"
-                self._record_failure(instance, "timeout", "no answer within the budget")
-            except (aiohttp.ClientError, ValueError, OSError) as exc:
-                # ValueError: undecodable JSON or a _BadAnswer.
-                call.current, call.outcome = None, "failed"
-                self._record_failure(instance, "error", _describe(exc))
-            else:
-                call.current, call.hits, call.outcome = None, hits, "ok"
-                self._record_success(instance)
-                return
-            if deadline - loop.time() <= 0:
-                return
+    def _flush_metrics(self) -> None:
+        if self._pending_ok:
+            self.metrics.shard_requests.labels(result="ok").inc(self._pending_ok)
+            self._pending_ok = 0
 
-    async def _request(
-        self, instance: ServiceInstance, shard: int, query: str, k: int, deadline: float
-    ) -> list[dict[str, Any]]:
-        """One ``GET /search`` with the remaining budget; the validated, annotated hits.
-
-        Raises:
-            TimeoutError: no answer within the budget (or none left).
-            aiohttp.ClientError, OSError: connection failed or broke.
-            ValueError: non-200 status, not JSON, or not a search answer.
-        """
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        remaining = deadline - started
-        if remaining <= 0:
-            raise TimeoutError
-        self.picker.started(instance)
-        outcome: Outcome = "failed"
-        try:
-            async with self._http.get(
-                _url(instance),
-                params={"q": query, "k": str(k)},
-                timeout=aiohttp.ClientTimeout(total=remaining),
-            ) as response:
-                if response.status != 200:
-                    raise _BadAnswer(f"HTTP {response.status}")
-                # content_type=None: judge the body, not the header.
-                body = await response.json(content_type=None)
-            hits = _parse_hits(body, shard, k)
-            outcome = "ok"
-        except TimeoutError:
-            outcome = "timed_out"
-            raise
-        except asyncio.CancelledError:
-            # Cancelled at the query's deadline is a timeout for the picker's ranking;
-            # cancelled before it, the query ended for another reason.
-            outcome = "timed_out" if loop.time() >= deadline else "cancelled"
-            raise
-        finally:
-            self.picker.finished(instance, outcome, loop.time() - started)
-        return hits
-
-    def _is_ejected(self, instance: ServiceInstance, now: float) -> bool:
-        health = self._health.get(target_key(instance))
-        return health is not None and health.is_ejected(now)
-
-    def _record_failure(self, instance: ServiceInstance, result: str, detail: str) -> None:
+    def _record_failure(self, replica: Replica, result: str, detail: str) -> None:
         self.metrics.shard_requests.labels(result=result).inc()
-        key = target_key(instance)
-        health = self._health.get(key)
-        if health is None:
-            health = self._health[key] = _Health(instance.id)
-        health.failures += 1
+        replica.failures += 1
         now = self._clock()
+        instance = replica.instance
         # After a cool-down the count is still at the limit: one more failure re-ejects.
         # Failures of requests sent before the ejection do not extend it.
         if (
-            health.failures >= self._eject_after
-            and not health.is_ejected(now)
+            replica.failures >= self._eject_after
+            and not replica.is_ejected(now)
             and not self._ejection_cap_reached(now)
         ):
-            health.ejected_until = now + self._eject_cooldown
+            replica.ejected_until = now + self._eject_cooldown
             self.metrics.ejections.inc()
             log.warning(
                 "ejecting data server %s (%s:%d, shard %d) for %.1fs after %d consecutive "
@@ -451,9 +662,9 @@ class FanOut:
                 instance.id,
                 instance.address,
                 instance.port,
-                instance.payload.shard,
+                replica.shard,
                 self._eject_cooldown,
-                health.failures,
+                replica.failures,
                 detail,
             )
         else:
@@ -470,7 +681,7 @@ class FanOut:
         # When many servers fail at once the cause is more likely on our side (a CPU
         # stall, a network blip) than theirs; ejecting them all would turn a slow moment
         # into empty answers. Discovery still removes servers that are really down.
-        ejected = sum(1 for h in self._health.values() if h.is_ejected(now))
+        ejected = sum(1 for r in self._replicas.values() if r.is_ejected(now))
         if ejected + 1 > max(1, int(self._max_ejected_share * self._known)):
             log.warning(
                 "not ejecting more data servers: %d of %d already ejected (cap %.0f%%)",
@@ -481,36 +692,26 @@ class FanOut:
             return True
         return False
 
-    def _record_success(self, instance: ServiceInstance) -> None:
-        self.metrics.shard_requests.labels(result="ok").inc()
-        key = target_key(instance)
-        health = self._health.get(key)
-        if health is None:
+    def _record_success(self, replica: Replica) -> None:
+        self._pending_ok += 1
+        if replica.failures == 0:
             return
-        if health.is_ejected(self._clock()):
+        if replica.is_ejected(self._clock()):
             # A request sent before the ejection: it resets the count but the ejection
             # runs its course, so that a flapping server does not bounce straight back.
-            health.failures = 0
+            replica.failures = 0
             return
-        if health.ejected_until is not None:
-            log.info("data server %s answers again after its ejection", instance.id)
-        del self._health[key]
+        if replica.ejected_until is not None:
+            log.info("data server %s answers again after its ejection", replica.instance.id)
+        replica.failures = 0
+        replica.ejected_until = None
 
-    def _prune(self, by_shard: dict[int, list[ServiceInstance]]) -> None:
-        """Forget the health of servers that left the list (at most once per cool-down).
 
-        Data servers that fail usually leave the list soon after (their agent takes
-        them offline) and may come back on another port: without this, a long-running
-        search server would keep their entries forever. Current ejections are kept.
-        """
-        now = self._clock()
-        if now < self._next_prune or not self._health:
-            return
-        self._next_prune = now + max(self._eject_cooldown, 1.0)
-        present = {target_key(instance) for replicas in by_shard.values() for instance in replicas}
-        for key in [
-            key
-            for key, health in self._health.items()
-            if key not in present and not health.is_ejected(now)
-        ]:
-            del self._health[key]
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["QUERY_OUTCOMES", "SHARD_RESULTS", "FanOutMetrics"]
+__all__ = ["HEDGE_RESULTS", "QUERY_OUTCOMES", "SHARD_RESULTS", "FanOutMetrics"]
 
 #: Label values of ``search_server_fanout_queries_total{outcome}``.
 QUERY_OUTCOMES = ("complete", "partial", "overloaded")
 #: Label values of ``search_server_fanout_shard_requests_total{result}``.
 SHARD_RESULTS = ("ok", "error", "timeout")
+#: Label values of ``search_server_fanout_hedges_total{result}``.
+HEDGE_RESULTS = ("sent", "won", "over_budget")
 
 
 class FanOutMetrics:
@@ -50,6 +52,13 @@ class FanOutMetrics:
             "Requests sent to another replica of a shard after one failed.",
             registry=registry,
         )
+        self.hedges = Counter(
+            "search_server_fanout_hedges",
+            "Hedged sub-requests: sent (a shard's answer was later than its recent p95), "
+            "won (the hedge answered first), over_budget (not sent: the budget was spent).",
+            ["result"],
+            registry=registry,
+        )
         self.ejections = Counter(
             "search_server_fanout_ejections",
             "Times a data server was ejected for consecutive failures or timeouts.",
@@ -66,3 +75,5 @@ class FanOutMetrics:
             self.queries.labels(outcome=outcome)
         for result in SHARD_RESULTS:
             self.shard_requests.labels(result=result)
+        for result in HEDGE_RESULTS:
+            self.hedges.labels(result=result)

@@ -1,29 +1,56 @@
 """Which replica of a shard gets a query's request: the picker seam of the fan-out.
 
-:class:`~search_server.fanout.FanOut` asks its :class:`ReplicaPicker` to choose among a
-shard's candidate replicas (routable, not ejected, not yet tried by this query) and tells
-it when each request starts and how it ended, so a picker can keep whatever load or
-latency signal it ranks by. The default is :class:`PowerOfTwoChoices`; another policy
-(adaptive replica selection, zone preference) is a new class passed as
-``FanOut(picker=...)``, not an edit of the fan-out.
+:class:`~search_server.fanout.FanOut` keeps one :class:`Replica` per data server it
+routes to, with what it learned of it: requests in flight from this search server,
+EWMAs of the response time it saw and of the service time and queue length the data
+server reported, its consecutive failures. It narrows a shard's replicas to the
+candidates (routable, not ejected, not yet tried by this query, in its own zone when
+one there is usable, warmed up or idle) and asks its :class:`ReplicaPicker` for one.
 
-A picker runs on the fan-out's event loop and is not thread-safe; it must be fast (it
-runs for every sub-request) and must never raise for a non-empty list of candidates.
+Two pickers, both weighted by the payload's ``weight`` (a replica of weight 200 takes
+about twice the share of one of weight 100):
+
+* :class:`AdaptiveReplicaSelection` (the default; chosen on ``bench/bench_fanout.py``'s
+  skew figures): Elasticsearch's adaptive replica selection, after the C3 paper
+  (Suresh et al., NSDI '15). A replica's rank is its response time minus its service
+  time plus the cube of its estimated queue times its service time, with the queue
+  estimated as ``1 + outstanding x clients + reported queue``: the ``x clients`` is C3's
+  concurrency compensation, which makes every search server assume the others send
+  like it does, so that they do not all herd onto the replica that looks best.
+* :class:`PowerOfTwoChoices`: two random candidates, the less loaded one wins.
+
+Another policy is a new class passed as ``FanOut(picker=...)``, not an edit of the
+fan-out. A picker runs on the fan-out's event loop for every sub-request and must be
+fast, is not thread-safe, and must never raise for a non-empty list of candidates.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from discovery.instance import ServiceInstance
 
-__all__ = ["Outcome", "PowerOfTwoChoices", "ReplicaPicker", "target_key"]
+from .httpclient import Endpoint
+
+__all__ = [
+    "AdaptiveReplicaSelection",
+    "Outcome",
+    "PowerOfTwoChoices",
+    "Replica",
+    "ReplicaPicker",
+    "make_picker",
+    "target_key",
+]
 
 #: How a request ended: answered, failed (error, bad answer), timed out, or cancelled
 #: (the query ended first, e.g. another replica answered or the client went away).
 Outcome = Literal["ok", "failed", "timed_out", "cancelled"]
+
+#: Weight of the newest sample in the EWMAs (Elasticsearch's ARS uses the same).
+EWMA_ALPHA = 0.3
 
 
 def target_key(instance: ServiceInstance) -> str:
@@ -38,27 +65,79 @@ def target_key(instance: ServiceInstance) -> str:
     return f"{instance.id}@{instance.address}:{instance.port}/{instance.registration_time_utc}"
 
 
+@dataclass(slots=True, eq=False)
+class Replica:
+    """One data server as this search server routes to it, and what it learned of it.
+
+    The fan-out keeps the same object for a target (:func:`target_key`) across live-list
+    versions, so its statistics survive changes of the list. ``seconds``, ``service``
+    and ``queue`` are EWMAs (weight :data:`EWMA_ALPHA`) of the response time this search
+    server saw, the search time the data server reported (``took_ms``) and the requests
+    it reported in flight (``queue``); ``samples`` counts the answers behind them.
+    """
+
+    key: str
+    instance: ServiceInstance
+    endpoint: Endpoint
+    shard: int
+    zone: str | None
+    weight: int
+    outstanding: int = 0
+    samples: int = 0
+    seconds: float = 0.0
+    service: float = 0.0
+    queue: float = 0.0
+    failures: int = 0
+    ejected_until: float | None = None
+
+    @classmethod
+    def of(cls, instance: ServiceInstance) -> Replica:
+        payload = instance.payload
+        return cls(
+            key=target_key(instance),
+            instance=instance,
+            endpoint=Endpoint.of(instance.address, instance.port),
+            shard=payload.shard,
+            zone=payload.zone,
+            weight=payload.weight,
+        )
+
+    def is_ejected(self, now: float) -> bool:
+        return self.ejected_until is not None and now < self.ejected_until
+
+    def observe(self, seconds: float, service: float | None, queue: float | None) -> None:
+        """Fold in one answer: its response time and the data server's feedback, if any."""
+        if self.samples == 0:
+            self.seconds = seconds
+            self.service = seconds if service is None else service
+            self.queue = 0.0 if queue is None else queue
+        else:
+            self.seconds += EWMA_ALPHA * (seconds - self.seconds)
+            if service is not None:
+                self.service += EWMA_ALPHA * (service - self.service)
+            if queue is not None:
+                self.queue += EWMA_ALPHA * (queue - self.queue)
+        self.samples += 1
+
+    def penalize(self, seconds: float) -> None:
+        """Fold in a request that got no answer after ``seconds`` (failed, timed out, or
+        beaten by a hedge): its response time was at least that."""
+        if seconds > self.seconds:
+            self.seconds += EWMA_ALPHA * (seconds - self.seconds)
+
+
 @runtime_checkable
 class ReplicaPicker(Protocol):
-    """Chooses one replica of a shard for a request, and learns from each request."""
+    """Chooses one replica of a shard for a request."""
 
-    def pick(self, candidates: Sequence[ServiceInstance]) -> ServiceInstance:
+    def pick(self, candidates: Sequence[Replica]) -> Replica:
         """One of ``candidates`` (never empty) for the next request."""
-        ...
-
-    def started(self, instance: ServiceInstance) -> None:
-        """A request to ``instance`` was sent."""
-        ...
-
-    def finished(self, instance: ServiceInstance, outcome: Outcome, seconds: float) -> None:
-        """A request to ``instance`` ended after ``seconds``; called once per
-        :meth:`started`."""
         ...
 
 
 class PowerOfTwoChoices:
-    """Two random candidates; the one with fewer requests outstanding (from this search
-    server) wins, ties to the first.
+    """Two random candidates; the one with fewer requests outstanding from this search
+    server per unit of weight wins, ties to the first.
 
     Nearly as good as "least busy" and, unlike it, it does not send every search
     server's next request to the same replica at once ("The Power of Two Choices in
@@ -67,28 +146,70 @@ class PowerOfTwoChoices:
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng if rng is not None else random.Random()
-        # Requests in flight per target, across all queries; entries are removed at zero.
-        self._outstanding: dict[str, int] = {}
 
-    def outstanding(self, instance: ServiceInstance) -> int:
-        """Requests to ``instance`` in flight now."""
-        return self._outstanding.get(target_key(instance), 0)
-
-    def pick(self, candidates: Sequence[ServiceInstance]) -> ServiceInstance:
+    def pick(self, candidates: Sequence[Replica]) -> Replica:
         if len(candidates) == 1:
             return candidates[0]
         first, second = self._rng.sample(candidates, 2)
-        load = self._outstanding.get
-        return first if load(target_key(first), 0) <= load(target_key(second), 0) else second
+        # (outstanding + 1) / weight, compared without dividing.
+        if (first.outstanding + 1) * second.weight <= (second.outstanding + 1) * first.weight:
+            return first
+        return second
 
-    def started(self, instance: ServiceInstance) -> None:
-        key = target_key(instance)
-        self._outstanding[key] = self._outstanding.get(key, 0) + 1
 
-    def finished(self, instance: ServiceInstance, outcome: Outcome, seconds: float) -> None:
-        key = target_key(instance)
-        left = self._outstanding.get(key, 0) - 1
-        if left > 0:
-            self._outstanding[key] = left
-        else:
-            self._outstanding.pop(key, None)
+class AdaptiveReplicaSelection:
+    """The candidate of lowest C3 rank, divided by its weight.
+
+    ``rank = R - S + q̂³ · S`` with ``R`` the response-time EWMA, ``S`` the reported
+    service-time EWMA (``R`` when the data server reports none) and
+    ``q̂ = 1 + outstanding x clients + reported queue``. ``clients`` is the number of
+    search servers sending to the same data servers (C3's concurrency compensation;
+    set it as it changes with :attr:`clients`).
+
+    A replica without samples ranks first, so a new one is tried at once; the fan-out's
+    warm-up keeps it to one request at a time until it has answered a few. The ranks
+    of the candidates not chosen decay a little at each pick (``decay``), as
+    Elasticsearch adjusts the statistics of the nodes it did not pick: a replica that
+    was slow once is tried again after a while rather than starved of the samples that
+    would show it recovered.
+    """
+
+    def __init__(self, *, clients: int = 1, decay: float = 0.02) -> None:
+        if clients < 1:
+            raise ValueError(f"clients must be >= 1, got {clients}")
+        if not 0 <= decay < 1:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        self.clients = clients
+        self._keep = 1.0 - decay
+
+    def rank(self, replica: Replica) -> float:
+        """The replica's C3 rank per unit of weight (lower is better)."""
+        if replica.samples == 0:
+            return 0.0
+        service = replica.service
+        q_hat = 1.0 + replica.outstanding * self.clients + replica.queue
+        return (replica.seconds - service + q_hat * q_hat * q_hat * service) / replica.weight
+
+    def pick(self, candidates: Sequence[Replica]) -> Replica:
+        if len(candidates) == 1:
+            return candidates[0]
+        rank = self.rank
+        best = min(candidates, key=rank)
+        keep = self._keep
+        for replica in candidates:
+            if replica is not best:
+                replica.seconds *= keep
+                replica.queue *= keep
+        return best
+
+
+def make_picker(name: str, rng: random.Random | None = None) -> ReplicaPicker:
+    """The picker ``--picker`` names: ``ars`` or ``p2c``.
+
+    Raises ``ValueError`` for another name.
+    """
+    if name == "ars":
+        return AdaptiveReplicaSelection()
+    if name == "p2c":
+        return PowerOfTwoChoices(rng)
+    raise ValueError(f"unknown picker {name!r}: ars or p2c")

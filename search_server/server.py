@@ -29,7 +29,6 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
@@ -41,6 +40,7 @@ from discovery.http import MAX_QUERY_LENGTH, json_app, json_error, parse_search_
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.layout import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.leader import LeaderDuty
+from discovery.maintenance import MaintenanceWatcher, overlay
 from discovery.membership import MembershipWatcher
 from discovery.redis_v1 import RedisLiveStoreV1
 from discovery.redisstore import RedisLiveStore
@@ -51,7 +51,7 @@ from discovery.zk import ZkSession
 from .config import SearchServerConfig
 from .dashboard import EventStream, MemberCache, QueryStats
 from .fanout import FanOut
-from .picking import ReplicaPicker
+from .picking import AdaptiveReplicaSelection, ReplicaPicker, make_picker
 
 __all__ = ["MAX_K", "MAX_QUERY_LENGTH", "SearchServer"]
 
@@ -173,21 +173,19 @@ class SearchServer:
             )
             stack.push_async_callback(store.aclose)
         self.reader = await stack.enter_async_context(store.follower())
-        http = aiohttp.ClientSession(
-            # Pooled keep-alive connections: no connection set-up on the query path.
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=64, keepalive_timeout=60),
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
-        stack.push_async_callback(http.close)
+        # The fan-out's own client keeps keep-alive connections to the data servers:
+        # no connection set-up on the query path.
         self.fanout = FanOut(
-            http,
             max_in_flight=config.max_in_flight,
             eject_after=config.eject_after,
             eject_cooldown=config.eject_cooldown,
             max_ejected_share=config.max_ejected_percent / 100,
             registry=self.registry,
-            picker=self._picker,
+            picker=self._picker if self._picker is not None else make_picker(config.picker),
+            zone=config.zone,
+            hedge_ratio=config.hedge_percent / 100,
         )
+        stack.push_async_callback(self.fanout.aclose)
         await stack.enter_async_context(
             Registration(self.session, self._member_instance(), base_path=SEARCH_MEMBERS_PATH)
         )
@@ -203,6 +201,8 @@ class SearchServer:
                 # cannot write hands over, to a search server that perhaps can.
                 store_grace=config.heartbeat_ttl,
             )
+        if isinstance(self.fanout.picker, AdaptiveReplicaSelection):
+            await stack.enter_async_context(_PeerCount(self._members, self.fanout.picker))
         if config.zk_fallback_after is not None:
             fallback = _ZkFallback(self.session, self.reader, config.zk_fallback_after)
             await stack.enter_async_context(fallback)
@@ -344,13 +344,17 @@ class SearchServer:
         self.query_stats.record(result.took_ms, result.partial)
         return web.json_response(result.to_dict())
 
-    def _routing_list(self) -> list[ServiceInstance] | None:
-        """The servers to route with: the live list, or the ZooKeeper fallback's view."""
+    def _routing_list(self) -> Mapping[str, ServiceInstance] | None:
+        """The servers to route with: the live list, or the ZooKeeper fallback's view.
+
+        The same (immutable) mapping until the list changes, so that the fan-out builds
+        its routing table once per version, not per query.
+        """
         if self._fallback is not None and self._fallback.active:
-            return list(self._fallback.members.values())
+            return self._fallback.members
         if self.reader is None or self.reader.current.version == 0:
             return None
-        return list(self.reader.current.servers.values())
+        return self.reader.current.servers
 
     async def cluster(self, request: web.Request) -> web.Response:
         return web.json_response(self.cluster_view())
@@ -361,10 +365,10 @@ class SearchServer:
         live = reader.current if reader is not None else None
         ejected = self.fanout.ejected() if self.fanout is not None else set()
         servers = []
-        routing = self._routing_list() or []
+        routing = self._routing_list() or {}
         brake = self._duty.brake_status() if self._duty is not None else None
         if routing:
-            for instance in sorted(routing, key=lambda i: i.id):
+            for instance in sorted(routing.values(), key=lambda i: i.id):
                 servers.append(
                     {
                         "id": instance.id,
@@ -372,9 +376,13 @@ class SearchServer:
                         "port": instance.port,
                         "shard": instance.payload.shard,
                         "replica": instance.payload.replica,
+                        "zone": instance.payload.zone,
+                        "weight": instance.payload.weight,
                         "state": instance.payload.state.value,
                         "enabled": instance.enabled,
                         "ejected": instance.id in ejected,
+                        # Why it is draining or in maintenance; only when there is a reason.
+                        **({"reason": r} if (r := instance.payload.reason) else {}),
                     }
                 )
         return {
@@ -431,6 +439,48 @@ class SearchServer:
         return web.json_response(body, status=200 if ready else 503)
 
 
+class _PeerCount:
+    """Keeps adaptive replica selection's ``clients`` at the number of search servers.
+
+    C3's concurrency compensation multiplies this server's requests in flight to a
+    replica by the number of search servers sending to it; the count comes from
+    ``/search_servers/members`` (cached, refreshed every ``interval`` seconds). A
+    failed read keeps the last count: an estimate that is a little off only weakens
+    the compensation.
+    """
+
+    def __init__(
+        self, members: MemberCache, picker: AdaptiveReplicaSelection, interval: float = 10.0
+    ) -> None:
+        self._members = members
+        self._picker = picker
+        self._interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _PeerCount:
+        self._task = asyncio.create_task(self._run(), name="search-peer-count")
+        self._task.add_done_callback(_log_crash)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            members = await self._members.get()
+            if members:
+                self._picker.clients = len(members)
+            await asyncio.sleep(self._interval)
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("background task %s crashed", task.get_name(), exc_info=exc)
+
+
 class _ZkFallback:
     """Route with a direct read of ``/data_servers`` while Redis is down for long.
 
@@ -446,7 +496,13 @@ class _ZkFallback:
         self._reader = reader
         self._after = after
         self._watcher: MembershipWatcher | None = None
+        # Operators' maintenance markers, laid over the members as the leader does:
+        # a server in maintenance gets no queries while we route from ZooKeeper either.
+        self._maintenance: MaintenanceWatcher | None = None
         self._task: asyncio.Task[None] | None = None
+        # The last overlay and what it was made of: the same object while neither
+        # changes, so the fan-out keeps its routing table.
+        self._view: tuple[object, object, Mapping[str, ServiceInstance]] | None = None
 
     @property
     def active(self) -> bool:
@@ -454,7 +510,14 @@ class _ZkFallback:
 
     @property
     def members(self) -> Mapping[str, ServiceInstance]:
-        return self._watcher.members if self._watcher is not None else {}
+        if self._watcher is None:
+            return {}
+        members = self._watcher.members
+        markers = self._maintenance.markers if self._maintenance is not None else {}
+        view = self._view
+        if view is None or view[0] is not members or view[1] is not markers:
+            view = self._view = (members, markers, overlay(members, markers))
+        return view[2]
 
     async def __aenter__(self) -> _ZkFallback:
         self._task = asyncio.create_task(self._run(), name="zk-fallback")
@@ -477,11 +540,16 @@ class _ZkFallback:
                     self._reader.age(),
                 )
                 watcher = MembershipWatcher(self._session)
+                maintenance = MaintenanceWatcher(self._session)
                 try:
+                    await maintenance.start()
                     await watcher.start()
                 except ZkError as exc:
                     log.warning("ZooKeeper fallback failed to start: %s", exc)
+                    await maintenance.aclose()
+                    await watcher.aclose()
                 else:
+                    self._maintenance = maintenance
                     self._watcher = watcher
             elif self._reader.connected and self._watcher is not None:
                 log.info("Redis is back: routing with the published live list again")
@@ -492,5 +560,9 @@ class _ZkFallback:
 
     async def _stop(self) -> None:
         watcher, self._watcher = self._watcher, None
+        maintenance, self._maintenance = self._maintenance, None
+        self._view = None
         if watcher is not None:
             await watcher.aclose()
+        if maintenance is not None:
+            await maintenance.aclose()

@@ -24,6 +24,7 @@ from discovery.errors import DiscoveryError, OverloadedError
 from discovery.instance import ServiceInstance
 from discovery.testing.ports import free_port
 from search_server.fanout import FanOut, FanOutResult
+from search_server.httpclient import HttpClient
 from tests.support import (
     DataServerFactory,
     FakeClock,
@@ -34,6 +35,13 @@ from tests.support import (
 )
 
 QUERIES = sample_queries(12, variant=7)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[HttpClient]:
+    """The fan-out's sub-request client, closed after the test."""
+    async with HttpClient() as sub_client:
+        yield sub_client
 
 
 @pytest.fixture
@@ -83,6 +91,7 @@ async def _timed(
 async def test_merges_the_top_k_of_one_replica_per_shard(
     make_data_server: DataServerFactory,
     http: aiohttp.ClientSession,
+    client: HttpClient,
     registry: CollectorRegistry,
 ) -> None:
     s0, s1a, s1b, s2 = await asyncio.gather(
@@ -92,7 +101,7 @@ async def test_merges_the_top_k_of_one_replica_per_shard(
         make_data_server(shard=2, instance_id="ds-s2"),
     )
     servers = [instance_of(s) for s in (s0, s1a, s1b, s2)]
-    fanout = FanOut(http, registry=registry, rng=random.Random(1))
+    fanout = FanOut(client, registry=registry, rng=random.Random(1))
     k = 7
     trimmed = 0
     for query in QUERIES:
@@ -129,6 +138,7 @@ async def test_merges_the_top_k_of_one_replica_per_shard(
 async def test_draining_and_disabled_instances_are_not_queried(
     make_data_server: DataServerFactory,
     http: aiohttp.ClientSession,
+    client: HttpClient,
     registry: CollectorRegistry,
 ) -> None:
     server = await make_data_server(shard=0, instance_id="ds-live")
@@ -141,7 +151,7 @@ async def test_draining_and_disabled_instances_are_not_queried(
         _stopped("ds-drain-5", shard=5).with_state("draining"),
         dataclasses.replace(_stopped("ds-disabled-6", shard=6), enabled=False),
     ]
-    fanout = FanOut(http, registry=registry, rng=random.Random(2))
+    fanout = FanOut(client, registry=registry, rng=random.Random(2))
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
@@ -156,6 +166,7 @@ async def test_draining_and_disabled_instances_are_not_queried(
 async def test_a_failing_replica_is_retried_on_a_healthy_one(
     make_data_server: DataServerFactory,
     http: aiohttp.ClientSession,
+    client: HttpClient,
     registry: CollectorRegistry,
     failure: str,
 ) -> None:
@@ -168,7 +179,7 @@ async def test_a_failing_replica_is_retried_on_a_healthy_one(
         sick = _stopped("ds-sick", shard=0, replica=1)
     servers = [instance_of(healthy), sick]
     # A high ejection threshold keeps the sick replica in play for every query.
-    fanout = FanOut(http, registry=registry, rng=random.Random(3), eject_after=1000)
+    fanout = FanOut(client, registry=registry, rng=random.Random(3), eject_after=1000)
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
@@ -186,6 +197,7 @@ async def test_a_failing_replica_is_retried_on_a_healthy_one(
 async def test_consecutive_failures_eject_until_the_cooldown_ends(
     make_data_server: DataServerFactory,
     http: aiohttp.ClientSession,
+    client: HttpClient,
     registry: CollectorRegistry,
 ) -> None:
     healthy = await make_data_server(shard=0, instance_id="ds-healthy")
@@ -193,7 +205,12 @@ async def test_consecutive_failures_eject_until_the_cooldown_ends(
     servers = [instance_of(healthy), stopped]
     clock = FakeClock()
     fanout = FanOut(
-        http, registry=registry, rng=random.Random(4), eject_after=3, eject_cooldown=10, clock=clock
+        client,
+        registry=registry,
+        rng=random.Random(4),
+        eject_after=3,
+        eject_cooldown=10,
+        clock=clock,
     )
 
     def errors() -> float:
@@ -227,6 +244,7 @@ async def test_consecutive_failures_eject_until_the_cooldown_ends(
 async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
     make_data_server: DataServerFactory,
     http: aiohttp.ClientSession,
+    client: HttpClient,
     registry: CollectorRegistry,
 ) -> None:
     hung, healthy = await asyncio.gather(
@@ -235,7 +253,7 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
     )
     servers = [instance_of(hung), instance_of(healthy)]
     clock = FakeClock()
-    fanout = FanOut(http, registry=registry, eject_after=3, eject_cooldown=30, clock=clock)
+    fanout = FanOut(client, registry=registry, eject_after=3, eject_cooldown=30, clock=clock)
     timeout_ms = 400
     await _set_fault(http, hung, mode="hang")
     try:
@@ -268,10 +286,12 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
         # A query cancelled from outside (its client went away) charges the data server
         # nothing: after another cool-down, one charged timeout would re-eject it.
         clock.advance(30)
-        answered = _sample(registry, "shard_requests_total", result="ok")
+        healthy_replica = fanout.replica(servers[1])
+        assert healthy_replica is not None
+        answered = healthy_replica.samples
         query = asyncio.create_task(fanout.search(servers, QUERIES[1], 10, 60_000))
         await eventually(
-            lambda: _sample(registry, "shard_requests_total", result="ok") > answered,
+            lambda: healthy_replica.samples > answered,
             message="the healthy shard answered, the hung one is outstanding",
         )
         query.cancel()
@@ -287,11 +307,12 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
 async def test_admission_control_refuses_beyond_max_in_flight(
     make_data_server: DataServerFactory,
     http: aiohttp.ClientSession,
+    client: HttpClient,
     registry: CollectorRegistry,
 ) -> None:
     server = await make_data_server(shard=0, instance_id="ds-slow")
     servers = [instance_of(server)]
-    fanout = FanOut(http, registry=registry, max_in_flight=2)
+    fanout = FanOut(client, registry=registry, max_in_flight=2)
     await _set_fault(http, server, mode="slow", delay_ms=1000)
     running = [
         asyncio.create_task(fanout.search(servers, query, 10, 10_000)) for query in QUERIES[:2]
@@ -317,13 +338,14 @@ async def test_admission_control_refuses_beyond_max_in_flight(
 async def test_an_answer_for_another_shard_is_a_failure(
     make_data_server: DataServerFactory,
     http: aiohttp.ClientSession,
+    client: HttpClient,
     registry: CollectorRegistry,
 ) -> None:
     server = await make_data_server(shard=3, instance_id="ds-shard3")
     real = instance_of(server)
     # A stale registration: shard 0 claimed, but the port now serves shard 3.
     stale = dataclasses.replace(real, payload=dataclasses.replace(real.payload, shard=0))
-    fanout = FanOut(http, registry=registry)
+    fanout = FanOut(client, registry=registry)
 
     result = await fanout.search([stale], QUERIES[0], 10, 5000)
 
@@ -333,9 +355,9 @@ async def test_an_answer_for_another_shard_is_a_failure(
 
 
 async def test_no_servers_and_bad_arguments(
-    http: aiohttp.ClientSession, registry: CollectorRegistry
+    client: HttpClient, registry: CollectorRegistry
 ) -> None:
-    fanout = FanOut(http, registry=registry)
+    fanout = FanOut(client, registry=registry)
     result = await fanout.search([], "anything", 10, 100)
     assert result.to_dict()["shards"] == {"total": 0, "ok": 0, "failed": 0, "timed_out": 0}
     assert not result.partial
@@ -344,17 +366,17 @@ async def test_no_servers_and_bad_arguments(
     with pytest.raises(ValueError, match="timeout_ms must be"):
         await fanout.search([], "anything", 10, 0)
     with pytest.raises(ValueError, match="max_in_flight"):
-        FanOut(http, max_in_flight=0)
+        FanOut(client, max_in_flight=0)
     with pytest.raises(ValueError, match="eject_after"):
-        FanOut(http, eject_after=0)
+        FanOut(client, eject_after=0)
 
 
 async def test_no_more_than_the_cap_is_ejected_at_once(
-    http: aiohttp.ClientSession, registry: CollectorRegistry
+    client: HttpClient, registry: CollectorRegistry
 ) -> None:
     # Four servers failing together look like trouble on our side: half at most go.
     servers = [_stopped(f"ds-down-{i}", shard=i) for i in range(4)]
-    fanout = FanOut(http, registry=registry, eject_after=1, max_ejected_share=0.5)
+    fanout = FanOut(client, registry=registry, eject_after=1, max_ejected_share=0.5)
     for _ in range(3):
         result = await fanout.search(servers, QUERIES[0], 10, 2000)
         assert result.shards["total"] == 4
@@ -363,8 +385,8 @@ async def test_no_more_than_the_cap_is_ejected_at_once(
 
 
 async def test_one_server_can_always_be_ejected(
-    http: aiohttp.ClientSession, registry: CollectorRegistry
+    client: HttpClient, registry: CollectorRegistry
 ) -> None:
-    fanout = FanOut(http, registry=registry, eject_after=1, max_ejected_share=0.1)
+    fanout = FanOut(client, registry=registry, eject_after=1, max_ejected_share=0.1)
     await fanout.search([_stopped("ds-alone", shard=0)], QUERIES[0], 10, 2000)
     assert fanout.ejected() == {"ds-alone"}

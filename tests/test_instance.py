@@ -30,13 +30,17 @@ import pytest
 
 from discovery.errors import InvalidInstanceError, PayloadTooLargeError
 from discovery.instance import (
+    DEFAULT_WEIGHT,
     MAX_INSTANCE_BYTES,
     SERVICE_TYPES,
     InstancePayload,
     InstanceState,
     ServiceInstance,
     validate_instance_id,
+    validate_weight,
+    validate_zone,
 )
+from discovery.membership import MembershipWatcher
 from tests.support import CURATOR_FIELD_ORDER
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -92,8 +96,20 @@ ROUND_TRIP_CASES = {
     ),
     "ssl-and-urispec": base_instance(ssl_port=9443, uri_spec=URI_SPEC, service_type="STATIC"),
     "extras": base_instance(
-        payload=base_payload(extra={"@class": "x.Y", "zone": "b", "tags": ["a", {"k": 1.5}]})
+        payload=base_payload(extra={"@class": "x.Y", "rack": "b", "tags": ["a", {"k": 1.5}]})
     ),
+    "zone-and-weight": base_instance(payload=base_payload(zone="eu-west-1b", weight=250)),
+    "zone-weight-reason-extras": base_instance(
+        payload=base_payload(
+            state=InstanceState.DRAINING,
+            reason="r",
+            zone="dc1:rack-7.a_b",
+            weight=1,
+            extra={"@class": "x.Y", "rack": 7},
+        ),
+        enabled=False,
+    ),
+    "weight-max-zone-max": base_instance(payload=base_payload(zone="z" * 64, weight=1000)),
     "unicode": base_instance(
         address="hôte-ü.example", payload=base_payload(version="v1 \u2013 ü", reason="ß ✓")
     ),
@@ -176,7 +192,12 @@ def test_golden_urispec_document_decodes_and_reencodes_identically() -> None:
     assert instance.enabled is False
     assert instance.payload.state is InstanceState.DRAINING
     assert instance.payload.reason == "health probe: p99 2300 ms > 500 ms"
-    assert instance.payload.extra["zone"] == "eu-west-1b"
+    # A newer writer's field then, a named field now: read as the zone, and
+    # still written back where it was.
+    assert instance.payload.zone == "eu-west-1b"
+    assert instance.zone == "eu-west-1b"
+    assert instance.weight == DEFAULT_WEIGHT
+    assert "zone" not in instance.payload.extra
     assert instance.uri_spec is not None
     assert [(p["value"], p["variable"]) for p in instance.uri_spec["parts"]] == [
         ("scheme", True),
@@ -221,12 +242,12 @@ def test_golden_reencodes_in_curator_field_order(path: Path) -> None:
 
 def test_unknown_payload_keys_survive_round_trip_in_order() -> None:
     doc = base_doc()
-    doc["payload"]["zone"] = "eu-1"
+    doc["payload"]["rack"] = "eu-1"
     doc["payload"]["weights"] = {"cpu": 0.5, "tags": [1, "x", None, True]}
     instance = ServiceInstance.from_dict(doc)
     assert instance.payload.extra == {
         "@class": "com.example.search.DataServerPayload",
-        "zone": "eu-1",
+        "rack": "eu-1",
         "weights": {"cpu": 0.5, "tags": [1, "x", None, True]},
     }
     payload_out = json.loads(instance.to_json())["payload"]
@@ -238,13 +259,13 @@ def test_unknown_payload_keys_survive_round_trip_in_order() -> None:
         "docs",
         "version",
         "state",
-        "zone",
+        "rack",
         "weights",
     ]
 
 
 def test_at_class_is_written_first_even_if_given_last() -> None:
-    payload = base_payload(extra={"zone": "a", "@class": "com.example.P"})
+    payload = base_payload(extra={"rack": "a", "@class": "com.example.P"})
     assert list(payload.to_dict())[:2] == ["@class", "shard"]
 
 
@@ -255,6 +276,7 @@ def test_unknown_top_level_keys_are_tolerated_and_dropped() -> None:
     instance = ServiceInstance.from_dict(doc)
     assert instance == ServiceInstance.from_dict(base_doc())
     assert "weight" not in instance.to_dict()
+    assert instance.weight == DEFAULT_WEIGHT  # a top-level "weight" is not ours
 
 
 def test_optional_fields_default_when_absent() -> None:
@@ -359,6 +381,23 @@ INVALID_DOCS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("state-null", _set("payload/state", None), "payload.state"),
     ("state-int", _set("payload/state", 1), "payload.state"),
     ("reason-int", _set("payload/reason", 5), "payload.reason"),
+    ("zone-empty", _set("payload/zone", ""), "payload.zone"),
+    ("zone-too-long", _set("payload/zone", "z" * 65), "payload.zone"),
+    ("zone-space", _set("payload/zone", "eu west"), "payload.zone"),
+    ("zone-slash", _set("payload/zone", "eu/west"), "payload.zone"),
+    ("zone-newline", _set("payload/zone", "eu-1\n"), "payload.zone"),
+    ("zone-non-ascii", _set("payload/zone", "zoné"), "payload.zone"),
+    ("zone-int", _set("payload/zone", 1), "payload.zone"),
+    ("zone-bool", _set("payload/zone", True), "payload.zone"),
+    ("zone-array", _set("payload/zone", ["a"]), "payload.zone"),
+    ("weight-zero", _set("payload/weight", 0), "payload.weight"),
+    ("weight-negative", _set("payload/weight", -5), "payload.weight"),
+    ("weight-too-big", _set("payload/weight", 1001), "payload.weight"),
+    ("weight-bool", _set("payload/weight", True), "payload.weight"),
+    ("weight-float", _set("payload/weight", 100.0), "payload.weight"),
+    ("weight-string", _set("payload/weight", "100"), "payload.weight"),
+    ("weight-nan", _set("payload/weight", math.nan), "payload.weight"),
+    ("weight-over-java-long", _set("payload/weight", _OVER_LONG), "payload.weight"),
     ("at-class-int", _set("payload/@class", 5), "payload.@class"),
     ("extra-nan", _set("payload/load", math.nan), "payload.load"),
     ("extra-nested-inf", _set("payload/m", {"x": [math.inf]}), "payload.m.x[0]"),
@@ -595,8 +634,15 @@ def test_with_state_draining_disables_and_serving_enables() -> None:
 
 
 def test_with_state_keeps_payload_extras() -> None:
-    instance = base_instance(payload=base_payload(extra={"zone": "a"}))
-    assert instance.with_state(InstanceState.DRAINING).payload.extra == {"zone": "a"}
+    instance = base_instance(payload=base_payload(extra={"rack": "a"}))
+    assert instance.with_state(InstanceState.DRAINING).payload.extra == {"rack": "a"}
+
+
+def test_with_state_keeps_zone_and_weight() -> None:
+    instance = base_instance(payload=base_payload(zone="a", weight=7))
+    for state in InstanceState:
+        changed = instance.with_state(state, reason="why")
+        assert (changed.zone, changed.weight) == ("a", 7)
 
 
 def test_with_state_rejects_unknown_state_and_bad_reason() -> None:
@@ -709,3 +755,149 @@ def test_instances_hash_pickle_and_copy() -> None:
     assert pickle.loads(pickle.dumps(instance)) == instance
     assert copy.deepcopy(instance) == instance
     assert "ds-007" in repr(instance)
+
+
+# --- zone and weight -------------------------------------------------------------------------
+
+
+def test_zone_and_weight_default_to_none_and_100_and_are_not_written() -> None:
+    instance = base_instance()
+    assert instance.payload.zone is None
+    assert instance.payload.weight == DEFAULT_WEIGHT == 100
+    assert (instance.zone, instance.weight) == (None, 100)
+    payload = instance.to_dict()["payload"]
+    assert "zone" not in payload
+    assert "weight" not in payload
+
+
+def test_zone_and_weight_are_written_after_reason_before_extras() -> None:
+    payload = base_payload(
+        state=InstanceState.DRAINING, reason="r", zone="eu-1", weight=300, extra={"rack": 2}
+    )
+    assert list(payload.to_dict()) == [
+        "shard",
+        "replica",
+        "docs",
+        "version",
+        "state",
+        "reason",
+        "zone",
+        "weight",
+        "rack",
+    ]
+    assert payload.to_dict()["weight"] == 300
+    # A weight other than the default is written even without a zone, and back.
+    alone = base_instance(payload=base_payload(weight=50))
+    assert json.loads(alone.to_json())["payload"]["weight"] == 50
+    assert "zone" not in json.loads(alone.to_json())["payload"]
+    assert ServiceInstance.from_json(alone.to_json()).weight == 50
+
+
+def test_java_payload_without_zone_or_weight_reads_with_defaults_and_reencodes_identically() -> (
+    None
+):
+    # What a Curator ServiceDiscovery registers from a payload class that has neither.
+    raw = golden_bytes("curator_service_instance.json")
+    assert b"zone" not in raw
+    assert b"weight" not in raw
+    instance = ServiceInstance.from_json(raw)
+    assert (instance.zone, instance.weight) == (None, DEFAULT_WEIGHT)
+    assert instance.to_json() == raw
+
+
+def test_java_nulls_read_as_unset() -> None:
+    # Jackson writes an unset String / Integer field of a payload class as null.
+    doc = base_doc()
+    doc["payload"].update(zone=None, weight=None)
+    instance = ServiceInstance.from_dict(doc)
+    assert (instance.zone, instance.weight) == (None, DEFAULT_WEIGHT)
+    assert instance == ServiceInstance.from_dict(base_doc())
+    assert instance.to_json() == golden_bytes("curator_service_instance.json")
+
+
+def test_explicit_default_weight_reads_the_same_and_reencodes_without_it() -> None:
+    doc = base_doc()
+    doc["payload"]["weight"] = 100
+    instance = ServiceInstance.from_dict(doc)
+    assert instance == ServiceInstance.from_dict(base_doc())
+    assert "weight" not in instance.to_dict()["payload"]
+    # From then on the encoding is stable.
+    assert ServiceInstance.from_json(instance.to_json()).to_json() == instance.to_json()
+
+
+def test_java_payload_with_zone_and_weight() -> None:
+    doc = base_doc()
+    doc["payload"].update(zone="us-east-1a", weight=400)
+    raw = json.dumps(doc, separators=(",", ":")).encode()
+    instance = ServiceInstance.from_json(raw)
+    assert (instance.zone, instance.weight) == ("us-east-1a", 400)
+    assert instance.payload.extra == {"@class": "com.example.search.DataServerPayload"}
+    assert instance.to_json() == raw
+
+
+@pytest.mark.parametrize(
+    "zone", ["a", "eu-west-1b", "us-central1-a", "dc1:rack-7", "Z_9.x", "z" * 64, "-", "..."]
+)
+def test_valid_zones(zone: str) -> None:
+    assert validate_zone(zone) == zone
+    assert base_payload(zone=zone).zone == zone
+
+
+@pytest.mark.parametrize(
+    "zone", ["", " ", "a b", "a/b", "a\n", "\ta", "zoné", "a@b", "z" * 65, "\ud800", 3, b"a"]
+)
+def test_invalid_zones_are_rejected_naming_the_field(zone: Any) -> None:
+    with pytest.raises(InvalidInstanceError, match=r"^invalid ServiceInstance: payload\.zone: "):
+        base_payload(zone=zone)
+    with pytest.raises(InvalidInstanceError, match=r" --zone: "):
+        validate_zone(zone, "--zone")
+
+
+@pytest.mark.parametrize("weight", [1, 2, 100, 999, 1000])
+def test_valid_weights(weight: int) -> None:
+    assert validate_weight(weight) == weight
+    assert base_payload(weight=weight).weight == weight
+
+
+@pytest.mark.parametrize("weight", [0, -1, 1001, 2**70, True, False, 1.0, "5", None])
+def test_invalid_weights_are_rejected_naming_the_field(weight: Any) -> None:
+    with pytest.raises(InvalidInstanceError, match=r"^invalid ServiceInstance: payload\.weight: "):
+        base_payload(weight=weight)
+
+
+@pytest.mark.parametrize("key", ["zone", "weight"])
+def test_zone_and_weight_cannot_hide_in_extra(key: str) -> None:
+    with pytest.raises(InvalidInstanceError, match=rf"payload\.{key}: is a named payload field"):
+        base_payload(extra={key: "a" if key == "zone" else 5})
+
+
+def test_zone_and_weight_take_part_in_equality_and_hash() -> None:
+    plain = base_instance()
+    zoned = base_instance(payload=base_payload(zone="a"))
+    weighted = base_instance(payload=base_payload(weight=5))
+    assert len({plain, zoned, weighted}) == 3
+    assert zoned == base_instance(payload=base_payload(zone="a", weight=100))
+
+
+@pytest.mark.parametrize(
+    ("changes", "field_name"),
+    [
+        ({"zone": "no spaces"}, "payload.zone"),
+        ({"zone": ""}, "payload.zone"),
+        ({"weight": 0}, "payload.weight"),
+        ({"weight": True}, "payload.weight"),
+        ({"weight": "heavy"}, "payload.weight"),
+    ],
+)
+def test_a_znode_with_a_bad_zone_or_weight_is_skipped_as_malformed(
+    changes: dict[str, Any], field_name: str
+) -> None:
+    # The membership watcher's decoding of one child (the ZooKeeper side is covered
+    # by tests/test_membership.py): an InvalidInstanceError, reported as malformed.
+    doc = base_doc()
+    doc["payload"].update(changes)
+    watcher = MembershipWatcher(session=None)  # type: ignore[arg-type]
+    instance, problem, _ = watcher._decode("ds-007", json.dumps(doc).encode(), None)  # type: ignore[arg-type]
+    assert instance is None
+    assert problem is not None
+    assert problem.startswith(f"malformed: invalid ServiceInstance: {field_name}: ")

@@ -1,5 +1,5 @@
-"""The replica-picker seam: power of two choices on its own, and the fan-out telling a
-picker of another kind about every request it sends (real data servers, real HTTP)."""
+"""The replica-picker seam: both pickers on their own, and the fan-out's choices around
+them (warm-up, zones, retries, hedges) with real data servers over real HTTP."""
 
 from __future__ import annotations
 
@@ -9,10 +9,18 @@ from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
-from discovery.instance import ServiceInstance
+from data_server.server import DataServer
 from search_server.fanout import FanOut
-from search_server.picking import Outcome, PowerOfTwoChoices, ReplicaPicker, target_key
+from search_server.httpclient import HttpClient
+from search_server.picking import (
+    AdaptiveReplicaSelection,
+    PowerOfTwoChoices,
+    Replica,
+    ReplicaPicker,
+    target_key,
+)
 from tests.support import (
     DataServerFactory,
     SearchServerFactory,
@@ -20,7 +28,15 @@ from tests.support import (
     get_json,
     instance_of,
     make_instance,
+    sample,
 )
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[HttpClient]:
+    """The fan-out's sub-request client, closed after the test."""
+    async with HttpClient() as sub_client:
+        yield sub_client
 
 
 @pytest.fixture
@@ -29,58 +45,125 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-def test_the_default_picker_implements_the_protocol() -> None:
+def _replica(instance_id: str, port: int = 9001, *, weight: int = 100) -> Replica:
+    return Replica.of(make_instance(instance_id, port, weight=weight))
+
+
+def test_both_pickers_implement_the_protocol() -> None:
     assert isinstance(PowerOfTwoChoices(), ReplicaPicker)
+    assert isinstance(AdaptiveReplicaSelection(), ReplicaPicker)
 
 
 def test_power_of_two_choices_prefers_the_replica_with_fewer_requests_in_flight() -> None:
-    busy, idle = make_instance("ds-busy", 9001), make_instance("ds-idle", 9002)
+    busy, idle = _replica("ds-busy", 9001), _replica("ds-idle", 9002)
     picker = PowerOfTwoChoices(random.Random(3))
-    for _ in range(3):
-        picker.started(busy)
-    assert picker.outstanding(busy) == 3
+    busy.outstanding = 3
     # Of two candidates both are sampled, so the idle one always wins.
-    assert {picker.pick([busy, idle]).id for _ in range(50)} == {"ds-idle"}
-    for outcome in ("ok", "failed", "timed_out"):
-        picker.finished(busy, outcome, 0.01)
-    assert picker.outstanding(busy) == 0
+    assert {picker.pick([busy, idle]).key for _ in range(50)} == {idle.key}
+    busy.outstanding = 0
     assert picker.pick([busy]) is busy  # a lone candidate needs no draw
     # Equal load: both get picked (a tie goes to the first of the random pair).
-    assert {picker.pick([busy, idle]).id for _ in range(200)} == {"ds-busy", "ds-idle"}
+    assert {picker.pick([busy, idle]).key for _ in range(200)} == {busy.key, idle.key}
+
+
+def test_power_of_two_choices_scales_load_by_weight() -> None:
+    heavy, light = _replica("ds-heavy", 9001, weight=300), _replica("ds-light", 9002)
+    picker = PowerOfTwoChoices(random.Random(4))
+    # (2 + 1) / 300 < (0 + 1) / 100: the heavy replica still wins with two in flight.
+    heavy.outstanding = 2
+    assert picker.pick([heavy, light]) is heavy
+    heavy.outstanding = 3  # (3 + 1) / 300 > 1 / 100
+    assert picker.pick([heavy, light]) is light
 
 
 def test_a_restarted_server_is_a_new_target() -> None:
     before = make_instance("ds-1", 9001)
     moved = make_instance("ds-1", 9002)
     assert target_key(before) != target_key(moved)
-    picker = PowerOfTwoChoices()
-    picker.started(before)
-    assert picker.outstanding(moved) == 0
+
+
+def test_ars_ranks_by_response_time_service_time_and_queue() -> None:
+    fast, slow = _replica("ds-fast", 9001), _replica("ds-slow", 9002)
+    picker = AdaptiveReplicaSelection(decay=0)
+    for _ in range(5):
+        fast.observe(0.002, 0.001, 0)
+        slow.observe(0.010, 0.008, 0)
+    assert picker.rank(fast) < picker.rank(slow)
+    assert picker.pick([slow, fast]) is fast
+    # Requests in flight raise the estimated queue cubically: four outstanding on the
+    # fast one make it rank worse than the idle slow one.
+    fast.outstanding = 4
+    assert picker.pick([slow, fast]) is slow
+    # ...and C3's concurrency compensation counts them once per search server.
+    fast.outstanding = 1
+    assert picker.pick([slow, fast]) is fast
+    picker.clients = 5
+    assert picker.pick([slow, fast]) is slow
+
+
+def test_ars_weights_divide_the_rank_and_a_replica_without_samples_ranks_first() -> None:
+    a, b = _replica("ds-a", 9001), _replica("ds-b", 9002, weight=400)
+    for _ in range(3):
+        a.observe(0.004, 0.002, 0)
+        b.observe(0.008, 0.004, 0)
+    picker = AdaptiveReplicaSelection(decay=0)
+    assert picker.rank(b) < picker.rank(a)  # twice as slow, four times the weight
+    fresh = _replica("ds-new", 9003)
+    assert picker.pick([a, b, fresh]) is fresh
+
+
+def test_ars_decays_the_losers_so_a_slow_replica_is_tried_again() -> None:
+    fast, slow = _replica("ds-fast", 9001), _replica("ds-slow", 9002)
+    fast.observe(0.002, 0.002, 0)
+    slow.observe(0.050, 0.002, 0)
+    picker = AdaptiveReplicaSelection(decay=0.05)
+    picks = [picker.pick([fast, slow]) for _ in range(200)]
+    assert picks[0] is fast
+    assert slow in picks  # its old sample decayed below the fast one's rank
+
+
+def test_ars_refuses_bad_settings() -> None:
+    with pytest.raises(ValueError, match="clients"):
+        AdaptiveReplicaSelection(clients=0)
+    with pytest.raises(ValueError, match="decay"):
+        AdaptiveReplicaSelection(decay=1.0)
+
+
+def test_replica_statistics_are_ewmas() -> None:
+    replica = _replica("ds-1")
+    replica.observe(0.010, None, None)
+    assert (replica.seconds, replica.service, replica.samples) == (0.010, 0.010, 1)
+    replica.observe(0.020, 0.005, 3)
+    assert replica.seconds == pytest.approx(0.013)
+    assert replica.service == pytest.approx(0.010 + 0.3 * (0.005 - 0.010))
+    assert replica.queue == pytest.approx(0.9)
+    replica.penalize(0.001)  # faster than the average: no news
+    assert replica.seconds == pytest.approx(0.013)
+    replica.penalize(0.300)
+    assert replica.seconds == pytest.approx(0.013 + 0.3 * 0.287)
 
 
 class RecordingPicker:
-    """A picker of another kind: always the first candidate, every request recorded."""
+    """A picker of another kind: always the candidate with the lowest id, recorded."""
 
     def __init__(self) -> None:
         self.picks: list[str] = []
-        self.started_ids: list[str] = []
-        self.finished_ids: list[tuple[str, Outcome]] = []
+        self.offered: list[list[str]] = []
 
-    def pick(self, candidates: Sequence[ServiceInstance]) -> ServiceInstance:
-        choice = min(candidates, key=lambda instance: instance.id)
-        self.picks.append(choice.id)
+    def pick(self, candidates: Sequence[Replica]) -> Replica:
+        choice = min(candidates, key=lambda replica: replica.instance.id)
+        self.offered.append(sorted(r.instance.id for r in candidates))
+        self.picks.append(choice.instance.id)
         return choice
 
-    def started(self, instance: ServiceInstance) -> None:
-        self.started_ids.append(instance.id)
 
-    def finished(self, instance: ServiceInstance, outcome: Outcome, seconds: float) -> None:
-        assert seconds >= 0
-        self.finished_ids.append((instance.id, outcome))
+async def _fault(http: aiohttp.ClientSession, server: DataServer, **fault: object) -> None:
+    async with http.post(f"{server.url}/admin/fault", json=fault) as response:
+        assert response.status == 200, await response.text()
 
 
 async def test_the_fan_out_routes_with_the_picker_it_is_given(
-    make_data_server: DataServerFactory, http: aiohttp.ClientSession
+    make_data_server: DataServerFactory, client: HttpClient
 ) -> None:
     a0, a1, b0 = await asyncio.gather(
         make_data_server(shard=0, replica=0, instance_id="ds-a0"),
@@ -89,43 +172,144 @@ async def test_the_fan_out_routes_with_the_picker_it_is_given(
     )
     picker = RecordingPicker()
     assert isinstance(picker, ReplicaPicker)
-    fanout = FanOut(http, picker=picker)
+    fanout = FanOut(client, picker=picker, hedge_ratio=0)
     assert fanout.picker is picker
     servers = [instance_of(s) for s in (a0, a1, b0)]
     for _ in range(3):
         result = await fanout.search(servers, "probe", 5, 2000)
         assert not result.partial
-    # The picker decided every time (ds-a1 never), and heard of every request once.
+    # The picker decided every time (ds-a1 never), and the fan-out kept the statistics.
     assert sorted(picker.picks) == ["ds-a0"] * 3 + ["ds-b0"] * 3
-    assert sorted(picker.started_ids) == sorted(picker.picks)
-    assert sorted(picker.finished_ids) == [("ds-a0", "ok")] * 3 + [("ds-b0", "ok")] * 3
+    stats = {s.id: fanout.replica(s) for s in servers}
+    assert {i: (r.samples, r.outstanding) for i, r in stats.items() if r} == {
+        "ds-a0": (3, 0),
+        "ds-a1": (0, 0),
+        "ds-b0": (3, 0),
+    }
+    a0_stats = stats["ds-a0"]
+    assert a0_stats is not None
+    assert a0_stats.seconds > 0
+    assert a0_stats.service > 0  # the data server's took_ms
 
 
-async def test_the_picker_hears_of_a_timeout_and_of_the_retry(
-    make_data_server: DataServerFactory, http: aiohttp.ClientSession
+async def test_a_failure_is_retried_and_a_timeout_penalized(
+    make_data_server: DataServerFactory, http: aiohttp.ClientSession, client: HttpClient
 ) -> None:
     first, second = await asyncio.gather(
         make_data_server(shard=0, replica=0, instance_id="ds-0-first"),
         make_data_server(shard=0, replica=1, instance_id="ds-0-second"),
     )
-    async with http.post(f"{first.url}/admin/fault", json={"mode": "error", "rate": 1.0}) as r:
-        assert r.status == 200
+    await _fault(http, first, mode="error", rate=1.0)
     picker = RecordingPicker()
-    fanout = FanOut(http, picker=picker)
+    fanout = FanOut(client, picker=picker, hedge_ratio=0)
     result = await fanout.search([instance_of(first), instance_of(second)], "probe", 5, 2000)
     assert not result.partial  # the retry on the other replica answered
     assert picker.picks == ["ds-0-first", "ds-0-second"]
-    assert picker.finished_ids == [("ds-0-first", "failed"), ("ds-0-second", "ok")]
+    assert picker.offered == [["ds-0-first", "ds-0-second"], ["ds-0-second"]]
+    failed = fanout.replica(instance_of(first))
+    assert failed is not None
+    assert (failed.failures, failed.samples, failed.outstanding) == (1, 0, 0)
 
-    async with http.post(f"{first.url}/admin/fault", json={"mode": "hang"}) as r:
-        assert r.status == 200
-    picker = RecordingPicker()
-    fanout = FanOut(http, picker=picker)
+    await _fault(http, first, mode="hang")
+    fanout = FanOut(client, picker=picker, hedge_ratio=0)
     result = await fanout.search([instance_of(first)], "probe", 5, 300)
     assert result.shards["timed_out"] == 1
-    assert picker.finished_ids == [("ds-0-first", "timed_out")]
-    async with http.post(f"{first.url}/admin/fault", json={"mode": "none"}) as r:
-        assert r.status == 200
+    hung = fanout.replica(instance_of(first))
+    assert hung is not None
+    assert (hung.failures, hung.outstanding) == (1, 0)
+    assert hung.seconds >= 0.3 * 0.3  # one EWMA step towards the 300 ms it waited
+    await _fault(http, first, mode="none")
+
+
+async def test_a_new_replica_gets_one_request_at_a_time_until_warmed_up(
+    make_data_server: DataServerFactory, http: aiohttp.ClientSession, client: HttpClient
+) -> None:
+    old, new = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-old"),
+        make_data_server(shard=0, replica=1, instance_id="ds-new"),
+    )
+    for warmup, expected in ((5, 1), (0, 8)):
+        fanout = FanOut(client, warmup_samples=warmup, hedge_ratio=0)
+        for _ in range(5):  # the old one is warmed up
+            await fanout.search([instance_of(old)], "probe", 5, 2000)
+        await _fault(http, old, mode="slow", delay_ms=200)
+        await _fault(http, new, mode="slow", delay_ms=200)
+        # Eight queries at once: adaptive selection ranks the sample-less newcomer first.
+        servers = [instance_of(old), instance_of(new)]
+        results = await asyncio.gather(
+            *(fanout.search(servers, "probe", 5, 5000) for _ in range(8))
+        )
+        assert not any(r.partial for r in results)
+        newcomer = fanout.replica(instance_of(new))
+        assert newcomer is not None
+        assert newcomer.samples == expected, warmup
+        await _fault(http, old, mode="none")
+        await _fault(http, new, mode="none")
+
+
+async def test_replicas_in_the_own_zone_are_preferred_until_none_is_usable(
+    make_data_server: DataServerFactory, http: aiohttp.ClientSession, client: HttpClient
+) -> None:
+    here, there = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-here", zone="z1"),
+        make_data_server(shard=0, replica=1, instance_id="ds-there", zone="z2"),
+    )
+    servers = [instance_of(here), instance_of(there)]
+    assert servers[0].zone == "z1"
+    fanout = FanOut(client, zone="z1", hedge_ratio=0, rng=random.Random(5))
+    for query in ("alpha", "beta", "gamma", "delta", "epsilon", "zeta"):
+        assert not (await fanout.search(servers, query, 5, 2000)).partial
+    local, remote = (fanout.replica(s) for s in servers)
+    assert local is not None
+    assert local.samples == 6
+    assert remote is None or remote.samples == 0
+    # The own zone's replica fails: the other zone's takes over (spill-over).
+    await _fault(http, here, mode="error", rate=1.0)
+    result = await fanout.search(servers, "eta", 5, 2000)
+    assert not result.partial
+    remote = fanout.replica(servers[1])
+    assert remote is not None
+    assert remote.samples == 1
+    await _fault(http, here, mode="none")
+
+
+async def test_a_late_shard_is_hedged_to_another_replica_within_the_budget(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    slow, fast = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-a-slow"),
+        make_data_server(shard=0, replica=1, instance_id="ds-b-fast"),
+    )
+    servers = [instance_of(slow), instance_of(fast)]
+    # The recording picker always tries ds-a-slow first: only a hedge reaches ds-b-fast.
+    picker = RecordingPicker()
+    fanout = FanOut(client, picker=picker, registry=registry, hedge_ratio=0.05, hedge_burst=10)
+    for _ in range(21):  # samples for the shard's p95, and 21 x 0.05 tokens of budget
+        assert not (await fanout.search(servers, "probe", 5, 2000)).partial
+    assert _sample(registry, "hedges_total", result="sent") == 0
+
+    await _fault(http, slow, mode="slow", delay_ms=1500)
+    result = await fanout.search(servers, "probe", 5, 3000)
+    assert not result.partial
+    assert result.took_ms < 1000  # the hedge answered, not the slowed replica
+    assert picker.offered[-1] == ["ds-b-fast"]
+    assert _sample(registry, "hedges_total", result="sent") == 1
+    assert _sample(registry, "hedges_total", result="won") == 1
+    slow_stats = fanout.replica(servers[0])
+    assert slow_stats is not None
+    assert slow_stats.outstanding == 0  # the loser was abandoned
+
+    # The budget is spent: the next late answers are waited for, not hedged.
+    await _fault(http, slow, mode="slow", delay_ms=100)
+    for _ in range(5):
+        result = await fanout.search(servers, "probe", 5, 3000)
+        assert not result.partial
+    assert _sample(registry, "hedges_total", result="sent") == 1
+    assert _sample(registry, "hedges_total", result="over_budget") == 5
+    await _fault(http, slow, mode="none")
 
 
 async def test_a_search_server_routes_with_the_picker_it_is_given(
@@ -142,4 +326,7 @@ async def test_a_search_server_routes_with_the_picker_it_is_given(
     assert status == 200
     assert body["shards"] == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0}
     assert sorted(picker.picks) == ["ds-p0", "ds-p1"]
-    assert sorted(picker.finished_ids) == [("ds-p0", "ok"), ("ds-p1", "ok")]
+
+
+def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return sample(registry, f"search_server_fanout_{name}", **labels)

@@ -21,6 +21,7 @@ bounded example counts (the module runs in a few seconds).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -107,7 +108,17 @@ DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS = 500, 10_000
 # Text that can be encoded (no lone surrogates), and text that may not.
 VALID_TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=30)
 ANY_TEXT = st.text(max_size=30)
-PAYLOAD_KEYS = {"shard", "replica", "docs", "version", "state", "reason", "@class"}
+PAYLOAD_KEYS = {
+    "shard",
+    "replica",
+    "docs",
+    "version",
+    "state",
+    "reason",
+    "zone",
+    "weight",
+    "@class",
+}
 
 JSON_SCALARS = (
     st.none()
@@ -128,6 +139,9 @@ ANY_JSON = st.recursive(
     max_leaves=12,
 )
 
+ZONES = st.from_regex(r"[A-Za-z0-9._:-]{1,64}", fullmatch=True)
+WEIGHTS = st.integers(1, 1000)
+
 INSTANCE_IDS = st.from_regex(r"[A-Za-z0-9._:@-]{1,128}", fullmatch=True).filter(
     lambda s: s not in (".", "..")
 )
@@ -147,6 +161,9 @@ def payloads(draw: st.DrawFn) -> InstancePayload:
         version=draw(VALID_TEXT),
         state=draw(st.sampled_from(InstanceState)),
         reason=draw(st.none() | VALID_TEXT),
+        zone=draw(st.none() | ZONES),
+        # The default is special (not written): draw it often.
+        weight=draw(st.just(100) | WEIGHTS),
         extra=extra,
     )
 
@@ -172,7 +189,7 @@ INSTANCES = st.builds(
 
 # JSON field paths of a document, and where they live.
 TOP_LEVEL_FIELDS = CURATOR_FIELD_ORDER
-PAYLOAD_FIELDS = ["shard", "replica", "docs", "version", "state", "reason"]
+PAYLOAD_FIELDS = ["shard", "replica", "docs", "version", "state", "reason", "zone", "weight"]
 
 
 # -- ServiceInstance ----------------------------------------------------------------
@@ -206,6 +223,51 @@ def test_any_valid_instance_round_trips_byte_for_byte(instance: ServiceInstance)
     assert decoded.to_json() == raw
     assert ServiceInstance.from_json(raw.decode("utf-8")) == instance
     assert ServiceInstance.from_dict(json.loads(raw)) == instance
+
+
+@INSTANCE_PROPERTIES
+@given(INSTANCES)
+def test_zone_and_weight_are_written_only_when_set(instance: ServiceInstance) -> None:
+    payload = json.loads(instance.to_json())["payload"]
+    assert payload.get("zone") == instance.zone
+    assert ("zone" in payload) == (instance.zone is not None)
+    assert payload.get("weight", 100) == instance.weight
+    assert ("weight" in payload) == (instance.weight != 100)
+    # Without the two fields, the same instance with the defaults.
+    bare = {k: v for k, v in payload.items() if k not in ("zone", "weight")}
+    again = ServiceInstance.from_dict({**instance.to_dict(), "payload": bare})
+    assert again.payload == dataclasses.replace(instance.payload, zone=None, weight=100)
+
+
+@PURE
+@given(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | ANY_TEXT,
+    st.sampled_from(["zone", "weight"]),
+)
+@example(value="", key="zone")
+@example(value="a" * 65, key="zone")
+@example(value="a\n", key="zone")
+@example(value=0, key="weight")
+@example(value=1001, key="weight")
+@example(value=100.0, key="weight")
+@example(value=True, key="weight")
+def test_any_zone_or_weight_is_valid_or_rejected_naming_it(value: Any, key: str) -> None:
+    doc = json.loads(
+        _document(payload='{"shard":1,"replica":0,"docs":1,"version":"1","state":"serving"}')
+    )
+    doc["payload"][key] = value
+    result = outcome(
+        lambda: ServiceInstance.from_json(json.dumps(doc, allow_nan=True)), InvalidInstanceError
+    )
+    if isinstance(result, InvalidInstanceError):
+        assert re.match(rf"invalid ServiceInstance: payload\.{key}: ", str(result)), result
+        return
+    if key == "zone":
+        assert result.zone == value
+        assert value is None or re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", value)
+    else:
+        assert result.weight == (100 if value is None else value)
+        assert value is None or (type(value) is int and 1 <= value <= 1000)
 
 
 @PURE

@@ -16,6 +16,8 @@ from data_server.corpus import sample_queries
 from data_server.server import DataServer
 from discovery.errors import FencedError
 from discovery.instance import InstanceState
+from discovery.layout import MAINTENANCE_PATH
+from discovery.maintenance import MaintenanceMarker
 from discovery.publisher import LivePublisher
 from discovery.testing import RedisServer, ZooKeeperEnsemble, expire_session
 from search_server.server import SearchServer
@@ -410,6 +412,24 @@ async def test_optional_zookeeper_fallback_during_a_long_redis_outage(
         status, body = await get_json(f"{search.url}/search", q=sample_queries(1, variant=10)[0])
         assert status == 200
         assert body["shards"]["total"] == 2
+        # An operator's maintenance marker holds while routing from ZooKeeper too.
+        assert search.session is not None
+        marker = MaintenanceMarker.create("ds-f1", "disk swap")
+        await search.session.create(f"{MAINTENANCE_PATH}/ds-f1", marker.to_json(), makepath=True)
+        await eventually(
+            lambda: (
+                {s["id"]: s["state"] for s in search.cluster_view()["servers"]}
+                == {"ds-f0": "serving", "ds-f1": "maintenance"}
+            ),
+            message="the fallback applies the marker",
+        )
+        status, body = await get_json(f"{search.url}/search", q=sample_queries(1, variant=10)[0])
+        assert body["shards"]["total"] == 1
+        await search.session.delete(f"{MAINTENANCE_PATH}/ds-f1")
+        await eventually(
+            lambda: {s["state"] for s in search.cluster_view()["servers"]} == {"serving"},
+            message="cleared",
+        )
         assert plain.cluster_view()["source"] == "redis"
         assert {s["id"] for s in plain.cluster_view()["servers"]} == {"ds-f0"}
 

@@ -34,6 +34,7 @@ __all__ = [
     "AGENT_OPTIONS",
     "COMMON_OPTIONS",
     "REDIS_OPTIONS",
+    "RUNTIME_OPTIONS",
     "ZK_OPTIONS",
     "Option",
     "add_options",
@@ -319,6 +320,26 @@ REDIS_OPTIONS: tuple[Option, ...] = (
         type=env_flag,
         default=True,
         boolean=True,
+    ),
+)
+
+
+def event_loop(text: str) -> str:
+    """``uvloop`` or ``asyncio``."""
+    value = text.strip().lower()
+    if value not in ("uvloop", "asyncio"):
+        raise argparse.ArgumentTypeError(f"must be uvloop or asyncio, got {text!r}")
+    return value
+
+
+#: The long-running servers' runtime: which event loop runs them.
+RUNTIME_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--event-loop",
+        "DISCOVERY_EVENT_LOOP",
+        "event loop: uvloop (libuv; about half the CPU per request of asyncio's) or asyncio",
+        type=event_loop,
+        default="uvloop",
     ),
 )
 

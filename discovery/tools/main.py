@@ -5,7 +5,7 @@ on the subparsers and sets ``func`` (``Callable[[argparse.Namespace], int]``) as
 Logging is configured here and nowhere else.
 
 Logging level: ``--log-level`` (before or after the subcommand) wins, then ``-v`` of the
-one-shot commands (``status``, ``zk-init``), then ``DISCOVERY_LOG_LEVEL``. Otherwise the
+one-shot commands (``status``, ``maint``, ``zk-init``), then ``DISCOVERY_LOG_LEVEL``. Otherwise the
 long-running commands (``devcluster``, ``demo``, ``chaos``) log at INFO, so their progress
 shows, and the one-shot ones at WARNING: an operator asking a question wants the answer,
 not kazoo's connection log (``-v`` shows it, ``-vv`` adds DEBUG).
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from discovery.cli.entrypoint import configure_logging
 
-from . import chaos, demo, devcluster, status, zkinit
+from . import chaos, demo, devcluster, maint, status, zkinit
 
 __all__ = ["build_parser", "main"]
 
@@ -39,6 +39,7 @@ _SUBCOMMANDS: tuple[Callable[[_SubParsers], object], ...] = (
     demo.add_parser,
     chaos.add_parser,
     status.add_parser,
+    maint.add_parser,
     zkinit.add_parser,
     zkinit.add_digest_parser,
 )
@@ -57,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LEVEL",
         help=(
             f"one of {', '.join(_LOG_LEVELS)} [env {ENV_LOG_LEVEL}; default INFO, and "
-            "WARNING for status and zk-init, whose -v raises it]"
+            "WARNING for status, maint and zk-init, whose -v raises it]"
         ),
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -1,12 +1,13 @@
 """``discovery zk-init`` and ``discovery zk-digest``: lay out our tree with access control.
 
-:func:`bootstrap` creates ``/data_servers`` and ``/search_servers/{election,members}``
-(under the cluster's chroot) with the ACLs of three roles, or puts those ACLs back where
-they differ; :class:`AclLayout` says who gets which rights (the table and the reasons
-are in :mod:`discovery.acl`, whose :func:`~discovery.acl.check_access` every server runs
-at start-up against this tree). :class:`DigestId` is a digest identity, given as
-``USER:PASSWORD`` or, so that an operator can grant a role without its password, as
-``digest:USER:HASH`` (what ``zk-digest`` prints).
+:func:`bootstrap` creates ``/data_servers``, ``/search_servers/{election,members}`` and
+``/maintenance`` (under the cluster's chroot) with the ACLs of three roles, or puts
+those ACLs back where they differ; :class:`AclLayout` says who gets which rights (the
+table and the reasons are in :mod:`discovery.acl`, whose
+:func:`~discovery.acl.check_access` every server runs at start-up against this tree).
+:class:`DigestId` is a digest identity, given as ``USER:PASSWORD`` or, so that an
+operator can grant a role without its password, as ``digest:USER:HASH`` (what
+``zk-digest`` prints).
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ from discovery.cli.entrypoint import add_verbose_flag
 from discovery.cli.options import ZK_OPTIONS, Option, add_options
 from discovery.config import ZkConfig
 from discovery.errors import ConfigError, DiscoveryError, ZkAuthError, ZkError, ZkNodeExistsError
-from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
+from discovery.layout import (
+    DATA_SERVERS_PATH,
+    MAINTENANCE_PATH,
+    SEARCH_ELECTION_PATH,
+    SEARCH_MEMBERS_PATH,
+)
 from discovery.zk import ZkSession
 
 __all__ = [
@@ -189,6 +195,8 @@ class AclLayout:
             (posixpath.dirname(SEARCH_ELECTION_PATH), self._acl(0, READ)),
             (SEARCH_ELECTION_PATH, self._acl(0, CREATE | DELETE | READ)),
             (SEARCH_MEMBERS_PATH, self._acl(0, CREATE | DELETE | READ)),
+            # Operators' markers, set with the admin identity; the leader only reads.
+            (MAINTENANCE_PATH, self._acl(0, READ)),
         ]
 
 
@@ -317,8 +325,9 @@ def add_parser(
         "zk-init",
         help="create our ZooKeeper nodes with access control (digest ACLs); idempotent",
         description=(
-            "Create /data_servers and /search_servers/{election,members} (under the chroot "
-            "of --zk) with ACLs for three roles: the admin (all rights), data servers "
+            "Create /data_servers, /search_servers/{election,members} and /maintenance (under "
+            "the chroot of --zk) with ACLs for three roles: the admin (all rights, and the "
+            "only one that may set maintenance markers), data servers "
             "(create only: a data server removes its node by ending its session), search "
             "servers (hold the election); everyone may read. Existing nodes get their ACLs "
             "set, so running it again repairs them. Exit status 0 on success, 1 when "

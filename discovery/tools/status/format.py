@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from discovery.instance import ServiceInstance
+from discovery.instance import DEFAULT_WEIGHT, ServiceInstance
+from discovery.maintenance import apply_marker
 
 from .model import ClusterStatus, by_id
 
@@ -33,6 +34,15 @@ def _state(instance: ServiceInstance) -> str:
     if instance.payload.reason:
         state += f" ({instance.payload.reason})"
     return state
+
+
+def _placement(instance: ServiceInstance) -> str:
+    # Only what is set: most clusters have neither zones nor weights, and their
+    # lines stay as they were.
+    payload = instance.payload
+    zone = f"  zone {payload.zone}" if payload.zone is not None else ""
+    weight = f"  weight {payload.weight}" if payload.weight != DEFAULT_WEIGHT else ""
+    return zone + weight
 
 
 def format_text(status: ClusterStatus) -> str:
@@ -89,13 +99,29 @@ def format_text(status: ClusterStatus) -> str:
             elif instance.id in mismatched:
                 note = "  [differs from published]"
             address = f"{instance.address}:{instance.port}"
+            marker = status.maintenance.get(instance.id)
+            if marker is not None:
+                # What the leader publishes: the operator's marker over the registration.
+                instance = apply_marker(instance, marker)
             lines.append(
                 f"    {instance.id:<{width}}  {address:<21}  r{instance.payload.replica}"
-                f"  {_state(instance)}{note}"
+                f"{_placement(instance)}  {_state(instance)}{note}"
             )
     if status.data_servers_invalid:
         lines.append("  invalid")
         lines.extend(f"    {k}: {v}" for k, v in sorted(status.data_servers_invalid.items()))
+    if status.maintenance:
+        lines.append(f"maintenance ({len(status.maintenance)}):")
+        width = max(len(k) for k in status.maintenance)
+        for key in sorted(status.maintenance):
+            marker = status.maintenance[key]
+            where = "registered" if key in status.data_servers else "not registered"
+            if marker.readable:
+                when = "?" if marker.set_at is None else _when(marker.set_at)
+                detail = f"{marker.reason}  (set {when} by {marker.by or '?'})"
+            else:
+                detail = f"UNREADABLE marker ({marker.problem}): applied anyway"
+            lines.append(f"  {key:<{width}}  {where:<14}  {detail}")
 
     if diff.in_sync:
         lines.append("differences: none")

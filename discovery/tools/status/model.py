@@ -4,7 +4,10 @@
 the election's :class:`Contender` nodes, the registered search and data servers, the
 leader's heartbeat (:class:`~discovery.redislayout.Heartbeat`) and the published list
 (:class:`Published`). :func:`compare` finds the :class:`Differences` between what is
-registered (and elected) and what is published; it does no I/O.
+registered (and elected) and what is published; it does no I/O. Operators'
+maintenance markers (``/maintenance``) are part of what is registered: a marked server
+is expected to be published as ``maintenance`` (as the leader applies it), so a
+marker the leader has applied is no difference, and one it has not applied is.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from discovery.instance import ServiceInstance
+from discovery.maintenance import MaintenanceMarker, overlay
 from discovery.redislayout import Heartbeat
 from discovery.store import LiveList
 
@@ -115,7 +119,8 @@ class ClusterStatus:
     ``contenders`` are in election order, the leader first. ``data_servers`` and
     ``search_servers`` map ids to decoded registrations; ``*_invalid`` map the ids of
     children that are not valid ServiceInstances to the reason. ``now_ms`` is the wall
-    clock when the reads finished.
+    clock when the reads finished. ``maintenance`` maps ids to the operators' markers
+    (registered or not).
     """
 
     zookeeper: str
@@ -130,6 +135,7 @@ class ClusterStatus:
     heartbeat: Heartbeat | None
     published: Published
     differences: Differences = field(default_factory=Differences)
+    maintenance: Mapping[str, MaintenanceMarker] = field(default_factory=dict)
 
     @property
     def leader(self) -> Contender | None:
@@ -177,7 +183,13 @@ class ClusterStatus:
             "data_servers": {
                 "count": len(self.data_servers),
                 "shards": [
-                    {"shard": shard, "servers": [_server_dict(i) for i in servers]}
+                    {
+                        "shard": shard,
+                        "servers": [
+                            {**_server_dict(i), "maintenance": self._maintenance_reason(i.id)}
+                            for i in servers
+                        ],
+                    }
                     for shard, servers in self.shards().items()
                 ],
                 "invalid": _invalid_list(self.data_servers_invalid),
@@ -194,8 +206,19 @@ class ClusterStatus:
                 "servers": [_server_dict(i) for i in by_id(live.servers)] if live else [],
                 "skipped": list(self.published.skipped),
             },
+            "maintenance": {
+                "count": len(self.maintenance),
+                "markers": [
+                    {**self.maintenance[k].to_dict(), "registered": k in self.data_servers}
+                    for k in sorted(self.maintenance)
+                ],
+            },
             "differences": self.differences.to_dict(),
         }
+
+    def _maintenance_reason(self, instance_id: str) -> str | None:
+        marker = self.maintenance.get(instance_id)
+        return marker.reason if marker is not None else None
 
 
 def by_id(servers: Mapping[str, ServiceInstance]) -> list[ServiceInstance]:
@@ -219,6 +242,8 @@ def _server_dict(instance: ServiceInstance) -> dict[str, Any]:
         "enabled": instance.enabled,
         "reason": payload.reason,
         "docs": payload.docs,
+        "zone": payload.zone,
+        "weight": payload.weight,
     }
 
 
@@ -237,8 +262,15 @@ def compare(
     contenders: tuple[Contender, ...],
     heartbeat: Heartbeat | None,
     published: Published,
+    maintenance: Mapping[str, MaintenanceMarker] | None = None,
 ) -> Differences:
-    """The differences between what is registered (and elected) and what is published."""
+    """The differences between what is registered (and elected) and what is published.
+
+    ``maintenance`` markers are applied to the registrations first, as the leader does:
+    a marked server is expected to be published in state ``maintenance``.
+    """
+    if maintenance:
+        registered = overlay(registered, maintenance)
     live = published.live
     listed: Mapping[str, ServiceInstance] = live.servers if live is not None else {}
     mismatched: list[Mismatch] = []

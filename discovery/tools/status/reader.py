@@ -7,6 +7,8 @@
   search servers under ``/search_servers/members`` and the data servers under
   ``/data_servers``. A child that is not a valid ServiceInstance is listed as invalid
   with the reason, as :class:`~discovery.membership.MembershipWatcher` would skip it.
+  And the operators' maintenance markers under ``/maintenance``
+  (:func:`~discovery.maintenance.read_markers`; an unreadable one is listed as such).
 * **Redis** (one MULTI/EXEC, so the keys are read at one instant): the published
   list (``P:meta`` and ``P:servers``) and the leader's heartbeat ``P:leader`` with its
   remaining TTL, decoded by the contract module :mod:`discovery.redislayout` (or,
@@ -46,6 +48,7 @@ from discovery.errors import (
 )
 from discovery.instance import ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
+from discovery.maintenance import read_markers
 from discovery.redis_v1.layout import V1Keys, parse_snapshot
 from discovery.redisconn import RedisRole, make_redis
 from discovery.redislayout import (
@@ -246,11 +249,13 @@ async def collect_status(
         (search_servers, search_invalid),
         (data_servers, data_invalid),
         (heartbeat, published),
+        maintenance,
     ) = await _gather_first_error(
         read_contenders(session),
         read_directory(session, SEARCH_MEMBERS_PATH),
         read_directory(session, DATA_SERVERS_PATH),
         read_redis(redis, prefix, layout=layout),
+        read_markers(session),
     )
     elected = tuple(contenders)
     status = ClusterStatus(
@@ -265,8 +270,9 @@ async def collect_status(
         data_servers_invalid=data_invalid,
         heartbeat=heartbeat,
         published=published,
+        maintenance=maintenance,
     )
-    differences = compare(data_servers, elected, heartbeat, published)
+    differences = compare(data_servers, elected, heartbeat, published, maintenance)
     log.debug(
         "%s: %d data servers registered, %d contenders, in sync: %s",
         prefix,

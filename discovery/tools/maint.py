@@ -1,0 +1,402 @@
+"""``discovery maint``: operator maintenance that a restart cannot undo.
+
+``discovery maint set ID --reason TEXT`` writes the PERSISTENT marker
+``/maintenance/ID`` (:class:`~discovery.maintenance.MaintenanceMarker`: the reason,
+when, and by whom); the leader then publishes that data server as ``maintenance``
+(not routable) through its restarts and re-registrations, until
+``discovery maint clear ID`` deletes the marker. ``discovery maint list`` shows the
+markers. Only ZooKeeper is touched (the leader does the rest), so only the ZooKeeper
+flags apply: ``--zk`` (with the cluster's chroot), ``--zk-auth`` (with ``zk-init``'s
+ACLs, the admin identity: no other role may write markers), timeouts.
+
+* ``set`` of an id that is not registered is allowed (maintenance may be set ahead of
+  a server's first start) and says so; ``set`` of an id already in maintenance
+  replaces the reason and says what it was.
+* ``clear`` of an id without a marker changes nothing, says so, and exits 0: the
+  command is idempotent, so a script may clear whatever it set without checking first.
+
+Exit status: 0 done (or nothing to do), 1 ZooKeeper unreachable or refused the
+operation (a missing right names ``--zk-auth``), 2 bad arguments (an invalid id, a
+missing or blank ``--reason``), with the message naming the argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import getpass
+import json
+import socket
+import sys
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from discovery.cli.entrypoint import add_verbose_flag
+from discovery.cli.options import COMMON_OPTIONS, ZK_OPTIONS, Option, add_options, zk_config
+from discovery.config import ZkConfig
+from discovery.errors import (
+    DiscoveryError,
+    InvalidInstanceError,
+    InvalidMarkerError,
+    ZkAuthError,
+    ZkBadVersionError,
+    ZkError,
+    ZkNodeExistsError,
+    ZkNoNodeError,
+)
+from discovery.instance import ServiceInstance, validate_instance_id
+from discovery.layout import DATA_SERVERS_PATH, MAINTENANCE_PATH
+from discovery.maintenance import (
+    MAX_REASON_LENGTH,
+    MaintenanceMarker,
+    read_markers,
+)
+from discovery.zk import ZkSession
+
+__all__ = ["add_parser", "clear_marker", "list_markers", "run", "set_marker"]
+
+PROG: Final = "discovery maint"
+#: ``--zk-connect-timeout`` default: an operator at a prompt wants an answer in seconds.
+CONNECT_TIMEOUT: Final = 5.0
+
+
+# -- argument types ------------------------------------------------------------------------
+
+
+def instance_id(text: str) -> str:
+    """argparse type: a data server's instance id (a znode name)."""
+    try:
+        return validate_instance_id(text)
+    except InvalidInstanceError as exc:
+        raise argparse.ArgumentTypeError(
+            str(exc).removeprefix("invalid ServiceInstance: id: ")
+        ) from None
+
+
+def reason_text(text: str) -> str:
+    """argparse type: a marker's reason (one line, not blank, bounded)."""
+    try:
+        MaintenanceMarker.create("x", text)
+    except InvalidMarkerError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("reason ")) from None
+    return text
+
+
+def default_by() -> str:
+    """Who sets a marker, unless ``--by`` says: ``user@host``."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name in a bare container
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+# -- the operations --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """What ``/data_servers/<id>`` holds now: absent, unreadable, or an instance."""
+
+    present: bool
+    instance: ServiceInstance | None = None
+
+    def describe(self, instance_id: str) -> str:
+        if not self.present:
+            return (
+                f"{instance_id} is not registered now: the marker applies as soon as it registers"
+            )
+        if self.instance is None:
+            return f"{instance_id} is registered (its node is unreadable)"
+        i = self.instance
+        return (
+            f"{instance_id} is registered ({i.address}:{i.port}, shard {i.payload.shard}): the "
+            "leader publishes it as maintenance and search servers stop sending it queries"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        i = self.instance
+        return {
+            "registered": self.present,
+            "address": i.address if i else None,
+            "port": i.port if i else None,
+            "shard": i.payload.shard if i else None,
+        }
+
+
+async def registered(session: ZkSession, instance_id: str) -> Registered:
+    """Whether ``instance_id`` is registered under ``/data_servers``, and as what."""
+    try:
+        data, _stat = await session.get(f"{DATA_SERVERS_PATH}/{instance_id}")
+    except ZkNoNodeError:
+        return Registered(False)
+    try:
+        return Registered(True, ServiceInstance.from_json(data))
+    except InvalidInstanceError:
+        return Registered(True)
+
+
+async def set_marker(
+    session: ZkSession, marker: MaintenanceMarker, path: str = MAINTENANCE_PATH
+) -> MaintenanceMarker | None:
+    """Write ``marker`` (create, or replace an existing one); return the one it replaced.
+
+    Raises:
+        ZkError: ZooKeeper refused (:class:`ZkAuthError`: not the admin identity) or
+            could not be reached.
+    """
+    node = f"{path}/{marker.instance_id}"
+    while True:
+        try:
+            await session.create(node, marker.to_json(), makepath=True)
+            return None
+        except ZkNodeExistsError:
+            pass
+        try:
+            data, stat = await session.get(node)
+            await session.set(node, marker.to_json(), version=stat.version)
+        except (ZkNoNodeError, ZkBadVersionError):
+            continue  # cleared, or set by someone else, in between: from the start
+        return MaintenanceMarker.parse(marker.instance_id, data)
+
+
+async def clear_marker(
+    session: ZkSession, instance_id: str, path: str = MAINTENANCE_PATH
+) -> MaintenanceMarker | None:
+    """Delete the marker of ``instance_id``; return it (None if there was none).
+
+    Raises:
+        ZkError: ZooKeeper refused or could not be reached.
+    """
+    node = f"{path}/{instance_id}"
+    try:
+        data, _stat = await session.get(node)
+    except ZkNoNodeError:
+        return None
+    try:
+        await session.delete(node)
+    except ZkNoNodeError:
+        return None  # cleared by someone else meanwhile
+    return MaintenanceMarker.parse(instance_id, data)
+
+
+async def list_markers(
+    session: ZkSession, path: str = MAINTENANCE_PATH
+) -> list[tuple[MaintenanceMarker, Registered]]:
+    """Every marker (by id) with what is registered under its id now."""
+    markers = await read_markers(session, path)
+    ids = sorted(markers)
+    states = await asyncio.gather(*(registered(session, i) for i in ids))
+    return [(markers[i], state) for i, state in zip(ids, states, strict=True)]
+
+
+# -- the subcommand --------------------------------------------------------------------------
+
+
+def _options() -> tuple[Option, ...]:
+    return tuple(
+        dataclasses.replace(o, default=CONNECT_TIMEOUT) if o.flag == "--zk-connect-timeout" else o
+        for o in ZK_OPTIONS
+    )
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, _options())
+    level = next(o for o in COMMON_OPTIONS if o.flag == "--log-level")
+    parser.add_argument(
+        level.flag,
+        dest=level.dest,
+        type=level.type,
+        # SUPPRESS: the value parsed by ``discovery --log-level`` stands unless given here.
+        default=argparse.SUPPRESS,
+        help=f"{level.help} (as `discovery --log-level`) [env {level.env}; default WARNING]",
+    )
+    add_verbose_flag(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """Register ``maint`` (with ``set``, ``clear``, ``list``) on the subparsers."""
+    parser = subparsers.add_parser(
+        "maint",
+        help="put a data server in maintenance (no queries, through restarts) or take it out",
+        description=(
+            "Operator maintenance that a restart cannot undo: a persistent marker "
+            f"{MAINTENANCE_PATH}/ID in ZooKeeper, which the leader applies: the server stays "
+            "listed, as 'maintenance' with the reason, and gets no queries until the marker "
+            "is cleared. With zk-init's ACLs, use the admin identity (--zk-auth). Exit "
+            "status 0 done (clearing an absent marker is not an error), 1 ZooKeeper "
+            "unreachable or refused, 2 bad arguments."
+        ),
+    )
+    actions = parser.add_subparsers(dest="maint_action", metavar="ACTION", required=True)
+
+    set_parser = actions.add_parser(
+        "set",
+        help="put ID in maintenance, or replace its reason",
+        description=(
+            "Write the marker of ID (it may be set before ID ever registers). Setting it "
+            "again replaces the reason."
+        ),
+    )
+    set_parser.add_argument("id", type=instance_id, metavar="ID", help="the data server's id")
+    set_parser.add_argument(
+        "--reason",
+        required=True,
+        type=reason_text,
+        metavar="TEXT",
+        help=f"why (required; one line, at most {MAX_REASON_LENGTH} characters): published "
+        "with the server and shown by `discovery status` and the dashboard",
+    )
+    set_parser.add_argument(
+        "--by", metavar="WHO", default=None, help="who sets it (default: user@host)"
+    )
+    _common(set_parser)
+
+    clear_parser = actions.add_parser(
+        "clear",
+        help="take ID out of maintenance",
+        description=(
+            "Delete the marker of ID: the leader publishes ID as registered again. No "
+            "marker: nothing is changed, exit status 0."
+        ),
+    )
+    clear_parser.add_argument("id", type=instance_id, metavar="ID", help="the data server's id")
+    _common(clear_parser)
+
+    list_parser = actions.add_parser(
+        "list",
+        help="show the maintenance markers",
+        description="Every marker, with its reason, who set it and when, and whether its "
+        "id is registered now.",
+    )
+    _common(list_parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "?"
+    stamp = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _err(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one maintenance action; see the module docstring for the exit status."""
+    try:
+        zk = dataclasses.replace(zk_config(args), operation_timeout=args.zk_connect_timeout)
+        marker = None
+        if args.maint_action == "set":
+            marker = MaintenanceMarker.create(
+                args.id, args.reason, by=args.by if args.by is not None else default_by()
+            )
+    except DiscoveryError as exc:  # ConfigError, InvalidMarkerError
+        _err(str(exc))
+        return 2
+    try:
+        return asyncio.run(_run(zk, args, marker))
+    except ZkAuthError as exc:
+        _err(
+            f"ZooKeeper refused: {exc}. Maintenance markers are written with the admin "
+            "identity that `discovery zk-init` set up: --zk-auth / DISCOVERY_ZK_AUTH"
+        )
+        return 1
+    except ZkError as exc:
+        _err(f"cannot use ZooKeeper at {zk.hosts}: {' '.join(str(exc).split())}")
+        return 1
+
+
+async def _run(zk: ZkConfig, args: argparse.Namespace, marker: MaintenanceMarker | None) -> int:
+    session = ZkSession.from_config(zk)
+    try:
+        await session.start()
+        if args.maint_action == "set":
+            assert marker is not None
+            previous = await set_marker(session, marker)
+            state = await registered(session, marker.instance_id)
+            _report_set(args, marker, previous, state)
+        elif args.maint_action == "clear":
+            cleared = await clear_marker(session, args.id)
+            _report_clear(args, args.id, cleared)
+        else:
+            _report_list(args, await list_markers(session))
+    finally:
+        await session.aclose()
+    return 0
+
+
+def _report_set(
+    args: argparse.Namespace,
+    marker: MaintenanceMarker,
+    previous: MaintenanceMarker | None,
+    state: Registered,
+) -> None:
+    if args.json:
+        document = {
+            "action": "set",
+            "id": marker.instance_id,
+            "marker": marker.to_dict(),
+            "previous": previous.to_dict() if previous is not None else None,
+            **state.to_dict(),
+        }
+        print(json.dumps(document, sort_keys=True, indent=2), flush=True)
+        return
+    if previous is None:
+        print(f"{marker.instance_id}: maintenance set (reason: {marker.reason})")
+    else:
+        print(
+            f"{marker.instance_id}: was already in maintenance; reason replaced "
+            f"(was: {previous.reason})"
+        )
+    print(state.describe(marker.instance_id), flush=True)
+
+
+def _report_clear(
+    args: argparse.Namespace, instance_id: str, cleared: MaintenanceMarker | None
+) -> None:
+    if args.json:
+        document = {
+            "action": "clear",
+            "id": instance_id,
+            "cleared": cleared is not None,
+            "marker": cleared.to_dict() if cleared is not None else None,
+        }
+        print(json.dumps(document, sort_keys=True, indent=2), flush=True)
+    elif cleared is None:
+        print(f"{instance_id}: not in maintenance (no marker); nothing to clear", flush=True)
+    else:
+        print(
+            f"{instance_id}: maintenance cleared (was: {cleared.reason}); the leader "
+            "publishes it as registered again",
+            flush=True,
+        )
+
+
+def _report_list(
+    args: argparse.Namespace, markers: list[tuple[MaintenanceMarker, Registered]]
+) -> None:
+    if args.json:
+        document = {"markers": [{**m.to_dict(), **state.to_dict()} for m, state in markers]}
+        print(json.dumps(document, sort_keys=True, indent=2), flush=True)
+        return
+    if not markers:
+        print("no data server is in maintenance", flush=True)
+        return
+    print(f"maintenance markers ({len(markers)}):")
+    width = max(len(m.instance_id) for m, _ in markers)
+    for marker, state in markers:
+        where = "registered" if state.present else "not registered"
+        if marker.readable:
+            detail = f"set {_when(marker.set_at)} by {marker.by or '?'}: {marker.reason}"
+        else:
+            detail = f"UNREADABLE ({marker.problem}); still applied"
+        print(f"  {marker.instance_id:<{width}}  {where:<14}  {detail}")
+    sys.stdout.flush()
