@@ -19,7 +19,10 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   later than the recent 95th percentile of that shard's answers, one more request goes
   to another replica; the first answer wins and the other is abandoned. A budget caps
   hedges at ``hedge_ratio`` of the sub-requests (plus a small burst), so that a slow
-  cluster is not sent more load (Finagle's BackupRequestFilter does the same).
+  cluster is not sent more load (Finagle's BackupRequestFilter does the same). The
+  budget is kept for stragglers: no hedge while fewer than half of the query's shards
+  have answered (the whole query is late then, a hedge would not help; it is sent
+  when half have), and none to a replica whose usual response time is above the p95.
 * **Retry on failure** (connection error, non-200, bad JSON) to another replica of the
   shard while time remains, each replica at most once per query.
 * **Outlier ejection.** A data server that failed or timed out ``eject_after`` times in a
@@ -102,14 +105,14 @@ class FanOutResult:
 
 
 class LatencyWindow:
-    """The recent answers' response times of one shard, and their 95th percentile.
+    """The recent answers' response times of one shard, their median and 95th percentile.
 
     A ring of the last ``size`` samples; the percentile is recomputed every ``every``
     samples (sorting on every answer would cost more than the answer). ``None`` until
     ``min_samples`` answers: no hedging on a guess.
     """
 
-    __slots__ = ("_every", "_min", "_next", "_p95", "_ring", "_since", "_size")
+    __slots__ = ("_every", "_min", "_next", "_p50", "_p95", "_ring", "_since", "_size")
 
     def __init__(self, size: int = 128, every: int = 16, min_samples: int = 20) -> None:
         self._ring: list[float] = []
@@ -117,6 +120,7 @@ class LatencyWindow:
         self._every = every
         self._since = 0
         self._min = min_samples
+        self._p50: float | None = None
         self._p95: float | None = None
         self._size = size
 
@@ -131,7 +135,12 @@ class LatencyWindow:
         if self._since >= self._every and len(ring) >= self._min:
             self._since = 0
             ordered = sorted(ring)
+            self._p50 = ordered[len(ordered) // 2]
             self._p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+
+    @property
+    def p50(self) -> float | None:
+        return self._p50
 
     @property
     def p95(self) -> float | None:
@@ -182,7 +191,17 @@ class _Attempt:
 class _ShardCall:
     """The progress of one shard within one query."""
 
-    __slots__ = ("attempts", "done", "hedge_timer", "hits", "outcome", "replicas", "shard", "tried")
+    __slots__ = (
+        "attempts",
+        "done",
+        "hedge_timer",
+        "hits",
+        "outcome",
+        "replicas",
+        "shard",
+        "started",
+        "tried",
+    )
 
     def __init__(self, shard: int, replicas: list[Replica]) -> None:
         self.shard = shard
@@ -194,12 +213,14 @@ class _ShardCall:
         self.outcome: _ShardOutcome = "failed"
         self.done = False
         self.hedge_timer: asyncio.TimerHandle | None = None
+        # When the first request went out: the shard's answer time counts from here.
+        self.started = 0.0
 
 
 class _Query:
     """One query in flight: its calls, its request line, and the future it waits on."""
 
-    __slots__ = ("deadline", "k", "loop", "open_calls", "target", "waiter")
+    __slots__ = ("deadline", "deferred", "k", "loop", "open_calls", "target", "total", "waiter")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, target: bytes, k: int, deadline: float
@@ -209,6 +230,9 @@ class _Query:
         self.k = k
         self.deadline = deadline
         self.open_calls = 0
+        self.total = 0
+        # Calls whose hedge came due while most shards were still out (see _hedge).
+        self.deferred: list[_ShardCall] = []
         self.waiter: asyncio.Future[None] = loop.create_future()
 
 
@@ -448,9 +472,9 @@ class FanOut:
         q = _Query(loop, target, k, started + timeout_ms / 1000)
         calls = [_ShardCall(shard, replicas) for shard, replicas in table]
         self._budget.deposit(len(calls))
-        q.open_calls = len(calls)
+        q.open_calls = q.total = len(calls)
         for call in calls:
-            if not self._next_attempt(q, call, hedge=False):
+            if not self._next_attempt(q, call):
                 self._finish(q, call)  # every replica ejected: failed at once
         deadline_timer = loop.call_at(q.deadline, _wake, q.waiter)
         try:
@@ -487,37 +511,65 @@ class FanOut:
                 usable = ready
         return usable
 
-    def _next_attempt(self, q: _Query, call: _ShardCall, *, hedge: bool) -> bool:
-        """Send the shard's next request (a retry, or a hedge); False if no replica is left."""
+    def _next_attempt(self, q: _Query, call: _ShardCall) -> bool:
+        """Send the shard's first request or a retry; False if no replica is left."""
         candidates = self._candidates(call, self._clock())
         if not candidates:
             return False
-        replica = self.picker.pick(candidates)
-        call.tried.append(replica)
-        replica.outstanding += 1
         now = q.loop.time()
-        future = self._client.get(replica.endpoint, q.target)
-        attempt = _Attempt(replica, future, now, hedge)
-        call.attempts.append(attempt)
-        future.add_done_callback(lambda f: self._on_answer(q, call, attempt))
-        if not hedge and self._hedging and len(call.replicas) > 1 and call.hedge_timer is None:
+        if not call.tried:
+            call.started = now
+        self._send(q, call, self.picker.pick(candidates), hedge=False)
+        if self._hedging and len(call.replicas) > 1 and call.hedge_timer is None:
             window = self._latency.get(call.shard)
             p95 = window.p95 if window is not None else None
             if p95 is not None and now + p95 < q.deadline:
                 call.hedge_timer = q.loop.call_at(now + p95, self._hedge, q, call)
         return True
 
+    def _send(self, q: _Query, call: _ShardCall, replica: Replica, *, hedge: bool) -> None:
+        call.tried.append(replica)
+        replica.outstanding += 1
+        replica.sent += 1
+        future = self._client.get(replica.endpoint, q.target)
+        attempt = _Attempt(replica, future, q.loop.time(), hedge)
+        call.attempts.append(attempt)
+        future.add_done_callback(lambda f: self._on_answer(q, call, attempt))
+
     def _hedge(self, q: _Query, call: _ShardCall) -> None:
+        """The shard is later than its p95: one more request, if it can help and the
+        budget allows.
+
+        Not while fewer than half of the query's shards have answered: then the whole
+        query is late (a stall here, a busy machine), not this shard, and hedges would
+        spend the budget without gaining anything; the hedge waits until half have
+        answered (:meth:`_finish`). Not to a replica whose usual response time is above
+        the shard's p95 either: it would not beat the request already out.
+
+        A deferred hedge is due again its shard's usual spread (p95 - p50) after half of
+        the shards have answered, if the shard is still out then.
+        """
         call.hedge_timer = None
         if call.done or not call.attempts:
             return
-        if not self._candidates(call, self._clock()):
+        if q.total >= 4 and 2 * (q.total - q.open_calls) < q.total:
+            q.deferred.append(call)
+            return
+        window = self._latency.get(call.shard)
+        p95 = window.p95 if window is not None else None
+        warm = self._warmup
+        candidates = [
+            r
+            for r in self._candidates(call, self._clock())
+            if p95 is None or r.samples < warm or r.seconds <= p95
+        ]
+        if not candidates:
             return
         if not self._budget.withdraw():
             self.metrics.hedges.labels(result="over_budget").inc()
             return
-        if self._next_attempt(q, call, hedge=True):
-            self.metrics.hedges.labels(result="sent").inc()
+        self._send(q, call, self.picker.pick(candidates), hedge=True)
+        self.metrics.hedges.labels(result="sent").inc()
 
     def _on_answer(self, q: _Query, call: _ShardCall, attempt: _Attempt) -> None:
         future = attempt.future
@@ -543,7 +595,7 @@ class FanOut:
             call.outcome = "failed"
             if call.attempts:
                 return  # a hedge is still out; its answer decides
-            if q.loop.time() < q.deadline and self._next_attempt(q, call, hedge=False):
+            if q.loop.time() < q.deadline and self._next_attempt(q, call):
                 self.metrics.retries.inc()
                 return
             self._finish(q, call)
@@ -559,15 +611,18 @@ class FanOut:
         window = self._latency.get(call.shard)
         if window is None:
             window = self._latency[call.shard] = LatencyWindow()
-        window.add(elapsed)
+        # The shard's answer time, from its first request: a hedge that won after a
+        # late first request was a late answer, not a fast one.
+        window.add(q.loop.time() - call.started)
         self._record_success(replica)
         call.hits, call.outcome = hits, "ok"
         if attempt.hedge:
             self.metrics.hedges.labels(result="won").inc()
+        now = q.loop.time()
         for loser in call.attempts:
-            # The slower of a hedged pair: it took longer than the winner, at least.
+            # The slower of a hedged pair: no answer after all the time it has had.
             loser.replica.outstanding -= 1
-            loser.replica.penalize(elapsed)
+            loser.replica.penalize(now - loser.started)
             loser.future.cancel()
         call.attempts.clear()
         self._finish(q, call)
@@ -580,6 +635,18 @@ class FanOut:
         q.open_calls -= 1
         if q.open_calls == 0:
             _wake(q.waiter)
+        elif q.deferred and 2 * (q.total - q.open_calls) >= q.total:
+            # Half have answered: the query's median is now. A deferred shard is a
+            # straggler if it is still out its usual spread (p95 - p50) later.
+            deferred, q.deferred = q.deferred, []
+            now = q.loop.time()
+            for late in deferred:
+                window = self._latency.get(late.shard)
+                if late.done or window is None or window.p95 is None or window.p50 is None:
+                    continue
+                when = now + window.p95 - window.p50
+                if when < q.deadline:
+                    late.hedge_timer = q.loop.call_at(when, self._hedge, q, late)
 
     def _abandon(self, q: _Query, call: _ShardCall, timed_out: bool) -> None:
         """End a call still open at the deadline (``timed_out``) or at a cancellation."""

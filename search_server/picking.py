@@ -73,7 +73,8 @@ class Replica:
     versions, so its statistics survive changes of the list. ``seconds``, ``service``
     and ``queue`` are EWMAs (weight :data:`EWMA_ALPHA`) of the response time this search
     server saw, the search time the data server reported (``took_ms``) and the requests
-    it reported in flight (``queue``); ``samples`` counts the answers behind them.
+    it reported in flight (``queue``); ``samples`` counts the answers behind them and
+    ``sent`` the requests sent (hedges included).
     """
 
     key: str
@@ -83,6 +84,7 @@ class Replica:
     zone: str | None
     weight: int
     outstanding: int = 0
+    sent: int = 0
     samples: int = 0
     seconds: float = 0.0
     service: float = 0.0

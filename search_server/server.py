@@ -359,6 +359,20 @@ class SearchServer:
     async def cluster(self, request: web.Request) -> web.Response:
         return web.json_response(self.cluster_view())
 
+    def _routing_stats(self, instance: ServiceInstance) -> dict[str, Any]:
+        """What this search server's fan-out learned of ``instance`` (nothing before it
+        routed to it): requests sent (hedges included), answers, in flight, the
+        response-time EWMA."""
+        replica = self.fanout.replica(instance) if self.fanout is not None else None
+        if replica is None:
+            return {}
+        return {
+            "sent": replica.sent,
+            "answers": replica.samples,
+            "in_flight": replica.outstanding,
+            "latency_ms": round(replica.seconds * 1000, 3),
+        }
+
     def cluster_view(self) -> dict[str, Any]:
         """What ``GET /cluster`` answers: the list this server routes with, and whose it is."""
         reader = self.reader
@@ -383,6 +397,7 @@ class SearchServer:
                         "ejected": instance.id in ejected,
                         # Why it is draining or in maintenance; only when there is a reason.
                         **({"reason": r} if (r := instance.payload.reason) else {}),
+                        **self._routing_stats(instance),
                     }
                 )
         return {

@@ -330,3 +330,70 @@ async def test_a_search_server_routes_with_the_picker_it_is_given(
 
 def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return sample(registry, f"search_server_fanout_{name}", **labels)
+
+
+async def test_no_hedge_to_a_replica_slower_than_the_shards_p95(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    first, slow = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-a-first"),
+        make_data_server(shard=0, replica=1, instance_id="ds-b-slow"),
+    )
+    servers = [instance_of(first), instance_of(slow)]
+    picker = RecordingPicker()
+    fanout = FanOut(client, picker=picker, registry=registry, hedge_ratio=0.05)
+    for _ in range(21):
+        await fanout.search(servers, "probe", 5, 2000)
+    known_slow = fanout.replica(servers[1])
+    assert known_slow is not None
+    for _ in range(5):  # what this search server would have learned of it
+        known_slow.observe(0.5, 0.5, 0)
+    await _fault(http, first, mode="slow", delay_ms=300)
+    result = await fanout.search(servers, "probe", 5, 3000)
+    assert not result.partial
+    # It would not beat the request already out: no hedge, and no budget spent.
+    assert _sample(registry, "hedges_total", result="sent") == 0
+    assert _sample(registry, "hedges_total", result="over_budget") == 0
+    await _fault(http, first, mode="none")
+
+
+async def test_hedges_wait_while_the_whole_query_is_late(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    primaries = await asyncio.gather(
+        *(make_data_server(shard=s, replica=0, instance_id=f"ds-a-{s}") for s in range(4))
+    )
+    spares = await asyncio.gather(
+        *(make_data_server(shard=s, replica=1, instance_id=f"ds-b-{s}") for s in range(4))
+    )
+    servers = [instance_of(s) for s in (*primaries, *spares)]
+    picker = RecordingPicker()  # the ds-a-* replicas first, the ds-b-* only as hedges
+    fanout = FanOut(client, picker=picker, registry=registry, hedge_ratio=0.05)
+    for _ in range(21):  # 21 x 4 x 0.05 = 4.2 hedges of budget
+        assert not (await fanout.search(servers, "probe", 5, 2000)).partial
+
+    # Every shard late at once: the query is late, not a shard; hedges would not help.
+    # Without the deferral all four would be hedged at their p95 (the budget has four);
+    # with it, none before two have answered, and the others only if they straggle.
+    await asyncio.gather(*(_fault(http, p, mode="slow", delay_ms=300) for p in primaries))
+    result = await fanout.search(servers, "probe", 5, 3000)
+    assert not result.partial
+    sent = _sample(registry, "hedges_total", result="sent")
+    won = _sample(registry, "hedges_total", result="won")
+    assert sent <= 2
+    assert _sample(registry, "hedges_total", result="over_budget") == 0
+
+    # One straggler among answered shards: hedged.
+    await asyncio.gather(*(_fault(http, p, mode="none") for p in primaries[1:]))
+    result = await fanout.search(servers, "probe", 5, 3000)
+    assert not result.partial
+    assert result.took_ms < 300
+    assert _sample(registry, "hedges_total", result="sent") == sent + 1
+    assert _sample(registry, "hedges_total", result="won") == won + 1
+    await _fault(http, primaries[0], mode="none")
