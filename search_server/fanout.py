@@ -67,9 +67,15 @@ from discovery.instance import ServiceInstance
 
 from .httpclient import HttpClient, Response, SubrequestClient, SubrequestError
 from .metrics import FanOutMetrics
-from .picking import AdaptiveReplicaSelection, Replica, ReplicaPicker, target_key
+from .picking import (
+    AdaptiveReplicaSelection,
+    LatencyWindow,
+    Replica,
+    ReplicaPicker,
+    target_key,
+)
 
-__all__ = ["FanOut", "FanOutResult", "HedgeBudget", "LatencyWindow"]
+__all__ = ["FanOut", "FanOutResult", "HedgeBudget"]
 
 log = logging.getLogger(__name__)
 
@@ -104,49 +110,6 @@ class FanOutResult:
         }
 
 
-class LatencyWindow:
-    """The recent answers' response times of one shard, their median and 95th percentile.
-
-    A ring of the last ``size`` samples; the percentile is recomputed every ``every``
-    samples (sorting on every answer would cost more than the answer). ``None`` until
-    ``min_samples`` answers: no hedging on a guess.
-    """
-
-    __slots__ = ("_every", "_min", "_next", "_p50", "_p95", "_ring", "_since", "_size")
-
-    def __init__(self, size: int = 128, every: int = 16, min_samples: int = 20) -> None:
-        self._ring: list[float] = []
-        self._next = 0
-        self._every = every
-        self._since = 0
-        self._min = min_samples
-        self._p50: float | None = None
-        self._p95: float | None = None
-        self._size = size
-
-    def add(self, seconds: float) -> None:
-        ring = self._ring
-        if len(ring) < self._size:
-            ring.append(seconds)
-        else:
-            ring[self._next] = seconds
-            self._next = (self._next + 1) % self._size
-        self._since += 1
-        if self._since >= self._every and len(ring) >= self._min:
-            self._since = 0
-            ordered = sorted(ring)
-            self._p50 = ordered[len(ordered) // 2]
-            self._p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
-
-    @property
-    def p50(self) -> float | None:
-        return self._p50
-
-    @property
-    def p95(self) -> float | None:
-        return self._p95
-
-
 class HedgeBudget:
     """Allows hedges up to ``ratio`` of the sub-requests, plus a burst of ``burst``.
 
@@ -156,7 +119,7 @@ class HedgeBudget:
 
     __slots__ = ("_burst", "_ratio", "_tokens")
 
-    def __init__(self, ratio: float = 0.05, burst: float = 10.0) -> None:
+    def __init__(self, ratio: float = 0.05, burst: float = 100.0) -> None:
         if not 0 <= ratio <= 1:
             raise ValueError(f"hedge ratio must be in 0..1, got {ratio}")
         self._ratio = ratio
@@ -194,12 +157,12 @@ class _ShardCall:
     __slots__ = (
         "attempts",
         "done",
+        "hedge_backoff",
         "hedge_timer",
         "hits",
         "outcome",
         "replicas",
         "shard",
-        "started",
         "tried",
     )
 
@@ -213,8 +176,8 @@ class _ShardCall:
         self.outcome: _ShardOutcome = "failed"
         self.done = False
         self.hedge_timer: asyncio.TimerHandle | None = None
-        # When the first request went out: the shard's answer time counts from here.
-        self.started = 0.0
+        # How long to wait before offering a hedge refused for the budget again.
+        self.hedge_backoff = 0.0
 
 
 class _Query:
@@ -310,7 +273,7 @@ class FanOut:
         eject_cooldown: float = 10.0,
         max_ejected_share: float = 0.5,
         hedge_ratio: float = 0.05,
-        hedge_burst: float = 10.0,
+        hedge_burst: float = 100.0,
         warmup_samples: int = 5,
         zone: str | None = None,
         registry: CollectorRegistry | None = None,
@@ -351,7 +314,6 @@ class FanOut:
         # survive list changes), pruned to the current list at each rebuild except
         # those still ejected.
         self._replicas: dict[str, Replica] = {}
-        self._latency: dict[int, LatencyWindow] = {}
         # Routable data servers in the last list: the base of the ejection cap.
         self._known = 0
         # Counts of shard-request results since the last flush into the metrics:
@@ -452,8 +414,6 @@ class FanOut:
         self._known = sum(len(group) for group in by_shard.values())
         self._table = sorted(by_shard.items())
         self._table_source = servers
-        for shard in [s for s in self._latency if s not in by_shard]:
-            del self._latency[shard]
         return self._table
 
     # -- one query --------------------------------------------------------------------
@@ -517,14 +477,15 @@ class FanOut:
         if not candidates:
             return False
         now = q.loop.time()
-        if not call.tried:
-            call.started = now
-        self._send(q, call, self.picker.pick(candidates), hedge=False)
+        primary = self.picker.pick(candidates)
+        self._send(q, call, primary, hedge=False)
         if self._hedging and len(call.replicas) > 1 and call.hedge_timer is None:
-            window = self._latency.get(call.shard)
-            p95 = window.p95 if window is not None else None
-            if p95 is not None and now + p95 < q.deadline:
-                call.hedge_timer = q.loop.call_at(now + p95, self._hedge, q, call)
+            window = _fastest_other(call.replicas, primary)
+            if window is not None:
+                assert window.p95 is not None
+                when = now + window.p95
+                if when < q.deadline:
+                    call.hedge_timer = q.loop.call_at(when, self._hedge, q, call)
         return True
 
     def _send(self, q: _Query, call: _ShardCall, replica: Replica, *, hedge: bool) -> None:
@@ -537,17 +498,17 @@ class FanOut:
         future.add_done_callback(lambda f: self._on_answer(q, call, attempt))
 
     def _hedge(self, q: _Query, call: _ShardCall) -> None:
-        """The shard is later than its p95: one more request, if it can help and the
-        budget allows.
+        """The shard's request is out longer than another replica's recent p95: one more
+        request, to a replica that would usually have answered by now, if the budget
+        allows.
 
         Not while fewer than half of the query's shards have answered: then the whole
         query is late (a stall here, a busy machine), not this shard, and hedges would
-        spend the budget without gaining anything; the hedge waits until half have
-        answered (:meth:`_finish`). Not to a replica whose usual response time is above
-        the shard's p95 either: it would not beat the request already out.
-
-        A deferred hedge is due again its shard's usual spread (p95 - p50) after half of
-        the shards have answered, if the shard is still out then.
+        spend the budget without gaining anything. The hedge is offered again the
+        fastest other replica's usual spread (p95 - p50) after half have answered, if
+        the shard is still out then. One refused for the budget is offered again a p95
+        later, then two, four... until the deadline: the longer a shard is out, the
+        likelier it is a straggler rather than the usual tail.
         """
         call.hedge_timer = None
         if call.done or not call.attempts:
@@ -555,18 +516,26 @@ class FanOut:
         if q.total >= 4 and 2 * (q.total - q.open_calls) < q.total:
             q.deferred.append(call)
             return
-        window = self._latency.get(call.shard)
-        p95 = window.p95 if window is not None else None
-        warm = self._warmup
+        now = q.loop.time()
+        waited = now - call.attempts[0].started
+        # A replica whose p95 is above what we waited would not beat the request out.
         candidates = [
             r
             for r in self._candidates(call, self._clock())
-            if p95 is None or r.samples < warm or r.seconds <= p95
+            if r.window is None or r.window.p95 is None or r.window.p95 <= waited
         ]
         if not candidates:
             return
         if not self._budget.withdraw():
             self.metrics.hedges.labels(result="over_budget").inc()
+            window = _fastest_other(call.replicas, call.attempts[0].replica)
+            if window is not None:
+                assert window.p95 is not None
+                # Doubling bounds the offers to a few per deadline.
+                call.hedge_backoff = max(2 * call.hedge_backoff, window.p95)
+                when = now + call.hedge_backoff
+                if when < q.deadline:
+                    call.hedge_timer = q.loop.call_at(when, self._hedge, q, call)
             return
         self._send(q, call, self.picker.pick(candidates), hedge=True)
         self.metrics.hedges.labels(result="sent").inc()
@@ -608,12 +577,10 @@ class FanOut:
             return
         service, queue = _feedback(decoded)
         replica.observe(elapsed, service, queue)
-        window = self._latency.get(call.shard)
+        window = replica.window
         if window is None:
-            window = self._latency[call.shard] = LatencyWindow()
-        # The shard's answer time, from its first request: a hedge that won after a
-        # late first request was a late answer, not a fast one.
-        window.add(q.loop.time() - call.started)
+            window = replica.window = LatencyWindow()
+        window.add(elapsed)
         self._record_success(replica)
         call.hits, call.outcome = hits, "ok"
         if attempt.hedge:
@@ -641,8 +608,10 @@ class FanOut:
             deferred, q.deferred = q.deferred, []
             now = q.loop.time()
             for late in deferred:
-                window = self._latency.get(late.shard)
-                if late.done or window is None or window.p95 is None or window.p50 is None:
+                if late.done or not late.attempts:
+                    continue
+                window = _fastest_other(late.replicas, late.attempts[0].replica)
+                if window is None or window.p50 is None or window.p95 is None:
                     continue
                 when = now + window.p95 - window.p50
                 if when < q.deadline:
@@ -772,6 +741,21 @@ class FanOut:
             log.info("data server %s answers again after its ejection", replica.instance.id)
         replica.failures = 0
         replica.ejected_until = None
+
+
+def _fastest_other(replicas: list[Replica], primary: Replica) -> LatencyWindow | None:
+    """The latency window of lowest p95 among ``replicas`` other than ``primary`` (None
+    if none has one yet): a shard's request out longer than that is worth a hedge."""
+    best: LatencyWindow | None = None
+    best_p95 = math.inf
+    for replica in replicas:
+        window = replica.window
+        if replica is primary or window is None:
+            continue
+        p95 = window.p95
+        if p95 is not None and p95 < best_p95:
+            best, best_p95 = window, p95
+    return best
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

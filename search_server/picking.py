@@ -27,6 +27,7 @@ fast, is not thread-safe, and must never raise for a non-empty list of candidate
 from __future__ import annotations
 
 import random
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -37,6 +38,7 @@ from .httpclient import Endpoint
 
 __all__ = [
     "AdaptiveReplicaSelection",
+    "LatencyWindow",
     "Outcome",
     "PowerOfTwoChoices",
     "Replica",
@@ -91,6 +93,11 @@ class Replica:
     queue: float = 0.0
     failures: int = 0
     ejected_until: float | None = None
+    # Adaptive selection's discount of this replica's rank, for the picks it lost since
+    # its last answer (see AdaptiveReplicaSelection); the EWMAs themselves stay true.
+    discount: float = 1.0
+    # Its recent response times, for the fan-out's hedging (made at its first answer).
+    window: LatencyWindow | None = None
 
     @classmethod
     def of(cls, instance: ServiceInstance) -> Replica:
@@ -120,12 +127,59 @@ class Replica:
             if queue is not None:
                 self.queue += EWMA_ALPHA * (queue - self.queue)
         self.samples += 1
+        self.discount = 1.0
 
     def penalize(self, seconds: float) -> None:
         """Fold in a request that got no answer after ``seconds`` (failed, timed out, or
         beaten by a hedge): its response time was at least that."""
         if seconds > self.seconds:
             self.seconds += EWMA_ALPHA * (seconds - self.seconds)
+        # News of it, as an answer would be: the discount for lost picks starts over.
+        self.discount = 1.0
+
+
+class LatencyWindow:
+    """A replica's recent response times, their median and 95th percentile.
+
+    A ring of the last ``size`` samples; the percentile is recomputed every ``every``
+    samples (sorting on every answer would cost more than the answer). ``None`` until
+    ``min_samples`` answers: no hedging on a guess.
+    """
+
+    __slots__ = ("_every", "_min", "_next", "_p50", "_p95", "_ring", "_since", "_size")
+
+    def __init__(self, size: int = 64, every: int = 16, min_samples: int = 16) -> None:
+        # An array of doubles, not a list of float objects: one per replica routed to.
+        self._ring = array("d")
+        self._next = 0
+        self._every = every
+        self._since = 0
+        self._min = min_samples
+        self._p50: float | None = None
+        self._p95: float | None = None
+        self._size = size
+
+    def add(self, seconds: float) -> None:
+        ring = self._ring
+        if len(ring) < self._size:
+            ring.append(seconds)
+        else:
+            ring[self._next] = seconds
+            self._next = (self._next + 1) % self._size
+        self._since += 1
+        if self._since >= self._every and len(ring) >= self._min:
+            self._since = 0
+            ordered = sorted(ring)
+            self._p50 = ordered[len(ordered) // 2]
+            self._p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+
+    @property
+    def p50(self) -> float | None:
+        return self._p50
+
+    @property
+    def p95(self) -> float | None:
+        return self._p95
 
 
 @runtime_checkable
@@ -170,10 +224,11 @@ class AdaptiveReplicaSelection:
 
     A replica without samples ranks first, so a new one is tried at once; the fan-out's
     warm-up keeps it to one request at a time until it has answered a few. The ranks
-    of the candidates not chosen decay a little at each pick (``decay``), as
-    Elasticsearch adjusts the statistics of the nodes it did not pick: a replica that
-    was slow once is tried again after a while rather than starved of the samples that
-    would show it recovered.
+    of the candidates not chosen decay a little at each pick (``decay``, through
+    :attr:`Replica.discount`, reset by its next answer), as Elasticsearch adjusts the
+    statistics of the nodes it did not pick: a replica that was slow once is tried
+    again after a while rather than starved of the samples that would show it
+    recovered. The EWMAs are left true, for the fan-out's other uses (hedge targets).
     """
 
     def __init__(self, *, clients: int = 1, decay: float = 0.02) -> None:
@@ -190,7 +245,8 @@ class AdaptiveReplicaSelection:
             return 0.0
         service = replica.service
         q_hat = 1.0 + replica.outstanding * self.clients + replica.queue
-        return (replica.seconds - service + q_hat * q_hat * q_hat * service) / replica.weight
+        rank = replica.seconds - service + q_hat * q_hat * q_hat * service
+        return rank * replica.discount / replica.weight
 
     def pick(self, candidates: Sequence[Replica]) -> Replica:
         if len(candidates) == 1:
@@ -200,8 +256,7 @@ class AdaptiveReplicaSelection:
         keep = self._keep
         for replica in candidates:
             if replica is not best:
-                replica.seconds *= keep
-                replica.queue *= keep
+                replica.discount *= keep
         return best
 
 
