@@ -15,14 +15,14 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   ``warmup_samples`` answers from this search server gets one request at a time, as
   Finagle's probation does, so that a replica that has just joined (and ranks first
   for lack of samples) is not sent a flood before anyone knows its speed.
-* **Hedged requests** ("The Tail at Scale", Dean and Barroso): when a shard's answer is
-  later than the recent 95th percentile of that shard's answers, one more request goes
-  to another replica; the first answer wins and the other is abandoned. A budget caps
-  hedges at ``hedge_ratio`` of the sub-requests (plus a small burst), so that a slow
-  cluster is not sent more load (Finagle's BackupRequestFilter does the same). The
-  budget is kept for stragglers: no hedge while fewer than half of the query's shards
-  have answered (the whole query is late then, a hedge would not help; it is sent
-  when half have), and none to a replica whose usual response time is above the p95.
+* **Hedged requests** ("The Tail at Scale", Dean and Barroso): when a shard's request
+  is out longer than the recent 95th percentile of the fastest other replica of the
+  shard, one more request goes to another replica; the first answer wins and the other
+  is abandoned. A budget caps hedges at ``hedge_ratio`` of the sub-requests (plus a
+  burst), so that a slow cluster is not sent more load (Finagle's BackupRequestFilter
+  does the same). The budget is kept for stragglers (see :meth:`FanOut._hedge`): no
+  hedge while fewer than half of the query's shards have answered, none to a replica
+  whose p95 is above the time waited, and a refused one is offered again later.
 * **Retry on failure** (connection error, non-200, bad JSON) to another replica of the
   shard while time remains, each replica at most once per query.
 * **Outlier ejection.** A data server that failed or timed out ``eject_after`` times in a
