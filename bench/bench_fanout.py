@@ -97,7 +97,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from common import free_port_block, machine, spawn_python
+from common import free_port_block, machine, quick_defaults, spawn_python
 from kazoo.client import KazooClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -1441,20 +1441,18 @@ def main() -> int:
     args = parser.parse_args()
     if args.baseline_worker:
         return baseline_worker(args)
-    quick = args.quick
-
-    def default(name: str, full: Any, small: Any) -> None:
-        if getattr(args, name) is None:
-            setattr(args, name, small if quick else full)
-
-    default("servers", 100, 40)
-    default("faulty", 10, 4)
-    default("phase_seconds", 20.0, 6.0)
-    default("warmup_seconds", 3.0, 2.0)
-    default("tail_shards", 100, 20)
-    default("tail_seconds", 120.0, 8.0)
-    default("tail_rounds", 2, 1)
-    default("skew_seconds", 20.0, 6.0)
+    quick_defaults(
+        args,
+        args.quick,
+        servers=(100, 40),
+        faulty=(10, 4),
+        phase_seconds=(20.0, 6.0),
+        warmup_seconds=(3.0, 2.0),
+        tail_shards=(100, 20),
+        tail_seconds=(120.0, 8.0),
+        tail_rounds=(2, 1),
+        skew_seconds=(20.0, 6.0),
+    )
     if args.pin is None:
         args.pin = (os.cpu_count() or 1) >= 2
     if not 1 <= args.faulty < args.servers:

@@ -83,7 +83,7 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-from common import free_port_block, write_results
+from common import free_port_block, quick_defaults, write_results
 from kazoo.client import KazooClient
 
 from data_server.corpus import sample_queries
@@ -1005,18 +1005,17 @@ def main() -> int:
     if args.loadgen_worker:
         return loadgen_worker(args)
     quick = args.quick
-
-    def default(name: str, full: Any, small: Any) -> None:
-        if getattr(args, name) is None:
-            setattr(args, name, small if quick else full)
-
-    default("factor", 1.5, 2.0)
-    default("bisect", 4, 1)
-    default("warmup", 2.0, 1.0)
-    default("seconds", 10.0, 4.0)
-    default("min_queries", 300, 0)
-    default("idle_seconds", 5.0, 2.0)
-    default("common_rate", args.start_rate, args.start_rate)
+    quick_defaults(
+        args,
+        quick,
+        factor=(1.5, 2.0),
+        bisect=(4, 1),
+        warmup=(2.0, 1.0),
+        seconds=(10.0, 4.0),
+        min_queries=(300, 0),
+        idle_seconds=(5.0, 2.0),
+        common_rate=(args.start_rate, args.start_rate),
+    )
     args.warmup_total = 4.0 if quick else 6.0
     if not args.systems:
         parser.error("--systems: before, after or both")

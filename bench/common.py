@@ -227,3 +227,10 @@ class EventLog:
 
 # The whole run of the benchmark that imports this module (see machine()).
 _RUN = CpuMeter()
+
+
+def quick_defaults(args: Any, quick: bool, **defaults: tuple[Any, Any]) -> None:
+    """Fill each option of ``args`` left at ``None`` with its ``(full, quick)`` default."""
+    for name, (full, small) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, small if quick else full)

@@ -594,3 +594,20 @@ def _read_secret(value: str | None, path: str | None, flag: str, env: str) -> st
     if not secret:
         raise ConfigError(f"{flag}-file / {env}_FILE: {path!r} is empty")
     return secret
+
+
+def add_log_level_override(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` on a one-shot subcommand of ``discovery`` (``status``, ``maint``).
+
+    Given there, it overrides ``discovery --log-level``; not given, the value parsed by
+    ``discovery`` (or its environment default) stands instead of being overwritten by
+    the subcommand's own default (``argparse.SUPPRESS``).
+    """
+    level = next(o for o in COMMON_OPTIONS if o.flag == "--log-level")
+    parser.add_argument(
+        level.flag,
+        dest=level.dest,
+        type=level.type,
+        default=argparse.SUPPRESS,
+        help=f"{level.help} (as `discovery --log-level`) [env {level.env}; default WARNING]",
+    )

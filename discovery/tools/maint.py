@@ -33,7 +33,13 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from discovery.cli.entrypoint import add_verbose_flag
-from discovery.cli.options import COMMON_OPTIONS, ZK_OPTIONS, Option, add_options, zk_config
+from discovery.cli.options import (
+    ZK_OPTIONS,
+    Option,
+    add_log_level_override,
+    add_options,
+    zk_config,
+)
 from discovery.config import ZkConfig
 from discovery.errors import (
     DiscoveryError,
@@ -203,15 +209,7 @@ def _options() -> tuple[Option, ...]:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     add_options(parser, _options())
-    level = next(o for o in COMMON_OPTIONS if o.flag == "--log-level")
-    parser.add_argument(
-        level.flag,
-        dest=level.dest,
-        type=level.type,
-        # SUPPRESS: the value parsed by ``discovery --log-level`` stands unless given here.
-        default=argparse.SUPPRESS,
-        help=f"{level.help} (as `discovery --log-level`) [env {level.env}; default WARNING]",
-    )
+    add_log_level_override(parser)
     add_verbose_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 

@@ -15,7 +15,14 @@ import sys
 from typing import Final
 
 from discovery.cli.entrypoint import add_verbose_flag
-from discovery.cli.options import COMMON_OPTIONS, ZK_OPTIONS, Option, add_options, cluster_config
+from discovery.cli.options import (
+    COMMON_OPTIONS,
+    ZK_OPTIONS,
+    Option,
+    add_log_level_override,
+    add_options,
+    cluster_config,
+)
 from discovery.config import ZkConfig
 from discovery.errors import DiscoveryError, StatusError
 
@@ -53,16 +60,7 @@ def add_parser(
         ),
     )
     add_options(parser, _status_options())
-    level = next(o for o in COMMON_OPTIONS if o.flag == "--log-level")
-    parser.add_argument(
-        level.flag,
-        dest=level.dest,
-        type=level.type,
-        # SUPPRESS: not given here, the value parsed by ``discovery --log-level`` (or
-        # its environment default) stands instead of being overwritten by ours.
-        default=argparse.SUPPRESS,
-        help=f"{level.help} (as `discovery --log-level`) [env {level.env}; default WARNING]",
-    )
+    add_log_level_override(parser)
     add_verbose_flag(parser)
     parser.add_argument(
         "--json",
