@@ -7,9 +7,10 @@ BIN    := $(VENV)/bin
 # Debian packages the tests and the demo run for real: ZooKeeper (Java) and Redis;
 # Chromium for the dashboard's browser test; docker-compose to validate the compose file;
 # iproute2 and iptables for the network partitions (namespaces, veth, DROP rules);
-# redis-sentinel for the Redis failover tests and `discovery devcluster --sentinels`.
+# redis-sentinel for the Redis failover tests and `discovery devcluster --sentinels`;
+# prometheus for promtool, which checks and unit-tests the alert rules (deploy/alerts.yml).
 DEB_PACKAGES := zookeeper redis-server redis-sentinel default-jre-headless chromium \
-  docker-compose iproute2 iptables
+  docker-compose iproute2 iptables prometheus
 STAMP  := $(VENV)/.installed
 
 .PHONY: setup system-packages test lint typecheck pytest demo devcluster bench chaos chaos-ci soak clean
