@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from discovery import __version__
 from discovery.cli.options import (
     AGENT_OPTIONS,
     COMMON_OPTIONS,
@@ -190,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one data server: a shard behind an HTTP search API, registered in "
         "ZooKeeper while its health probes pass. `data-server fleet --help` for a fleet.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _add_server_options(parser, fleet=False)
     return parser
 

@@ -20,6 +20,9 @@ injection), :mod:`discovery.tools` (the ``discovery`` command) and :mod:`discove
 (flags and environment variables of the entry points). See docs/ARCHITECTURE.md.
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
 from .agent import Agent, AgentState, AgentStatus
 from .brake import MassLossBrake, MassLossBrakeConfig
 from .config import AgentConfig, ClusterConfig, RedisConfig, ZkConfig
@@ -61,6 +64,12 @@ from .redisstore import RedisLiveStore
 from .registration import Registration, Removal
 from .store import LiveList, LiveListChange, LiveListFollower, LiveListPublisher, LiveListStore
 from .zk import SessionEvent, SessionState, ZkSession
+
+try:
+    # The version is written once, in pyproject.toml; the installed metadata carries it.
+    __version__ = _version("search-discovery")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "DATA_SERVERS_PATH",
@@ -125,4 +134,5 @@ __all__ = [
     "ZkSession",
     "ZkSessionExpiredError",
     "ZkUnsupportedError",
+    "__version__",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from discovery import __version__
 from discovery.brake import MassLossBrakeConfig
 from discovery.cli.options import (
     COMMON_OPTIONS,
@@ -245,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one search server: takes part in the leader election (the leader "
         "publishes the live data servers to Redis), keeps the live list, and fans queries out.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     add_options(parser, (*ZK_OPTIONS, *COMMON_OPTIONS, *RUNTIME_OPTIONS, *SEARCH_OPTIONS))
     return parser
 

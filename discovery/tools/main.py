@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from discovery import __version__
 from discovery.cli.entrypoint import configure_logging
 
 from . import chaos, demo, devcluster, maint, status, zkinit
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
             "WARNING for status, maint and zk-init, whose -v raises it]"
         ),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for register in _SUBCOMMANDS:
         register(subparsers)
