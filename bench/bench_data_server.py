@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from common import free_port_block, write_results
+from common import free_port_block, process_cpu_seconds, write_results
 
 from data_server.corpus import sample_queries
 from discovery.testing import DevCluster
@@ -41,12 +41,12 @@ from discovery.testing.process import terminate_all
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "data_server.json"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    seconds = process_cpu_seconds(pid)
+    assert seconds is not None, f"process {pid} is gone"
+    return seconds
 
 
 async def _start(

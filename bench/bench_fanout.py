@@ -97,7 +97,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from common import free_port_block, machine, quick_defaults, spawn_python
+from common import (
+    descendants,
+    free_port_block,
+    machine,
+    process_cpu_seconds,
+    process_tree,
+    quick_defaults,
+    spawn_python,
+)
 from kazoo.client import KazooClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -110,7 +118,6 @@ ROOT = SCRIPT.parent.parent
 RESULTS = ROOT / "bench" / "results" / "fanout.json"
 SESSION_TIMEOUT = "4"
 SLACK_MS = 10.0  # the target: p99 and max within the deadline + this
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 SECTIONS = ("cpu", "deadline", "tail", "skew")
 SEARCH_CPU = 1  # --pin: the search server's CPU; everything else of ours runs on 0
 OTHERS_CPU = 0
@@ -131,8 +138,9 @@ def _percentile(values: list[float], p: float) -> float:
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+    seconds = process_cpu_seconds(pid)
+    assert seconds is not None, f"process {pid} is gone"
+    return seconds
 
 
 @dataclass
@@ -253,29 +261,6 @@ async def routed_requests(http: aiohttp.ClientSession, ports: list[int]) -> list
     return list(await asyncio.gather(*(one(p) for p in ports)))
 
 
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        tree.setdefault(ppid, []).append(int(entry))
-    return tree
-
-
-def _tree(root: int, tree: dict[int, list[int]]) -> list[int]:
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(tree.get(pid, []))
-    return out
-
-
 def _set_affinity(pid: int, cpus: set[int]) -> None:
     """Every thread of ``pid`` (``taskset -a -p``); a thread or process gone is skipped."""
     try:
@@ -290,9 +275,9 @@ def _set_affinity(pid: int, cpus: set[int]) -> None:
 def pin(search_pid: int) -> dict[str, Any]:
     """The search server (and its children) on ``SEARCH_CPU``, every other process of
     this benchmark, this one included, on ``OTHERS_CPU``."""
-    tree = _children()
-    own = set(_tree(search_pid, tree))
-    others = [p for p in _tree(os.getpid(), tree) if p not in own]
+    tree = process_tree()
+    own = set(descendants(search_pid, tree))
+    others = [p for p in descendants(os.getpid(), tree) if p not in own]
     for pid in own:
         _set_affinity(pid, {SEARCH_CPU})
     for pid in others:
@@ -310,7 +295,7 @@ def pin(search_pid: int) -> dict[str, Any]:
 
 def unpin() -> None:
     everything = set(range(os.cpu_count() or 1))
-    for pid in _tree(os.getpid(), _children()):
+    for pid in descendants(os.getpid(), process_tree()):
         _set_affinity(pid, everything)
 
 

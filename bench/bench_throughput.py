@@ -83,7 +83,15 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-from common import free_port_block, quick_defaults, write_results
+from common import (
+    CLK_TCK,
+    descendants,
+    free_port_block,
+    process_cpu_seconds,
+    process_tree,
+    quick_defaults,
+    write_results,
+)
 from kazoo.client import KazooClient
 
 from data_server.corpus import sample_queries
@@ -93,7 +101,7 @@ from discovery.testing.process import terminate_all
 SCRIPT = Path(__file__).resolve()
 ROOT = SCRIPT.parent.parent
 RESULTS = ROOT / "bench" / "results" / "throughput.json"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+
 
 # The demo's topology and flags (discovery/tools/demo.py).
 NODES = 100
@@ -110,39 +118,6 @@ OTHERS_WARN = 0.1  # cores of other work during the steps worth a warning
 
 
 # --------------------------------------------------------------------------- /proc
-
-
-def _stat_fields(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    try:
-        fields = _stat_fields(pid)
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(_stat_fields(int(entry))[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            tree.setdefault(ppid, []).append(int(entry))
-    return tree
-
-
-def _descendants(root: int, tree: dict[int, list[int]]) -> list[int]:
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(tree.get(pid, []))
-    return out
 
 
 def _machine_jiffies() -> dict[str, int]:
@@ -522,19 +497,19 @@ class System:
     def snapshot(self, loadgen_pid: int | None) -> CpuSnapshot:
         """CPU seconds of every process of this benchmark, by kind and by name
         (``search-1``, ``fleet-worker-0``, ``ds-solo-3``, ...)."""
-        tree = _children()
+        tree = process_tree()
         names: dict[int, tuple[str, str]] = {os.getpid(): ("bench", "bench")}
         for i, p in enumerate(self.search):
-            for pid in _descendants(p.pid, tree):
+            for pid in descendants(p.pid, tree):
                 names[pid] = ("search", f"search-{i + 1}")
         for i, p in enumerate(self.data):
             if i == 0:  # the fleet: its parent and its workers (in order of their pids)
                 names[p.pid] = ("data", "fleet-parent")
-                workers = sorted(set(_descendants(p.pid, tree)) - {p.pid})
+                workers = sorted(set(descendants(p.pid, tree)) - {p.pid})
                 for w, pid in enumerate(workers):
                     names[pid] = ("data", f"fleet-worker-{w}")
             else:
-                for pid in _descendants(p.pid, tree):
+                for pid in descendants(p.pid, tree):
                     names[pid] = ("data", f"ds-solo-{i - 1}")
         self.seen_data_pids.update(pid for pid, (kind, _) in names.items() if kind == "data")
         for kind, pid in self.services.items():
@@ -543,7 +518,7 @@ class System:
             names[loadgen_pid] = ("loadgen", "loadgen")
         pids = {}
         for pid, (kind, name) in names.items():
-            cpu = _cpu_seconds(pid)
+            cpu = process_cpu_seconds(pid)
             if cpu is not None:
                 pids[pid] = (kind, name, cpu)
         return CpuSnapshot(time.monotonic(), pids, _machine_jiffies())
@@ -551,7 +526,7 @@ class System:
     async def stop(self) -> None:
         for p in self.data:
             with contextlib.suppress(OSError):
-                self.seen_data_pids.update(_descendants(p.pid, _children()))
+                self.seen_data_pids.update(descendants(p.pid, process_tree()))
         await terminate_all(self.procs, timeout=20)
         # The fleet's workers, should their parent have been killed before them.
         for pid in self.seen_data_pids:

@@ -234,3 +234,40 @@ def quick_defaults(args: Any, quick: bool, **defaults: tuple[Any, Any]) -> None:
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, small if quick else full)
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (``None`` once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_tree() -> dict[int, list[int]]:
+    """Every process's children, by parent pid, from ``/proc``."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def descendants(root: int, tree: dict[int, list[int]]) -> list[int]:
+    """``root`` and every process below it in ``tree`` (:func:`process_tree`)."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(tree.get(pid, []))
+    return out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,11 +13,13 @@ from discovery.cli.options import (
     COMMON_OPTIONS,
     RUNTIME_OPTIONS,
     ZK_OPTIONS,
+    ZONE_RULE,
     Option,
     add_options,
     advertised_address,
     agent_config,
     checked_id,
+    checked_setting,
     cluster_config,
     int_range,
     listen_options,
@@ -27,13 +28,13 @@ from discovery.cli.options import (
     positive_float,
     positive_int,
     zk_config,
+    zone_name,
 )
 from discovery.config import AgentConfig, ClusterConfig, ZkConfig
-from discovery.errors import ConfigError, InvalidInstanceError
+from discovery.errors import ConfigError
 from discovery.instance import (
     DEFAULT_WEIGHT,
     MAX_WEIGHT,
-    MAX_ZONE_LENGTH,
     MIN_WEIGHT,
     validate_weight,
     validate_zone,
@@ -45,27 +46,7 @@ __all__ = [
     "build_fleet_parser",
     "build_parser",
     "zone_list",
-    "zone_name",
 ]
-
-
-_ZONE_RULE = f"1..{MAX_ZONE_LENGTH} characters of [A-Za-z0-9._:-]"
-
-
-def _checked(check: Callable[[object, str], object], value: object, flag: str) -> None:
-    """Run a payload validator on a setting; raise :class:`ConfigError` naming ``flag``."""
-    try:
-        check(value, flag)
-    except InvalidInstanceError as exc:
-        raise ConfigError(str(exc).removeprefix("invalid ServiceInstance: ")) from None
-
-
-def zone_name(text: str) -> str:
-    """argparse type: a zone name (surrounding blanks ignored), as ``payload.zone`` allows."""
-    try:
-        return validate_zone(text.strip())
-    except InvalidInstanceError:
-        raise argparse.ArgumentTypeError(f"not a zone name ({_ZONE_RULE}): {text!r}") from None
 
 
 def zone_list(text: str) -> tuple[str, ...]:
@@ -99,7 +80,7 @@ SERVER_OPTIONS = (
         "--zone",
         "DISCOVERY_ZONE",
         f"zone (data centre, availability zone) published in the registration; search "
-        f"servers prefer replicas in their own zone ({_ZONE_RULE}; unset: no zone)",
+        f"servers prefer replicas in their own zone ({ZONE_RULE}; unset: no zone)",
         type=zone_name,
         metavar="ZONE",
     ),
@@ -238,8 +219,8 @@ class DataServerConfig:
         # The parser checked flags and variables already; this catches programmatic
         # configs, before the registration would fail with a payload error.
         if self.zone is not None:
-            _checked(validate_zone, self.zone, "--zone / DISCOVERY_ZONE")
-        _checked(validate_weight, self.weight, "--weight / DISCOVERY_WEIGHT")
+            checked_setting(validate_zone, self.zone, "--zone / DISCOVERY_ZONE")
+        checked_setting(validate_weight, self.weight, "--weight / DISCOVERY_WEIGHT")
         if self.docs_file is not None and not self.docs_file.is_file():
             raise ConfigError(f"--docs-file / DISCOVERY_DOCS_FILE: no such file {self.docs_file}")
 
@@ -295,7 +276,7 @@ class FleetConfig:
                 "--zones (DISCOVERY_FLEET_ZONES) and --zone (DISCOVERY_ZONE): give only one"
             )
         for zone in self.zones:
-            _checked(validate_zone, zone, "--zones / DISCOVERY_FLEET_ZONES")
+            checked_setting(validate_zone, zone, "--zones / DISCOVERY_FLEET_ZONES")
         if self.procs > self.count:
             raise ConfigError(f"--procs ({self.procs}) must not exceed --count ({self.count})")
         if self.base_port and self.base_port + self.count - 1 > 65535:

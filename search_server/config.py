@@ -11,10 +11,12 @@ from discovery.cli.options import (
     COMMON_OPTIONS,
     RUNTIME_OPTIONS,
     ZK_OPTIONS,
+    ZONE_RULE,
     Option,
     add_options,
     advertised_address,
     checked_id,
+    checked_setting,
     cluster_config,
     env_flag,
     int_range,
@@ -22,24 +24,13 @@ from discovery.cli.options import (
     positive_float,
     positive_int,
     zk_config,
+    zone_name,
 )
 from discovery.config import ClusterConfig, ZkConfig
-from discovery.errors import ConfigError, InvalidInstanceError
-from discovery.instance import MAX_ZONE_LENGTH, validate_zone
+from discovery.errors import ConfigError
+from discovery.instance import validate_zone
 
 __all__ = ["SearchServerConfig", "build_parser"]
-
-
-_ZONE_RULE = f"1..{MAX_ZONE_LENGTH} characters of [A-Za-z0-9._:-]"
-
-
-def _zone(text: str) -> str:
-    # The same rule as a data server's payload.zone: a zone we could never match
-    # is a typo, better refused at start-up than silently never preferred.
-    try:
-        return validate_zone(text.strip())
-    except InvalidInstanceError:
-        raise argparse.ArgumentTypeError(f"not a zone name ({_ZONE_RULE}): {text!r}") from None
 
 
 def _fraction(text: str) -> float:
@@ -67,11 +58,8 @@ def _picker(text: str) -> str:
 
 
 def _percent(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value <= 100:
+    value = _non_negative_float(text)
+    if value > 100:
         raise argparse.ArgumentTypeError(f"must be in 0..100, got {text!r}")
     return value
 
@@ -86,8 +74,8 @@ SEARCH_OPTIONS = (
         "DISCOVERY_ZONE",
         "this search server's zone: it prefers data servers registered with the same "
         f"zone and spills over to other zones when a shard has no healthy replica in it "
-        f"({_ZONE_RULE}; unset: no preference)",
-        type=_zone,
+        f"({ZONE_RULE}; unset: no preference)",
+        type=zone_name,
         metavar="ZONE",
     ),
     Option(
@@ -291,10 +279,7 @@ class SearchServerConfig:
             raise ConfigError(f"--hedge-percent must be in 0..100, got {self.hedge_percent}")
         checked_id(self.server_id)
         if self.zone is not None:
-            try:
-                validate_zone(self.zone, "--zone / DISCOVERY_ZONE")
-            except InvalidInstanceError as exc:
-                raise ConfigError(str(exc).removeprefix("invalid ServiceInstance: ")) from None
+            checked_setting(validate_zone, self.zone, "--zone / DISCOVERY_ZONE")
         if self.default_timeout_ms > self.max_timeout_ms:
             raise ConfigError("--timeout-ms must not exceed --max-timeout-ms")
         if self.heartbeat_ttl <= self.heartbeat_interval:

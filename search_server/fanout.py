@@ -52,7 +52,6 @@ import asyncio
 import heapq
 import logging
 import math
-import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -257,8 +256,7 @@ class FanOut:
     :class:`~search_server.picking.AdaptiveReplicaSelection`). ``zone`` is this search
     server's zone: replicas there are preferred while the shard has a usable one.
     ``hedge_ratio`` caps hedges as a share of sub-requests (0 turns hedging off).
-    ``rng`` is kept for pickers that want one and for reproducible tests. Metrics go to
-    ``registry`` (a fresh one if ``None``).
+    Metrics go to ``registry`` (a fresh one if ``None``).
 
     Raises ``ValueError`` for a limit below 1, a negative cool-down or a ratio out of
     range.
@@ -278,7 +276,6 @@ class FanOut:
         zone: str | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
         picker: ReplicaPicker | None = None,
     ) -> None:
         if max_in_flight < 1:
@@ -304,7 +301,6 @@ class FanOut:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = FanOutMetrics(self.registry)
         self._clock = clock
-        self.rng = rng if rng is not None else random.Random()
         self.picker: ReplicaPicker = picker if picker is not None else AdaptiveReplicaSelection()
         self._in_flight = 0
         # The routing table of the last list fanned out to, and that list (by identity).
@@ -314,6 +310,9 @@ class FanOut:
         # survive list changes), pruned to the current list at each rebuild except
         # those still ejected.
         self._replicas: dict[str, Replica] = {}
+        # The replicas ejected at some point and not yet seen expired: the ejection cap
+        # and ejected() look at these, never at every replica routed to.
+        self._ejected: set[Replica] = set()
         # Routable data servers in the last list: the base of the ejection cap.
         self._known = 0
         # Counts of shard-request results since the last flush into the metrics:
@@ -341,7 +340,7 @@ class FanOut:
     def ejected(self) -> set[str]:
         """Instance ids of the data servers currently ejected (skipped) by this fan-out."""
         now = self._clock()
-        return {r.instance.id for r in self._replicas.values() if r.is_ejected(now)}
+        return {r.instance.id for r in self._ejected_now(now)}
 
     async def search(
         self,
@@ -396,20 +395,19 @@ class FanOut:
         for instance in instances:
             if not instance.routable:
                 continue
-            replica = Replica.of(instance)
-            kept = old.get(replica.key)
-            if kept is not None:
+            replica = old.get(target_key(instance))
+            if replica is None:
+                replica = Replica.of(instance)
+            else:
                 # Same target, maybe a new payload (weight, zone): keep what we learned.
-                kept.instance, kept.zone, kept.weight = instance, replica.zone, replica.weight
-                replica = kept
+                replica.instance = instance
+                replica.zone, replica.weight = instance.payload.zone, instance.payload.weight
             replicas[replica.key] = replica
             by_shard.setdefault(replica.shard, []).append(replica)
-        now = self._clock()
-        for key, replica in old.items():
-            # An ejected server that left and comes back (same registration) stays
-            # ejected for the rest of its cool-down.
-            if key not in replicas and replica.is_ejected(now):
-                replicas[key] = replica
+        # An ejected server that left and comes back (same registration) stays ejected
+        # for the rest of its cool-down.
+        for replica in self._ejected_now(self._clock()):
+            replicas.setdefault(replica.key, replica)
         self._replicas = replicas
         self._known = sum(len(group) for group in by_shard.values())
         self._table = sorted(by_shard.items())
@@ -691,6 +689,7 @@ class FanOut:
             and not self._ejection_cap_reached(now)
         ):
             replica.ejected_until = now + self._eject_cooldown
+            self._ejected.add(replica)
             self.metrics.ejections.inc()
             log.warning(
                 "ejecting data server %s (%s:%d, shard %d) for %.1fs after %d consecutive "
@@ -717,7 +716,7 @@ class FanOut:
         # When many servers fail at once the cause is more likely on our side (a CPU
         # stall, a network blip) than theirs; ejecting them all would turn a slow moment
         # into empty answers. Discovery still removes servers that are really down.
-        ejected = sum(1 for r in self._replicas.values() if r.is_ejected(now))
+        ejected = len(self._ejected_now(now))
         if ejected + 1 > max(1, int(self._max_ejected_share * self._known)):
             log.warning(
                 "not ejecting more data servers: %d of %d already ejected (cap %.0f%%)",
@@ -741,6 +740,13 @@ class FanOut:
             log.info("data server %s answers again after its ejection", replica.instance.id)
         replica.failures = 0
         replica.ejected_until = None
+        self._ejected.discard(replica)
+
+    def _ejected_now(self, now: float) -> set[Replica]:
+        """The replicas ejected at ``now`` (forgetting those whose cool-down ran out)."""
+        expired = [r for r in self._ejected if not r.is_ejected(now)]
+        self._ejected.difference_update(expired)
+        return self._ejected
 
 
 def _fastest_other(replicas: list[Replica], primary: Replica) -> LatencyWindow | None:

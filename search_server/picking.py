@@ -30,7 +30,7 @@ import random
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from discovery.instance import ServiceInstance
 
@@ -39,17 +39,12 @@ from .httpclient import Endpoint
 __all__ = [
     "AdaptiveReplicaSelection",
     "LatencyWindow",
-    "Outcome",
     "PowerOfTwoChoices",
     "Replica",
     "ReplicaPicker",
     "make_picker",
     "target_key",
 ]
-
-#: How a request ended: answered, failed (error, bad answer), timed out, or cancelled
-#: (the query ended first, e.g. another replica answered or the client went away).
-Outcome = Literal["ok", "failed", "timed_out", "cancelled"]
 
 #: Weight of the newest sample in the EWMAs (Elasticsearch's ARS uses the same).
 EWMA_ALPHA = 0.3

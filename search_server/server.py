@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from discovery.acl import SEARCH_SERVER_ACCESS, check_access
+from discovery.aio import cancel_and_wait
 from discovery.election import LeaderElection, Leadership
 from discovery.errors import OverloadedError, RedisAccessError, ZkError
 from discovery.http import MAX_QUERY_LENGTH, json_app, json_error, parse_search_params
@@ -479,9 +480,7 @@ class _PeerCount:
 
     async def __aexit__(self, *exc_info: object) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
 
     async def _run(self) -> None:
         while True:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import random
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -101,7 +100,7 @@ async def test_merges_the_top_k_of_one_replica_per_shard(
         make_data_server(shard=2, instance_id="ds-s2"),
     )
     servers = [instance_of(s) for s in (s0, s1a, s1b, s2)]
-    fanout = FanOut(client, registry=registry, rng=random.Random(1))
+    fanout = FanOut(client, registry=registry)
     k = 7
     trimmed = 0
     for query in QUERIES:
@@ -151,7 +150,7 @@ async def test_draining_and_disabled_instances_are_not_queried(
         _stopped("ds-drain-5", shard=5).with_state("draining"),
         dataclasses.replace(_stopped("ds-disabled-6", shard=6), enabled=False),
     ]
-    fanout = FanOut(client, registry=registry, rng=random.Random(2))
+    fanout = FanOut(client, registry=registry)
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
@@ -179,7 +178,7 @@ async def test_a_failing_replica_is_retried_on_a_healthy_one(
         sick = _stopped("ds-sick", shard=0, replica=1)
     servers = [instance_of(healthy), sick]
     # A high ejection threshold keeps the sick replica in play for every query.
-    fanout = FanOut(client, registry=registry, rng=random.Random(3), eject_after=1000)
+    fanout = FanOut(client, registry=registry, eject_after=1000)
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
@@ -207,7 +206,6 @@ async def test_consecutive_failures_eject_until_the_cooldown_ends(
     fanout = FanOut(
         client,
         registry=registry,
-        rng=random.Random(4),
         eject_after=3,
         eject_cooldown=10,
         clock=clock,

@@ -258,7 +258,7 @@ async def test_replicas_in_the_own_zone_are_preferred_until_none_is_usable(
     )
     servers = [instance_of(here), instance_of(there)]
     assert servers[0].zone == "z1"
-    fanout = FanOut(client, zone="z1", hedge_ratio=0, rng=random.Random(5))
+    fanout = FanOut(client, zone="z1", hedge_ratio=0)
     for query in ("alpha", "beta", "gamma", "delta", "epsilon", "zeta"):
         assert not (await fanout.search(servers, query, 5, 2000)).partial
     local, remote = (fanout.replica(s) for s in servers)

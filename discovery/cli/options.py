@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import REDIS_LAYOUTS, AgentConfig, ClusterConfig, RedisConfig, ZkConfig
-from ..errors import ConfigError
-from ..instance import validate_instance_id
+from ..errors import ConfigError, InvalidInstanceError
+from ..instance import MAX_ZONE_LENGTH, validate_instance_id, validate_zone
 
 __all__ = [
     "AGENT_OPTIONS",
@@ -36,6 +36,7 @@ __all__ = [
     "REDIS_OPTIONS",
     "RUNTIME_OPTIONS",
     "ZK_OPTIONS",
+    "ZONE_RULE",
     "Option",
     "add_options",
     "advertised_address",
@@ -56,6 +57,32 @@ __all__ = [
     "redis_layout",
     "zk_config",
 ]
+
+
+#: What a zone name may be, as ``payload.zone`` allows (for help texts and errors).
+ZONE_RULE = f"1..{MAX_ZONE_LENGTH} characters of [A-Za-z0-9._:-]"
+
+
+def zone_name(text: str) -> str:
+    """argparse type: a zone name (surrounding blanks ignored), as ``payload.zone`` allows.
+
+    The data servers' zone and the search servers' own one follow the same rule: a zone
+    a search server could never match is a typo, refused at start-up rather than
+    silently never preferred.
+    """
+    try:
+        return validate_zone(text.strip())
+    except InvalidInstanceError:
+        raise argparse.ArgumentTypeError(f"not a zone name ({ZONE_RULE}): {text!r}") from None
+
+
+def checked_setting(check: Callable[[Any, str], object], value: object, flag: str) -> None:
+    """Run a payload validator (``validate_zone``…) on a setting of a config built in
+    code; raise :class:`ConfigError` naming ``flag``."""
+    try:
+        check(value, flag)
+    except InvalidInstanceError as exc:
+        raise ConfigError(str(exc).removeprefix("invalid ServiceInstance: ")) from None
 
 
 def positive_float(text: str) -> float:
