@@ -13,7 +13,8 @@ DEB_PACKAGES := zookeeper redis-server redis-sentinel default-jre-headless chrom
   docker-compose iproute2 iptables prometheus
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-packages test lint typecheck pytest demo devcluster bench chaos chaos-ci soak clean
+.PHONY: setup system-packages test lint typecheck pytest demo devcluster bench chaos chaos-ci soak \
+  docker-engine image compose-check clean
 
 setup: system-packages $(STAMP)
 
@@ -91,6 +92,33 @@ soak: setup
 	$(BIN)/discovery chaos --duration $(SOAK_DURATION) --seed $(SOAK_SEED) \
 	  --redis-sentinels $(CHAOS_SENTINELS) \
 	  --report bench/results/soak$(if $(filter-out 0,$(CHAOS_SENTINELS)),-sentinel).json
+
+# Containers (docker-compose.yml). Every image starts FROM debian:bookworm-slim; where no
+# registry answers, base-image.sh bootstraps it with debootstrap and `docker import`. The
+# project's dependencies come from a wheelhouse built here for the image's Python, so the
+# build needs no package index. `docker compose` where the plugin exists, else Debian's
+# docker-compose.
+BASE_IMAGE    ?= debian:bookworm-slim
+RUNTIME_IMAGE := search-discovery-runtime:local
+COMPOSE       ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+
+docker-engine:
+	deploy/docker/engine.sh
+
+# The classic builder where the buildx plugin is missing (Debian's docker.io), said
+# once here rather than in a deprecation notice per image.
+image: export DOCKER_BUILDKIT = $(shell docker buildx version >/dev/null 2>&1 && echo 1 || echo 0)
+
+image: setup docker-engine
+	deploy/docker/base-image.sh $(BASE_IMAGE)
+	docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) --target runtime -t $(RUNTIME_IMAGE) . >/dev/null
+	$(BIN)/python deploy/docker/wheelhouse.py --runtime-image $(RUNTIME_IMAGE)
+	BASE_IMAGE=$(BASE_IMAGE) $(COMPOSE) build -q
+
+# Not in CI (minutes, and a Docker engine): up, queries, drain a fleet, kill the leader,
+# Prometheus targets, down -v; a summary table, non-zero on any miss.
+compose-check: image
+	$(BIN)/python deploy/compose_check.py --compose "$(COMPOSE)"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

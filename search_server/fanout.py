@@ -31,7 +31,12 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   the seconds before its agent takes it offline, and failures the agent cannot see (a
   network partition between search and data servers only); without it every query
   would pay a full timeout for that server in the meantime. The cap keeps a moment of
-  trouble on our side (a CPU stall) from ejecting everything at once.
+  trouble on our side (a CPU stall) from ejecting everything at once. When every
+  replica of a shard is ejected, one request still goes to one of them every
+  ``probe_interval`` seconds (a half-open probe, as a circuit breaker sends): an answer
+  ends its ejection. So a stall of a shard's last replica costs the queries sent during
+  the stall and up to a probe interval, not every query of the whole cool-down; a dead
+  one costs one query per interval its deadline on that shard.
 * **Admission control.** At most ``max_in_flight`` queries at once; the next one is
   refused at once with :class:`OverloadedError` rather than queued, so that a slow cluster
   cannot make requests pile up on the search server (the original outage).
@@ -139,15 +144,23 @@ class _Attempt:
     """One sub-request of a shard call: to which replica, since when, and whether it
     is a hedge."""
 
-    __slots__ = ("future", "hedge", "replica", "started")
+    __slots__ = ("future", "hedge", "probe", "replica", "started")
 
     def __init__(
-        self, replica: Replica, future: asyncio.Future[Response], started: float, hedge: bool
+        self,
+        replica: Replica,
+        future: asyncio.Future[Response],
+        started: float,
+        hedge: bool,
+        probe: bool = False,
     ) -> None:
         self.replica = replica
         self.future = future
         self.started = started
         self.hedge = hedge
+        # Sent to an ejected replica because its shard had no other: an answer ends
+        # the ejection (see FanOut._next_attempt).
+        self.probe = probe
 
 
 class _ShardCall:
@@ -270,6 +283,7 @@ class FanOut:
         eject_after: int = 3,
         eject_cooldown: float = 10.0,
         max_ejected_share: float = 0.5,
+        probe_interval: float = 1.0,
         hedge_ratio: float = 0.05,
         hedge_burst: float = 100.0,
         warmup_samples: int = 5,
@@ -286,6 +300,8 @@ class FanOut:
             raise ValueError(f"eject_cooldown must be >= 0 seconds, got {eject_cooldown}")
         if not 0 <= max_ejected_share <= 1:
             raise ValueError(f"max_ejected_share must be in 0..1, got {max_ejected_share}")
+        if not probe_interval > 0:
+            raise ValueError(f"probe_interval must be > 0 seconds, got {probe_interval}")
         if warmup_samples < 0:
             raise ValueError(f"warmup_samples must be >= 0, got {warmup_samples}")
         self._owns_client = client is None
@@ -294,6 +310,7 @@ class FanOut:
         self._eject_after = eject_after
         self._eject_cooldown = eject_cooldown
         self._max_ejected_share = max_ejected_share
+        self._probe_interval = probe_interval
         self._hedging = hedge_ratio > 0
         self._budget = HedgeBudget(hedge_ratio, hedge_burst)
         self._warmup = warmup_samples
@@ -471,9 +488,15 @@ class FanOut:
 
     def _next_attempt(self, q: _Query, call: _ShardCall) -> bool:
         """Send the shard's first request or a retry; False if no replica is left."""
-        candidates = self._candidates(call, self._clock())
+        clock_now = self._clock()
+        candidates = self._candidates(call, clock_now)
         if not candidates:
-            return False
+            probe = self._probe_target(call, clock_now)
+            if probe is None:
+                return False
+            probe.next_probe = clock_now + self._probe_interval
+            self._send(q, call, probe, hedge=False, probe=True)
+            return True
         now = q.loop.time()
         primary = self.picker.pick(candidates)
         self._send(q, call, primary, hedge=False)
@@ -486,12 +509,32 @@ class FanOut:
                     call.hedge_timer = q.loop.call_at(when, self._hedge, q, call)
         return True
 
-    def _send(self, q: _Query, call: _ShardCall, replica: Replica, *, hedge: bool) -> None:
+    def _probe_target(self, call: _ShardCall, now: float) -> Replica | None:
+        """The shard's every untried replica is ejected: the one to probe now, if any.
+
+        The one whose cool-down ends first, among those with nothing in flight from us
+        and whose last probe is ``probe_interval`` ago: at most one probe at a time per
+        replica, and a hung one costs one query per interval its deadline.
+        """
+        best: Replica | None = None
+        for replica in call.replicas:
+            if (
+                replica.outstanding == 0
+                and replica not in call.tried
+                and replica.next_probe <= now
+                and (best is None or (replica.ejected_until or 0) < (best.ejected_until or 0))
+            ):
+                best = replica
+        return best
+
+    def _send(
+        self, q: _Query, call: _ShardCall, replica: Replica, *, hedge: bool, probe: bool = False
+    ) -> None:
         call.tried.append(replica)
         replica.outstanding += 1
         replica.sent += 1
         future = self._client.get(replica.endpoint, q.target)
-        attempt = _Attempt(replica, future, q.loop.time(), hedge)
+        attempt = _Attempt(replica, future, q.loop.time(), hedge, probe)
         call.attempts.append(attempt)
         future.add_done_callback(lambda f: self._on_answer(q, call, attempt))
 
@@ -579,7 +622,7 @@ class FanOut:
         if window is None:
             window = replica.window = LatencyWindow()
         window.add(elapsed)
-        self._record_success(replica)
+        self._record_success(replica, probe=attempt.probe)
         call.hits, call.outcome = hits, "ok"
         if attempt.hedge:
             self.metrics.hedges.labels(result="won").inc()
@@ -689,6 +732,8 @@ class FanOut:
             and not self._ejection_cap_reached(now)
         ):
             replica.ejected_until = now + self._eject_cooldown
+            # No probe before an interval: the failures were just seen.
+            replica.next_probe = now + self._probe_interval
             self._ejected.add(replica)
             self.metrics.ejections.inc()
             log.warning(
@@ -727,16 +772,26 @@ class FanOut:
             return True
         return False
 
-    def _record_success(self, replica: Replica) -> None:
+    def _record_success(self, replica: Replica, *, probe: bool = False) -> None:
         self._pending_ok += 1
-        if replica.failures == 0:
+        ejected = replica.is_ejected(self._clock())
+        if probe and ejected:
+            # Its count may already be 0 (an answer to a request sent before the
+            # ejection): the probe's answer ends the ejection all the same.
+            log.info(
+                "data server %s answered a probe: its ejection ends early (its shard had "
+                "no other usable replica)",
+                replica.instance.id,
+            )
+        elif replica.failures == 0:
             return
-        if replica.is_ejected(self._clock()):
+        elif ejected:
             # A request sent before the ejection: it resets the count but the ejection
-            # runs its course, so that a flapping server does not bounce straight back.
+            # runs its course, so that a flapping server does not bounce straight back
+            # (its shard's other replicas take its share meanwhile).
             replica.failures = 0
             return
-        if replica.ejected_until is not None:
+        elif replica.ejected_until is not None:
             log.info("data server %s answers again after its ejection", replica.instance.id)
         replica.failures = 0
         replica.ejected_until = None

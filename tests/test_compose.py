@@ -1,6 +1,7 @@
 """docker-compose.yml: valid for docker-compose, and every command in it is one we accept.
 
-There is no Docker engine in CI, so nothing runs in containers here. What is checked:
+Nothing runs in containers here (CI has no Docker engine; `make compose-check` runs the
+file for real, deploy/compose_check.py). What is checked:
 ``docker-compose config`` accepts the file; each service that runs one of our console
 scripts has an argv (``entrypoint`` + ``command``) that the script's real parser and
 settings accept with the service's environment applied; and the topology adds up to
@@ -194,10 +195,31 @@ def test_compose_file_is_valid(compose: dict[str, Any]) -> None:
     assert _processes(compose), "no service runs data-server, search-server or discovery"
 
 
+APP_IMAGE = "search-discovery:local"
+
+
+def _built_from(service: dict[str, Any]) -> str:
+    """The Dockerfile a service's image is built from, relative to the repository."""
+    build = service.get("build")
+    assert isinstance(build, dict), f"no build section: {build!r}"
+    context = Path(str(build.get("context", ".")))
+    context = context if context.is_absolute() else ROOT / context
+    dockerfile = context / str(build.get("dockerfile", "Dockerfile"))
+    return str(dockerfile.relative_to(ROOT))
+
+
+def test_every_image_is_built_here(compose: dict[str, Any]) -> None:
+    """No registry is needed: every service builds its image from a Dockerfile here."""
+    for name, service in _services(compose).items():
+        assert "build" in service, f"service {name} pulls {_image(service)!r} from a registry"
+        assert _image(service).endswith(":local"), f"service {name}: image {_image(service)}"
+        assert (ROOT / _built_from(service)).is_file(), f"service {name}: {_built_from(service)}"
+
+
 def test_services_built_from_this_project_run_our_scripts(compose: dict[str, Any]) -> None:
     scripts = _scripts()
     for name, service in _services(compose).items():
-        if "build" in service:
+        if _image(service) == APP_IMAGE:
             argv = _argv(service)
             assert argv, f"service {name}: no command (the image's default is only --help)"
             assert argv[0] in scripts, f"service {name}: runs {argv[0]!r}, not one of {scripts}"
@@ -327,11 +349,15 @@ def _reachable_names(compose: dict[str, Any], service: str) -> set[str]:
 
 
 def test_zookeeper_ensemble(compose: dict[str, Any]) -> None:
-    zks = {n: s for n, s in _services(compose).items() if _image(s).startswith("zookeeper:")}
+    zks = {
+        n: s
+        for n, s in _services(compose).items()
+        if _image(s).startswith("search-discovery-zookeeper:")
+    }
     assert len(zks) == ZK_NODES
     ids = set()
     for name, service in zks.items():
-        assert _image(service).startswith("zookeeper:3.8"), f"{name}: {_image(service)}"
+        assert _built_from(service) == "deploy/docker/zookeeper.Dockerfile", name
         env = _environment(service)
         ids.add(env["ZOO_MY_ID"])
         servers = env["ZOO_SERVERS"].split()
@@ -358,11 +384,47 @@ def test_zookeeper_ensemble(compose: dict[str, Any]) -> None:
             assert hosts == set(zks), f"{process.service}: --zk {hosts_string}"
 
 
-def test_redis(compose: dict[str, Any]) -> None:
-    redises = [n for n, s in _services(compose).items() if _image(s).startswith("redis:")]
-    assert len(redises) == 1
-    for name, settings in _search_servers(compose):
-        assert re.match(rf"redis://{redises[0]}:6379(/|$)", settings.cluster.redis_url), name
+def test_redis_behind_sentinel(compose: dict[str, Any]) -> None:
+    """A primary, its replica and 3 sentinels watching the primary; every process of
+    ours finds the primary through all 3 sentinels, by the name they monitor."""
+    redis = {
+        n: s
+        for n, s in _services(compose).items()
+        if _image(s).startswith("search-discovery-redis:")
+    }
+    nodes = {n: _argv(s) for n, s in redis.items() if _argv(s)[:1] == ["redis-server"]}
+    sentinels = {n: s for n, s in redis.items() if n not in nodes}
+    assert len(nodes) == 2, sorted(redis)
+    assert len(sentinels) == 3, sorted(redis)
+    replicas = {
+        n: argv[argv.index("--replicaof") + 1] for n, argv in nodes.items() if "--replicaof" in argv
+    }
+    (primary,) = set(nodes) - set(replicas)
+    assert set(replicas.values()) == {primary}
+    for name, argv in nodes.items():
+        # Found by name after a restart or a failover: each announces its service name.
+        assert argv[argv.index("--replica-announce-ip") + 1] == name
+        assert _built_from(redis[name]) == "deploy/docker/redis.Dockerfile"
+    names = set()
+    for name, service in sentinels.items():
+        assert _argv(service) == ["redis-sentinel-entrypoint"], name
+        env = _environment(service)
+        assert env["SENTINEL_MASTER_HOST"] == primary, name
+        assert env["SENTINEL_ANNOUNCE"] == name
+        assert int(env["SENTINEL_QUORUM"]) == 2
+        names.add(env["SENTINEL_MASTER_NAME"])
+    (monitored,) = names
+    expected = {f"{n}:26379" for n in sentinels}
+    for process in _processes(compose):
+        settings = _settings(process) if process.kind != "data-server loadgen" else None
+        if isinstance(settings, FleetConfig):
+            continue  # data servers do not use Redis
+        if isinstance(settings, SearchServerConfig):
+            url = settings.cluster.redis_url
+            match = re.fullmatch(r"redis\+sentinel://([^/]+)/([^/]+)(/\d+)?", url)
+            assert match, f"{process.service}: --redis {url}"
+            assert set(match.group(1).split(",")) == expected, url
+            assert match.group(2) == monitored, url
 
 
 def test_one_hundred_data_servers_with_distinct_ids_ports_and_shards(
@@ -472,15 +534,51 @@ def test_readme_docker_section(compose: dict[str, Any]) -> None:
     assert f"http://localhost:{_published(compose, prometheus)[9090]}" in section
 
 
-def test_dockerfile_and_dockerignore() -> None:
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11-slim\b", dockerfile, re.M)
+DOCKERFILES = [
+    "Dockerfile",
+    "deploy/docker/zookeeper.Dockerfile",
+    "deploy/docker/redis.Dockerfile",
+    "deploy/docker/prometheus.Dockerfile",
+]
+
+
+@pytest.mark.parametrize("path", DOCKERFILES)
+def test_images_start_from_debian_bookworm_slim_and_drop_root(path: str) -> None:
+    dockerfile = (ROOT / path).read_text()
+    assert re.search(r"^ARG BASE_IMAGE=debian:bookworm-slim$", dockerfile, re.M), path
+    froms = re.findall(r"^FROM\s+(\S+)", dockerfile, re.M)
+    assert froms, path
+    assert froms[0] == "${BASE_IMAGE}", froms
     users = re.findall(r"^USER\s+(\S+)", dockerfile, re.M)
-    assert users, "the image must set a USER"
-    assert users[-1] not in ("root", "0"), "the image must not run as root"
-    installs = re.findall(r"pip install [^\n&]*", dockerfile)
-    assert installs
+    assert users, f"{path}: the image must set a USER"
+    assert users[-1] not in ("root", "0"), f"{path}: the image must not run as root"
+    for copied in re.findall(r"^COPY\s+(\S+)", dockerfile, re.M):
+        assert (ROOT / copied).exists(), f"{path}: COPY {copied}: no such file"
+
+
+def test_servers_come_from_the_debian_packages_the_tests_use() -> None:
+    """The Makefile's Debian packages (what `make test` runs) provide the same jars and
+    binaries the images install: ZooKeeper's jar, redis-server, redis-sentinel, prometheus."""
+    makefile = (ROOT / "Makefile").read_text()
+    packages = set(re.search(r"^DEB_PACKAGES := (.*?)(?<!\\)$", makefile, re.M | re.S)[1].split())
+    assert {"zookeeper", "redis-server", "redis-sentinel", "prometheus"} <= packages
+    # Debian's zookeeper package depends on libzookeeper-java, the jar the fixtures run.
+    assert "libzookeeper-java" in (ROOT / "deploy/docker/zookeeper.Dockerfile").read_text()
+    redis = (ROOT / "deploy/docker/redis.Dockerfile").read_text()
+    assert "redis-server" in redis
+    assert "redis-sentinel" in redis
+    assert re.search(
+        r"install .*\bprometheus\b", (ROOT / "deploy/docker/prometheus.Dockerfile").read_text()
+    )
+
+
+def test_app_image_installs_from_the_wheelhouse_without_an_index() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    installs = re.findall(r"pip install [^\n&;]*", dockerfile)
+    assert any("--no-index --find-links /tmp/wheels" in i for i in installs), installs
     assert not any("[dev]" in i or "-e " in i for i in installs), installs
+    # Debian's own Python: the interpreter whose markers the wheelhouse is made for.
+    assert re.search(r"apt-get install .*python3 python3-venv", dockerfile, re.S)
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".venv", ".git", "bench/results"} <= ignored
     assert any("__pycache__" in line for line in ignored)

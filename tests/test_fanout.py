@@ -369,6 +369,73 @@ async def test_no_servers_and_bad_arguments(
         FanOut(client, eject_after=0)
 
 
+async def test_a_shards_last_replica_is_probed_while_ejected(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    """A stall of the only usable replica of a shard (its other replica draining, say)
+    ejects it; without a probe every query would miss that shard for the whole
+    cool-down. One request per probe interval still goes to it: a hung one costs that
+    one query its deadline, and the first answer ends the ejection at once."""
+    stalled, healthy = await asyncio.gather(
+        make_data_server(shard=0, instance_id="ds-stalled"),
+        make_data_server(shard=1, instance_id="ds-ok"),
+    )
+    servers = [
+        instance_of(stalled),
+        _stopped("ds-draining", shard=0, replica=1).with_state("draining"),
+        instance_of(healthy),
+    ]
+    clock = FakeClock()
+    fanout = FanOut(
+        client,
+        registry=registry,
+        eject_after=3,
+        eject_cooldown=30,
+        probe_interval=1,
+        clock=clock,
+    )
+    timeout_ms = 300
+    await _set_fault(http, stalled, mode="hang")
+    for _ in range(3):
+        result, _elapsed = await _timed(fanout, servers, timeout_ms)
+        assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1}
+    assert fanout.ejected() == {"ds-stalled"}
+
+    # Within the probe interval: the shard fails at once, as before.
+    result, elapsed = await _timed(fanout, servers, timeout_ms)
+    assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0}
+    assert elapsed < timeout_ms / 1000
+
+    # A probe to a replica still hung costs that query its deadline, and only that one.
+    clock.advance(1)
+    result, elapsed = await _timed(fanout, servers, timeout_ms)
+    assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1}
+    assert elapsed < timeout_ms / 1000 + SLACK
+    result, elapsed = await _timed(fanout, servers, timeout_ms)
+    assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0}
+    assert elapsed < timeout_ms / 1000
+    assert fanout.ejected() == {"ds-stalled"}
+
+    # The stall is over: the next probe is answered and ends the ejection 28 s early,
+    # even when an answer to a request sent before the ejection has already reset the
+    # replica's failure count (which alone never ends an ejection).
+    await _set_fault(http, stalled, mode="none")
+    replica = fanout.replica(servers[0])
+    assert replica is not None
+    replica.failures = 0
+    clock.advance(1)
+    result, _elapsed = await _timed(fanout, servers, timeout_ms)
+    assert not result.partial
+    assert result.shards == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0}
+    assert fanout.ejected() == set()
+    result, _elapsed = await _timed(fanout, servers, timeout_ms)
+    assert not result.partial
+    assert _sample(registry, "ejections_total") == 1
+
+
 async def test_no_more_than_the_cap_is_ejected_at_once(
     client: HttpClient, registry: CollectorRegistry
 ) -> None:

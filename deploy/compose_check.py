@@ -1,0 +1,406 @@
+"""``make compose-check``: run docker-compose.yml for real and check what users rely on.
+
+Usage: ``python deploy/compose_check.py [--compose "docker compose"] [--project NAME]
+[--report PATH] [--keep]``. ``make compose-check`` builds the images first (``make image``).
+
+Phases, each a row of the summary table; the exit status is 1 if any row missed:
+
+1. **up** - ``up -d``; all 3 search servers list the 100 data servers as serving.
+2. **queries** - queries through all 3 search servers: every one complete.
+3. **drain** - ``stop`` one fleet container under load: its 50 servers drain (routing
+   stops first) and leave every search server's list, the container exits 0 within its
+   grace, and no query fails or comes back partial meanwhile.
+4. **leader kill** - SIGKILL the leader's container: another search server leads with a
+   higher epoch, and the survivors answer every query meanwhile.
+5. **restore** - start both again: 100 serving on all 3 search servers again.
+6. **prometheus** - every scrape target ``up`` through Prometheus's HTTP API, and the
+   alert rules loaded.
+7. **down** - ``down -v``: no container, network or volume of the project left.
+
+The search servers' views come from their ``/cluster``, read inside the load
+generator's container (on the compose network); queries are ``data-server loadgen
+--json`` run there too. Nothing here sleeps to synchronise: every wait polls a
+condition against a deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SEARCH_SERVERS = ("search-1", "search-2", "search-3")
+FLEETS = {"fleet-1": 50, "fleet-2": 50}
+DATA_SERVERS = sum(FLEETS.values())
+PROMETHEUS = "http://127.0.0.1:9090"
+# search servers + data servers + Prometheus itself (deploy/prometheus.yml)
+TARGETS = len(SEARCH_SERVERS) + DATA_SERVERS + 1
+ALERT_RULES = 6
+
+# Run inside the load generator's container: every search server's /cluster, condensed.
+_VIEWS = r"""
+import collections, json, urllib.request
+out = {}
+for name in %r:
+    try:
+        with urllib.request.urlopen(f"http://{name}:8080/cluster", timeout=2) as r:
+            view = json.load(r)
+    except Exception as exc:
+        out[name] = {"error": str(exc)}
+        continue
+    serving = [s for s in view["servers"] if s["state"] == "serving" and s["enabled"]]
+    out[name] = {
+        "leader": view["leader"], "epoch": view["epoch"], "version": view["version"],
+        "listed": len(view["servers"]), "serving": len(serving),
+        "by_address": dict(collections.Counter(s["address"] for s in view["servers"])),
+    }
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class Row:
+    phase: str
+    ok: bool
+    result: str
+    seconds: float
+
+
+@dataclass
+class Check:
+    compose: list[str]
+    project: str
+    rows: list[Row] = field(default_factory=list)
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def run(self, *args: str, timeout: float = 300, check: bool = True) -> str:
+        command = [*self.compose, "-p", self.project, *args]
+        done = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and done.returncode != 0:
+            raise RuntimeError(f"{shlex.join(command)} failed:\n{done.stderr.strip()[-2000:]}")
+        return done.stdout
+
+    def views(self, names: tuple[str, ...] = SEARCH_SERVERS) -> dict[str, dict[str, Any]]:
+        out = self.run("exec", "-T", "loadgen", "python", "-c", _VIEWS % (names,), timeout=30)
+        return json.loads(out.strip().splitlines()[-1])
+
+    def record(self, phase: str, ok: bool, result: str, started: float) -> bool:
+        row = Row(phase, ok, result, round(time.monotonic() - started, 1))
+        self.rows.append(row)
+        print(f"[{'ok' if ok else 'MISS'}] {phase}: {result} ({row.seconds} s)", flush=True)
+        return ok
+
+    def start_queries(self, targets: tuple[str, ...], rate: float, duration: float) -> Queries:
+        args = [
+            "exec",
+            "-T",
+            "loadgen",
+            "data-server",
+            "loadgen",
+            "--json",
+            "--rate",
+            str(rate),
+            "--duration",
+            str(duration),
+        ]
+        for name in targets:
+            args += ["--target", f"http://{name}:8080"]
+        return Queries([*self.compose, "-p", self.project, *args])
+
+    # -- phases --------------------------------------------------------------------------
+
+    def up(self) -> bool:
+        started = time.monotonic()
+        self.run("up", "-d", timeout=600)
+        ok, views = wait_for(lambda: all_serving(self.views(), DATA_SERVERS), 240)
+        return self.record(
+            "up", ok, f"3 search servers list {describe_serving(views)} serving", started
+        )
+
+    def queries(self) -> bool:
+        started = time.monotonic()
+        q = self.start_queries(SEARCH_SERVERS, rate=20, duration=10)
+        outcomes = q.wait()
+        total = sum(outcomes.values())
+        ok = total >= 150 and outcomes.get("ok", 0) == total
+        return self.record("queries", ok, f"{describe(outcomes)} of {total}", started)
+
+    def drain(self, fleet: str = "fleet-2") -> bool:
+        started = time.monotonic()
+        remaining = DATA_SERVERS - FLEETS[fleet]
+        q = self.start_queries(SEARCH_SERVERS, rate=20, duration=25)
+        q.wait_started()
+        stop_started = time.monotonic()
+        self.run("stop", fleet, timeout=120)
+        stop_seconds = time.monotonic() - stop_started
+        exit_code = self.container_exit_code(fleet)
+
+        def gone() -> tuple[bool, dict[str, Any]]:
+            views = self.views()
+            done = all(
+                v.get("listed") == remaining and fleet not in v.get("by_address", {})
+                for v in views.values()
+            )
+            return done, views
+
+        left, views = wait_for(gone, 60)
+        outcomes = q.wait()
+        total = sum(outcomes.values())
+        clean = outcomes.get("ok", 0) == total and total > 0
+        ok = left and clean and exit_code == 0
+        return self.record(
+            "drain",
+            ok,
+            f"`stop {fleet}`: exited {exit_code} after {stop_seconds:.1f} s, "
+            f"{describe_serving(views)} left listed; queries meanwhile {describe(outcomes)} "
+            f"of {total}",
+            started,
+        )
+
+    def leader_kill(self) -> tuple[bool, str | None]:
+        started = time.monotonic()
+        before = self.views()
+        leaders = {v.get("leader") for v in before.values()}
+        epochs = {v.get("epoch") for v in before.values()}
+        if len(leaders) != 1 or len(epochs) != 1:
+            self.record("leader kill", False, f"no agreed leader before: {before}", started)
+            return False, None
+        leader, epoch = leaders.pop(), epochs.pop()
+        if leader not in SEARCH_SERVERS:
+            self.record("leader kill", False, f"leader {leader!r} is not a service", started)
+            return False, None
+        survivors = tuple(name for name in SEARCH_SERVERS if name != leader)
+        q = self.start_queries(survivors, rate=20, duration=30)
+        q.wait_started()
+        killed_at = time.monotonic()
+        self.run("kill", "-s", "SIGKILL", leader, timeout=60)
+        ok, views = wait_for(lambda: agreed_new_leader(self.views(survivors), leader, epoch), 60)
+        took = time.monotonic() - killed_at
+        outcomes = q.wait()
+        total = sum(outcomes.values())
+        clean = outcomes.get("ok", 0) == total and total > 0
+        new = next(iter(views.values())) if views else {}
+        return self.record(
+            "leader kill",
+            ok and clean,
+            f"SIGKILL {leader} (epoch {epoch}): {new.get('leader')} leads with epoch "
+            f"{new.get('epoch')} after {took:.1f} s; survivors' queries {describe(outcomes)} "
+            f"of {total}",
+            started,
+        ), leader
+
+    def restore(self, services: list[str]) -> bool:
+        started = time.monotonic()
+        self.run("start", *services, timeout=300)
+        ok, views = wait_for(lambda: all_serving(self.views(), DATA_SERVERS), 180)
+        return self.record(
+            "restore",
+            ok,
+            f"`start {' '.join(services)}`: 3 search servers list {describe_serving(views)} "
+            "serving",
+            started,
+        )
+
+    def prometheus(self) -> bool:
+        started = time.monotonic()
+
+        def targets() -> tuple[bool, Counter[str]]:
+            data = http_json(f"{PROMETHEUS}/api/v1/targets?state=active")["data"]
+            health = Counter(t["health"] for t in data["activeTargets"])
+            return health["up"] == TARGETS and sum(health.values()) == TARGETS, health
+
+        ok, health = wait_for(targets, 120)
+        groups = http_json(f"{PROMETHEUS}/api/v1/rules?type=alert")["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        firing = sorted({r["name"] for r in rules if r.get("state") == "firing"})
+        ok = ok and len(rules) == ALERT_RULES
+        return self.record(
+            "prometheus",
+            ok,
+            f"targets {dict(health or {})} of {TARGETS}; {len(rules)} alert rules loaded"
+            + (f", firing: {', '.join(firing)}" if firing else ", none firing"),
+            started,
+        )
+
+    def down(self) -> bool:
+        started = time.monotonic()
+        self.run("down", "-v", "--remove-orphans", timeout=300)
+        label = f"label=com.docker.compose.project={self.project}"
+        left = {
+            kind: docker(*cmd, "--filter", label, "-q").split()
+            for kind, cmd in (
+                ("containers", ("ps", "-a")),
+                ("networks", ("network", "ls")),
+                ("volumes", ("volume", "ls")),
+            )
+        }
+        ok = not any(left.values())
+        return self.record(
+            "down",
+            ok,
+            "`down -v`: " + ", ".join(f"{len(v)} {k}" for k, v in left.items()) + " left",
+            started,
+        )
+
+    def container_exit_code(self, service: str) -> int | None:
+        ids = self.run("ps", "-q", service).split()
+        if not ids:
+            return None
+        state = json.loads(docker("inspect", "--format", "{{json .State}}", ids[0]))
+        return None if state.get("Running") else int(state["ExitCode"])
+
+
+class Queries:
+    """``data-server loadgen --json`` in the load generator's container, read as it runs."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.outcomes: Counter[str] = Counter()
+        self._first = threading.Event()
+        self._proc = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            try:
+                self.outcomes[json.loads(line)["outcome"]] += 1
+            except (ValueError, KeyError):
+                continue
+            self._first.set()
+
+    def wait_started(self, timeout: float = 30) -> None:
+        if not self._first.wait(timeout):
+            raise RuntimeError("the load generator answered no query")
+
+    def wait(self, timeout: float = 120) -> Counter[str]:
+        self._proc.wait(timeout)
+        self._reader.join(timeout)
+        return self.outcomes
+
+
+def wait_for(probe: Callable[[], Any], timeout: float, interval: float = 1.0) -> tuple[bool, Any]:
+    """Poll ``probe`` (returning ``(done, detail)`` or a detail that is truthy when done)
+    until it is done or ``timeout`` passes; return whether it was and the last detail."""
+    deadline = time.monotonic() + timeout
+    detail: Any = None
+    while True:
+        try:
+            result = probe()
+        except Exception as exc:  # a container still starting: keep polling
+            result = (False, f"{type(exc).__name__}: {exc}")
+        done, detail = result if isinstance(result, tuple) else (bool(result), result)
+        if done or time.monotonic() >= deadline:
+            return done, detail
+        time.sleep(interval)  # polling interval, not synchronisation
+
+
+def all_serving(views: dict[str, dict[str, Any]], count: int) -> tuple[bool, dict[str, Any]]:
+    return all(v.get("serving") == count == v.get("listed") for v in views.values()), views
+
+
+def agreed_new_leader(
+    views: dict[str, dict[str, Any]], old: str, epoch: int
+) -> tuple[bool, dict[str, Any]]:
+    leaders = {v.get("leader") for v in views.values()}
+    epochs = {v.get("epoch") for v in views.values()}
+    done = (
+        len(leaders) == 1
+        and len(epochs) == 1
+        and leaders != {old}
+        and None not in leaders
+        and next(iter(epochs)) > epoch
+    )
+    return done, views
+
+
+def describe_serving(views: Any) -> str:
+    if not isinstance(views, dict):
+        return str(views)
+    return "/".join(str(v.get("serving", v.get("listed", v.get("error")))) for v in views.values())
+
+
+def describe(outcomes: Counter[str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "none"
+
+
+def http_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
+def docker(*args: str) -> str:
+    return subprocess.run(
+        ["docker", *args], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+
+
+def default_compose() -> str:
+    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, check=False)
+    if probe.returncode == 0:
+        return "docker compose"
+    if shutil.which("docker-compose"):
+        return "docker-compose"
+    sys.exit("compose-check: neither `docker compose` nor `docker-compose` is installed")
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| phase | result | seconds | |", "|---|---|---|---|"]
+    lines += [
+        f"| {r.phase} | {r.result} | {r.seconds} | {'ok' if r.ok else 'MISS'} |" for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--compose", help="the compose command (default: docker compose, else docker-compose)"
+    )
+    parser.add_argument("--project", default="discovery-check", help="compose project name")
+    parser.add_argument("--report", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--keep", action="store_true", help="leave the topology up at the end")
+    args = parser.parse_args(argv)
+
+    check = Check(shlex.split(args.compose or default_compose()), args.project)
+    started = time.monotonic()
+    try:
+        if check.up() and check.queries():
+            check.drain()
+            _ok, leader = check.leader_kill()
+            check.restore(["fleet-2", *([leader] if leader else [])])
+            check.prometheus()
+    except Exception as exc:
+        check.record("error", False, str(exc).splitlines()[0], started)
+        raise
+    finally:
+        if not args.keep:
+            check.down()
+        print()
+        print(table(check.rows))
+        if args.report:
+            args.report.parent.mkdir(parents=True, exist_ok=True)
+            args.report.write_text(json.dumps([asdict(r) for r in check.rows], indent=2) + "\n")
+    return 0 if check.rows and all(r.ok for r in check.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
