@@ -13,14 +13,19 @@ Phases, each a row of the summary table; the exit status is 1 if any row missed:
 4. **leader kill** - SIGKILL the leader's container: another search server leads with a
    higher epoch, and the survivors answer every query meanwhile.
 5. **restore** - start both again: 100 serving on all 3 search servers again.
-6. **prometheus** - every scrape target ``up`` through Prometheus's HTTP API, and the
+6. **redis failover** - ``stop`` the Redis primary under load: the sentinels promote
+   the replica, every search server reads a confirmed list from it again, no query
+   fails or comes back partial meanwhile, and the old primary, started again, rejoins
+   as a replica of the new one.
+7. **prometheus** - every scrape target ``up`` through Prometheus's HTTP API, and the
    alert rules loaded.
-7. **down** - ``down -v``: no container, network or volume of the project left.
+8. **down** - ``down -v``: no container, network or volume of the project left.
 
-The search servers' views come from their ``/cluster``, read inside the load
-generator's container (on the compose network); queries are ``data-server loadgen
---json`` run there too. Nothing here sleeps to synchronise: every wait polls a
-condition against a deadline.
+The search servers' views come from their ``/cluster`` and the primary's name from
+Sentinel, read inside the load generator's container (on the compose network) by one
+long-lived observer process; queries are ``data-server loadgen --json`` run there
+too, and each fault waits for 40 answered queries first. Nothing here sleeps to
+synchronise: every wait polls a condition against a deadline.
 """
 
 from __future__ import annotations
@@ -50,25 +55,94 @@ PROMETHEUS = "http://127.0.0.1:9090"
 TARGETS = len(SEARCH_SERVERS) + DATA_SERVERS + 1
 ALERT_RULES = 6
 
-# Run inside the load generator's container: every search server's /cluster, condensed.
-_VIEWS = r"""
-import collections, json, urllib.request
-out = {}
-for name in %r:
+# Runs inside the load generator's container for the whole check, so that polling costs
+# one HTTP request per search server, not a `docker compose exec` (a second of CPU on a
+# small machine, enough to stall the data servers under test). One JSON request per
+# line on stdin, one JSON answer per line on stdout.
+_OBSERVER = r"""
+import collections, json, sys, urllib.request
+import redis
+
+def views(names):
+    out = {}
+    for name in names:
+        try:
+            with urllib.request.urlopen(f"http://{name}:8080/cluster", timeout=2) as r:
+                view = json.load(r)
+        except Exception as exc:
+            out[name] = {"error": str(exc)}
+            continue
+        serving = [s for s in view["servers"] if s["state"] == "serving" and s["enabled"]]
+        out[name] = {
+            "leader": view["leader"], "epoch": view["epoch"], "version": view["version"],
+            "redis_connected": view["redis_connected"], "age_ms": view["age_ms"],
+            "source": view["source"], "listed": len(view["servers"]), "serving": len(serving),
+            "by_address": dict(collections.Counter(s["address"] for s in view["servers"])),
+        }
+    return out
+
+def sentinel(host, call):
+    client = redis.Redis(host=host, port=26379, socket_timeout=2, decode_responses=True)
     try:
-        with urllib.request.urlopen(f"http://{name}:8080/cluster", timeout=2) as r:
-            view = json.load(r)
+        return call(client)
+    finally:
+        client.close()
+
+def master(host, name):
+    found = sentinel(host, lambda c: c.sentinel_get_master_addr_by_name(name))
+    return found[0] if found else None
+
+def replicas(host, name):
+    found = sentinel(host, lambda c: c.sentinel_slaves(name))
+    return [
+        r["ip"] for r in found
+        if not r.get("is_sdown") and not r.get("is_odown") and not r.get("is_disconnected")
+    ]
+
+for line in sys.stdin:
+    request = json.loads(line)
+    try:
+        if request["op"] == "views":
+            answer = views(request["names"])
+        elif request["op"] == "master":
+            answer = master(request["sentinel"], request["name"])
+        else:
+            answer = replicas(request["sentinel"], request["name"])
     except Exception as exc:
-        out[name] = {"error": str(exc)}
-        continue
-    serving = [s for s in view["servers"] if s["state"] == "serving" and s["enabled"]]
-    out[name] = {
-        "leader": view["leader"], "epoch": view["epoch"], "version": view["version"],
-        "listed": len(view["servers"]), "serving": len(serving),
-        "by_address": dict(collections.Counter(s["address"] for s in view["servers"])),
-    }
-print(json.dumps(out))
+        answer = {"error": str(exc)}
+    print(json.dumps(answer, default=str), flush=True)
 """
+
+
+class Observer:
+    """The observer script above, in the load generator's container, asked over a pipe."""
+
+    def __init__(self, container: str) -> None:
+        self._proc = subprocess.Popen(
+            ["docker", "exec", "-i", container, "python", "-u", "-c", _OBSERVER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        assert self._proc.stdin is not None
+        assert self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the observer in the load generator's container is gone")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
 
 @dataclass
@@ -84,6 +158,13 @@ class Check:
     compose: list[str]
     project: str
     rows: list[Row] = field(default_factory=list)
+    observer: Observer | None = None
+    # The search server whose container the leader-kill phase killed, until restored.
+    killed: str | None = None
+
+    @property
+    def running_search_servers(self) -> tuple[str, ...]:
+        return tuple(name for name in SEARCH_SERVERS if name != self.killed)
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -97,8 +178,23 @@ class Check:
         return done.stdout
 
     def views(self, names: tuple[str, ...] = SEARCH_SERVERS) -> dict[str, dict[str, Any]]:
-        out = self.run("exec", "-T", "loadgen", "python", "-c", _VIEWS % (names,), timeout=30)
-        return json.loads(out.strip().splitlines()[-1])
+        if self.observer is None:
+            (container,) = self.run("ps", "-q", "loadgen").split()
+            self.observer = Observer(container)
+        views: dict[str, dict[str, Any]] = self.observer.ask({"op": "views", "names": names})
+        return views
+
+    def master(self) -> str | None:
+        """The primary Redis as sentinel-1 names it."""
+        assert self.observer is not None
+        found = self.observer.ask({"op": "master", "sentinel": "sentinel-1", "name": "discovery"})
+        return found if isinstance(found, str) else None
+
+    def replicas(self) -> list[str]:
+        """The replicas sentinel-1 sees up and linked, by name."""
+        assert self.observer is not None
+        found = self.observer.ask({"op": "replicas", "sentinel": "sentinel-1", "name": "discovery"})
+        return found if isinstance(found, list) else []
 
     def record(self, phase: str, ok: bool, result: str, started: float) -> bool:
         row = Row(phase, ok, result, round(time.monotonic() - started, 1))
@@ -145,7 +241,7 @@ class Check:
         started = time.monotonic()
         remaining = DATA_SERVERS - FLEETS[fleet]
         q = self.start_queries(SEARCH_SERVERS, rate=20, duration=25)
-        q.wait_started()
+        q.wait_answered()
         stop_started = time.monotonic()
         self.run("stop", fleet, timeout=120)
         stop_seconds = time.monotonic() - stop_started
@@ -187,9 +283,10 @@ class Check:
             return False, None
         survivors = tuple(name for name in SEARCH_SERVERS if name != leader)
         q = self.start_queries(survivors, rate=20, duration=30)
-        q.wait_started()
+        q.wait_answered()
         killed_at = time.monotonic()
         self.run("kill", "-s", "SIGKILL", leader, timeout=60)
+        self.killed = leader
         ok, views = wait_for(lambda: agreed_new_leader(self.views(survivors), leader, epoch), 60)
         took = time.monotonic() - killed_at
         outcomes = q.wait()
@@ -205,9 +302,59 @@ class Check:
             started,
         ), leader
 
+    def redis_failover(self, primary: str = "redis-1", replica: str = "redis-2") -> bool:
+        started = time.monotonic()
+
+        master = self.master
+        before = master()
+        if before != primary:
+            self.record("redis failover", False, f"primary is {before!r}, not {primary}", started)
+            return False
+        running = self.running_search_servers
+        q = self.start_queries(running, rate=20, duration=40)
+        q.wait_answered()
+        stopped_at = time.monotonic()
+        self.run("stop", primary, timeout=60)
+
+        def promoted_replica() -> tuple[bool, str | None]:
+            now = master()
+            return now == replica, now
+
+        promoted, after = wait_for(promoted_replica, 60)
+        promoted_after = time.monotonic() - stopped_at
+
+        def confirmed() -> tuple[bool, dict[str, Any]]:
+            views = self.views(running)
+            done = all(
+                v.get("redis_connected")
+                and v.get("source") == "redis"
+                and v.get("age_ms") is not None
+                and v["age_ms"] < 5000
+                for v in views.values()
+            )
+            return done, views
+
+        fresh, views = wait_for(confirmed, 60)
+        outcomes = q.wait()
+        total = sum(outcomes.values())
+        clean = outcomes.get("ok", 0) == total and total > 0
+        ages = "/".join(str(v.get("age_ms")) for v in views.values()) if views else "?"
+        # The old primary comes back as a replica of the new one, not a second primary.
+        self.run("start", primary, timeout=60)
+        rejoined, _replicas = wait_for(lambda: (primary in self.replicas(), None), 60)
+        return self.record(
+            "redis failover",
+            promoted and fresh and clean and rejoined,
+            f"`stop {primary}`: sentinels name {after} primary after {promoted_after:.1f} s; "
+            f"lists confirmed {ages} ms ago; queries meanwhile {describe(outcomes)} of {total}; "
+            f"{primary} restarted: {'a replica' if rejoined else 'NOT a replica'} of {after}",
+            started,
+        )
+
     def restore(self, services: list[str]) -> bool:
         started = time.monotonic()
         self.run("start", *services, timeout=300)
+        self.killed = None
         ok, views = wait_for(lambda: all_serving(self.views(), DATA_SERVERS), 180)
         return self.record(
             "restore",
@@ -240,6 +387,9 @@ class Check:
 
     def down(self) -> bool:
         started = time.monotonic()
+        if self.observer is not None:
+            self.observer.close()
+            self.observer = None
         self.run("down", "-v", "--remove-orphans", timeout=300)
         label = f"label=com.docker.compose.project={self.project}"
         left = {
@@ -271,7 +421,7 @@ class Queries:
 
     def __init__(self, command: list[str]) -> None:
         self.outcomes: Counter[str] = Counter()
-        self._first = threading.Event()
+        self._answered = threading.Condition()
         self._proc = subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
@@ -282,14 +432,19 @@ class Queries:
         assert self._proc.stdout is not None
         for line in self._proc.stdout:
             try:
-                self.outcomes[json.loads(line)["outcome"]] += 1
+                outcome = json.loads(line)["outcome"]
             except (ValueError, KeyError):
                 continue
-            self._first.set()
+            with self._answered:
+                self.outcomes[outcome] += 1
+                self._answered.notify_all()
 
-    def wait_started(self, timeout: float = 30) -> None:
-        if not self._first.wait(timeout):
-            raise RuntimeError("the load generator answered no query")
+    def wait_answered(self, count: int = 40, timeout: float = 30) -> None:
+        """Until ``count`` queries are answered: the load generator's own start-up (a
+        Python process in a container) is over before the fault, not part of it."""
+        with self._answered:
+            if not self._answered.wait_for(lambda: sum(self.outcomes.values()) >= count, timeout):
+                raise RuntimeError(f"the load generator answered fewer than {count} queries")
 
     def wait(self, timeout: float = 120) -> Counter[str]:
         self._proc.wait(timeout)
@@ -387,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             check.drain()
             _ok, leader = check.leader_kill()
             check.restore(["fleet-2", *([leader] if leader else [])])
+            check.redis_failover()
             check.prometheus()
     except Exception as exc:
         check.record("error", False, str(exc).splitlines()[0], started)
