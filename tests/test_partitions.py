@@ -139,6 +139,7 @@ def test_a_lab_leaves_nothing_behind_even_when_its_process_is_killed(tmp_path: P
         tag = process.stdout.readline().strip()
         assert tag.startswith("dl")
         assert f"{tag}-victim" in _namespaces()
+        assert _forward_rules(tag), "no FORWARD rule for the lab's bridge"
         process.send_signal(signal.SIGKILL)
         process.wait()
         deadline = time.monotonic() + 20
@@ -164,7 +165,15 @@ def _leftovers(tag: str) -> list[str]:
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     names = [n for n in _namespaces() if n.startswith(tag)]
     names += [line.split(":")[1].strip().split("@")[0] for line in links.splitlines()]
-    return [n for n in names if n.startswith(tag)]
+    return [n for n in names if n.startswith(tag)] + _forward_rules(tag)
+
+
+def _forward_rules(tag: str) -> list[str]:
+    """The root namespace's FORWARD rules the lab tagged (its bridge's ACCEPT)."""
+    rules = subprocess.run(
+        ["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True
+    ).stdout.splitlines()
+    return [rule for rule in rules if f"--comment {tag} " in rule]
 
 
 def test_a_cut_drops_one_link_both_ways_and_heals(lab: NetworkLab) -> None:

@@ -16,6 +16,11 @@ servers cannot reach this data server"), or everything to and from an address. A
 drops, it does not reject: both sides learn only by their own timeouts, as in a real
 partition. ``tc netem`` is not available here, so delays stay application faults.
 
+Frames between hosts cross the root namespace's bridge. Where ``br_netfilter`` is loaded
+(Docker loads it, and sets the ``FORWARD`` policy to DROP), bridged frames go through
+the root namespace's ``FORWARD`` chain, so the lab puts one ACCEPT rule for its own
+bridge first in that chain, tagged with a comment, and removes it with the bridge.
+
 Cleanup is certain. Every name carries the creating process's id; a **reaper**
 process, started with the lab, deletes everything carrying it as soon as its pipe from
 us closes, which happens however we end (a SIGKILL included). At start-up, leftovers of
@@ -33,7 +38,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from discovery.errors import DevClusterError
@@ -149,6 +154,7 @@ class NetworkLab:
             _run("ip", "link", "add", self.bridge, "type", "bridge")
             _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
             _run("ip", "link", "set", self.bridge, "up")
+            _run("iptables", "-w", "-I", "FORWARD", *_forward_rule(self.bridge, self.tag))
         except BaseException:
             self.close()
             raise
@@ -241,8 +247,23 @@ def _free_subnet() -> ipaddress.IPv4Network:
     raise DevClusterError("no free /24 left in 198.18.0.0/15")
 
 
+def _forward_rule(bridge: str, tag: str) -> tuple[str, ...]:
+    """The root namespace's FORWARD rule that lets the lab's bridged frames through."""
+    return ("-i", bridge, "-o", bridge, "-m", "comment", "--comment", tag, "-j", "ACCEPT")
+
+
+def _remove_forward_rules(owned: Callable[[str], bool]) -> None:
+    """Delete the FORWARD rules whose comment (a lab's tag) ``owned`` accepts."""
+    listed = _run("iptables", "-w", "-S", "FORWARD", check=False).stdout
+    for line in listed.splitlines():
+        match = re.match(r"^-A FORWARD (.*--comment (\S+) .*)$", line)
+        if match and owned(match.group(2)):
+            _run("iptables", "-w", "-D", "FORWARD", *match.group(1).split(), check=False)
+
+
 def remove_tagged(tag: str) -> None:
-    """Delete the namespaces and links whose names start with ``tag``."""
+    """Delete the namespaces, links and FORWARD rules whose names start with ``tag``."""
+    _remove_forward_rules(lambda comment: comment == tag)
     namespaces = _run("ip", "netns", "list", check=False).stdout.split()
     for namespace in namespaces:
         if namespace.startswith(f"{tag}-"):
@@ -256,6 +277,12 @@ def remove_tagged(tag: str) -> None:
 
 def sweep_stale() -> None:
     """Remove what labs of processes that no longer exist left behind."""
+
+    def gone(name: str) -> bool:
+        match = _NAME.match(name)
+        return match is not None and not os.path.exists(f"/proc/{match.group(1)}")
+
+    _remove_forward_rules(gone)
     names = _run("ip", "netns", "list", check=False).stdout.split()
     links = _run("ip", "-o", "link", "show", check=False).stdout
     names += re.findall(r"^\d+: ([^:@\s]+)", links, flags=re.M)
