@@ -265,7 +265,7 @@ class Check:
             ok,
             f"`stop {fleet}`: exited {exit_code} after {stop_seconds:.1f} s, "
             f"{describe_serving(views)} left listed; queries meanwhile {describe(outcomes)} "
-            f"of {total}",
+            f"of {total}{q.misses_after(stop_started)}",
             started,
         )
 
@@ -298,7 +298,7 @@ class Check:
             ok and clean,
             f"SIGKILL {leader} (epoch {epoch}): {new.get('leader')} leads with epoch "
             f"{new.get('epoch')} after {took:.1f} s; survivors' queries {describe(outcomes)} "
-            f"of {total}",
+            f"of {total}{q.misses_after(killed_at)}",
             started,
         ), leader
 
@@ -346,7 +346,8 @@ class Check:
             "redis failover",
             promoted and fresh and clean and rejoined,
             f"`stop {primary}`: sentinels name {after} primary after {promoted_after:.1f} s; "
-            f"lists confirmed {ages} ms ago; queries meanwhile {describe(outcomes)} of {total}; "
+            f"lists confirmed {ages} ms ago; queries meanwhile {describe(outcomes)} of {total}"
+            f"{q.misses_after(stopped_at)}; "
             f"{primary} restarted: {'a replica' if rejoined else 'NOT a replica'} of {after}",
             started,
         )
@@ -421,6 +422,8 @@ class Queries:
 
     def __init__(self, command: list[str]) -> None:
         self.outcomes: Counter[str] = Counter()
+        # When (our monotonic clock) each answer that was not a complete one arrived.
+        self.misses: list[float] = []
         self._answered = threading.Condition()
         self._proc = subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
@@ -437,6 +440,8 @@ class Queries:
                 continue
             with self._answered:
                 self.outcomes[outcome] += 1
+                if outcome != "ok":
+                    self.misses.append(time.monotonic())
                 self._answered.notify_all()
 
     def wait_answered(self, count: int = 40, timeout: float = 30) -> None:
@@ -450,6 +455,13 @@ class Queries:
         self._proc.wait(timeout)
         self._reader.join(timeout)
         return self.outcomes
+
+    def misses_after(self, fault_at: float) -> str:
+        """When the incomplete answers came, relative to the fault: `` (+0.8..+1.3 s)``."""
+        if not self.misses:
+            return ""
+        first, last = self.misses[0] - fault_at, self.misses[-1] - fault_at
+        return f" ({first:+.1f}..{last:+.1f} s after the fault)"
 
 
 def wait_for(probe: Callable[[], Any], timeout: float, interval: float = 1.0) -> tuple[bool, Any]:
