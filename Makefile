@@ -116,7 +116,7 @@ image: setup docker-engine
 	BASE_IMAGE=$(BASE_IMAGE) $(COMPOSE) build -q
 
 # Not in CI (minutes, and a Docker engine): up, queries, drain a fleet, kill the leader,
-# Prometheus targets, down -v; a summary table, non-zero on any miss.
+# fail Redis over, Prometheus targets, down -v; a summary table, non-zero on any miss.
 compose-check: image
 	$(BIN)/python deploy/compose_check.py --compose "$(COMPOSE)"
 

@@ -232,9 +232,8 @@ class Check:
     def queries(self) -> bool:
         started = time.monotonic()
         q = self.start_queries(SEARCH_SERVERS, rate=20, duration=10)
-        outcomes = q.wait()
-        total = sum(outcomes.values())
-        ok = total >= 150 and outcomes.get("ok", 0) == total
+        outcomes, total, clean = q.settle()
+        ok = clean and total >= 150
         return self.record("queries", ok, f"{describe(outcomes)} of {total}", started)
 
     def drain(self, fleet: str = "fleet-2") -> bool:
@@ -256,9 +255,7 @@ class Check:
             return done, views
 
         left, views = wait_for(gone, 60)
-        outcomes = q.wait()
-        total = sum(outcomes.values())
-        clean = outcomes.get("ok", 0) == total and total > 0
+        outcomes, total, clean = q.settle()
         ok = left and clean and exit_code == 0
         return self.record(
             "drain",
@@ -289,9 +286,7 @@ class Check:
         self.killed = leader
         ok, views = wait_for(lambda: agreed_new_leader(self.views(survivors), leader, epoch), 60)
         took = time.monotonic() - killed_at
-        outcomes = q.wait()
-        total = sum(outcomes.values())
-        clean = outcomes.get("ok", 0) == total and total > 0
+        outcomes, total, clean = q.settle()
         new = next(iter(views.values())) if views else {}
         return self.record(
             "leader kill",
@@ -335,9 +330,7 @@ class Check:
             return done, views
 
         fresh, views = wait_for(confirmed, 60)
-        outcomes = q.wait()
-        total = sum(outcomes.values())
-        clean = outcomes.get("ok", 0) == total and total > 0
+        outcomes, total, clean = q.settle()
         ages = "/".join(str(v.get("age_ms")) for v in views.values()) if views else "?"
         # The old primary comes back as a replica of the new one, not a second primary.
         self.run("start", primary, timeout=60)
@@ -455,6 +448,12 @@ class Queries:
         self._proc.wait(timeout)
         self._reader.join(timeout)
         return self.outcomes
+
+    def settle(self) -> tuple[Counter[str], int, bool]:
+        """Wait for the end; the outcomes, their total, and whether every one was complete."""
+        outcomes = self.wait()
+        total = sum(outcomes.values())
+        return outcomes, total, total > 0 and outcomes.get("ok", 0) == total
 
     def misses_after(self, fault_at: float) -> str:
         """When the incomplete answers came, relative to the fault: `` (+0.8..+1.3 s)``."""
