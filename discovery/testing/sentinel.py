@@ -547,7 +547,8 @@ class RedisSentinelGroup:
 
     def restart(self, server: RedisServer, timeout: float = 30.0) -> None:
         """(Re)start ``server`` as a replica of the current primary and wait until it
-        replicates and every running sentinel sees it as a replica that is up.
+        replicates from the primary every running sentinel reports (a later failover's
+        included) and every running sentinel sees it as a replica that is up.
 
         Use this, not ``server.restart()``, after a failover: the server is started with
         ``replicaof`` the primary the sentinels report now (a server the sentinels still
@@ -571,19 +572,30 @@ class RedisSentinelGroup:
             return
 
         def rejoined() -> bool:
+            # The primary is read again on every poll: the sentinels may fail over once
+            # more while the server rejoins (with a short down-after on a loaded machine a
+            # live primary can be judged down), and then they repoint the server to the
+            # new primary, which is what rejoining means.
+            running = [s for s in self._sentinels if s.running]
+            current = {self._sentinel_primary(s) for s in running}
+            if len(current) != 1:
+                return False
+            (now,) = current
+            if now is None:
+                return False
+            if now == own:
+                return _info(own, self._password).get("role") == "master"
             info = _info(own, self._password)
             if info.get("role") != "slave" or info.get("master_link_status") != "up":
                 return False
-            if (info.get("master_host"), info.get("master_port")) != (
-                primary[0],
-                str(primary[1]),
-            ):
+            if (info.get("master_host"), info.get("master_port")) != (now[0], str(now[1])):
                 return False
-            return all(self._sentinel_sees_replica(s, own) for s in self._sentinels if s.running)
+            return all(self._sentinel_sees_replica(s, own) for s in running)
 
         self._wait(
             rejoined,
-            f"{server.name} is a replica of {primary[0]}:{primary[1]}",
+            f"{server.name} is a replica of the primary every sentinel reports"
+            f" ({primary[0]}:{primary[1]} when it started)",
             deadline,
             alive=[server],
         )
