@@ -45,8 +45,9 @@ and sick ones within a few probes; the fan-out bounds what is left over:
 CPU bounds its queries per second. So the common path has no task per sub-request: the
 client's future for each one ends in a callback (:meth:`_on_answer`) that records the
 answer and, for the last shard, wakes the query; the query's request line is encoded
-once; the routing table (replicas by shard) is built once per live-list version; hits
-are validated in place and only the merged top ``k`` are copied with their shard.
+once; the routing table (replicas by shard) follows the live list change by change
+(:mod:`.routing`); hits are validated in place and only the merged top ``k`` are copied
+with their shard.
 
 Everything here runs on the caller's event loop and is not thread-safe.
 """
@@ -68,6 +69,7 @@ from prometheus_client import CollectorRegistry
 
 from discovery.errors import OverloadedError
 from discovery.instance import ServiceInstance
+from discovery.store import LiveListChange
 
 from .httpclient import HttpClient, Response, SubrequestClient, SubrequestError
 from .metrics import FanOutMetrics
@@ -78,6 +80,7 @@ from .picking import (
     ReplicaPicker,
     target_key,
 )
+from .routing import RoutingTable
 
 __all__ = ["FanOut", "FanOutResult", "HedgeBudget"]
 
@@ -320,18 +323,11 @@ class FanOut:
         self._clock = clock
         self.picker: ReplicaPicker = picker if picker is not None else AdaptiveReplicaSelection()
         self._in_flight = 0
-        # The routing table of the last list fanned out to, and that list (by identity).
-        self._table_source: object = None
-        self._table: list[tuple[int, list[Replica]]] = []
-        # Every replica we route to, by target key; kept across lists (the statistics
-        # survive list changes), pruned to the current list at each rebuild except
-        # those still ejected.
-        self._replicas: dict[str, Replica] = {}
+        # Replicas by shard for the last list fanned out to or followed.
+        self._routes = RoutingTable(clock)
         # The replicas ejected at some point and not yet seen expired: the ejection cap
         # and ejected() look at these, never at every replica routed to.
         self._ejected: set[Replica] = set()
-        # Routable data servers in the last list: the base of the ejection cap.
-        self._known = 0
         # Counts of shard-request results since the last flush into the metrics:
         # a prometheus counter increment takes a lock, once per query is plenty.
         self._pending_ok = 0
@@ -352,7 +348,7 @@ class FanOut:
 
     def replica(self, instance: ServiceInstance) -> Replica | None:
         """What this fan-out knows of ``instance`` (``None`` before it routed to it)."""
-        return self._replicas.get(target_key(instance))
+        return self._routes.replica(target_key(instance))
 
     def ejected(self) -> set[str]:
         """Instance ids of the data servers currently ejected (skipped) by this fan-out."""
@@ -400,36 +396,23 @@ class FanOut:
 
     # -- routing table ----------------------------------------------------------------
 
+    def follow(self, change: LiveListChange) -> None:
+        """Move the routing table along ``change`` of the live list (see
+        :class:`~search_server.routing.RoutingTable`): by its delta, O(servers of the
+        shards it touches), when the table holds ``change.previous``. A later
+        :meth:`search` of ``change.current.servers`` then routes with it as it is.
+        """
+        kind = self._routes.follow(change)
+        if kind != "none":
+            self.metrics.routing_updates.labels(kind=kind).inc()
+
     def _routing_table(
         self, servers: Iterable[ServiceInstance] | Mapping[str, ServiceInstance]
     ) -> list[tuple[int, list[Replica]]]:
-        if servers is self._table_source:
-            return self._table
-        instances = servers.values() if isinstance(servers, Mapping) else servers
-        old = self._replicas
-        replicas: dict[str, Replica] = {}
-        by_shard: dict[int, list[Replica]] = {}
-        for instance in instances:
-            if not instance.routable:
-                continue
-            replica = old.get(target_key(instance))
-            if replica is None:
-                replica = Replica.of(instance)
-            else:
-                # Same target, maybe a new payload (weight, zone): keep what we learned.
-                replica.instance = instance
-                replica.zone, replica.weight = instance.payload.zone, instance.payload.weight
-            replicas[replica.key] = replica
-            by_shard.setdefault(replica.shard, []).append(replica)
-        # An ejected server that left and comes back (same registration) stays ejected
-        # for the rest of its cool-down.
-        for replica in self._ejected_now(self._clock()):
-            replicas.setdefault(replica.key, replica)
-        self._replicas = replicas
-        self._known = sum(len(group) for group in by_shard.values())
-        self._table = sorted(by_shard.items())
-        self._table_source = servers
-        return self._table
+        if servers is not self._routes.source:
+            self._routes.load(servers)  # O(servers): a list not followed change by change
+            self.metrics.routing_updates.labels(kind="full").inc()
+        return self._routes.table
 
     # -- one query --------------------------------------------------------------------
 
@@ -762,11 +745,11 @@ class FanOut:
         # stall, a network blip) than theirs; ejecting them all would turn a slow moment
         # into empty answers. Discovery still removes servers that are really down.
         ejected = len(self._ejected_now(now))
-        if ejected + 1 > max(1, int(self._max_ejected_share * self._known)):
+        if ejected + 1 > max(1, int(self._max_ejected_share * self._routes.routable)):
             log.warning(
                 "not ejecting more data servers: %d of %d already ejected (cap %.0f%%)",
                 ejected,
-                self._known,
+                self._routes.routable,
                 self._max_ejected_share * 100,
             )
             return True

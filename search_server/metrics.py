@@ -64,6 +64,14 @@ class FanOutMetrics:
             "Times a data server was ejected for consecutive failures or timeouts.",
             registry=registry,
         )
+        self.routing_updates = Counter(
+            "search_server_fanout_routing_updates",
+            "Moves of the routing table: change (along one live-list change, O(shards "
+            "touched)) or full (built for a whole list: the first, a reload, a list not "
+            "followed, the ZooKeeper fallback's view).",
+            ["kind"],
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "search_server_fanout_in_flight",
             "Queries currently in the fan-out (admission control refuses beyond the limit).",
@@ -77,3 +85,5 @@ class FanOutMetrics:
             self.shard_requests.labels(result=result)
         for result in HEDGE_RESULTS:
             self.hedges.labels(result=result)
+        for kind in ("change", "full"):
+            self.routing_updates.labels(kind=kind)

@@ -30,6 +30,7 @@ from tests.support import (
     live_ids,
     published_term,
     repeat_host,
+    sample,
     waited,
 )
 
@@ -140,6 +141,37 @@ async def test_data_server_offline_drained_or_gone_leaves_every_list(
 
     await stopped.shutdown(grace=0)
     await all_see(search, set())
+
+
+async def test_the_routing_table_follows_each_change_without_a_rebuild(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    first = [await make_data_server(shard=i, instance_id=f"ds-{i}") for i in range(2)]
+    search = await make_search_server(server_id="ss-0")
+    await all_see([search], {"ds-0", "ds-1"})
+    query = sample_queries(1, variant=6)[0]
+
+    async def shards_answered() -> int:
+        status, body = await get_json(f"{search.url}/search", q=query)
+        assert status == 200, body
+        assert body["partial"] is False, body
+        return int(body["shards"]["ok"])
+
+    def updates(kind: str) -> float:
+        return sample(search.registry, "search_server_fanout_routing_updates_total", kind=kind)
+
+    assert await shards_answered() == 2
+    full, moved = updates("full"), updates("change")
+    await make_data_server(shard=2, instance_id="ds-2")
+    await all_see([search], {"ds-0", "ds-1", "ds-2"})
+    await eventually(lambda: updates("change") > moved, message="the add followed")
+    assert await shards_answered() == 3
+    await first[0].shutdown(grace=0)
+    await all_see([search], {"ds-1", "ds-2"})
+    await eventually(lambda: updates("change") >= moved + 2, message="the removal followed")
+    assert await shards_answered() == 2
+    # Queries routed with the table the changes moved; none had it built again.
+    assert updates("full") == full
 
 
 async def test_redis_restarted_empty_gets_the_list_back_and_queries_keep_working(
