@@ -42,7 +42,7 @@ class RoutingTable:
     """Routable replicas by shard, for the list in :attr:`source`.
 
     ``clock`` is the one ejections are timed with (the fan-out's). :meth:`load` builds
-    the table for a whole list (O(servers)); :meth:`apply` moves it along a change of
+    the table for a whole list (O(servers)); :meth:`follow` moves it along a change of
     the list it holds (O(servers of the shards touched)).
     """
 
@@ -92,10 +92,10 @@ class RoutingTable:
         now = self._clock()
         departed: list[tuple[float, str]] = []
         for key, replica in old.items():
-            if key not in self._replicas and replica.is_ejected(now):
-                assert replica.ejected_until is not None
+            until = _ejected_until(replica, now)
+            if until is not None and key not in self._replicas:
                 self._replicas[key] = replica
-                departed.append((replica.ejected_until, key))
+                departed.append((until, key))
         heapq.heapify(departed)
         self._departed = departed
         self._table = sorted(by_shard.items())
@@ -116,6 +116,8 @@ class RoutingTable:
             self._forget(self._detach(instance_id))
         # An add of an id already listed is taken as a change, not a second replica.
         for instance in (*change.changed.values(), *change.added.values()):
+            if self._update_in_place(instance):
+                continue
             old = self._detach(instance.id)
             new = self._attach(instance)
             if old is not None and old is not new:
@@ -124,6 +126,20 @@ class RoutingTable:
         return "change"
 
     # -- one replica at a time ------------------------------------------------------
+
+    def _update_in_place(self, instance: ServiceInstance) -> bool:
+        """The common change, a new payload for the same target in the same shard (a
+        weight, a zone, a document count): the replica is updated where it is."""
+        replica = self._by_id.get(instance.id)
+        if (
+            replica is None
+            or not instance.routable
+            or instance.payload.shard != replica.shard
+            or target_key(instance) != replica.key
+        ):
+            return False
+        _updated(replica, instance)
+        return True
 
     def _attach(self, instance: ServiceInstance) -> Replica | None:
         if not instance.routable:
@@ -145,9 +161,9 @@ class RoutingTable:
         until its ejection ends."""
         if replica is None or self._replicas.get(replica.key) is not replica:
             return
-        if replica.is_ejected(self._clock()):
-            assert replica.ejected_until is not None
-            heapq.heappush(self._departed, (replica.ejected_until, replica.key))
+        until = _ejected_until(replica, self._clock())
+        if until is not None:
+            heapq.heappush(self._departed, (until, replica.key))
         else:
             del self._replicas[replica.key]
 
@@ -158,10 +174,10 @@ class RoutingTable:
             replica = self._replicas.get(key)
             if replica is None or self._by_id.get(replica.instance.id) is replica:
                 continue  # back in the list since, or already gone
-            if replica.is_ejected(now):
+            until = _ejected_until(replica, now)
+            if until is not None:
                 # Ejected again since it left (a failed request that was in flight).
-                assert replica.ejected_until is not None
-                heapq.heappush(self._departed, (replica.ejected_until, key))
+                heapq.heappush(self._departed, (until, key))
             else:
                 del self._replicas[key]
 
@@ -187,3 +203,9 @@ def _updated(replica: Replica | None, instance: ServiceInstance) -> Replica:
     replica.instance = instance
     replica.shard, replica.zone, replica.weight = payload.shard, payload.zone, payload.weight
     return replica
+
+
+def _ejected_until(replica: Replica, now: float) -> float | None:
+    """When ``replica``'s ejection ends, if it is ejected at ``now``."""
+    until = replica.ejected_until
+    return until if until is not None and now < until else None

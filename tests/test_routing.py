@@ -84,7 +84,7 @@ def start(*instances: ServiceInstance) -> LiveList:
 ops = st.lists(
     st.tuples(
         st.sampled_from(
-            ["add", "remove", "reshard", "drain", "serve", "reregister", "eject", "tick"]
+            ["add", "remove", "reshard", "weigh", "drain", "serve", "reregister", "eject", "tick"]
         ),
         st.integers(min_value=0, max_value=11),  # which server
         st.integers(min_value=0, max_value=3),  # which shard
@@ -136,6 +136,7 @@ def test_following_changes_gives_the_table_a_full_build_gives(
                 shard if op == "reshard" else old.payload.shard,
                 registered=registered if op == "reregister" else old.registration_time_utc,
                 state="draining" if op == "drain" else "serving",
+                weight=50 + 10 * shard if op == "weigh" else old.payload.weight,
             )
             change = step(listed, upserts=(instance,))
         kept = {r.key: r for _, group in followed.table for r in group}
@@ -156,6 +157,7 @@ def test_following_changes_gives_the_table_a_full_build_gives(
                 if replica.key in kept:
                     assert replica is kept[replica.key]
                 assert replica.shard == replica.instance.payload.shard
+                assert replica.weight == replica.instance.payload.weight
                 assert replica.instance == listed.servers[replica.instance.id]
         # A replica that left is remembered while, and only while, it is ejected.
         in_table = {r.key for _, group in followed.table for r in group}
