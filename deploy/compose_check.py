@@ -17,8 +17,9 @@ Phases, each a row of the summary table; the exit status is 1 if any row missed:
    the replica, every search server reads a confirmed list from it again, no query
    fails or comes back partial meanwhile, and the old primary, started again, rejoins
    as a replica of the new one.
-7. **prometheus** - every scrape target ``up`` through Prometheus's HTTP API, and the
-   alert rules loaded.
+7. **prometheus** - every scrape target ``up`` through Prometheus's HTTP API (the
+   ZooKeeper and Redis exporters' included), the exporters reporting every ZooKeeper
+   member answering with one leader and both Redis nodes up, and the alert rules loaded.
 8. **down** - ``down -v``: no container, network or volume of the project left.
 
 The search servers' views come from their ``/cluster`` and the primary's name from
@@ -39,6 +40,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
@@ -51,9 +53,20 @@ SEARCH_SERVERS = ("search-1", "search-2", "search-3")
 FLEETS = {"fleet-1": 50, "fleet-2": 50}
 DATA_SERVERS = sum(FLEETS.values())
 PROMETHEUS = "http://127.0.0.1:9090"
-# search servers + data servers + Prometheus itself (deploy/prometheus.yml)
-TARGETS = len(SEARCH_SERVERS) + DATA_SERVERS + 1
-ALERT_RULES = 6
+ZOOKEEPERS = 3
+REDIS_NODES = ("redis-1", "redis-2")
+SENTINELS = 3
+# search servers + data servers + Prometheus itself + the ZooKeeper exporter + one
+# redis-exporter target per Redis node and sentinel (deploy/prometheus.yml)
+TARGETS = len(SEARCH_SERVERS) + DATA_SERVERS + 1 + 1 + len(REDIS_NODES) + SENTINELS
+ALERT_RULES = 9
+# What the exporters must report once all is up: every ZooKeeper member answering mntr,
+# one of them leader, and both Redis nodes reachable.
+INFRASTRUCTURE = {
+    "sum(zookeeper_up)": ZOOKEEPERS,
+    'count(zookeeper_server_state{state="leader"})': 1,
+    'sum(redis_up{instance=~"redis://redis-.*"})': len(REDIS_NODES),
+}
 
 # Runs inside the load generator's container for the whole check, so that polling costs
 # one HTTP request per search server, not a `docker compose exec` (a second of CPU on a
@@ -366,16 +379,26 @@ class Check:
             health = Counter(t["health"] for t in data["activeTargets"])
             return health["up"] == TARGETS and sum(health.values()) == TARGETS, health
 
+        def infrastructure() -> tuple[bool, dict[str, float | None]]:
+            seen = {expr: prometheus_value(expr) for expr in INFRASTRUCTURE}
+            return seen == {k: float(v) for k, v in INFRASTRUCTURE.items()}, seen
+
         ok, health = wait_for(targets, 120)
+        seen_ok, seen = wait_for(infrastructure, 60)
         groups = http_json(f"{PROMETHEUS}/api/v1/rules?type=alert")["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
         firing = sorted({r["name"] for r in rules if r.get("state") == "firing"})
-        ok = ok and len(rules) == ALERT_RULES
+        ok = ok and seen_ok and len(rules) == ALERT_RULES
+        figures = (
+            ", ".join(f"{k} = {'absent' if v is None else f'{v:g}'}" for k, v in seen.items())
+            if isinstance(seen, dict)
+            else str(seen)  # the last error, if Prometheus never answered
+        )
         return self.record(
             "prometheus",
             ok,
-            f"targets {dict(health or {})} of {TARGETS}; {len(rules)} alert rules loaded"
-            + (f", firing: {', '.join(firing)}" if firing else ", none firing"),
+            f"targets {dict(health or {})} of {TARGETS}; {figures}; {len(rules)} alert rules "
+            "loaded" + (f", firing: {', '.join(firing)}" if firing else ", none firing"),
             started,
         )
 
@@ -511,6 +534,13 @@ def describe(outcomes: Counter[str]) -> str:
 def http_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.load(response)
+
+
+def prometheus_value(expr: str) -> float | None:
+    """The value of an instant query that yields one sample (None for no sample)."""
+    query = urllib.parse.urlencode({"query": expr})
+    result = http_json(f"{PROMETHEUS}/api/v1/query?{query}")["data"]["result"]
+    return float(result[0]["value"][1]) if len(result) == 1 else None
 
 
 def docker(*args: str) -> str:

@@ -100,4 +100,4 @@ def test_the_compose_prometheus_loads_the_rules(tmp_path: Path) -> None:
     local.write_text(yaml.safe_dump(config))
     result = _run("check", "config", str(local))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout
+    assert f"SUCCESS: {len(_rules())} rules found" in result.stdout

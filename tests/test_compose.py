@@ -393,7 +393,7 @@ def test_redis_behind_sentinel(compose: dict[str, Any]) -> None:
         if _image(s).startswith("search-discovery-redis:")
     }
     nodes = {n: _argv(s) for n, s in redis.items() if _argv(s)[:1] == ["redis-server"]}
-    sentinels = {n: s for n, s in redis.items() if n not in nodes}
+    sentinels = {n: s for n, s in redis.items() if _argv(s)[:1] == ["redis-sentinel-entrypoint"]}
     assert len(nodes) == 2, sorted(redis)
     assert len(sentinels) == 3, sorted(redis)
     replicas = {
@@ -507,8 +507,9 @@ def test_prometheus_scrapes_every_search_and_data_server(compose: dict[str, Any]
     _, config = _prometheus(compose)
     targets = set()
     for job in config["scrape_configs"]:
-        assert job.get("metrics_path", "/metrics") == "/metrics", job["job_name"]
         assert "file_sd_configs" not in job, "only static targets are checked"
+        if job.get("metrics_path", "/metrics") != "/metrics":
+            continue  # an exporter's targets (test_prometheus_sees_zookeeper_and_redis)
         for static in job.get("static_configs") or []:
             targets.update(static["targets"])
     searches = {f"{s.advertise}:{s.port}" for _, s in _search_servers(compose)}
@@ -582,3 +583,40 @@ def test_app_image_installs_from_the_wheelhouse_without_an_index() -> None:
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".venv", ".git", "bench/results"} <= ignored
     assert any("__pycache__" in line for line in ignored)
+
+
+def test_prometheus_sees_zookeeper_and_redis(compose: dict[str, Any]) -> None:
+    """The ZooKeeper exporter reads every member and is scraped; the Redis exporter is
+    asked for every Redis node and sentinel by name (multi-target)."""
+    services = _services(compose)
+    _, config = _prometheus(compose)
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+
+    zks = {n for n, s in services.items() if _image(s).startswith("search-discovery-zookeeper:")}
+    (exporter,) = [p for p in _processes(compose) if p.argv[:2] == ["discovery", "zk-exporter"]]
+    args = _settings(exporter)
+    hosts = {h.rsplit(":", 1)[0] for h in str(args.zk).split("/", 1)[0].split(",")}
+    assert hosts == zks
+    port = args.port
+    zk_targets = {t for static in jobs["zookeeper"]["static_configs"] for t in static["targets"]}
+    assert zk_targets == {f"{exporter.service}:{port}"}
+
+    redis = {
+        n: _argv(s) for n, s in services.items() if _image(s).startswith("search-discovery-redis:")
+    }
+    (redis_exporter,) = [
+        n for n, argv in redis.items() if argv[:1] == ["prometheus-redis-exporter"]
+    ]
+    argv = redis[redis_exporter]
+    listen = argv[argv.index("-web.listen-address") + 1]
+    expected = {
+        f"redis://{n}:26379" if argv[:1] == ["redis-sentinel-entrypoint"] else f"redis://{n}:6379"
+        for n, argv in redis.items()
+        if n != redis_exporter
+    }
+    job = jobs["redis"]
+    assert job["metrics_path"] == "/scrape"
+    assert {t for static in job["static_configs"] for t in static["targets"]} == expected
+    relabels = {r.get("target_label"): r for r in job["relabel_configs"]}
+    assert relabels["__param_target"]["source_labels"] == ["__address__"]
+    assert relabels["__address__"]["replacement"] == f"{redis_exporter}{listen}"

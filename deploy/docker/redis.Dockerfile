@@ -1,15 +1,15 @@
-# Redis and Redis Sentinel from Debian's packages (bookworm: 7.0), the versions the tests run.
-# The compose file runs `redis-server ...` for the primary and its replica, and
-# `redis-sentinel-entrypoint` for each sentinel.
+# Redis and Redis Sentinel from Debian's packages (bookworm: 7.0), the versions the tests run,
+# and Debian's prometheus-redis-exporter. The compose file runs `redis-server ...` for the
+# primary and its replica, `redis-sentinel-entrypoint` for each sentinel, and the exporter.
 ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE}
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-       redis-server redis-sentinel \
+       redis-server redis-sentinel prometheus-redis-exporter \
     && rm -rf /var/lib/apt/lists/* \
     && mkdir -p /data /conf && chown redis:redis /data /conf
 COPY deploy/docker/redis-sentinel-entrypoint.sh /usr/local/bin/redis-sentinel-entrypoint
 USER redis
 WORKDIR /data
-EXPOSE 6379 26379
+EXPOSE 6379 26379 9121
 CMD ["redis-server", "--protected-mode", "no"]

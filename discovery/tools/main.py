@@ -5,10 +5,11 @@ on the subparsers and sets ``func`` (``Callable[[argparse.Namespace], int]``) as
 Logging is configured here and nowhere else.
 
 Logging level: ``--log-level`` (before or after the subcommand) wins, then ``-v`` of the
-one-shot commands (``status``, ``maint``, ``zk-init``), then ``DISCOVERY_LOG_LEVEL``. Otherwise the
-long-running commands (``devcluster``, ``demo``, ``chaos``) log at INFO, so their progress
-shows, and the one-shot ones at WARNING: an operator asking a question wants the answer,
-not kazoo's connection log (``-v`` shows it, ``-vv`` adds DEBUG).
+one-shot commands (``status``, ``maint``, ``zk-init``), then ``DISCOVERY_LOG_LEVEL``.
+Otherwise the long-running commands (``devcluster``, ``demo``, ``chaos``, ``zk-exporter``)
+log at INFO, so their progress shows, and the one-shot ones at WARNING: an operator
+asking a question wants the answer, not kazoo's connection log (``-v`` shows it, ``-vv``
+adds DEBUG).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 from discovery import __version__
 from discovery.cli.entrypoint import configure_logging
 
-from . import chaos, demo, devcluster, maint, status, zkinit
+from . import chaos, demo, devcluster, maint, status, zkexporter, zkinit
 
 __all__ = ["build_parser", "main"]
 
@@ -43,6 +44,7 @@ _SUBCOMMANDS: tuple[Callable[[_SubParsers], object], ...] = (
     maint.add_parser,
     zkinit.add_parser,
     zkinit.add_digest_parser,
+    zkexporter.add_parser,
 )
 
 
