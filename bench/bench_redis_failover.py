@@ -22,7 +22,7 @@ registration in ZooKeeper, and measure
 The killed server is restarted as a replica before the next round. Prints a table and
 writes ``bench/results/redis_failover.json``.
 
-    .venv/bin/python bench/bench_redis_failover.py [--failovers 10] [--down-after-ms 1000]
+    .venv/bin/python bench/bench_redis_failover.py [--failovers 10] [--down-after-ms 2000]
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from discovery.leader import LeaderDuty
 from discovery.redisstore import RedisLiveStore
 from discovery.store import LiveListFollower
 from discovery.testing import DevCluster
+from discovery.testing.sentinel import DEFAULT_DOWN_AFTER_MS
 from discovery.zk import ZkSession
 
 log = logging.getLogger("bench_redis_failover")
@@ -191,7 +192,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--failovers", type=int, default=10)
-    parser.add_argument("--down-after-ms", type=int, default=1000)
+    parser.add_argument("--down-after-ms", type=int, default=DEFAULT_DOWN_AFTER_MS)
     parser.add_argument("--servers", type=int, default=200, help="registered data servers")
     parser.add_argument("--readers", type=int, default=3)
     args = parser.parse_args()

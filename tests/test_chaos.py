@@ -176,8 +176,8 @@ def test_failover_bound_is_down_after_plus_target_plus_slack() -> None:
     config = ChaosConfig(partitions=False, redis_sentinels=3)
     assert config.sentinel_mode
     assert not ChaosConfig(partitions=False).sentinel_mode
-    # 1 s down-after + 3 s target + 0.5 s heartbeat + 0.5 s reconnect back-off.
-    assert config.redis_failover_bound == pytest.approx(5.0)
+    # 2 s down-after + 3 s target + 0.5 s heartbeat + 0.5 s reconnect back-off.
+    assert config.redis_failover_bound == pytest.approx(6.0)
     args = parse_chaos_args(["--redis-sentinels", "3", "--no-partitions"])
     assert ChaosConfig.from_args(args).redis_sentinels == 3
     assert ChaosConfig.from_args(parse_chaos_args(["--no-partitions"])).redis_sentinels == 0

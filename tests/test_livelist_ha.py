@@ -23,11 +23,11 @@ from discovery.redisstore import RedisLiveStore
 from discovery.store import LiveList, LiveListChange, LiveListPublisher
 from discovery.testing.redis import redis_command
 from discovery.testing.rediscluster import RedisClusterServers
-from discovery.testing.sentinel import RedisSentinelGroup
+from discovery.testing.sentinel import DEFAULT_DOWN_AFTER_MS, RedisSentinelGroup
 from discovery.tools.status.reader import describe_redis
 from tests.support import make_instance, view, waited
 
-DOWN_AFTER_MS = 1000
+DOWN_AFTER_MS = DEFAULT_DOWN_AFTER_MS
 
 
 @pytest.fixture

@@ -34,10 +34,11 @@ from discovery.errors import DevClusterError
 from discovery.testing import DevCluster, RedisClusterServers, RedisSentinelGroup
 from discovery.testing.redis import RedisServer, redis_ping
 from discovery.testing.rediscluster import CLUSTER_SLOTS, cluster_ports
+from discovery.testing.sentinel import DEFAULT_DOWN_AFTER_MS
 from tests.support import eventually
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DOWN_AFTER_MS = 1000
+DOWN_AFTER_MS = DEFAULT_DOWN_AFTER_MS
 
 
 # -- helpers -------------------------------------------------------------------------------

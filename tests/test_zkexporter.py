@@ -82,6 +82,9 @@ async def test_a_live_server_and_a_dead_port(zk_server: ZooKeeperEnsemble) -> No
         state = _figure(registry, "zookeeper_server_state", server=live_name, state="standalone")
         assert state == 1.0
         assert (_figure(registry, "zookeeper_znode_count", server=live_name) or 0) > 0
+        # The parser understands every line of a real server's answer.
+        malformed = "zookeeper_exporter_malformed_lines_total"
+        assert sample(registry, malformed, server=live_name) == 0
         # A dead server exports no stale figure, only that it is down, counted per poll.
         assert _figure(registry, "zookeeper_znode_count", server=dead_name) is None
         failures = "zookeeper_exporter_mntr_failures_total"

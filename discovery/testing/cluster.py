@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import DevClusterError
 from .ports import LOOPBACK
 from .redis import RedisServer
-from .sentinel import RedisSentinelGroup
+from .sentinel import DEFAULT_DOWN_AFTER_MS, RedisSentinelGroup
 from .zookeeper import (
     DEFAULT_MAX_SESSION_TIMEOUT_MS,
     DEFAULT_TICK_TIME_MS,
@@ -64,7 +64,7 @@ class DevCluster:
         host: str = LOOPBACK,
         redis_replicas: int = 0,
         sentinels: int = 0,
-        sentinel_down_after_ms: int = 1000,
+        sentinel_down_after_ms: int = DEFAULT_DOWN_AFTER_MS,
     ) -> None:
         if zk_nodes < 1 or zk_nodes == 2:
             raise ValueError(f"zk_nodes must be 1 or >= 3, got {zk_nodes}")

@@ -45,7 +45,12 @@ from .redis import (
     redis_query,
 )
 
-__all__ = ["RedisSentinel", "RedisSentinelGroup", "find_redis_sentinel"]
+__all__ = [
+    "DEFAULT_DOWN_AFTER_MS",
+    "RedisSentinel",
+    "RedisSentinelGroup",
+    "find_redis_sentinel",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +59,14 @@ Address = tuple[str, int]
 _POLL_INTERVAL_S = 0.05
 # Each process's log tail in a group's error message: enough to see why, for five or more.
 _TAIL_LINES = 12
+
+#: The sentinels' default ``down-after-milliseconds``: 2 s, twice their 1 s ping period.
+#: With 1 s, a primary promoted a moment ago is often judged down again before its
+#: first PONG comes back (the sentinel's new link counts from its creation, and its
+#: first PING goes out a ping period later; redis/redis#8607), and the sentinels fail
+#: over a primary that is alive, leaving a stale one taking reads for ~10 s until they
+#: convert it.
+DEFAULT_DOWN_AFTER_MS = 2000
 
 
 def find_redis_sentinel() -> str:
@@ -131,7 +144,7 @@ class RedisSentinel(ManagedProcess):
         *,
         master_name: str = "mymaster",
         quorum: int = 2,
-        down_after_ms: int = 1000,
+        down_after_ms: int = DEFAULT_DOWN_AFTER_MS,
         failover_timeout_ms: int = 6000,
         password: str | None = None,
         port: int | None = None,
@@ -234,7 +247,7 @@ class RedisSentinelGroup:
         replicas: int = 2,
         sentinels: int = 3,
         master_name: str = "mymaster",
-        down_after_ms: int = 1000,
+        down_after_ms: int = DEFAULT_DOWN_AFTER_MS,
         failover_timeout_ms: int = 6000,
         quorum: int | None = None,
         host: str = LOOPBACK,
