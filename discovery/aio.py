@@ -1,4 +1,5 @@
-"""Cancelling tasks that run library code which may swallow a cancellation.
+"""Cancelling tasks that run library code which may swallow a cancellation; logging the
+crash of a background task.
 
 redis-py's asyncio client has been seen to absorb a ``CancelledError`` that lands in
 the middle of a command (it catches it while disconnecting, or turns it into a
@@ -17,7 +18,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["cancel_and_wait"]
+__all__ = ["cancel_and_wait", "log_crash"]
 
 log = logging.getLogger(__name__)
 
@@ -37,3 +38,11 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]], *, nudge: float 
             name = task.get_name() if isinstance(task, asyncio.Task) else repr(task)
             log.warning("task %s ignored its cancellation; cancelling it again", name)
             task.cancel()
+
+
+def log_crash(task: asyncio.Task[Any]) -> None:
+    """A done callback for a background task: log its exception, if it ended with one,
+    with the traceback (a task nobody awaits would otherwise fail in silence until
+    the loop's garbage collection, if ever)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("background task %s crashed", task.get_name(), exc_info=exc)

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from discovery.acl import SEARCH_SERVER_ACCESS, check_access
-from discovery.aio import cancel_and_wait
+from discovery.aio import cancel_and_wait, log_crash
 from discovery.election import LeaderElection, Leadership
 from discovery.errors import OverloadedError, RedisAccessError, ZkError
 from discovery.http import MAX_QUERY_LENGTH, json_app, json_error, parse_search_params
@@ -485,7 +485,7 @@ class _FollowRoutes:
         # step is missed.
         changes = self._reader.changes()
         self._task = asyncio.create_task(self._run(changes), name="search-follow-routes")
-        self._task.add_done_callback(_log_crash)
+        self._task.add_done_callback(log_crash)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -525,7 +525,7 @@ class _PeerCount:
 
     async def __aenter__(self) -> _PeerCount:
         self._task = asyncio.create_task(self._run(), name="search-peer-count")
-        self._task.add_done_callback(_log_crash)
+        self._task.add_done_callback(log_crash)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -538,11 +538,6 @@ class _PeerCount:
             if members:
                 self._picker.clients = len(members)
             await asyncio.sleep(self._interval)
-
-
-def _log_crash(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("background task %s crashed", task.get_name(), exc_info=exc)
 
 
 class _ZkFallback:

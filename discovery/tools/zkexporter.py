@@ -46,7 +46,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from discovery.aio import cancel_and_wait
+from discovery.aio import cancel_and_wait, log_crash
 from discovery.cli.entrypoint import run_event_loop, stop_on_signals
 from discovery.cli.options import Option, add_options, port_number, positive_float
 
@@ -271,7 +271,7 @@ class ZkExporter:
     async def __aenter__(self) -> ZkExporter:
         await self.poll()
         self._task = asyncio.create_task(self._run(), name="zk-exporter-poll")
-        self._task.add_done_callback(_log_crash)
+        self._task.add_done_callback(log_crash)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -313,11 +313,6 @@ class ZkExporter:
             next_at += self._interval
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             await self.poll()
-
-
-def _log_crash(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("background task %s crashed", task.get_name(), exc_info=exc)
 
 
 ZK_EXPORTER_OPTIONS: tuple[Option, ...] = (
