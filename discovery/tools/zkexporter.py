@@ -309,9 +309,11 @@ class ZkExporter:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         while True:
-            # A fixed cadence: a slow poll does not push the next ones later.
-            next_at += self._interval
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            # A fixed cadence, so that a slow poll does not push the next ones later; but
+            # after a poll longer than the interval (servers timing out), the next one
+            # starts at once and the cadence restarts from there, with no burst.
+            next_at = max(next_at + self._interval, loop.time())
+            await asyncio.sleep(next_at - loop.time())
             await self.poll()
 
 
