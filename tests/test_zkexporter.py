@@ -7,6 +7,7 @@ import sys
 
 import aiohttp
 import pytest
+from kazoo.client import KazooClient
 from prometheus_client import CollectorRegistry
 
 from discovery.testing import ZooKeeperEnsemble
@@ -29,6 +30,27 @@ def test_an_mntr_answer_becomes_numbers_and_words() -> None:
     assert reading.numbers == {"avg_latency": 0.5, "znode_count": 42.0, "followers": 2.0}
     assert reading.words["server_state"] == "leader"
     assert reading.malformed == 0
+
+
+def test_per_namespace_figures_get_the_namespace_as_a_label() -> None:
+    # As ZooKeeper 3.8 prints them: any znode name, so not always a metric name.
+    lines = [
+        "zk_avg_test-a.b_write_per_namespace\t14.0",
+        "zk_cnt_test-a.b_write_per_namespace\t2",
+        "zk_max_x y_read_per_namespace\t82",
+        "zk_sum_my_read_write_per_namespace\t28",
+        "zk_cnt_plain_read_per_namespace\tnot-a-number",
+    ]
+    reading = parse_mntr("zk1:2181", ANSWER + "\n".join(lines) + "\n")
+    assert reading.sets == {
+        ("write_per_namespace", "test-a.b", "avg"): 14.0,
+        ("write_per_namespace", "test-a.b", "cnt"): 2.0,
+        ("read_per_namespace", "x y", "max"): 82.0,
+        ("write_per_namespace", "my_read", "sum"): 28.0,
+    }
+    assert reading.malformed == 1
+    # None of them becomes a metric name of its own.
+    assert not any("namespace" in key for key in reading.numbers)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +86,22 @@ def _figure(registry: CollectorRegistry, name: str, **labels: str) -> float | No
     return registry.get_sample_value(name, labels)
 
 
-async def test_a_live_server_and_a_dead_port(zk_server: ZooKeeperEnsemble) -> None:
+def _touch(hosts: str) -> None:
+    """A write and a read under ``hosts`` (a chroot whose name has ``-``): ZooKeeper then
+    reports figures for that top-level namespace."""
+    client = KazooClient(hosts=hosts, timeout=10)
+    client.start(timeout=15)
+    try:
+        client.ensure_path("/exporter")
+        client.get("/exporter")
+    finally:
+        client.stop()
+        client.close()
+
+
+async def test_a_live_server_and_a_dead_port(zk_server: ZooKeeperEnsemble, zk_hosts: str) -> None:
+    await asyncio.to_thread(_touch, zk_hosts)
+    namespace = zk_hosts.split("/")[1]
     live = zk_server.servers[0]
     live_name = f"127.0.0.1:{live.client_port}"
     dead_port = free_port()
@@ -82,9 +119,18 @@ async def test_a_live_server_and_a_dead_port(zk_server: ZooKeeperEnsemble) -> No
         state = _figure(registry, "zookeeper_server_state", server=live_name, state="standalone")
         assert state == 1.0
         assert (_figure(registry, "zookeeper_znode_count", server=live_name) or 0) > 0
-        # The parser understands every line of a real server's answer.
+        # The parser understands every line of a real server's answer, the per-namespace
+        # ones included, whatever the shared server's other tests named their chroots.
         malformed = "zookeeper_exporter_malformed_lines_total"
         assert sample(registry, malformed, server=live_name) == 0
+        writes = _figure(
+            registry,
+            "zookeeper_write_per_namespace",
+            server=live_name,
+            namespace=namespace,
+            stat="cnt",
+        )
+        assert (writes or 0) >= 1
         # A dead server exports no stale figure, only that it is down, counted per poll.
         assert _figure(registry, "zookeeper_znode_count", server=dead_name) is None
         failures = "zookeeper_exporter_mntr_failures_total"

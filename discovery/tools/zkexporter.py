@@ -14,6 +14,11 @@ Exported, with a ``server`` label (``host:port`` as given in ``--zk``):
 * ``zookeeper_up``: 1 if the server answered its last ``mntr``, else 0;
 * ``zookeeper_<key>`` for every numeric ``zk_<key>`` of its last answer (latencies,
   outstanding requests, alive connections, znodes, watches, ephemerals, followers...);
+* ``zookeeper_<set>{namespace,stat}`` for ZooKeeper's per-namespace counter sets
+  (``zk_<stat>_<namespace>_write_per_namespace``: one key per top-level znode and
+  statistic, 5 per namespace): the namespace is a label, not part of a metric name,
+  since it is any znode name (``-``, ``.``, spaces) and a name per namespace would make
+  the number of metric names grow with the tree;
 * ``zookeeper_server_state{state}``: 1 for the state it reported (leader, follower,
   standalone, observer);
 * ``zookeeper_info{version}``: 1, with the version it reported;
@@ -65,18 +70,24 @@ log = logging.getLogger(__name__)
 PROG: Final = "discovery zk-exporter"
 DEFAULT_PORT: Final = 9141
 _NAME: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# A counter set's key: <stat>_<namespace>_<set>, e.g. avg_test-a.b_write_per_namespace.
+_SET_KEY: Final = re.compile(
+    r"(avg|min|max|cnt|sum|p50|p95|p99|p999)_(.+)_([a-z]+_per_namespace)", re.DOTALL
+)
 # Answers beyond this are not mntr's (a few kB with every metric of 3.8).
 _MAX_ANSWER: Final = 1 << 20
 
 
 @dataclass(frozen=True)
 class MntrReading:
-    """One server's last ``mntr``: its numbers and words by key (``zk_`` taken off), the
-    lines skipped; ``error`` says why it was not read (``numbers`` then empty)."""
+    """One server's last ``mntr``: its numbers and words by key (``zk_`` taken off), its
+    per-namespace figures by ``(set, namespace, stat)``, the lines skipped; ``error``
+    says why it was not read (everything else then empty)."""
 
     server: str
     numbers: dict[str, float] = field(default_factory=dict)
     words: dict[str, str] = field(default_factory=dict)
+    sets: dict[tuple[str, str, str], float] = field(default_factory=dict)
     malformed: int = 0
     error: str | None = None
 
@@ -88,37 +99,52 @@ class MntrReading:
 def parse_mntr(server: str, text: str) -> MntrReading:
     """The reading of ``server`` from an ``mntr`` answer.
 
-    Each line is ``zk_<key>\\t<value>``. A line without a tab, or whose key cannot be a
-    metric name, is skipped and counted; a non-numeric value is kept as a word (the
-    server's state and version are). An answer with no ``zk_`` line at all is not an
+    Each line is ``zk_<key>\\t<value>``. A per-namespace counter set's key is split into
+    its set, namespace and statistic. A line without a tab, a key that is neither a
+    metric name nor a set's, or a set's value that is not a number, is skipped and
+    counted; another non-numeric value is kept as a word (the server's state and
+    version are). An answer with no ``zk_`` line at all is not an
     ``mntr`` answer (a 4lw refused by the whitelist answers with a sentence): that is an
     error, not a server with no figures.
     """
     numbers: dict[str, float] = {}
     words: dict[str, str] = {}
+    sets: dict[tuple[str, str, str], float] = {}
     malformed = 0
     for line in text.splitlines():
         if not line.strip():
             continue
         key, tab, value = line.partition("\t")
-        key = key.strip()
-        value = value.strip()
-        if not tab or not key.startswith("zk_") or not _NAME.fullmatch(key[3:]):
+        key, value = key.strip(), value.strip()
+        if not tab or not key.startswith("zk_"):
             malformed += 1
             continue
-        try:
-            number = float(value)
-        except ValueError:
-            words[key[3:]] = value
-            continue
-        if math.isnan(number):
+        key = key[3:]
+        number = _number(value)
+        in_set = _SET_KEY.fullmatch(key)
+        if in_set is not None and number is not None:
+            stat, namespace, name = in_set.groups()
+            sets[(name, namespace, stat)] = number
+        elif in_set is not None or not _NAME.fullmatch(key):
             malformed += 1
-            continue
-        numbers[key[3:]] = number
-    if not numbers and not words:
+        elif number is not None:
+            numbers[key] = number
+        elif value.lower() == "nan":
+            malformed += 1
+        else:
+            words[key] = value
+    if not numbers and not words and not sets:
         first = text.strip().splitlines()[0][:120] if text.strip() else "an empty answer"
         return MntrReading(server, malformed=malformed, error=f"not an mntr answer: {first!r}")
-    return MntrReading(server, numbers, words, malformed)
+    return MntrReading(server, numbers, words, sets, malformed)
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return None if math.isnan(value) else value
 
 
 async def read_mntr(host: str, port: int, timeout: float) -> str:
@@ -179,6 +205,7 @@ class MntrCollector(Collector):
             labels=["server", "version"],
         )
         families: dict[str, GaugeMetricFamily] = {}
+        sets: dict[str, GaugeMetricFamily] = {}
         for reading in readings:
             if not reading.up:
                 continue
@@ -193,9 +220,20 @@ class MntrCollector(Collector):
                         f"zookeeper_{key}", f"mntr's zk_{key}.", labels=["server"]
                     )
                 family.add_metric([reading.server], value)
+            for (name, namespace, stat), value in reading.sets.items():
+                family = sets.get(name)
+                if family is None:
+                    family = sets[name] = GaugeMetricFamily(
+                        f"zookeeper_{name}",
+                        f"mntr's zk_<stat>_<namespace>_{name}, by top-level znode.",
+                        labels=["server", "namespace", "stat"],
+                    )
+                family.add_metric([reading.server, namespace, stat], value)
         yield state
         yield info
         yield from families.values()
+        # Were a plain key named like a set (none is in ZooKeeper 3.8), the plain one wins.
+        yield from (family for name, family in sets.items() if name not in families)
 
 
 def split_servers(hosts: str) -> list[tuple[str, int]]:
