@@ -222,7 +222,7 @@ async def test_the_command_serves_metrics_and_names_a_bad_flag(
             except aiohttp.ClientError:
                 return None
 
-        text = await eventually(scraped, message="/metrics answering")
+        text = await eventually(scraped, timeout=30, message="/metrics answering")
         server = zk_server.servers[0]
         assert f'zookeeper_up{{server="127.0.0.1:{server.client_port}"}} 1.0' in text
         assert "zookeeper_znode_count" in text
