@@ -7,6 +7,7 @@ minutes; these tests pin down the parts that decide what a run means.
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,7 +15,7 @@ from discovery.errors import ConfigError
 from discovery.tools.chaos import ChaosConfig, ChaosResult, schedule
 from discovery.tools.chaos.faults import CATEGORIES, FAULTS, SENTINEL_KINDS, StepResult, kinds
 from discovery.tools.chaos.load import LoadStats
-from discovery.tools.chaos.observer import Snapshot, Violation
+from discovery.tools.chaos.observer import Observer, Snapshot, Violation
 from discovery.tools.chaos.report import render, to_json
 from discovery.tools.main import build_parser
 
@@ -198,3 +199,19 @@ def test_bad_flags_are_refused_with_the_flag_named(argv: list[str], message: str
         return
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ChaosConfig.from_args(parse_chaos_args(argv))
+
+
+def test_a_read_older_than_a_newer_publish_is_not_an_epoch_going_back() -> None:
+    """A sample's read of ``P:meta`` (epoch 313) is answered before the new leader's
+    publish (314), but the stream's entry for 314 is handled first: not a violation.
+    The same read sent after 314 was seen is one."""
+    observer = Observer(SimpleNamespace(data={}))  # type: ignore[arg-type]
+    observer._check_epoch(313, "P:meta")
+    floor = observer.max_epoch  # the sample sends its reads
+    observer._check_epoch(314, "change from 'ss-1'", 313)  # the stream, meanwhile
+    observer._check_epoch(313, "P:meta", floor)  # the sample's reply, sent before 314
+    assert observer.violations == []
+    assert observer.max_epoch == 314
+    observer._check_epoch(313, "P:meta", observer.max_epoch)  # sent after 314 was seen
+    assert [v.invariant for v in observer.violations] == ["epoch never decreases"]
+    assert observer.max_epoch == 314

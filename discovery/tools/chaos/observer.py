@@ -235,6 +235,11 @@ class Observer:
     async def _read_redis(self) -> tuple[frozenset[str] | None, int | None]:
         assert self._redis is not None
         keys = RedisKeys(self._cluster.redis_prefix)
+        # What these reads may not go below: the epochs published before they were sent.
+        # A stream entry of a newer epoch can be handled while their replies are on the
+        # way (another connection, another task), and these reads are then older than
+        # it, not a step back (a false "epoch decreased" in a leader change).
+        floor = self.max_epoch
         try:
             beat = await self._redis.get(keys.leader)
             loaded = await load(self._redis, keys)
@@ -246,7 +251,7 @@ class Observer:
         if beat is not None:
             heartbeat = parse_heartbeat(beat, -1)
             if heartbeat.epoch is not None:
-                self._check_epoch(heartbeat.epoch, keys.leader)
+                self._check_epoch(heartbeat.epoch, keys.leader, floor)
                 if heartbeat.at is not None:
                     self._wrote(heartbeat.epoch, float(heartbeat.at))
         if loaded.meta is None:
@@ -255,19 +260,22 @@ class Observer:
             self.violate(
                 "published list readable", f"{keys.servers}: {'; '.join(loaded.problems[:3])}"
             )
-        self._check_epoch(loaded.meta.epoch, keys.meta)
+        self._check_epoch(loaded.meta.epoch, keys.meta, floor)
         routable = frozenset(k for k, instance in loaded.servers.items() if instance.routable)
         return routable, loaded.meta.epoch
 
-    def _check_epoch(self, epoch: int, where: str) -> None:
-        if epoch < self.max_epoch:
+    def _check_epoch(self, epoch: int, where: str, floor: int | None = None) -> None:
+        """``epoch``, read from ``where``, must not be below ``floor``: the highest epoch
+        known to be published before that read (default: the highest seen so far)."""
+        limit = self.max_epoch if floor is None else floor
+        if epoch < limit:
             self.violate(
                 "epoch never decreases",
-                f"{where} has epoch {epoch} after epoch {self.max_epoch} was published",
+                f"{where} has epoch {epoch} after epoch {limit} was published",
             )
             return
         self.epochs_seen.add(epoch)
-        self.max_epoch = epoch
+        self.max_epoch = max(self.max_epoch, epoch)
 
     def _wrote(self, epoch: int, at_ms: float) -> None:
         self.last_write_ms[epoch] = max(self.last_write_ms.get(epoch, 0.0), at_ms)
@@ -287,6 +295,10 @@ class Observer:
         assert self._redis is not None
         stream = RedisKeys(self._cluster.redis_prefix).changes
         last = "$"  # from now on; then from the last entry seen
+        # The stream is in order: each entry is checked against the entries before it.
+        # Not against what a sample read meanwhile: an entry appended before a newer
+        # epoch's publish can reach us after a sample that saw that publish.
+        stream_max = 0
         while True:
             try:
                 while True:
@@ -300,7 +312,10 @@ class Observer:
                                 self.violate("published change readable", f"{stream}: {exc}")
                                 continue
                             self.publishes += 1
-                            self._check_epoch(entry.epoch, f"change from {entry.leader!r}")
+                            self._check_epoch(
+                                entry.epoch, f"change from {entry.leader!r}", stream_max
+                            )
+                            stream_max = max(stream_max, entry.epoch)
                             self._wrote(entry.epoch, time.time() * 1000)
             except _REDIS_ERRORS as exc:
                 log.debug("observer: following %s failed: %s", stream, exc)
