@@ -67,8 +67,8 @@ class FanOutMetrics:
         self.routing_updates = Counter(
             "search_server_fanout_routing_updates",
             "Moves of the routing table: change (along one live-list change, O(shards "
-            "touched)) or full (built for a whole list: the first, a reload, a list not "
-            "followed, the ZooKeeper fallback's view).",
+            "touched)) or full (built for a whole list: the first, a list not followed, "
+            "the ZooKeeper fallback's view).",
             ["kind"],
             registry=registry,
         )

@@ -5,10 +5,11 @@ A query fans out to every shard, so it needs the replicas grouped by shard; grou
 50,000 servers takes the event loop about 0.1 s (0.4 s at the 99th percentile,
 ``bench/bench_routing.py``), and doing it for every version of the list stalled every
 query once per change at that size. :class:`RoutingTable` is built in full once (a
-follower's first list, a reload, a list it did not follow) and then updated from each
+follower's first list, a list it did not follow) and then updated from each
 :class:`~discovery.store.LiveListChange`'s ``added``, ``changed`` and ``removed``: a
 change costs the size of the shards it touches, tens of microseconds at 50,000 servers
-as at 500.
+as at 500. A reload from the list the table holds is a change like any other (the
+follower has already compared the two lists to make it).
 
 A shard's replica list is replaced, never edited: a query in flight keeps the list it
 started with (it may still retry or hedge to a replica that has just left; that request
@@ -104,11 +105,11 @@ class RoutingTable:
 
     def follow(self, change: LiveListChange) -> Literal["change", "full", "none"]:
         """Move to ``change.current``: by its delta if the table holds ``change.previous``
-        and the change is not a reload, else by a full :meth:`load`. Returns which it
-        did (``"none"``: the table holds ``change.current`` already)."""
+        (a reload's delta included), else by a full :meth:`load`. Returns which it did
+        (``"none"``: the table holds ``change.current`` already)."""
         if change.current.servers is self.source:
             return "none"
-        if change.reload or change.previous.servers is not self.source:
+        if change.previous.servers is not self.source:
             self.load(change.current.servers)
             return "full"
         self._expire_departed()

@@ -251,7 +251,7 @@ def test_a_departed_replica_is_forgotten_once_its_ejection_ends() -> None:
     assert table.replica(target_key(b)) is None
 
 
-def test_a_reload_or_a_change_from_another_list_is_loaded_in_full() -> None:
+def test_a_change_from_another_list_is_loaded_in_full_and_a_reload_followed() -> None:
     table = RoutingTable(Clock())
     a, b = make_instance("ds-a", 9001, shard=0), make_instance("ds-b", 9002, shard=1)
     listed = start(a)
@@ -259,13 +259,16 @@ def test_a_reload_or_a_change_from_another_list_is_loaded_in_full() -> None:
     other = start(b)
     # Not the list the table holds: the delta cannot be trusted, the whole list is.
     unrelated = step(other, upserts=(make_instance("ds-c", 9003, shard=2),))
-    table.follow(unrelated)
+    assert table.follow(unrelated) == "full"
     assert shape(table) == [
         (1, [target_key(b)]),
         (2, [target_key(unrelated.current.servers["ds-c"])]),
     ]
+    # A reload (a reconcile, a gap) from the list the table holds: the follower's
+    # comparison of the two lists is the delta.
     reloaded = diff_lists(unrelated.current, listed)
-    table.follow(reloaded)
+    assert reloaded.reload
+    assert table.follow(reloaded) == "change"
     assert shape(table) == [(0, [target_key(a)])]
     assert table.source is listed.servers
 

@@ -147,9 +147,7 @@ async def test_the_routing_table_follows_each_change_without_a_rebuild(
     make_search_server: SearchServerFactory, make_data_server: DataServerFactory
 ) -> None:
     first = [await make_data_server(shard=i, instance_id=f"ds-{i}") for i in range(2)]
-    # No reconcile during the test: one that read Redis between a publish and its stream
-    # entry would load the newer list in full, rightly, and blur what is measured here.
-    search = await make_search_server(server_id="ss-0", reconcile_interval=60.0)
+    search = await make_search_server(server_id="ss-0")
     await all_see([search], {"ds-0", "ds-1"})
     query = sample_queries(1, variant=6)[0]
 
