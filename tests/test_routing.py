@@ -21,15 +21,7 @@ from discovery.store import LiveList, LiveListChange
 from search_server.fanout import FanOut
 from search_server.picking import Replica, target_key
 from search_server.routing import RoutingTable
-from tests.support import eventually, make_instance
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support import FakeClock, eventually, make_instance
 
 
 def shape(table: RoutingTable) -> list[tuple[int, list[str]]]:
@@ -70,7 +62,7 @@ def server(
     return dataclasses.replace(instance, registration_time_utc=registered)
 
 
-def ejected(replica: Replica, clock: Clock, seconds: float) -> None:
+def ejected(replica: Replica, clock: FakeClock, seconds: float) -> None:
     replica.failures = 3
     replica.ejected_until = clock.now + seconds
 
@@ -99,7 +91,7 @@ ops = st.lists(
 def test_following_changes_gives_the_table_a_full_build_gives(
     script: list[tuple[str, int, int]],
 ) -> None:
-    clock = Clock()
+    clock = FakeClock()
     followed = RoutingTable(clock)
     listed = start(*(server(f"ds-{i}", 9000 + i, i % 3) for i in range(6)))
     followed.load(listed.servers)
@@ -172,7 +164,7 @@ def test_following_changes_gives_the_table_a_full_build_gives(
 
 
 def test_a_replicas_statistics_survive_a_payload_change() -> None:
-    table = RoutingTable(Clock())
+    table = RoutingTable(FakeClock())
     a = server("ds-a", 9001, 0, weight=1)
     listed = start(a, make_instance("ds-b", 9002, shard=0))
     table.load(listed.servers)
@@ -187,7 +179,7 @@ def test_a_replicas_statistics_survive_a_payload_change() -> None:
 
 
 def test_a_shard_change_moves_the_replica_and_an_emptied_shard_goes() -> None:
-    table = RoutingTable(Clock())
+    table = RoutingTable(FakeClock())
     listed = start(server("ds-a", 9001, 0), server("ds-b", 9002, 1))
     table.load(listed.servers)
     moved = server("ds-a", 9001, 2)
@@ -199,7 +191,7 @@ def test_a_shard_change_moves_the_replica_and_an_emptied_shard_goes() -> None:
 
 
 def test_a_shard_list_a_query_holds_is_never_edited() -> None:
-    table = RoutingTable(Clock())
+    table = RoutingTable(FakeClock())
     a, b = make_instance("ds-a", 9001, shard=0), make_instance("ds-b", 9002, shard=0)
     listed = start(a, b)
     table.load(listed.servers)
@@ -212,26 +204,10 @@ def test_a_shard_list_a_query_holds_is_never_edited() -> None:
     assert sorted(r.instance.id for r in table.table[0][1]) == ["ds-b", "ds-c"]
 
 
-def test_a_server_that_leaves_while_ejected_comes_back_ejected() -> None:
-    clock = Clock()
-    table = RoutingTable(clock)
-    a = make_instance("ds-a", 9001, shard=0)
-    listed = start(a, make_instance("ds-b", 9002, shard=0))
-    table.load(listed.servers)
-    replica = table.replica(target_key(a))
-    assert replica is not None
-    ejected(replica, clock, 10)
-    gone = step(listed, removes={"ds-a": "gone"})
-    table.follow(gone)
-    assert table.replica(target_key(a)) is replica  # remembered while ejected
-    back = step(gone.current, upserts=(a,))
-    table.follow(back)
-    assert table.replica(target_key(a)) is replica
-    assert replica.is_ejected(clock.now)
-
-
-def test_a_departed_replica_is_forgotten_once_its_ejection_ends() -> None:
-    clock = Clock()
+def _ejected_and_gone(
+    clock: FakeClock,
+) -> tuple[RoutingTable, LiveListChange, ServiceInstance, ServiceInstance, Replica]:
+    """ds-a and ds-b in shard 0; ds-a ejected for 10 s, then gone from the list."""
     table = RoutingTable(clock)
     a, b = make_instance("ds-a", 9001, shard=0), make_instance("ds-b", 9002, shard=0)
     listed = start(a, b)
@@ -241,7 +217,22 @@ def test_a_departed_replica_is_forgotten_once_its_ejection_ends() -> None:
     ejected(replica, clock, 10)
     gone = step(listed, removes={"ds-a": "gone"})
     table.follow(gone)
-    clock.now += 11
+    return table, gone, a, b, replica
+
+
+def test_a_server_that_leaves_while_ejected_comes_back_ejected() -> None:
+    clock = FakeClock()
+    table, gone, a, _, replica = _ejected_and_gone(clock)
+    assert table.replica(target_key(a)) is replica  # remembered while ejected
+    table.follow(step(gone.current, upserts=(a,)))
+    assert table.replica(target_key(a)) is replica
+    assert replica.is_ejected(clock.now)
+
+
+def test_a_departed_replica_is_forgotten_once_its_ejection_ends() -> None:
+    clock = FakeClock()
+    table, gone, a, b, _ = _ejected_and_gone(clock)
+    clock.advance(11)
     # Any later change sweeps the ejections that ended.
     later = step(gone.current, upserts=(make_instance("ds-c", 9003, shard=1),))
     table.follow(later)
@@ -252,7 +243,7 @@ def test_a_departed_replica_is_forgotten_once_its_ejection_ends() -> None:
 
 
 def test_a_change_from_another_list_is_loaded_in_full_and_a_reload_followed() -> None:
-    table = RoutingTable(Clock())
+    table = RoutingTable(FakeClock())
     a, b = make_instance("ds-a", 9001, shard=0), make_instance("ds-b", 9002, shard=1)
     listed = start(a)
     table.load(listed.servers)

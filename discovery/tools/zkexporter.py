@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import re
@@ -53,7 +54,7 @@ from prometheus_client.registry import Collector
 
 from discovery.aio import cancel_and_wait, log_crash
 from discovery.cli.entrypoint import run_event_loop, stop_on_signals
-from discovery.cli.options import Option, add_options, port_number, positive_float
+from discovery.cli.options import ZK_OPTIONS, Option, add_options, port_number, positive_float
 
 __all__ = [
     "MntrCollector",
@@ -356,12 +357,10 @@ class ZkExporter:
 
 
 ZK_EXPORTER_OPTIONS: tuple[Option, ...] = (
-    Option(
-        "--zk",
-        "DISCOVERY_ZK_HOSTS",
-        "ZooKeeper servers to read, host:port[,host:port...] (a /chroot is ignored)",
-        default="127.0.0.1:2181",
-        metavar="HOSTS",
+    # The servers' own --zk (same variable and default); its chroot has no use here.
+    dataclasses.replace(
+        next(o for o in ZK_OPTIONS if o.flag == "--zk"),
+        help="ZooKeeper servers to read, host:port[,host:port...] (a /chroot is ignored)",
     ),
     Option("--host", "DISCOVERY_HOST", "address to serve /metrics on", default="127.0.0.1"),
     Option(
