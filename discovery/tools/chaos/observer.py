@@ -236,9 +236,10 @@ class Observer:
         assert self._redis is not None
         keys = RedisKeys(self._cluster.redis_prefix)
         # What these reads may not go below: the epochs published before they were sent.
-        # A stream entry of a newer epoch can be handled while their replies are on the
-        # way (another connection, another task), and these reads are then older than
-        # it, not a step back (a false "epoch decreased" in a leader change).
+        # In a leader change they may rightly see less than max_epoch by then: the new
+        # leader's heartbeat (read first) is ahead of P:meta until its first publish, and
+        # its stream entry can be handled while these replies are on the way (another
+        # connection, another task). Neither is a step back.
         floor = self.max_epoch
         try:
             beat = await self._redis.get(keys.leader)
