@@ -51,9 +51,8 @@ class RoutingTable:
         self._clock = clock
         self.source: object = None
         """The list (by identity) the table was built for or moved to last."""
-        # Sorted shard numbers and, at the same index, (shard, replicas): the table a
-        # query iterates, kept sorted by insertion so a new shard costs a list insert.
-        self._shards: list[int] = []
+        # (shard, replicas) in shard order: the table a query iterates, kept sorted by
+        # insertion so a new shard costs a list insert.
         self._table: list[tuple[int, list[Replica]]] = []
         # The replica routed to for each instance id in the list.
         self._by_id: dict[str, Replica] = {}
@@ -100,7 +99,6 @@ class RoutingTable:
         heapq.heapify(departed)
         self._departed = departed
         self._table = sorted(by_shard.items())
-        self._shards = [shard for shard, _ in self._table]
         self.source = servers
 
     def follow(self, change: LiveListChange) -> Literal["change", "full", "none"]:
@@ -183,15 +181,14 @@ class RoutingTable:
                 del self._replicas[key]
 
     def _replace_shard(self, shard: int, edit: Callable[[list[Replica]], list[Replica]]) -> None:
-        i = bisect.bisect_left(self._shards, shard)
-        present = i < len(self._shards) and self._shards[i] == shard
+        i = bisect.bisect_left(self._table, shard, key=_shard_of)
+        present = i < len(self._table) and self._table[i][0] == shard
         group = edit(self._table[i][1] if present else [])
         if present and group:
             self._table[i] = (shard, group)
         elif present:
-            del self._shards[i], self._table[i]
+            del self._table[i]
         elif group:
-            self._shards.insert(i, shard)
             self._table.insert(i, (shard, group))
 
 
@@ -210,3 +207,7 @@ def _ejected_until(replica: Replica, now: float) -> float | None:
     """When ``replica``'s ejection ends, if it is ejected at ``now``."""
     until = replica.ejected_until
     return until if until is not None and now < until else None
+
+
+def _shard_of(entry: tuple[int, list[Replica]]) -> int:
+    return entry[0]

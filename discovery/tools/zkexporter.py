@@ -54,7 +54,7 @@ from prometheus_client.registry import Collector
 
 from discovery.aio import cancel_and_wait, log_crash
 from discovery.cli.entrypoint import run_event_loop, stop_on_signals
-from discovery.cli.options import ZK_OPTIONS, Option, add_options, port_number, positive_float
+from discovery.cli.options import ZK_OPTIONS, Option, add_options, listen_options, positive_float
 
 __all__ = [
     "MntrCollector",
@@ -362,13 +362,11 @@ ZK_EXPORTER_OPTIONS: tuple[Option, ...] = (
         next(o for o in ZK_OPTIONS if o.flag == "--zk"),
         help="ZooKeeper servers to read, host:port[,host:port...] (a /chroot is ignored)",
     ),
-    Option("--host", "DISCOVERY_HOST", "address to serve /metrics on", default="127.0.0.1"),
-    Option(
-        "--port",
-        "DISCOVERY_PORT",
-        "port to serve /metrics on (0: any free port)",
-        type=port_number,
-        default=DEFAULT_PORT,
+    # The servers' --host and --port (same variables), serving /metrics here.
+    *(
+        dataclasses.replace(o, help=o.help.replace("listen on", "serve /metrics on"))
+        for o in listen_options(DEFAULT_PORT, "zk-exporter")
+        if o.flag in ("--host", "--port")
     ),
     Option(
         "--interval",
