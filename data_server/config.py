@@ -18,6 +18,7 @@ from discovery.cli.options import (
     add_options,
     advertised_address,
     agent_config,
+    checked_address,
     checked_id,
     checked_setting,
     cluster_config,
@@ -216,6 +217,8 @@ class DataServerConfig:
 
     def __post_init__(self) -> None:
         checked_id(self.instance_id)
+        # Refused here, at start, naming the flag, rather than by every search server.
+        checked_address(self.advertise, "--advertise / DISCOVERY_ADVERTISE")
         # The parser checked flags and variables already; this catches programmatic
         # configs, before the registration would fail with a payload error.
         if self.zone is not None:

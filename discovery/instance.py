@@ -45,6 +45,10 @@ Compatibility rules:
 * ``sslPort``, ``serviceType``, ``uriSpec`` and ``enabled`` may be absent
   (Curator's compatibility mode omits ``enabled``); they default to ``null``,
   ``"DYNAMIC"``, ``null`` and ``true``.
+* ``address`` is an IPv4/IPv6 literal or an ASCII DNS name, never link-local,
+  multicast or unspecified (:func:`discovery.address.validate_address`): one
+  registration naming an address no search server can encode or should reach fails
+  alone, where it is read, instead of in every search server's fan-out.
 * Non-standard JSON (``NaN``, ``Infinity``), duplicate keys, integer literals
   longer than Python converts (``sys.get_int_max_str_digits()``), JSON floats
   where an integer is expected and booleans where an integer is expected are
@@ -66,6 +70,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final, NoReturn
 
+from .address import validate_address
 from .errors import InvalidInstanceError, PayloadTooLargeError
 
 __all__ = [
@@ -90,7 +95,8 @@ MAX_INSTANCE_BYTES: Final = 64 * 1024
 """Upper bound, in bytes of UTF-8 JSON, of one ServiceInstance document."""
 
 MAX_ID_LENGTH: Final = 128
-MAX_ADDRESS_LENGTH: Final = 255
+MAX_ADDRESS_LENGTH: Final = 253
+"""Longest ``address`` (a DNS name; IP literals are shorter): see :mod:`discovery.address`."""
 
 MAX_ZONE_LENGTH: Final = 64
 """Longest ``payload.zone``; zones are short names like ``eu-west-1b``."""
@@ -472,11 +478,9 @@ class ServiceInstance:
         set_ = object.__setattr__
         set_(self, "name", _require_str("name", self.name, non_empty=True))
         set_(self, "id", validate_instance_id(self.id))
-        set_(
-            self,
-            "address",
-            _require_str("address", self.address, non_empty=True, max_length=MAX_ADDRESS_LENGTH),
-        )
+        # Where every search server connects: an IP literal or an ASCII DNS name, never
+        # link-local, multicast or unspecified (discovery.address).
+        set_(self, "address", validate_address(self.address))
         set_(self, "port", _require_int("port", self.port, 1, 65535))
         if self.ssl_port is not None:
             set_(self, "ssl_port", _require_int("sslPort", self.ssl_port, 1, 65535))

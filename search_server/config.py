@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from discovery import __version__
+from discovery.address import NetworkPolicy
 from discovery.brake import MassLossBrakeConfig
 from discovery.cli.options import (
     COMMON_OPTIONS,
@@ -15,12 +16,15 @@ from discovery.cli.options import (
     Option,
     add_options,
     advertised_address,
+    checked_address,
     checked_id,
     checked_setting,
     cluster_config,
     env_flag,
     int_range,
     listen_options,
+    network_list,
+    non_negative_int,
     positive_float,
     positive_int,
     zk_config,
@@ -29,6 +33,8 @@ from discovery.cli.options import (
 from discovery.config import ClusterConfig, ZkConfig
 from discovery.errors import ConfigError
 from discovery.instance import validate_zone
+
+from .querydeath import QueryOfDeathConfig
 
 __all__ = ["SearchServerConfig", "build_parser"]
 
@@ -77,6 +83,16 @@ SEARCH_OPTIONS = (
         f"({ZONE_RULE}; unset: no preference)",
         type=zone_name,
         metavar="ZONE",
+    ),
+    Option(
+        "--allowed-networks",
+        "DISCOVERY_ALLOWED_NETWORKS",
+        "CIDR,... : the only networks data servers may be at; the leader skips (and "
+        "counts) registrations with an IP address outside them, and this server sends no "
+        "query to one, nor to a name that resolves outside them (unset: any address "
+        "except link-local, multicast and unspecified ones, which are always refused)",
+        type=network_list,
+        metavar="CIDRS",
     ),
     Option(
         "--timeout-ms",
@@ -192,6 +208,43 @@ SEARCH_OPTIONS = (
         default=10.0,
         metavar="SECONDS",
     ),
+    # The query-of-death guard (search_server/querydeath.py).
+    Option(
+        "--qod-strikes",
+        "DISCOVERY_QOD_STRIKES",
+        "a query (its normalised text) whose fan-out failed, timed out or was cut on "
+        "--qod-shard-fraction of the shards this many times within --qod-window, while "
+        "most other queries did not, is refused at once with 422 for --qod-cooldown "
+        "(0: never refuse a query)",
+        type=non_negative_int,
+        default=3,
+    ),
+    Option(
+        "--qod-shard-fraction",
+        "DISCOVERY_QOD_SHARD_FRACTION",
+        "share of a fan-out's shards that must fail, time out or be cut for it to count "
+        "as a strike (0 < F <= 1)",
+        type=_fraction,
+        default=0.5,
+        metavar="F",
+    ),
+    Option(
+        "--qod-window",
+        "DISCOVERY_QOD_WINDOW",
+        "seconds within which a query's strikes count together",
+        type=positive_float,
+        default=60.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--qod-cooldown",
+        "DISCOVERY_QOD_COOLDOWN",
+        "seconds a query of death is refused; a repeat offence after it doubles it, up "
+        "to ten times this",
+        type=positive_float,
+        default=60.0,
+        metavar="SECONDS",
+    ),
     # The leader's mass-loss brake (discovery/brake.py).
     Option(
         "--mass-loss-fraction",
@@ -247,6 +300,8 @@ class SearchServerConfig:
     ``zone`` is the server's own zone (``--zone``), ``None`` for no preference.
     ``picker`` names the replica picker (``--picker``: ``ars`` or ``p2c``) and
     ``hedge_percent`` caps hedged requests (``--hedge-percent``, 0 turns them off).
+    ``allowed_networks`` narrows where data servers may be (``--allowed-networks``).
+    ``query_of_death`` holds the thresholds of the query-of-death guard (``--qod-*``).
     """
 
     zk: ZkConfig
@@ -271,6 +326,8 @@ class SearchServerConfig:
     zone: str | None = None
     picker: str = "ars"
     hedge_percent: float = 5.0
+    allowed_networks: NetworkPolicy = field(default_factory=NetworkPolicy)
+    query_of_death: QueryOfDeathConfig = field(default_factory=QueryOfDeathConfig)
 
     def __post_init__(self) -> None:
         if self.picker not in PICKERS:
@@ -278,6 +335,7 @@ class SearchServerConfig:
         if not 0 <= self.hedge_percent <= 100:
             raise ConfigError(f"--hedge-percent must be in 0..100, got {self.hedge_percent}")
         checked_id(self.server_id)
+        checked_address(self.advertise, "--advertise / DISCOVERY_ADVERTISE")
         if self.zone is not None:
             checked_setting(validate_zone, self.zone, "--zone / DISCOVERY_ZONE")
         if self.default_timeout_ms > self.max_timeout_ms:
@@ -311,6 +369,14 @@ class SearchServerConfig:
             zone=args.zone,
             picker=args.picker,
             hedge_percent=args.hedge_percent,
+            allowed_networks=args.allowed_networks or NetworkPolicy(),
+            query_of_death=QueryOfDeathConfig(
+                shard_fraction=args.qod_shard_fraction,
+                strikes=args.qod_strikes,
+                window=args.qod_window,
+                cooldown=args.qod_cooldown,
+                max_cooldown=10 * args.qod_cooldown,
+            ),
             mass_loss=MassLossBrakeConfig(
                 fraction=args.mass_loss_fraction,
                 window=args.mass_loss_window,

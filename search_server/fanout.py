@@ -59,6 +59,7 @@ import heapq
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -67,6 +68,7 @@ from urllib.parse import urlencode
 import orjson
 from prometheus_client import CollectorRegistry
 
+from discovery.address import NetworkPolicy
 from discovery.errors import OverloadedError
 from discovery.instance import ServiceInstance
 from discovery.store import LiveListChange
@@ -218,34 +220,94 @@ class _Query:
 _Ranked = tuple[float, str, int, dict[str, Any]]
 
 
+#: Most fields one hit may carry (``id``, ``score``, ``title``... are a handful).
+MAX_HIT_FIELDS = 32
+#: Longest hit ``id`` and longest text field of a hit, in characters.
+MAX_HIT_ID = 1024
+MAX_HIT_TEXT = 8192
+_MAX_FIELD_NAME = 64
+# Distinct unroutable targets whose exclusion is remembered as logged.
+_MAX_LOGGED_SKIPS = 1024
+# What an error message or log line shows of what a data server sent.
+_EXCERPT = 80
+
+
+def _excerpt(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _EXCERPT else text[: _EXCERPT - 3] + "..."
+
+
+def _flat_field(key: object, value: object) -> str | None:
+    """Why a hit's field is not a flat, bounded JSON scalar, or None if it is."""
+    if type(key) is not str or len(key) > _MAX_FIELD_NAME:
+        return f"a hit has a field name that is not a short string: {_excerpt(key)}"
+    kind = type(value)
+    if kind is str:
+        if len(value) > MAX_HIT_TEXT:  # type: ignore[arg-type]
+            return f"a hit's {_excerpt(key)} is longer than {MAX_HIT_TEXT} characters"
+        return None
+    if kind is float:
+        return None if math.isfinite(value) else f"a hit's {_excerpt(key)} is not finite"  # type: ignore[arg-type]
+    if kind is int or kind is bool or value is None:
+        return None
+    return f"a hit's {_excerpt(key)} is not a flat JSON value: {_excerpt(value)}"
+
+
 def _ranked_hits(body: Any, shard: int, k: int) -> list[_Ranked]:
     """Validate a data server's answer; its first ``k`` hits, ready for the merge.
 
+    A hit is a flat record: a string ``id`` (at most :data:`MAX_HIT_ID` characters), a
+    finite number ``score`` and at most :data:`MAX_HIT_FIELDS` fields in all, each a
+    string (at most :data:`MAX_HIT_TEXT` characters), a finite number, a boolean or
+    null. So no answer can make the search server's own response fail to encode (a
+    nested hit a thousand levels deep did) or grow past what ``k`` hits should weigh.
     The hit objects are the decoded ones, not copied: only the merged top ``k`` are.
 
     Raises:
-        _BadAnswer: not the data server's ``{"hits":[{"id","score",…}],"shard":n}``.
+        _BadAnswer: not the data server's ``{"hits":[{"id","score",…}],"shard":n}``;
+            the message quotes at most a short excerpt of what was sent.
     """
     if type(body) is not dict:
-        raise _BadAnswer("answer is not a JSON object")
+        raise _BadAnswer(f"answer is not a JSON object: {_excerpt(body)}")
     raw_hits = body.get("hits")
     if type(raw_hits) is not list:
-        raise _BadAnswer("answer has no 'hits' list")
+        raise _BadAnswer(f"answer has no 'hits' list: {_excerpt(raw_hits)}")
     answered_shard = body.get("shard", shard)
     if answered_shard != shard:
         # A stale registration whose port now belongs to a server of another shard:
         # merging its hits would return another shard's documents twice.
-        raise _BadAnswer(f"answered for shard {answered_shard!r}, registered for shard {shard}")
+        raise _BadAnswer(
+            f"answered for shard {_excerpt(answered_shard)}, registered for shard {shard}"
+        )
     ranked: list[_Ranked] = []
     isfinite = math.isfinite
     for hit in raw_hits[:k]:
         if type(hit) is not dict:
-            raise _BadAnswer("a hit is not a JSON object")
+            raise _BadAnswer(f"a hit is not a JSON object: {_excerpt(hit)}")
         hit_id, score = hit.get("id"), hit.get("score")
-        if type(hit_id) is not str:
-            raise _BadAnswer(f"a hit's 'id' is not a string: {hit_id!r}")
+        if type(hit_id) is not str or len(hit_id) > MAX_HIT_ID:
+            raise _BadAnswer(
+                f"a hit's 'id' is not a string of at most {MAX_HIT_ID}: {_excerpt(hit_id)}"
+            )
         if (type(score) is not float and type(score) is not int) or not isfinite(score):
-            raise _BadAnswer(f"hit {hit_id!r} has no finite 'score': {score!r}")
+            raise _BadAnswer(f"hit {_excerpt(hit_id)} has no finite 'score': {_excerpt(score)}")
+        if len(hit) > MAX_HIT_FIELDS:
+            raise _BadAnswer(
+                f"hit {_excerpt(hit_id)} has {len(hit)} fields, more than {MAX_HIT_FIELDS}"
+            )
+        for key, value in hit.items():
+            # Inline for the common fields (this runs for every hit of every answer);
+            # _flat_field says what is wrong with one that is not fine.
+            kind = type(value)
+            if (
+                (kind is str and len(value) <= MAX_HIT_TEXT)
+                or (kind is float and isfinite(value))
+                or kind is int
+                or kind is bool
+                or value is None
+            ) and len(key) <= _MAX_FIELD_NAME:
+                continue
+            raise _BadAnswer(_flat_field(key, value) or "a hit has an unusable field")
         ranked.append((-score, hit_id, shard, hit))
     return ranked
 
@@ -272,6 +334,10 @@ class FanOut:
     :class:`~search_server.picking.AdaptiveReplicaSelection`). ``zone`` is this search
     server's zone: replicas there are preferred while the shard has a usable one.
     ``hedge_ratio`` caps hedges as a share of sub-requests (0 turns hedging off).
+    ``networks`` (``--allowed-networks``) leaves data servers at IP addresses outside
+    it out of the routing table; any other failure to make one server's replica leaves
+    that server out too, never fails the table (both counted in
+    ``search_server_fanout_unroutable_total``).
     Metrics go to ``registry`` (a fresh one if ``None``).
 
     Raises ``ValueError`` for a limit below 1, a negative cool-down or a ratio out of
@@ -294,6 +360,7 @@ class FanOut:
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
         picker: ReplicaPicker | None = None,
+        networks: NetworkPolicy | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -323,8 +390,15 @@ class FanOut:
         self._clock = clock
         self.picker: ReplicaPicker = picker if picker is not None else AdaptiveReplicaSelection()
         self._in_flight = 0
+        self.networks = networks if networks is not None else NetworkPolicy()
         # Replicas by shard for the last list fanned out to or followed.
-        self._routes = RoutingTable(clock)
+        self._routes = RoutingTable(
+            clock,
+            admit=self._admit if self.networks.narrows else None,
+            on_skip=self._skipped,
+        )
+        # Targets whose exclusion was logged (bounded): one line each, not one per list.
+        self._logged_skips: OrderedDict[str, None] = OrderedDict()
         # The replicas ejected at some point and not yet seen expired: the ejection cap
         # and ejected() look at these, never at every replica routed to.
         self._ejected: set[Replica] = set()
@@ -395,6 +469,29 @@ class FanOut:
             self.metrics.in_flight.dec()
 
     # -- routing table ----------------------------------------------------------------
+
+    def _admit(self, instance: ServiceInstance) -> str | None:
+        problem = self.networks.problem(instance.address)
+        return None if problem is None else f"not_allowed: {problem}"
+
+    def _skipped(self, instance: ServiceInstance, problem: str) -> None:
+        """A listed server left out of the routing table: counted, logged once."""
+        why = "not_allowed" if problem.startswith("not_allowed:") else "error"
+        self.metrics.unroutable.labels(why=why).inc()
+        key = target_key(instance)
+        if key in self._logged_skips:
+            return
+        self._logged_skips[key] = None
+        if len(self._logged_skips) > _MAX_LOGGED_SKIPS:
+            self._logged_skips.popitem(last=False)
+        log.warning(
+            "not routing to data server %s (%s:%d, shard %d): %s",
+            instance.id,
+            instance.address,
+            instance.port,
+            instance.payload.shard,
+            problem,
+        )
 
     def follow(self, change: LiveListChange) -> None:
         """Move the routing table along ``change`` of the live list (see

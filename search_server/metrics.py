@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["HEDGE_RESULTS", "QUERY_OUTCOMES", "SHARD_RESULTS", "FanOutMetrics"]
+__all__ = [
+    "HEDGE_RESULTS",
+    "QUERY_OUTCOMES",
+    "SHARD_RESULTS",
+    "FanOutMetrics",
+    "QueryOfDeathMetrics",
+]
 
 #: Label values of ``search_server_fanout_queries_total{outcome}``.
 QUERY_OUTCOMES = ("complete", "partial", "overloaded")
@@ -72,6 +78,13 @@ class FanOutMetrics:
             ["kind"],
             registry=registry,
         )
+        self.unroutable = Counter(
+            "search_server_fanout_unroutable",
+            "Listed data servers left out of the routing table: not_allowed (an IP address "
+            "outside --allowed-networks) or error (its replica could not be made).",
+            ["why"],
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "search_server_fanout_in_flight",
             "Queries currently in the fan-out (admission control refuses beyond the limit).",
@@ -87,3 +100,25 @@ class FanOutMetrics:
             self.hedges.labels(result=result)
         for kind in ("change", "full"):
             self.routing_updates.labels(kind=kind)
+
+
+class QueryOfDeathMetrics:
+    """The query-of-death guard's figures (:mod:`search_server.querydeath`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.refused = Counter(
+            "search_server_query_of_death_refused",
+            "Queries answered at once with 422, without a fan-out: their normalised text "
+            "failed, timed out or was cut on many shards in recent fan-outs.",
+            registry=registry,
+        )
+        self.quarantines = Counter(
+            "search_server_query_of_death_quarantines",
+            "Times a query was quarantined (first offences and repeats on probation).",
+            registry=registry,
+        )
+        self.quarantined = Gauge(
+            "search_server_query_of_death_quarantined",
+            "Queries refused right now.",
+            registry=registry,
+        )

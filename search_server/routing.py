@@ -42,13 +42,23 @@ Servers = Iterable[ServiceInstance] | Mapping[str, ServiceInstance]
 class RoutingTable:
     """Routable replicas by shard, for the list in :attr:`source`.
 
-    ``clock`` is the one ejections are timed with (the fan-out's). :meth:`load` builds
+    ``clock`` is the one ejections are timed with (the fan-out's). ``admit`` says why
+    an instance must not be routed to (None: it may), ``on_skip`` hears of each one
+    left out that way or because its replica could not be made. :meth:`load` builds
     the table for a whole list (O(servers)); :meth:`follow` moves it along a change of
     the list it holds (O(servers of the shards touched)).
     """
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        admit: Callable[[ServiceInstance], str | None] | None = None,
+        on_skip: Callable[[ServiceInstance, str], None] | None = None,
+    ) -> None:
         self._clock = clock
+        self._admit = admit
+        self._on_skip = on_skip
         self.source: object = None
         """The list (by identity) the table was built for or moved to last."""
         # (shard, replicas) in shard order: the table a query iterates, kept sorted by
@@ -85,7 +95,9 @@ class RoutingTable:
         for instance in instances:
             if not instance.routable:
                 continue
-            replica = _updated(old.get(target_key(instance)), instance)
+            replica = self._replica_of(instance, old)
+            if replica is None:
+                continue
             self._replicas[replica.key] = replica
             self._by_id[instance.id] = replica
             by_shard.setdefault(replica.shard, []).append(replica)
@@ -140,10 +152,27 @@ class RoutingTable:
         _updated(replica, instance)
         return True
 
+    def _replica_of(self, instance: ServiceInstance, known: dict[str, Replica]) -> Replica | None:
+        """The replica to route ``instance`` with (``known``'s, updated, or a new one),
+        or None if it is not to be routed to: refused by ``admit``, or any failure in
+        making its replica. One registration's problem stays with it, never fails the
+        table (an address nobody could encode once made every query fail)."""
+        problem = self._admit(instance) if self._admit is not None else None
+        if problem is None:
+            try:
+                return _updated(known.get(target_key(instance)), instance)
+            except Exception as exc:
+                problem = f"cannot route to it: {type(exc).__name__}: {exc}"[:300]
+        if self._on_skip is not None:
+            self._on_skip(instance, problem)
+        return None
+
     def _attach(self, instance: ServiceInstance) -> Replica | None:
         if not instance.routable:
             return None
-        replica = _updated(self._replicas.get(target_key(instance)), instance)
+        replica = self._replica_of(instance, self._replicas)
+        if replica is None:
+            return None
         self._replicas[replica.key] = replica
         self._by_id[instance.id] = replica
         self._replace_shard(replica.shard, lambda group: [*group, replica])

@@ -52,7 +52,9 @@ from discovery.zk import ZkSession
 from .config import SearchServerConfig
 from .dashboard import EventStream, MemberCache, QueryStats
 from .fanout import FanOut
+from .metrics import QueryOfDeathMetrics
 from .picking import AdaptiveReplicaSelection, ReplicaPicker, make_picker
+from .querydeath import Quarantine, QueryOfDeathGuard, normalise
 
 __all__ = ["MAX_K", "MAX_QUERY_LENGTH", "SearchServer"]
 
@@ -106,6 +108,12 @@ class SearchServer:
         self.query_stats = QueryStats()
         self._members = MemberCache(lambda: self.session)
         self._events = EventStream(self.dashboard_snapshot)
+        #: Refuses queries that fail on many shards every time (``--qod-*``).
+        self.query_guard = QueryOfDeathGuard(
+            config.query_of_death, clock=time.monotonic, on_quarantine=self._quarantined
+        )
+        self._qod_metrics = QueryOfDeathMetrics(self.registry)
+        self._qod_metrics.quarantined.set_function(lambda: self.query_guard.quarantined)
 
     @property
     def url(self) -> str:
@@ -186,6 +194,7 @@ class SearchServer:
             picker=self._picker if self._picker is not None else make_picker(config.picker),
             zone=config.zone,
             hedge_ratio=config.hedge_percent / 100,
+            networks=config.allowed_networks,
         )
         stack.push_async_callback(self.fanout.aclose)
         self._routes = await stack.enter_async_context(_FollowRoutes(self.reader, self.fanout))
@@ -339,13 +348,42 @@ class SearchServer:
         servers = self._routing_list()
         if servers is None:
             return json_error(503, "no live list yet")
+        key = normalise(query)
+        quarantine = self.query_guard.check(key)
+        if quarantine is not None:
+            return self._refuse_query_of_death(quarantine)
         try:
             result = await self.fanout.search(servers, query, k, timeout_ms)
         except OverloadedError as exc:
             self.query_stats.record_overloaded()
             return json_error(503, f"overloaded: {exc}")
+        shards = result.shards
+        self.query_guard.record(
+            key, shards["total"], shards["failed"] + shards["timed_out"] + shards.get("cut", 0)
+        )
         self.query_stats.record(result.took_ms, result.partial)
         return web.json_response(result.to_dict())
+
+    def _refuse_query_of_death(self, quarantine: Quarantine) -> web.Response:
+        """422 at once, with Retry-After: the query is quarantined (see
+        :mod:`search_server.querydeath`); no data server is asked."""
+        self._qod_metrics.refused.inc()
+        now = time.monotonic()
+        response = json_error(422, quarantine.message(now))
+        response.headers["Retry-After"] = str(quarantine.retry_after(now))
+        return response
+
+    def _quarantined(self, key: str, quarantine: Quarantine) -> None:
+        self._qod_metrics.quarantines.inc()
+        log.warning(
+            "query of death: refusing %r for %.0f s (%d strikes; the last failed on %d of "
+            "%d shards)",
+            key[:120],
+            quarantine.until - time.monotonic(),
+            quarantine.strikes,
+            quarantine.bad_shards,
+            quarantine.total_shards,
+        )
 
     def _routing_list(self) -> Mapping[str, ServiceInstance] | None:
         """The servers to route with: the live list, or the ZooKeeper fallback's view.

@@ -94,6 +94,22 @@ def _hostile_nodes() -> dict[str, tuple[bytes, str]]:
             "malformed",
         ),
         "hostile-empty": (b"", "malformed"),
+        # Addresses no search server can encode, or must never be sent to: one such
+        # registration made every /search of every search server answer 500.
+        "hostile-unicode-name": (
+            _bytes(_doc("hostile-unicode-name", address="dätä.example")),
+            "malformed",
+        ),
+        "hostile-long-label": (
+            _bytes(_doc("hostile-long-label", address="a" * 70 + ".example")),
+            "malformed",
+        ),
+        "hostile-metadata": (
+            _bytes(_doc("hostile-metadata", address="169.254.169.254")),
+            "malformed",
+        ),
+        "hostile-multicast": (_bytes(_doc("hostile-multicast", address="ff02::1")), "malformed"),
+        "hostile-octal": (_bytes(_doc("hostile-octal", address="0251.0376.1.1")), "malformed"),
     }
 
 

@@ -39,6 +39,7 @@ from data_server.config import DataServerConfig
 from data_server.faults import Fault, FaultSpecError
 from data_server.server import MAX_K as DATA_MAX_K
 from data_server.server import DataServer
+from discovery.address import address_problem
 from discovery.config import AgentConfig, ClusterConfig, ZkConfig
 from discovery.errors import (
     BadRequestError,
@@ -173,11 +174,22 @@ URI_SPECS = st.none() | st.builds(
     st.lists(st.fixed_dictionaries({"value": VALID_TEXT, "variable": st.booleans()}), max_size=3),
 )
 
+# What a registration may name: IP literals the contract admits and ASCII DNS names.
+_LABELS = st.from_regex(r"[A-Za-z0-9]([A-Za-z0-9-]{0,20}[A-Za-z0-9])?", fullmatch=True)
+ADDRESSES = (
+    st.ip_addresses()
+    .map(str)
+    .filter(lambda text: address_problem(text) is None)
+    | st.lists(_LABELS, min_size=1, max_size=6)
+    .map(".".join)
+    .filter(lambda text: address_problem(text) is None)
+)
+
 INSTANCES = st.builds(
     ServiceInstance,
     name=st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=20),
     id=INSTANCE_IDS,
-    address=st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=255),
+    address=ADDRESSES,
     port=st.integers(1, 65535),
     ssl_port=st.none() | st.integers(1, 65535),
     payload=payloads(),
@@ -415,7 +427,7 @@ _PAYLOAD_WITH_X = '{"shard":1,"replica":0,"docs":1,"version":"1","state":"servin
             ),
             "payload.x[0][0][0][0]",
         ),
-        (_document(address='"10.0.0.1\\ud800"'), "address: contains a lone surrogate"),
+        (_document(address='"10.0.0.1\\ud800"'), "address: must be an IP address"),
         (_document(name='"\\udfff"'), "name: contains a lone surrogate"),
         (_document(id='"ds-\\u00fc"'), "id: must be 1..128 characters"),
         (_document(id='"ds-1","id":"ds-2"'), "id: appears more than once"),

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..address import NetworkPolicy, parse_networks, validate_address
 from ..config import REDIS_LAYOUTS, AgentConfig, ClusterConfig, RedisConfig, ZkConfig
 from ..errors import ConfigError, InvalidInstanceError
 from ..instance import MAX_ZONE_LENGTH, validate_instance_id, validate_zone
@@ -41,12 +42,14 @@ __all__ = [
     "add_options",
     "advertised_address",
     "agent_config",
+    "checked_address",
     "checked_id",
     "cluster_config",
     "env_flag",
     "int_range",
     "listen_options",
     "log_level",
+    "network_list",
     "non_negative_int",
     "parse_env",
     "port_number",
@@ -74,6 +77,26 @@ def zone_name(text: str) -> str:
         return validate_zone(text.strip())
     except InvalidInstanceError:
         raise argparse.ArgumentTypeError(f"not a zone name ({ZONE_RULE}): {text!r}") from None
+
+
+def network_list(text: str) -> NetworkPolicy:
+    """argparse type: ``CIDR,CIDR,...`` as a :class:`~discovery.address.NetworkPolicy`
+    (empty: no narrowing)."""
+    try:
+        return NetworkPolicy.of(parse_networks(text))
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--allowed-networks: ")) from None
+
+
+def checked_address(value: str, flag: str) -> str:
+    """An address this process will register (``--advertise``), validated as the
+    contract requires of a registration's ``address``.
+
+    Raises:
+        ConfigError: naming ``flag`` and the rule broken.
+    """
+    checked_setting(validate_address, value, flag)
+    return value
 
 
 def checked_setting(check: Callable[[Any, str], object], value: object, flag: str) -> None:

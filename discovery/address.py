@@ -1,0 +1,225 @@
+"""Which addresses a registration may name, and which a search server will send to.
+
+A registration's ``address`` is where every search server opens connections, so it is
+untrusted input with reach: a name that cannot be encoded once made every query of
+every search server fail, and an address such as ``169.254.169.254`` (a cloud's
+metadata service) or a multicast group would turn the fan-out against something that
+is not a data server. Two layers:
+
+* :func:`validate_address`, the contract, applied wherever a
+  :class:`~discovery.instance.ServiceInstance` is built (the agent's own, what the
+  leader reads from ZooKeeper, what a reader loads from Redis): an IPv4 or IPv6
+  literal, or an ASCII DNS name (labels of 1-63 letters, digits and hyphens, not
+  starting or ending with a hyphen; at most 253 characters in all); never a
+  link-local (``169.254.0.0/16``, ``fe80::/10``), multicast or unspecified address, in
+  any spelling (an IPv4-mapped IPv6 address is judged by its IPv4 address), and never
+  a name that the C resolver would read as a number (``2130706433``, ``0x7f.1``,
+  ``0251.0376.1.1``: ``inet_aton`` forms that would slip a refused address past the
+  literal check).
+* :class:`NetworkPolicy`, a deployment's own narrowing (``--allowed-networks
+  CIDR,...`` on search servers): the IP literals it admits. A DNS name cannot be
+  judged before it is resolved; the policy says so (:meth:`NetworkPolicy.admits_names`)
+  and its user decides (the leader publishes names; the fan-out checks what a name
+  resolves to when it connects).
+
+Failure behaviour: :func:`validate_address` raises
+:class:`~discovery.errors.InvalidInstanceError` naming ``field_name`` (``address`` for
+a document; the agent and the data server pass their flag, ``--advertise``).
+:func:`parse_networks` raises :class:`~discovery.errors.ConfigError` naming its flag.
+Nothing here does I/O or logs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from .errors import ConfigError, InvalidInstanceError
+
+__all__ = [
+    "MAX_NAME_LENGTH",
+    "NetworkPolicy",
+    "address_problem",
+    "parse_networks",
+    "validate_address",
+]
+
+MAX_NAME_LENGTH: Final = 253
+"""Longest DNS name, in characters, without a trailing dot (RFC 1035's 255 octets on
+the wire)."""
+
+_LABEL: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+# Messages end up in logs: a 60 KiB address must not.
+_MAX_SHOWN: Final = 60
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _shown(value: str) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
+
+
+def _literal(value: str) -> IPAddress | None:
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        return None
+    return address
+
+
+def _refused_kind(address: IPAddress) -> str | None:
+    """Why the contract refuses ``address`` whatever the deployment, or None."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.scope_id is not None:
+            return "an IPv6 address with a zone index"
+        mapped = address.ipv4_mapped
+        if mapped is not None:
+            kind = _refused_kind(mapped)
+            return None if kind is None else f"{kind} (IPv4-mapped)"
+    if address.is_unspecified:
+        return "the unspecified address"
+    if address.is_link_local:
+        return "a link-local address"
+    if address.is_multicast:
+        return "a multicast address"
+    if isinstance(address, ipaddress.IPv4Address) and address == ipaddress.IPv4Address(
+        "255.255.255.255"
+    ):
+        return "the broadcast address"
+    return None
+
+
+def _numeric_spelling(value: str) -> bool:
+    # glibc's getaddrinfo reads any inet_aton form as a number before it asks DNS:
+    # "2130706433" is 127.0.0.1, "0251.0376.1.1" is 169.254.1.1.
+    try:
+        socket.inet_aton(value)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def address_problem(value: object) -> str | None:
+    """Why ``value`` is not a usable registration address, or None if it is.
+
+    See the module docstring for the rules. Never raises.
+    """
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if not value:
+        return "must not be empty"
+    literal = _literal(value)
+    if literal is not None:
+        kind = _refused_kind(literal)
+        if kind is not None:
+            return f"{_shown(value)} is {kind}, which a registration may not name"
+        return None
+    if not value.isascii():
+        return (
+            f"must be an IP address or an ASCII DNS name (use the punycode form of an "
+            f"internationalised name), got {_shown(value)}"
+        )
+    if len(value) > MAX_NAME_LENGTH:
+        return f"a DNS name must be at most {MAX_NAME_LENGTH} characters, got {len(value)}"
+    for label in value.split("."):
+        if _LABEL.fullmatch(label) is None:
+            return (
+                "must be an IP address or a DNS name of labels of 1-63 letters, digits "
+                f"and hyphens (not at a label's start or end), got {_shown(value)}"
+            )
+    if _numeric_spelling(value):
+        return (
+            f"{_shown(value)} is a numeric address in a non-standard spelling; write it "
+            "as a dotted quad"
+        )
+    return None
+
+
+def validate_address(value: object, field_name: str = "address") -> str:
+    """Return ``value`` if it is a usable registration address, else raise.
+
+    Raises:
+        InvalidInstanceError: naming ``field_name`` (the document's ``address``, or
+            the flag a configuration was given).
+    """
+    problem = address_problem(value)
+    if problem is not None:
+        raise InvalidInstanceError(f"invalid ServiceInstance: {field_name}: {problem}")
+    assert isinstance(value, str)
+    return value
+
+
+def parse_networks(text: str | None, flag: str = "--allowed-networks") -> tuple[IPNetwork, ...]:
+    """``CIDR,CIDR,...`` as networks; empty or None: no narrowing (an empty tuple).
+
+    Raises:
+        ConfigError: a part that is not a network, naming ``flag``.
+    """
+    if text is None or not text.strip():
+        return ()
+    networks: list[IPNetwork] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(part, strict=False))
+        except ValueError as exc:
+            raise ConfigError(f"{flag}: {_shown(part)} is not a network ({exc})") from None
+    return tuple(networks)
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkPolicy:
+    """The networks a deployment admits data servers in; no networks: any (the
+    contract's own refusals, :func:`validate_address`, always apply)."""
+
+    networks: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def of(cls, networks: Iterable[IPNetwork]) -> NetworkPolicy:
+        return cls(tuple(networks))
+
+    @property
+    def narrows(self) -> bool:
+        """Whether this policy refuses anything beyond the contract."""
+        return bool(self.networks)
+
+    def problem(self, address: str) -> str | None:
+        """Why an IP literal ``address`` is outside the admitted networks, or None.
+
+        A DNS name is not judged here (None): only what it resolves to can be, by
+        :meth:`resolved_problem` when a connection is made.
+        """
+        if not self.networks:
+            return None
+        literal = _literal(address)
+        if literal is None:
+            return None
+        return self.resolved_problem(literal)
+
+    def resolved_problem(self, address: IPAddress | str) -> str | None:
+        """Why a resolved address is refused (contract or policy), or None."""
+        literal = _literal(address) if isinstance(address, str) else address
+        if literal is None:
+            return f"{_shown(str(address))} is not an IP address"
+        kind = _refused_kind(literal)
+        if kind is not None:
+            return f"{literal} is {kind}"
+        if isinstance(literal, ipaddress.IPv6Address) and literal.ipv4_mapped is not None:
+            literal = literal.ipv4_mapped
+        if self.networks and not any(
+            literal.version == network.version and literal in network for network in self.networks
+        ):
+            allowed = ",".join(str(network) for network in self.networks)
+            return f"{literal} is outside the allowed networks ({allowed})"
+        return None
+
+    def __str__(self) -> str:
+        return ",".join(str(network) for network in self.networks) or "any"
