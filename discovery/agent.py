@@ -100,6 +100,8 @@ class AgentStatus:
     consecutive_successes: int
     last_probe: ProbeResult | None
     damped_for: float | None  # seconds of cool-down left
+    # Why we are not registered although we want to be: another session holds our id.
+    conflict: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -118,6 +120,7 @@ class AgentStatus:
                 "reason": self.last_probe.reason,
             },
             "damped_for_s": self.damped_for,
+            "conflict": self.conflict,
         }
 
 
@@ -203,8 +206,10 @@ class Agent:
         status = self._status
         registration = self._registration
         registered = registration is not None and registration.registered
-        if registered != status.registered:
-            status = dataclasses.replace(status, registered=registered)
+        conflict = registration.conflict if registration is not None else None
+        text = None if conflict is None else str(conflict)
+        if registered != status.registered or text != status.conflict:
+            status = dataclasses.replace(status, registered=registered, conflict=text)
         return status
 
     def start(self, timeout: float | None = None) -> None:

@@ -152,13 +152,23 @@ class ZkUnsupportedError(ZkError):
 class RegistrationConflictError(ZkError):
     """Another live session owns the znode of our instance id; we refuse to steal it."""
 
-    def __init__(self, path: str, owner_session: int) -> None:
+    def __init__(self, path: str, owner_session: int, *, impersonated: bool = False) -> None:
+        if impersonated:
+            why = (
+                "its document names our own address and port, yet its session has outlived "
+                "any earlier incarnation of ours: another identity is squatting our id"
+            )
+        else:
+            why = (
+                "is another server configured with the same --id, or is another identity "
+                "squatting it? (see docs/ARCHITECTURE.md, 'Choosing instance ids')"
+            )
         super().__init__(
-            f"{path} is owned by another live ZooKeeper session 0x{owner_session:x}; "
-            "is another server configured with the same --id?"
+            f"{path} is owned by another live ZooKeeper session 0x{owner_session:x}; {why}"
         )
         self.path = path
         self.owner_session = owner_session
+        self.impersonated = impersonated
 
 
 class DevClusterError(DiscoveryError):

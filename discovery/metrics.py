@@ -87,6 +87,12 @@ class RegistrationMetrics:
             "Times another live session owned our instance id's znode.",
             registry=registry,
         )
+        self.conflicted = Gauge(
+            "discovery_registration_conflicted",
+            "1 while another live session holds our instance id's znode (a duplicate "
+            "--id, or squatting): we are not registered.",
+            registry=registry,
+        )
         self.replaced_stale = Counter(
             "discovery_registration_replaced_stale",
             "Times a znode of our own earlier session or process was replaced.",

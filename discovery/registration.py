@@ -24,6 +24,17 @@ node, count a conflict, raise :class:`~discovery.errors.RegistrationConflictErro
 from :meth:`register`, and keep watching the path so that we register as soon as
 the other owner's node goes away.
 
+A conflict is reported loudly, never retried in silence: an ERROR when it starts and
+again every minute while it lasts, ``discovery_registration_conflicted`` at 1, and
+:attr:`Registration.conflict` (which the agent's status shows). Another identity that
+can create nodes under ``/data_servers`` can *squat* an id: create its node before
+the real server does (after its restart, say), even with the real server's address
+and port so that it looks like a stale node of ours. Such a look-alike that we cannot
+delete and that outlives ``stale_grace`` (longer than any session of ours can
+outlive its process) is reported as a conflict too. Ids another identity cannot
+predict (a per-start random suffix, or ZooKeeper ACLs per identity) make squatting
+impossible; see ``docs/ARCHITECTURE.md``.
+
 How the node is removed is a :class:`Removal`. Deleting it needs DELETE on the
 *parent* in ZooKeeper, which the access-controlled tree of :mod:`discovery.acl`
 does not give data servers (it would let one delete every other's node). Such a
@@ -40,6 +51,8 @@ import asyncio
 import contextlib
 import enum
 import logging
+import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
@@ -68,6 +81,11 @@ log = logging.getLogger(__name__)
 _MAX_ATTEMPTS = 5
 # Pause between retries while connected but failing.
 _RETRY_INTERVAL = 1.0
+# While another session holds our id: how often we look again, and how often the error
+# is repeated. A conflict is never waited out in silence: it is a duplicate --id or
+# someone squatting ours, and either way an operator must act.
+_CONFLICT_RECHECK = 30.0
+_CONFLICT_REMINDER = 60.0
 
 
 class Removal(enum.Enum):
@@ -89,7 +107,10 @@ class Registration:
     Use as ``async with Registration(session, instance) as reg:`` (registers on
     entry, deregisters on exit) or call :meth:`register` / :meth:`deregister` /
     :meth:`aclose` yourself. The session must be started. ``removal`` says how the
-    node is removed (see :class:`Removal`); the default deletes it.
+    node is removed (see :class:`Removal`); the default deletes it. While another
+    session holds our id, we look again every ``conflict_recheck`` seconds; a node
+    with our address and port that we cannot delete is taken for a stale one of ours
+    for ``stale_grace`` seconds of ``clock``, and for a squatter's after that.
     """
 
     def __init__(
@@ -101,8 +122,14 @@ class Registration:
         registry: CollectorRegistry | None = None,
         removal: Removal = Removal.DELETE,
         verify_interval: float | None = None,
+        stale_grace: float = 120.0,
+        conflict_recheck: float = _CONFLICT_RECHECK,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._session = session
+        self._stale_grace = stale_grace
+        self._conflict_recheck = conflict_recheck
+        self._clock = clock
         self._verify_interval = verify_interval
         self._removal = removal
         # Deregistering ends the session: always under END_SESSION, and under AUTO
@@ -123,6 +150,12 @@ class Registration:
         self._wake = asyncio.Event()
         self._ever_registered = False
         self._conflict: RegistrationConflictError | None = None
+        self._conflict_since = 0.0
+        self._last_reminder = 0.0
+        # Look-alike nodes (our address and port) we could not delete: owner -> first seen.
+        self._stale_since: dict[int, float] = {}
+        # The running task's wait for its next wake-up or due check.
+        self._due: asyncio.Timeout | None = None
 
     @property
     def instance(self) -> ServiceInstance:
@@ -246,7 +279,11 @@ class Registration:
         """Reconcile whenever the session reconnects or our node changes under us."""
         while True:
             if not await self._woken_or_due():
-                await self._verify()
+                if self._conflict is not None or self._stale_since:
+                    # Blocked by another session's node: look again (and say so again).
+                    await self._reconcile_logged()
+                else:
+                    await self._verify()
                 continue
             self._wake.clear()
             if not self._session.connected:
@@ -262,12 +299,28 @@ class Registration:
     async def _woken_or_due(self) -> bool:
         """Wait for a wake-up (True) or, while the node is wanted, a due check (False)."""
         interval = self._verify_interval if self._wanted else None
+        if self._wanted and (self._conflict is not None or self._stale_since):
+            interval = min(interval or self._conflict_recheck, self._conflict_recheck)
         try:
-            async with asyncio.timeout(interval):
+            async with asyncio.timeout(interval) as due:
+                self._due = due
                 await self._wake.wait()
         except TimeoutError:
             return False
+        finally:
+            self._due = None
         return True
+
+    def _recheck_soon(self) -> None:
+        """Bring the next due check forward to ``conflict_recheck`` from now: a conflict
+        found by register() or an event arrives while the task waits without a due time."""
+        due = self._due
+        if due is None:
+            return
+        when = asyncio.get_running_loop().time() + self._conflict_recheck
+        deadline = due.when()
+        if deadline is None or deadline > when:
+            due.reschedule(when)
 
     async def _verify(self) -> None:
         """Read our node back; re-create it if it is gone or no longer ours.
@@ -363,30 +416,62 @@ class Registration:
                 except ZkAuthError as exc:
                     # No right to delete (an access-controlled tree): ZooKeeper removes
                     # the node when its session expires, and our watch brings us back.
-                    log.warning(
-                        "cannot remove stale %s (%s); registering once its session expires",
-                        self.path,
-                        exc,
-                    )
+                    owner = stat.ephemeral_owner
+                    seen_before = owner in self._stale_since
+                    first = self._stale_since.setdefault(owner, self._clock())
                     self._metrics.registered.set(0)
+                    self._recheck_soon()
+                    if (
+                        owner not in self._past_sessions
+                        and self._clock() - first > self._stale_grace
+                    ):
+                        # No earlier incarnation's session lives this long: a squatter
+                        # that copied our address and port.
+                        self._report_conflict(
+                            RegistrationConflictError(self.path, owner, impersonated=True)
+                        )
+                    elif not seen_before:
+                        log.warning(
+                            "cannot remove stale %s (%s); registering once its session expires",
+                            self.path,
+                            exc,
+                        )
                     await self._watch_node()
                     return
                 self._metrics.replaced_stale.inc()
                 continue
-            conflict = RegistrationConflictError(self.path, stat.ephemeral_owner)
-            if self._conflict is None:
-                log.error("%s", conflict)
-                self._metrics.conflicts.inc()
-            self._conflict = conflict
+            self._report_conflict(RegistrationConflictError(self.path, stat.ephemeral_owner))
             self._metrics.registered.set(0)
             await self._watch_node()
             return
         raise ZkError(f"could not register {self.path}: it kept changing under us")
 
+    def _report_conflict(self, conflict: RegistrationConflictError) -> None:
+        """Log (at once, then every minute while it lasts), count and expose a conflict."""
+        now = self._clock()
+        previous = self._conflict
+        if previous is None or previous.owner_session != conflict.owner_session:
+            log.error("not registered: %s", conflict)
+            self._metrics.conflicts.inc()
+            self._conflict_since = self._last_reminder = now
+        elif now - self._last_reminder >= _CONFLICT_REMINDER:
+            log.error("still not registered after %.0f s: %s", now - self._conflict_since, conflict)
+            self._last_reminder = now
+        self._conflict = conflict
+        self._metrics.conflicted.set(1)
+        self._recheck_soon()
+
+    def _clear_conflict(self) -> None:
+        if self._conflict is not None:
+            log.info("%s: the conflicting node is gone", self.path)
+        self._conflict = None
+        self._stale_since.clear()
+        self._metrics.conflicted.set(0)
+
     def _took_ownership(self, session_id: int | None) -> None:
         recreated = self._ever_registered
         self._owned_session = session_id
-        self._conflict = None
+        self._clear_conflict()
         self._metrics.creates.inc()
         if recreated:
             self._metrics.recreates.inc()
@@ -422,6 +507,10 @@ class Registration:
                 await self._remove(stat.version)
         self._owned_session = None
         self._metrics.registered.set(0)
+        # Not wanted: no longer anybody's conflict.
+        self._conflict = None
+        self._stale_since.clear()
+        self._metrics.conflicted.set(0)
 
     async def _remove(self, version: int) -> None:
         if not self._delete_refused:

@@ -17,6 +17,7 @@ import pytest
 from kazoo import exceptions as kz
 from kazoo.recipe.election import Election
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE
+from prometheus_client import CollectorRegistry
 
 from data_server.config import DataServerConfig
 from data_server.server import DataServer
@@ -35,6 +36,7 @@ from discovery.zk import ZkSession
 from tests.support import (
     FAST_AGENT,
     DataServerFactory,
+    FakeClock,
     SearchServerFactory,
     SessionFactory,
     absent,
@@ -374,6 +376,42 @@ async def test_a_stale_node_of_an_earlier_incarnation_is_waited_out(
     await expire_session(old_process)
     await eventually(lambda: registration.registered, message="registered after expiry")
     assert (await new_process.get(path))[1].ephemeral_owner == new_process.session_id
+    await registration.aclose()
+
+
+async def test_a_squatter_copying_our_address_is_reported_once_no_session_of_ours_could_last(
+    acl_tree: str, make_session: SessionFactory
+) -> None:
+    # Another identity with the right to create under /data_servers took our id first,
+    # with our address and port, so that its node looks like a stale one of ours.
+    squatter, ours = (
+        await make_session(auth=DATA_OTHER, session_timeout=30),
+        await make_session(auth=DATA),
+    )
+    path = f"{DATA_SERVERS_PATH}/ds-victim"
+    await squatter.create(path, make_instance("ds-victim", 9205).to_json(), ephemeral=True)
+    registry, clock = CollectorRegistry(), FakeClock()
+    registration = Registration(
+        ours,
+        make_instance("ds-victim", 9205),
+        removal=Removal.AUTO,
+        registry=registry,
+        stale_grace=60,
+        conflict_recheck=0.1,
+        clock=clock,
+    )
+    await registration.register()  # taken for our own stale node at first: no error
+    assert not registration.registered
+    assert registration.conflict is None
+
+    clock.advance(61)  # longer than any earlier session of ours could outlive its process
+    await eventually(lambda: registration.conflict is not None, message="a conflict")
+    assert registration.conflict is not None
+    assert registration.conflict.impersonated
+    assert registration.conflict.owner_session == squatter.session_id
+    assert "squatting" in str(registration.conflict)
+    assert registry.get_sample_value("discovery_registration_conflicted") == 1.0
+    assert registry.get_sample_value("discovery_registration_conflicts_total") == 1.0
     await registration.aclose()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 import pytest
@@ -16,6 +17,7 @@ from discovery.registration import Registration
 from discovery.testing import ZooKeeperEnsemble, expire_session
 from discovery.zk import SessionState
 from tests.support import (
+    FakeClock,
     SessionFactory,
     absent,
     eventually,
@@ -109,6 +111,50 @@ async def test_id_conflict_with_another_live_session_is_refused(
     _, stat = await second.get(f"{DATA_SERVERS_PATH}/ds-dup")
     assert stat.ephemeral_owner == second.session_id
     await intruder.aclose()
+
+
+async def test_a_conflict_is_reported_again_while_it_lasts_never_waited_out_in_silence(
+    make_session: SessionFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    squatter, ours = await make_session(), await make_session()
+    # Someone else's node under our id (a duplicate --id, or squatting), there first.
+    await squatter.create(
+        f"{DATA_SERVERS_PATH}/ds-squat",
+        make_instance("ds-squat", 9999, address="10.9.9.9").to_json(),
+        ephemeral=True,
+        makepath=True,
+    )
+    registry, clock = CollectorRegistry(), FakeClock()
+    registration = Registration(
+        ours,
+        make_instance("ds-squat", 9105),
+        registry=registry,
+        conflict_recheck=0.1,
+        clock=clock,
+    )
+    caplog.set_level(logging.ERROR, logger="discovery.registration")
+    with pytest.raises(RegistrationConflictError, match="squatting"):
+        await registration.register()
+    assert registry.get_sample_value("discovery_registration_conflicted") == 1.0
+    assert registration.conflict is not None
+    assert registration.conflict.owner_session == squatter.session_id
+
+    def errors() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+
+    assert len(errors()) == 1
+    # No event comes (the squatter's node stays): we look again on our own, and once
+    # a minute has passed, say so again.
+    clock.advance(61)
+    await eventually(lambda: len(errors()) == 2, message="the conflict reported again")
+    assert errors()[1].startswith("still not registered after 61 s")
+    assert registry.get_sample_value("discovery_registration_conflicts_total") == 1.0
+
+    await squatter.delete(f"{DATA_SERVERS_PATH}/ds-squat")
+    await eventually(lambda: registration.registered, message="registered once it is gone")
+    assert registry.get_sample_value("discovery_registration_conflicted") == 0.0
+    assert registration.conflict is None
+    await registration.aclose()
 
 
 async def test_node_of_our_own_earlier_incarnation_is_replaced(

@@ -372,3 +372,34 @@ async def test_status_is_quiet_by_default_and_logs_connections_on_v(
     code, _, err_vv = await run_cli("-vv", *args, log_level=None)
     assert code == 0, err_vv
     assert " DEBUG " in err_vv
+
+
+async def test_one_address_claimed_by_several_ids_is_shown_as_a_squatting_sign(
+    redis_prefix: str, client: aioredis.Redis, make_session: SessionFactory
+) -> None:
+    real, squatter = await make_session(), await make_session()
+    await real.create(
+        f"{DATA_SERVERS_PATH}/ds-real",
+        make_instance("ds-real", 9301, address="10.0.0.7").to_json(),
+        ephemeral=True,
+        makepath=True,
+    )
+    # Another identity registering the real server's address under an id of its own.
+    await squatter.create(
+        f"{DATA_SERVERS_PATH}/ds-squat",
+        make_instance("ds-squat", 9301, address="10.0.0.7").to_json(),
+        ephemeral=True,
+    )
+    await squatter.create(
+        f"{DATA_SERVERS_PATH}/ds-other",
+        make_instance("ds-other", 9302, address="10.0.0.7").to_json(),
+        ephemeral=True,
+    )
+
+    status = await collect_status(real, client, redis_prefix)
+    assert status.to_dict()["data_servers"]["shared_targets"] == [
+        {"target": "10.0.0.7:9301", "ids": ["ds-real", "ds-squat"]}
+    ]
+    text = format_text(status)
+    assert "one address claimed by several ids" in text
+    assert "    10.0.0.7:9301: ds-real, ds-squat" in text

@@ -110,6 +110,11 @@ def format_text(status: ClusterStatus) -> str:
     if status.data_servers_invalid:
         lines.append("  invalid")
         lines.extend(f"    {k}: {v}" for k, v in sorted(status.data_servers_invalid.items()))
+    shared = status.shared_targets()
+    if shared:
+        # Squatting, or two servers given one address: either way not what was meant.
+        lines.append("  one address claimed by several ids (squatting, or a misconfiguration)")
+        lines.extend(f"    {target}: {', '.join(ids)}" for target, ids in shared.items())
     if status.maintenance:
         lines.append(f"maintenance ({len(status.maintenance)}):")
         width = max(len(k) for k in status.maintenance)

@@ -157,6 +157,16 @@ class ClusterStatus:
             for shard in sorted(by_shard)
         }
 
+    def shared_targets(self) -> dict[str, list[str]]:
+        """``address:port`` claimed by more than one registered data server id, with
+        the ids: a sign of squatting (an identity registering a real server's address
+        under an id of its own, or the real server's id with a copy of its address) or
+        of two servers configured with one address."""
+        claims: dict[str, list[str]] = {}
+        for instance in self.data_servers.values():
+            claims.setdefault(f"{instance.address}:{instance.port}", []).append(instance.id)
+        return {target: sorted(ids) for target, ids in sorted(claims.items()) if len(ids) > 1}
+
     def to_dict(self) -> dict[str, Any]:
         leader = self.leader
         live = self.published.live
@@ -193,6 +203,9 @@ class ClusterStatus:
                     for shard, servers in self.shards().items()
                 ],
                 "invalid": _invalid_list(self.data_servers_invalid),
+                "shared_targets": [
+                    {"target": target, "ids": ids} for target, ids in self.shared_targets().items()
+                ],
             },
             "published": {
                 "present": live is not None,
