@@ -28,9 +28,16 @@ fi
 
 echo "base image $IMAGE: no registry reachable; bootstrapping Debian $SUITE with debootstrap" \
      "from $MIRROR and importing it with docker import (this takes a few minutes)"
+# Installed here, not only by engine.sh: most users already run an engine, and then
+# engine.sh has nothing to do.
 if ! command -v debootstrap >/dev/null 2>&1; then
-    echo "debootstrap is not installed: apt-get install debootstrap" >&2
-    exit 1
+    if [ "$(id -u)" != 0 ]; then
+        echo "debootstrap is not installed: apt-get install debootstrap (as root)" >&2
+        exit 1
+    fi
+    echo "installing Debian package: debootstrap"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap
 fi
 
 ROOTFS=$(mktemp -d "${TMPDIR:-/tmp}/discovery-rootfs.XXXXXX")

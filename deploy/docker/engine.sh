@@ -1,6 +1,7 @@
 #!/bin/sh
 # Make sure a Docker engine answers: on a machine with none (as here: root, no systemd),
-# install Debian's docker.io and debootstrap and start dockerd in the background.
+# install Debian's docker.io and start dockerd in the background (base-image.sh installs
+# debootstrap when it needs it).
 # Where an engine already runs, this does nothing.
 set -eu
 
@@ -13,7 +14,6 @@ if [ "$(id -u)" != 0 ]; then
 fi
 missing=""
 command -v dockerd >/dev/null 2>&1 || missing="$missing docker.io"
-command -v debootstrap >/dev/null 2>&1 || missing="$missing debootstrap"
 if [ -n "$missing" ]; then
     echo "installing Debian packages:$missing"
     apt-get update -qq
