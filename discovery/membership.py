@@ -37,8 +37,10 @@ Failure and session behaviour:
 * Nothing a writer of ``/data_servers`` puts there costs the watcher more than linear
   time: the skipped children are kept in an immutable map like the members, so a
   change set costs what changed whatever the number of invalid children, and a full
-  read of 50,000 malformed children costs what decoding them costs (a quadratic copy
-  of the invalid set per skipped child once made that hours).
+  read of malformed children costs what as many valid ones cost (copying the invalid
+  set once per skipped child, as the watcher once did, is quadratic: about 10 s of
+  blocked event loop at 50,000; ``bench/bench_invalid_children.py``). A full read
+  yields to the event loop every 500 children decoded and every 2,000 applied.
 * While the connection is SUSPENDED the last view is kept (it is still our best
   knowledge; readers can see :attr:`MembershipWatcher.stale`). On every reconnect,
   and after a session expiry, the whole directory is re-read, so changes made while
@@ -94,6 +96,9 @@ _RETRY_INTERVAL = 1.0
 _BULK_READ_MIN = 16
 # Children decoded between two yields to the loop in a bulk read (~7 ms of decoding).
 _DECODE_SLICE = 500
+# Children applied to the view between two yields to the loop (~5 ms): applying 50,000
+# at once held the loop (which may be serving queries beside the leader) for 200 ms.
+_APPLY_SLICE = 2000
 
 #: Skipped children logged one by one in one refresh; the rest go in one summary line.
 LOGGED_SKIPS: Final = 10
@@ -470,58 +475,63 @@ class MembershipWatcher:
         removed: dict[str, ServiceInstance] = {}
         changed: dict[str, ServiceInstance] = {}
         invalid_changed = False
-        skips = _SkipLog(self.path)
-        with old.mutate() as members, old_invalid.mutate() as invalid:
-            if full:
-                gone = set(old) - children
-                gone |= {child for child in old_invalid if child not in children}
-            for child in gone:
-                instance = members.pop(child, None)
-                if instance is not None:
-                    removed[child] = instance
-                if invalid.pop(child, None) is not None:
-                    invalid_changed = True
-                self._counted_invalid.pop(child, None)
-            for child, result in zip(to_read, reads, strict=True):
-                before = old.get(child)
-                if result is None:
-                    # Deleted (since listed): a watch has fired or will fire for it.
-                    children.discard(child)
-                    if before is not None:
-                        members.pop(child, None)
-                        removed[child] = before
+        skips = _Skips(self.path, self._metrics)
+        try:
+            with old.mutate() as members, old_invalid.mutate() as invalid:
+                if full:
+                    gone = set(old) - children
+                    gone |= {child for child in old_invalid if child not in children}
+                for index, child in enumerate(gone):
+                    if index and index % _APPLY_SLICE == 0:
+                        await asyncio.sleep(0)  # see _APPLY_SLICE
+                    instance = members.pop(child, None)
+                    if instance is not None:
+                        removed[child] = instance
                     if invalid.pop(child, None) is not None:
                         invalid_changed = True
                     self._counted_invalid.pop(child, None)
-                    continue
-                instance, reason, stat = result
-                children.add(child)
-                if instance is not None:
-                    members[child] = instance
-                    if before is None:
-                        added[child] = instance
-                    elif before != instance:
-                        changed[child] = instance
-                    if invalid.pop(child, None) is not None:
-                        invalid_changed = True
+                for index, (child, result) in enumerate(zip(to_read, reads, strict=True)):
+                    if index and index % _APPLY_SLICE == 0:
+                        await asyncio.sleep(0)
+                    before = old.get(child)
+                    if result is None:
+                        # Deleted (since listed): a watch has fired or will fire for it.
+                        children.discard(child)
+                        if before is not None:
+                            members.pop(child, None)
+                            removed[child] = before
+                        if invalid.pop(child, None) is not None:
+                            invalid_changed = True
                         self._counted_invalid.pop(child, None)
-                    continue
-                if before is not None:
-                    members.pop(child, None)
-                    removed[child] = before
-                if reason is not None:
-                    if invalid.get(child) != reason:
-                        invalid[child] = reason
-                        invalid_changed = True
-                    if self._counted_invalid.get(child) != stat.mzxid:
-                        self._counted_invalid[child] = stat.mzxid
-                        label = reason.split(":", 1)[0]
-                        self._metrics.skipped_total.labels(reason=label).inc()
-                        skips.skipped(child, label, reason)
-            view = members.finish()
-            # An unchanged invalid set stays the same object: change sets share it.
-            invalid_view = invalid.finish() if invalid_changed else old_invalid
-        skips.summarise()
+                        continue
+                    instance, reason, stat = result
+                    children.add(child)
+                    if instance is not None:
+                        members[child] = instance
+                        if before is None:
+                            added[child] = instance
+                        elif before != instance:
+                            changed[child] = instance
+                        if invalid.pop(child, None) is not None:
+                            invalid_changed = True
+                            self._counted_invalid.pop(child, None)
+                        continue
+                    if before is not None:
+                        members.pop(child, None)
+                        removed[child] = before
+                    if reason is not None:
+                        if invalid.get(child) != reason:
+                            invalid[child] = reason
+                            invalid_changed = True
+                        if self._counted_invalid.get(child) != stat.mzxid:
+                            self._counted_invalid[child] = stat.mzxid
+                            skips.skipped(child, reason)
+                view = members.finish()
+                # An unchanged invalid set stays the same object: change sets share it.
+                invalid_view = invalid.finish() if invalid_changed else old_invalid
+        finally:
+            # Even when interrupted: what _counted_invalid now holds is counted.
+            skips.close()
         self._children = children
         if full:
             self._metrics.resyncs.inc()
@@ -613,26 +623,31 @@ class MembershipWatcher:
             self._changed.notify_all()
 
 
-class _SkipLog:
-    """The log lines of the children skipped in one refresh: the first
-    :data:`LOGGED_SKIPS` one by one, then one line summing up the rest by reason.
+class _Skips:
+    """The children skipped in one refresh: counted by reason (the metric is increased
+    once per reason, at :meth:`close`) and logged, the first :data:`LOGGED_SKIPS` one by
+    one, then in one line summing up the rest.
 
-    A writer of the directory can create any number of bad children; a line for each
-    would flood the log (and cost more than reading them).
+    A writer of the directory can create any number of bad children; a log line (or a
+    labelled metric look-up, a third of the bookkeeping's time) for each would cost
+    more than the rest of their bookkeeping.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, metrics: MembershipMetrics) -> None:
         self._path = path
+        self._metrics = metrics
         self._by_reason: Counter[str] = Counter()
         self._logged = 0
 
-    def skipped(self, child: str, label: str, reason: str) -> None:
-        self._by_reason[label] += 1
+    def skipped(self, child: str, reason: str) -> None:
+        self._by_reason[reason.split(":", 1)[0]] += 1
         if self._logged < LOGGED_SKIPS:
             self._logged += 1
             log.warning("skipping %s/%s: %s", self._path, child, reason)
 
-    def summarise(self) -> None:
+    def close(self) -> None:
+        for label, count in self._by_reason.items():
+            self._metrics.skipped_total.labels(reason=label).inc(count)
         total = sum(self._by_reason.values())
         if total > self._logged:
             log.warning(
