@@ -8,9 +8,9 @@ document cut short, so not JSON; a string where ``port``'s integer belongs; an `
 other than the znode's name; a persistent node whose document says ``serviceType
 DYNAMIC``) beside 100 valid (ephemeral) registrations:
 
-* **read**: ZooKeeper's part alone: :func:`discovery.zkread.read_many` (multiRead) of
-  every child, as the watcher's full read does it; wall time and this process's CPU
-  time (kazoo's threads included);
+* **read**: ZooKeeper's part alone, as the watcher's full read does it: the list of
+  children, then :func:`discovery.zkread.read_many` (multiRead) of every child; wall
+  time and this process's CPU time (kazoo's threads included);
 * **decode**: :func:`discovery.membership.decode_child` of every child read, CPU (what
   every child costs, valid or not);
 * **full refresh**: a real ``MembershipWatcher`` started on the directory (list, read,
@@ -22,15 +22,18 @@ DYNAMIC``) beside 100 valid (ephemeral) registrations:
   removed; wall time from the write sent to the change set in hand, and the watcher's
   own refresh time (its ``discovery_membership_refresh_seconds``, the one child's read
   included);
+* **reference**: the same read and full refresh of a directory of 50,000 valid
+  registrations and no malformed one (what a healthy fleet of that size costs);
 * **old vs new bookkeeping**, without ZooKeeper: the same decoded children handed to the
   current watcher and to the watcher of 17279ab (``bench/legacy_membership.py``), whose
   full refresh copied the invalid dict once per skipped child: CPU of one full refresh
-  at n = 500 to 10,000 malformed children (the old one is quadratic; at 50,000 it is
-  extrapolated, as it would take minutes) and of one more malformed child at 50,000.
+  (median of 3) at n = 500 to 20,000 malformed children and of the current one at
+  50,000 (the old one is quadratic: extrapolated there, as it would take many seconds
+  per run), then of one more malformed child added and removed among 50,000.
 
 Log records are counted by a handler on ``discovery.membership`` (created, not written
 out: the old code's 50,000 lines would also have cost their I/O). Prints the figures and
-writes ``bench/results/invalid_children.json``.
+writes ``bench/results/invalid_children.json``; about a minute and a half.
 
     .venv/bin/python bench/bench_invalid_children.py [--quick]
 """
@@ -76,6 +79,7 @@ BATCH = 2000
 WAIT = 60.0
 GAP = 0.08  # quiet seconds before each single change (the coalescing window is 0.05)
 BOUND_MS = 1000.0  # the issue's bound for 50,000 malformed children
+REPEATS = 3  # full refreshes per size in the bookkeeping comparison (median reported)
 
 
 def child_name(index: int, kind: str) -> str:
@@ -408,13 +412,17 @@ async def measure_bookkeeping(
         for label, base in (("new", MembershipWatcher), ("old", LegacyMembershipWatcher)):
             if label == "old" and size not in old_sizes:
                 continue
-            watcher = stubbed(base, reads)
-            records.count = 0
-            cpu0 = time.process_time()
-            await watcher._refresh(True, True, set())
-            row[f"{label}_cpu_ms"] = ms(time.process_time() - cpu0)
+            runs = []
+            for _ in range(REPEATS):
+                watcher = stubbed(base, reads)
+                records.count = 0
+                cpu0 = time.process_time()
+                await watcher._refresh(True, True, set())
+                runs.append(ms(time.process_time() - cpu0))
+                assert len(watcher.invalid) == size
+            row[f"{label}_cpu_ms"] = statistics.median(runs)
+            row[f"{label}_cpu_ms_runs"] = runs
             row[f"{label}_log_records"] = records.count
-            assert len(watcher.invalid) == size
         full.append(row)
         print(f"  bookkeeping, full refresh of {size} malformed: {row}", flush=True)
 
@@ -585,8 +593,9 @@ def main() -> int:
             "discovery_membership_refresh_seconds for it (the child's read included). "
             "bookkeeping: no ZooKeeper, the same decoded children handed to the current "
             "watcher (new) and to bench/legacy_membership.py, the watcher of 17279ab "
-            "(old): CPU of one full refresh (list and reads stubbed), and of one more "
-            "malformed child added then removed with all of them invalid; the old full "
+            "(old): CPU of one full refresh (list and reads stubbed; median of 3 runs), "
+            "and of one more malformed child added then removed with all of them invalid "
+            "(p50 of 20); the old full "
             "refresh at the largest N is extrapolated from its largest measured size as "
             "c * n^2."
         ),
