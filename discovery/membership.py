@@ -27,9 +27,20 @@ on each child, which only a ``get`` can set, so it reads them one by one.
 Failure and session behaviour:
 
 * A child that is not a valid ServiceInstance (bad JSON, wrong fields, over the
-  size bound, or an ``id`` that differs from its znode name) is skipped, listed in
-  :attr:`MembershipChange.invalid` and counted once per version; it never stops the
-  watcher and never hides the other children.
+  size bound, an ``id`` that differs from its znode name, or a persistent node whose
+  document says it is an ephemeral registration: see :func:`decode_child`) is
+  skipped, listed in :attr:`MembershipChange.invalid` and counted once per version;
+  it never stops the watcher and never hides the other children. Skipped children
+  are logged one by one up to :data:`LOGGED_SKIPS` per refresh, then summed up in one
+  line (the counter stays exact), so 50,000 of them cost one screen of log, not
+  50,000 lines.
+* Nothing a writer of ``/data_servers`` puts there costs the watcher more than linear
+  time: the skipped children are kept in an immutable map like the members, so a
+  change set costs what changed whatever the number of invalid children, and a full
+  read of malformed children costs what as many valid ones cost (copying the invalid
+  set once per skipped child, as the watcher once did, is quadratic: about 10 s of
+  blocked event loop at 50,000; ``bench/bench_invalid_children.py``). A full read
+  yields to the event loop every 500 children decoded and every 2,000 applied.
 * While the connection is SUSPENDED the last view is kept (it is still our best
   knowledge; readers can see :attr:`MembershipWatcher.stale`). On every reconnect,
   and after a session expiry, the whole directory is re-read, so changes made while
@@ -46,9 +57,11 @@ import contextlib
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Final
 
 import immutables
 from prometheus_client import CollectorRegistry
@@ -67,7 +80,14 @@ from .zk import NodeStat, SessionEvent, SessionState, WatchEvent, ZkSession
 from .zkread import read_many
 from .zkwatch import SessionRecursiveWatch
 
-__all__ = ["MembershipChange", "MembershipSubscription", "MembershipWatcher"]
+__all__ = [
+    "LOGGED_SKIPS",
+    "PERSISTENT_DYNAMIC",
+    "MembershipChange",
+    "MembershipSubscription",
+    "MembershipWatcher",
+    "decode_child",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +96,59 @@ _RETRY_INTERVAL = 1.0
 _BULK_READ_MIN = 16
 # Children decoded between two yields to the loop in a bulk read (~7 ms of decoding).
 _DECODE_SLICE = 500
+# Children applied to the view between two yields to the loop (~5 ms): applying 50,000
+# at once held the loop (which may be serving queries beside the leader) for 200 ms.
+_APPLY_SLICE = 2000
+
+#: Skipped children logged one by one in one refresh; the rest go in one summary line.
+LOGGED_SKIPS: Final = 10
+
+#: The reason prefix (and metric label) of a persistent node whose document says it is
+#: an ephemeral registration.
+PERSISTENT_DYNAMIC: Final = "persistent_dynamic"
+
+# Curator's service types that it registers as EPHEMERAL (_SEQUENTIAL) nodes; PERMANENT
+# and STATIC are written as persistent nodes on purpose.
+_EPHEMERAL_SERVICE_TYPES: Final = frozenset({"DYNAMIC", "DYNAMIC_SEQUENTIAL"})
 
 # A child as read: the instance or why it was skipped, and its stat; None: gone.
 _Read = tuple[ServiceInstance | None, str | None, NodeStat]
 
 _EMPTY: Mapping[str, ServiceInstance] = MappingProxyType({})
+_NO_INVALID: immutables.Map[str, str] = immutables.Map()
+
+
+def decode_child(
+    child: str, data: bytes, stat: NodeStat, *, max_bytes: int = MAX_INSTANCE_BYTES
+) -> ServiceInstance | str:
+    """Decode one child of a membership directory: the instance, or why it is skipped.
+
+    The reason starts with a short word, used as the metric label: ``too_large``,
+    ``malformed`` (not a valid ServiceInstance), ``id_mismatch`` (the document's ``id``
+    is not the znode's name) or :data:`PERSISTENT_DYNAMIC`: the document's
+    ``serviceType`` is ``DYNAMIC`` or ``DYNAMIC_SEQUENTIAL``, which Curator (and our
+    :class:`~discovery.registration.Registration`) only ever write as an ephemeral
+    node, but the node has no owning session (``ephemeralOwner`` 0). Such a node
+    would outlive whatever wrote it, so a server that is gone, or anyone allowed to
+    create a node, could stand in for a live registration for ever; it is refused.
+    Curator's ``PERMANENT`` and ``STATIC`` documents are persistent by design and
+    decode as usual. Never raises for bad data: that is what the reason is for.
+    """
+    try:
+        instance = ServiceInstance.from_json(data, max_bytes=max_bytes)
+    except PayloadTooLargeError as exc:
+        return f"too_large: {exc}"
+    except InvalidInstanceError as exc:
+        return f"malformed: {exc}"
+    if instance.id != child:
+        return f"id_mismatch: znode {child!r} holds id {instance.id!r}"
+    if stat.ephemeral_owner == 0 and instance.service_type in _EPHEMERAL_SERVICE_TYPES:
+        return (
+            f"{PERSISTENT_DYNAMIC}: serviceType {instance.service_type} is an ephemeral "
+            "registration but the node is persistent (no owning session); a persistent "
+            "registration says PERMANENT or STATIC"
+        )
+    return instance
 
 
 @dataclass(frozen=True)
@@ -89,8 +157,11 @@ class MembershipChange:
 
     ``added``, ``removed`` and ``changed`` map instance ids to instances (for
     ``removed``, the last version we saw); ``invalid`` maps the ids of children
-    currently skipped to the reason. ``resync`` is true when the change came from a
-    full re-read (start, reconnect, session expiry) or is a new subscriber's first.
+    currently skipped to the reason. ``members`` and ``invalid`` are immutable maps
+    shared with the watcher: the next change set's share all but what changed (a
+    change set whose invalid children did not change holds the very same ``invalid``).
+    ``resync`` is true when the change came from a full re-read (start, reconnect,
+    session expiry) or is a new subscriber's first.
     """
 
     generation: int
@@ -98,7 +169,7 @@ class MembershipChange:
     added: Mapping[str, ServiceInstance] = field(default_factory=lambda: _EMPTY)
     removed: Mapping[str, ServiceInstance] = field(default_factory=lambda: _EMPTY)
     changed: Mapping[str, ServiceInstance] = field(default_factory=lambda: _EMPTY)
-    invalid: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    invalid: Mapping[str, str] = field(default_factory=lambda: _NO_INVALID)
     resync: bool = False
 
     @property
@@ -168,7 +239,9 @@ class MembershipWatcher:
         )
         # An immutable map (HAMT): each view shares all but what changed with the last.
         self._members: immutables.Map[str, ServiceInstance] = immutables.Map()
-        self._invalid: dict[str, str] = {}
+        # Immutable too, for the same reason: a writer can make tens of thousands of
+        # children invalid, and a copy per change (or per skipped child) is quadratic.
+        self._invalid: immutables.Map[str, str] = _NO_INVALID
         self._counted_invalid: dict[str, int] = {}  # child -> mzxid already counted
         self._children: set[str] = set()
         self._generation = 0
@@ -256,8 +329,8 @@ class MembershipWatcher:
 
     @property
     def invalid(self) -> Mapping[str, str]:
-        """Children currently skipped, with the reason."""
-        return MappingProxyType(dict(self._invalid))
+        """Children currently skipped, with the reason (read-only)."""
+        return self._invalid
 
     @property
     def generation(self) -> int:
@@ -278,7 +351,7 @@ class MembershipWatcher:
                     self._generation,
                     self._members,
                     added=self._members,
-                    invalid=MappingProxyType(dict(self._invalid)),
+                    invalid=self._invalid,
                     resync=True,
                 )
             )
@@ -395,68 +468,76 @@ class MembershipWatcher:
             reads = await asyncio.gather(*(self._read(child) for child in to_read))
 
         # Only what was listed away or read is looked at: O(changed), not O(members),
-        # and the next view shares everything else with this one.
+        # and the next views (members and invalid) share everything else with these.
         old = self._members
+        old_invalid = self._invalid
         added: dict[str, ServiceInstance] = {}
         removed: dict[str, ServiceInstance] = {}
         changed: dict[str, ServiceInstance] = {}
-        invalid = self._invalid
         invalid_changed = False
-        with old.mutate() as members:
-            if full:
-                gone = set(old) - children
-                gone |= {child for child in invalid if child not in children}
-            for child in gone:
-                instance = members.pop(child, None)
-                if instance is not None:
-                    removed[child] = instance
-                if child in invalid:
-                    invalid = {k: v for k, v in invalid.items() if k != child}
-                    invalid_changed = True
-                self._counted_invalid.pop(child, None)
-            for child, result in zip(to_read, reads, strict=True):
-                before = old.get(child)
-                if result is None:
-                    # Deleted (since listed): a watch has fired or will fire for it.
-                    children.discard(child)
+        skips = _Skips(self.path, self._metrics)
+        try:
+            with old.mutate() as members, old_invalid.mutate() as invalid:
+                if full:
+                    gone = set(old) - children
+                    gone |= {child for child in old_invalid if child not in children}
+                for index, child in enumerate(gone):
+                    if index and index % _APPLY_SLICE == 0:
+                        await asyncio.sleep(0)  # see _APPLY_SLICE
+                    instance = members.pop(child, None)
+                    if instance is not None:
+                        removed[child] = instance
+                    if invalid.pop(child, None) is not None:
+                        invalid_changed = True
+                    self._counted_invalid.pop(child, None)
+                for index, (child, result) in enumerate(zip(to_read, reads, strict=True)):
+                    if index and index % _APPLY_SLICE == 0:
+                        await asyncio.sleep(0)
+                    before = old.get(child)
+                    if result is None:
+                        # Deleted (since listed): a watch has fired or will fire for it.
+                        children.discard(child)
+                        if before is not None:
+                            members.pop(child, None)
+                            removed[child] = before
+                        if invalid.pop(child, None) is not None:
+                            invalid_changed = True
+                        self._counted_invalid.pop(child, None)
+                        continue
+                    instance, reason, stat = result
+                    children.add(child)
+                    if instance is not None:
+                        members[child] = instance
+                        if before is None:
+                            added[child] = instance
+                        elif before != instance:
+                            changed[child] = instance
+                        if invalid.pop(child, None) is not None:
+                            invalid_changed = True
+                            self._counted_invalid.pop(child, None)
+                        continue
                     if before is not None:
                         members.pop(child, None)
                         removed[child] = before
-                    if child in invalid:
-                        invalid = {k: v for k, v in invalid.items() if k != child}
-                        invalid_changed = True
-                    continue
-                instance, reason, stat = result
-                children.add(child)
-                if instance is not None:
-                    members[child] = instance
-                    if before is None:
-                        added[child] = instance
-                    elif before != instance:
-                        changed[child] = instance
-                    if child in invalid:
-                        invalid = {k: v for k, v in invalid.items() if k != child}
-                        invalid_changed = True
-                        self._counted_invalid.pop(child, None)
-                    continue
-                if before is not None:
-                    members.pop(child, None)
-                    removed[child] = before
-                if reason is not None:
-                    if invalid.get(child) != reason:
-                        invalid = {**invalid, child: reason}
-                        invalid_changed = True
-                    if self._counted_invalid.get(child) != stat.mzxid:
-                        self._counted_invalid[child] = stat.mzxid
-                        self._metrics.skipped_total.labels(reason=reason.split(":", 1)[0]).inc()
-                        log.warning("skipping %s/%s: %s", self.path, child, reason)
-            view = members.finish()
+                    if reason is not None:
+                        if invalid.get(child) != reason:
+                            invalid[child] = reason
+                            invalid_changed = True
+                        if self._counted_invalid.get(child) != stat.mzxid:
+                            self._counted_invalid[child] = stat.mzxid
+                            skips.skipped(child, reason)
+                view = members.finish()
+                # An unchanged invalid set stays the same object: change sets share it.
+                invalid_view = invalid.finish() if invalid_changed else old_invalid
+        finally:
+            # Even when interrupted: what _counted_invalid now holds is counted.
+            skips.close()
         self._children = children
         if full:
             self._metrics.resyncs.inc()
         self._metrics.refresh_seconds.observe(self._clock() - started)
         if added or removed or changed or invalid_changed or self._generation == 0:
-            await self._publish(view, added, removed, changed, invalid, resync=full)
+            await self._publish(view, added, removed, changed, invalid_view, resync=full)
 
     async def _list_children(self) -> list[str]:
         try:
@@ -496,15 +577,10 @@ class MembershipWatcher:
 
     def _decode(self, child: str, data: bytes, stat: NodeStat) -> _Read:
         """Decode one child's data; the instance, or None and why it is skipped."""
-        try:
-            instance = ServiceInstance.from_json(data, max_bytes=self._max_bytes)
-        except PayloadTooLargeError as exc:
-            return None, f"too_large: {exc}", stat
-        except InvalidInstanceError as exc:
-            return None, f"malformed: {exc}", stat
-        if instance.id != child:
-            return None, f"id_mismatch: znode {child!r} holds id {instance.id!r}", stat
-        return instance, None, stat
+        decoded = decode_child(child, data, stat, max_bytes=self._max_bytes)
+        if isinstance(decoded, str):
+            return None, decoded, stat
+        return decoded, None, stat
 
     async def _publish(
         self,
@@ -512,7 +588,7 @@ class MembershipWatcher:
         added: dict[str, ServiceInstance],
         removed: dict[str, ServiceInstance],
         changed: dict[str, ServiceInstance],
-        invalid: dict[str, str],
+        invalid: immutables.Map[str, str],
         *,
         resync: bool,
     ) -> None:
@@ -525,7 +601,7 @@ class MembershipWatcher:
             added=MappingProxyType(added),
             removed=MappingProxyType(removed),
             changed=MappingProxyType(changed),
-            invalid=MappingProxyType(dict(invalid)),
+            invalid=invalid,
             resync=resync,
         )
         self._metrics.members.set(len(members))
@@ -545,3 +621,40 @@ class MembershipWatcher:
             subscription._queue.put_nowait(change)
         async with self._changed:
             self._changed.notify_all()
+
+
+class _Skips:
+    """The children skipped in one refresh: counted by reason (the metric is increased
+    once per reason, at :meth:`close`) and logged, the first :data:`LOGGED_SKIPS` one by
+    one, then in one line summing up the rest.
+
+    A writer of the directory can create any number of bad children; a log line (or a
+    labelled metric look-up, a third of the bookkeeping's time) for each would cost
+    more than the rest of their bookkeeping.
+    """
+
+    def __init__(self, path: str, metrics: MembershipMetrics) -> None:
+        self._path = path
+        self._metrics = metrics
+        self._by_reason: Counter[str] = Counter()
+        self._logged = 0
+
+    def skipped(self, child: str, reason: str) -> None:
+        self._by_reason[reason.split(":", 1)[0]] += 1
+        if self._logged < LOGGED_SKIPS:
+            self._logged += 1
+            log.warning("skipping %s/%s: %s", self._path, child, reason)
+
+    def close(self) -> None:
+        for label, count in self._by_reason.items():
+            self._metrics.skipped_total.labels(reason=label).inc(count)
+        total = sum(self._by_reason.values())
+        if total > self._logged:
+            log.warning(
+                "%s: %d more children skipped in this refresh than logged above "
+                "(%d in all: %s); `discovery status` lists every one with its reason",
+                self._path,
+                total - self._logged,
+                total,
+                ", ".join(f"{label} {count}" for label, count in sorted(self._by_reason.items())),
+            )

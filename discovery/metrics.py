@@ -117,12 +117,13 @@ class MembershipMetrics:
         )
         self.invalid = Gauge(
             "discovery_membership_invalid",
-            "Children currently skipped because they are malformed or oversized.",
+            "Children currently skipped (malformed, oversized, id mismatch, persistent DYNAMIC).",
             registry=registry,
         )
         self.skipped_total = Counter(
             "discovery_membership_skipped",
-            "Malformed or oversized child versions skipped, by reason.",
+            "Child versions skipped, by reason: malformed, too_large, id_mismatch, "
+            "persistent_dynamic.",
             ["reason"],
             registry=registry,
         )

@@ -540,6 +540,19 @@ async def test_maint_command_set_clear_list_and_its_errors(
     assert "discovery maint: cannot use ZooKeeper at 127.0.0.1:1" in err
 
 
+async def test_maint_says_when_the_leader_skips_the_node_of_an_id(
+    zk_hosts: str, capsys: pytest.CaptureFixture[str], make_session: SessionFactory
+) -> None:
+    # A persistent node whose document says DYNAMIC is no registration (the leader
+    # skips it): the command says so and why, rather than "registered".
+    session = await make_session()
+    squatter = make_instance("ds-squat", 9401)
+    await session.create(f"{DATA_SERVERS_PATH}/ds-squat", squatter.to_json(), makepath=True)
+    code, out, err = await maint(capsys, "set", "ds-squat", "--reason", REASON, "--zk", zk_hosts)
+    assert code == 0, err
+    assert "ds-squat is registered, but the leader skips its node (persistent_dynamic: " in out
+
+
 async def test_acls_only_the_admin_sets_markers_and_the_leader_reads_them(
     acl_tree: str,  # noqa: F811  (the fixture imported above)
     zk_hosts: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -270,7 +271,13 @@ async def test_malformed_children_and_snapshot_are_listed_not_fatal(
         "no-port": json.dumps({**good.to_dict(), "id": "no-port", "port": None}).encode(),
     }
     for child, data in children.items():
-        await session.create(f"{DATA_SERVERS_PATH}/{child}", data, makepath=True)
+        await session.create(f"{DATA_SERVERS_PATH}/{child}", data, makepath=True, ephemeral=True)
+    # Persistent nodes: Curator's STATIC is a registration, a DYNAMIC one is refused (it
+    # would outlive whatever wrote it), as the leader refuses it.
+    static = dataclasses.replace(make_instance("ds-static", 9003, shard=4), service_type="STATIC")
+    await session.create(f"{DATA_SERVERS_PATH}/ds-static", static.to_json())
+    squatter = make_instance("persistent-dyn", 9004)
+    await session.create(f"{DATA_SERVERS_PATH}/persistent-dyn", squatter.to_json())
     await session.create(f"{SEARCH_MEMBERS_PATH}/ss-bad", b"[]", makepath=True)
     keys = RedisKeys(redis_prefix)
     await client.hset(keys.meta, mapping={"epoch": "garbage", "version": "1"})
@@ -278,9 +285,10 @@ async def test_malformed_children_and_snapshot_are_listed_not_fatal(
 
     status = await collect_status(session, client, redis_prefix)
     document = status.to_dict()
-    assert data_server_ids(document) == {"ds-ok": 3}
+    assert data_server_ids(document) == {"ds-ok": 3, "ds-static": 4}
     invalid = {entry["id"]: entry["reason"] for entry in document["data_servers"]["invalid"]}
-    assert set(invalid) == {"not-json", "empty", "wrong-id", "no-port"}
+    assert set(invalid) == {"not-json", "empty", "wrong-id", "no-port", "persistent-dyn"}
+    assert invalid["persistent-dyn"].startswith("persistent_dynamic: serviceType DYNAMIC ")
     assert invalid["not-json"].startswith("malformed: ")
     assert "not valid JSON" in invalid["not-json"]
     assert invalid["wrong-id"].startswith("id_mismatch: ")
@@ -292,7 +300,7 @@ async def test_malformed_children_and_snapshot_are_listed_not_fatal(
     assert document["heartbeat"]["error"].startswith("not valid JSON")
     assert document["differences"]["published_missing"] is True
     # Invalid children are not "registered": only the valid one is missing from the list.
-    assert document["differences"]["registered_not_published"] == ["ds-ok"]
+    assert document["differences"]["registered_not_published"] == ["ds-ok", "ds-static"]
     text = format_text(status)
     assert "  invalid\n    empty: malformed:" in text
     assert "heartbeat  unreadable: not valid JSON" in text

@@ -58,6 +58,7 @@ from discovery.maintenance import (
     MaintenanceMarker,
     read_markers,
 )
+from discovery.membership import decode_child
 from discovery.zk import ZkSession
 
 __all__ = ["add_parser", "clear_marker", "list_markers", "run", "set_marker"]
@@ -103,10 +104,12 @@ def default_by() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Registered:
-    """What ``/data_servers/<id>`` holds now: absent, unreadable, or an instance."""
+    """What ``/data_servers/<id>`` holds now: absent, a node the leader skips (and
+    why), or an instance."""
 
     present: bool
     instance: ServiceInstance | None = None
+    skipped: str | None = None
 
     def describe(self, instance_id: str) -> str:
         if not self.present:
@@ -114,7 +117,7 @@ class Registered:
                 f"{instance_id} is not registered now: the marker applies as soon as it registers"
             )
         if self.instance is None:
-            return f"{instance_id} is registered (its node is unreadable)"
+            return f"{instance_id} is registered, but the leader skips its node ({self.skipped})"
         i = self.instance
         return (
             f"{instance_id} is registered ({i.address}:{i.port}, shard {i.payload.shard}): the "
@@ -134,13 +137,14 @@ class Registered:
 async def registered(session: ZkSession, instance_id: str) -> Registered:
     """Whether ``instance_id`` is registered under ``/data_servers``, and as what."""
     try:
-        data, _stat = await session.get(f"{DATA_SERVERS_PATH}/{instance_id}")
+        data, stat = await session.get(f"{DATA_SERVERS_PATH}/{instance_id}")
     except ZkNoNodeError:
         return Registered(False)
-    try:
-        return Registered(True, ServiceInstance.from_json(data))
-    except InvalidInstanceError:
-        return Registered(True)
+    # Judged as the leader judges it: a node it skips is not routed, marker or not.
+    decoded = decode_child(instance_id, data, stat)
+    if isinstance(decoded, str):
+        return Registered(True, skipped=decoded)
+    return Registered(True, decoded)
 
 
 async def set_marker(

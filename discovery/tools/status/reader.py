@@ -5,8 +5,9 @@
   ``/search_servers/election`` (the leader holds the lowest sequence node, and that
   node's czxid is its epoch, exactly as :mod:`discovery.election` computes it), the
   search servers under ``/search_servers/members`` and the data servers under
-  ``/data_servers``. A child that is not a valid ServiceInstance is listed as invalid
-  with the reason, as :class:`~discovery.membership.MembershipWatcher` would skip it.
+  ``/data_servers``. A child that :class:`~discovery.membership.MembershipWatcher`
+  skips (not a valid ServiceInstance, an id other than its name, a persistent node
+  claiming to be an ephemeral registration) is listed as invalid with the same reason.
   And the operators' maintenance markers under ``/maintenance``
   (:func:`~discovery.maintenance.read_markers`; an unreadable one is listed as such).
 * **Redis** (one MULTI/EXEC, so the keys are read at one instant): the published
@@ -37,9 +38,7 @@ from redis.backoff import NoBackoff
 
 from discovery.config import ClusterConfig, ZkConfig, redact_url
 from discovery.errors import (
-    InvalidInstanceError,
     MalformedLiveListError,
-    PayloadTooLargeError,
     RedisAccessError,
     RedisOperationError,
     StatusError,
@@ -49,6 +48,7 @@ from discovery.errors import (
 from discovery.instance import ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.maintenance import read_markers
+from discovery.membership import decode_child
 from discovery.redis_v1.layout import V1Keys, parse_snapshot
 from discovery.redisconn import RedisRole, make_redis
 from discovery.redislayout import (
@@ -118,25 +118,20 @@ async def read_directory(
 ) -> tuple[dict[str, ServiceInstance], dict[str, str]]:
     """Decode the ServiceInstances under ``path``: ``(valid by id, invalid id -> reason)``.
 
-    A child is invalid, as for the membership watcher, when it is too large, not a
-    valid ServiceInstance, or holds an ``id`` other than its znode name.
+    A child is invalid exactly when the membership watcher skips it (the same
+    :func:`~discovery.membership.decode_child`): too large, not a valid
+    ServiceInstance, an ``id`` other than its znode name, or a persistent node whose
+    document says it is an ephemeral (``DYNAMIC``) registration.
     """
     nodes = await _read_all(session, path, await _children(session, path))
     valid: dict[str, ServiceInstance] = {}
     invalid: dict[str, str] = {}
-    for child, (data, _stat) in nodes.items():
-        try:
-            instance = ServiceInstance.from_json(data)
-        except PayloadTooLargeError as exc:
-            invalid[child] = f"too_large: {exc}"
-            continue
-        except InvalidInstanceError as exc:
-            invalid[child] = f"malformed: {exc}"
-            continue
-        if instance.id != child:
-            invalid[child] = f"id_mismatch: znode {child!r} holds id {instance.id!r}"
-            continue
-        valid[child] = instance
+    for child, (data, stat) in nodes.items():
+        decoded = decode_child(child, data, stat)
+        if isinstance(decoded, str):
+            invalid[child] = decoded
+        else:
+            valid[child] = decoded
     return valid, invalid
 
 
