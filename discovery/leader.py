@@ -131,7 +131,9 @@ class LeaderDuty:
     whose writes have all failed for that many seconds ends (None: never), so that a
     leader cut from the store alone hands over to one that may reach it.
     ``maintenance_path``: where operators' maintenance markers live (None: no
-    maintenance overlay, for tests of other things).
+    maintenance overlay, for tests of other things). ``admit``: the deployment's own
+    rule on registrations (``--allowed-networks``), see
+    :class:`~discovery.membership.MembershipWatcher`.
     """
 
     def __init__(
@@ -148,8 +150,10 @@ class LeaderDuty:
         clock: Callable[[], float] = time.monotonic,
         store_grace: float | None = None,
         maintenance_path: str | None = MAINTENANCE_PATH,
+        admit: Callable[[ServiceInstance], str | None] | None = None,
     ) -> None:
         self._session = session
+        self._admit = admit
         self._maintenance_path = maintenance_path
         self._store_grace = store_grace
         self._store = store
@@ -196,6 +200,7 @@ class LeaderDuty:
                         self._watch_path,
                         coalesce_window=self._window,
                         metrics=self._membership_metrics,
+                        admit=self._admit,
                     )
                 )
                 await term.run(watcher)

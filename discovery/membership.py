@@ -207,6 +207,10 @@ class MembershipWatcher:
 
     ``async with MembershipWatcher(session) as watcher:`` reads the directory once
     (creating it if missing), then follows it in a background task until closed.
+    ``admit`` is a deployment's own rule on top of the contract's: it says why a
+    valid registration is to be skipped (a reason starting with its metric label,
+    ``not_allowed: ...``), or None; such a child is skipped and counted like a
+    malformed one.
     """
 
     def __init__(
@@ -221,8 +225,10 @@ class MembershipWatcher:
         registry: CollectorRegistry | None = None,
         metrics: MembershipMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        admit: Callable[[ServiceInstance], str | None] | None = None,
     ) -> None:
         self._session = session
+        self._admit = admit
         # True while the persistent recursive watch is in use (falls back when the
         # server lacks addWatch, or the watch fails).
         self._persistent = persistent_watch
@@ -580,6 +586,8 @@ class MembershipWatcher:
         decoded = decode_child(child, data, stat, max_bytes=self._max_bytes)
         if isinstance(decoded, str):
             return None, decoded, stat
+        if self._admit is not None and (refused := self._admit(decoded)) is not None:
+            return None, refused, stat
         return decoded, None, stat
 
     async def _publish(

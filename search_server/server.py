@@ -25,7 +25,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from discovery.acl import SEARCH_SERVER_ACCESS, check_access
+from discovery.address import NetworkPolicy
 from discovery.aio import cancel_and_wait, log_crash
 from discovery.election import LeaderElection, Leadership
 from discovery.errors import OverloadedError, RedisAccessError, ZkError
@@ -212,6 +213,7 @@ class SearchServer:
                 # Readers see the heartbeat run out after its TTL: by then a leader that
                 # cannot write hands over, to a search server that perhaps can.
                 store_grace=config.heartbeat_ttl,
+                admit=_admission(config.allowed_networks),
             )
         if isinstance(self.fanout.picker, AdaptiveReplicaSelection):
             await stack.enter_async_context(_PeerCount(self._members, self.fanout.picker))
@@ -663,3 +665,16 @@ class _ZkFallback:
             await watcher.aclose()
         if maintenance is not None:
             await maintenance.aclose()
+
+
+def _admission(networks: NetworkPolicy) -> Callable[[ServiceInstance], str | None] | None:
+    """The leader's rule for ``--allowed-networks``: an IP address outside them is skipped
+    and counted as ``not_allowed`` (a name is judged where it is resolved: the fan-out)."""
+    if not networks.narrows:
+        return None
+
+    def admit(instance: ServiceInstance) -> str | None:
+        problem = networks.problem(instance.address)
+        return None if problem is None else f"not_allowed: {problem}"
+
+    return admit

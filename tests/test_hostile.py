@@ -15,6 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from data_server.corpus import sample_queries
+from discovery.address import NetworkPolicy, parse_networks
 from discovery.errors import ZkConnectionError
 from discovery.http import MAX_QUERY_BYTES
 from discovery.instance import MAX_INSTANCE_BYTES
@@ -235,3 +236,35 @@ async def test_a_query_no_data_server_could_take_is_refused_by_the_search_server
             "search_server_fanout_shard_requests_total", {"result": "error"}
         )
     )
+
+
+async def test_allowed_networks_keep_other_addresses_out_of_the_published_list(
+    make_search_server: SearchServerFactory,
+    make_data_server: DataServerFactory,
+    make_session: SessionFactory,
+    client: aioredis.Redis,
+    redis_prefix: str,
+) -> None:
+    await make_data_server(shard=0, instance_id="ds-inside")
+    search = await make_search_server(
+        server_id="ss-0", allowed_networks=NetworkPolicy.of(parse_networks("127.0.0.0/8"))
+    )
+    await all_see([search], {"ds-inside"})
+    raw = await make_session()
+    # A valid registration, but at an address this deployment does not admit.
+    await raw.create(
+        f"{DATA_SERVERS_PATH}/ds-elsewhere",
+        _bytes(_doc("ds-elsewhere", address="192.0.2.10", port=9001)),
+        ephemeral=True,
+    )
+    await eventually(
+        lambda: (
+            search.registry.get_sample_value(
+                "discovery_membership_skipped_total", {"reason": "not_allowed"}
+            )
+            == 1
+        ),
+        message="ds-elsewhere skipped as not_allowed",
+    )
+    loaded = await load(client, RedisKeys(redis_prefix))
+    assert set(loaded.servers) == {"ds-inside"}
