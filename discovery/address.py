@@ -52,7 +52,14 @@ MAX_NAME_LENGTH: Final = 253
 """Longest DNS name, in characters, without a trailing dot (RFC 1035's 255 octets on
 the wire)."""
 
-_LABEL: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_NAME: Final = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+)
+# A dotted quad as ipaddress reads one (no leading zeros): every registration the
+# leader decodes has an address, so the common case must not cost a parse.
+_OCTET: Final = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_DOTTED_QUAD: Final = re.compile(rf"({_OCTET})\.({_OCTET})\.{_OCTET}\.{_OCTET}")
 # Messages end up in logs: a 60 KiB address must not.
 _MAX_SHOWN: Final = 60
 
@@ -114,7 +121,14 @@ def address_problem(value: object) -> str | None:
         return f"must be a string, got {type(value).__name__}"
     if not value:
         return "must not be empty"
-    literal = _literal(value)
+    quad = _DOTTED_QUAD.fullmatch(value)
+    if quad is not None:
+        first, second = int(quad[1]), int(quad[2])
+        if not (first == 0 or (first == 169 and second == 254) or first >= 224):
+            return None  # neither unspecified, link-local, multicast nor broadcast
+    # Only a dotted quad or a text with a colon can be an IP literal; anything else is
+    # judged as a name (a non-canonical IPv4 spelling is refused there).
+    literal = _literal(value) if quad is not None or ":" in value else None
     if literal is not None:
         kind = _refused_kind(literal)
         if kind is not None:
@@ -127,12 +141,11 @@ def address_problem(value: object) -> str | None:
         )
     if len(value) > MAX_NAME_LENGTH:
         return f"a DNS name must be at most {MAX_NAME_LENGTH} characters, got {len(value)}"
-    for label in value.split("."):
-        if _LABEL.fullmatch(label) is None:
-            return (
-                "must be an IP address or a DNS name of labels of 1-63 letters, digits "
-                f"and hyphens (not at a label's start or end), got {_shown(value)}"
-            )
+    if _NAME.fullmatch(value) is None:
+        return (
+            "must be an IP address or a DNS name of labels of 1-63 letters, digits "
+            f"and hyphens (not at a label's start or end), got {_shown(value)}"
+        )
     if _numeric_spelling(value):
         return (
             f"{_shown(value)} is a numeric address in a non-standard spelling; write it "
