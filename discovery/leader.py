@@ -575,9 +575,10 @@ class _Term:
                 return
             metrics.checks.labels(verdict="possible").inc()
         log.error(
-            "leader %s (epoch %d) was fenced off: a newer leader has published; resigning",
+            "leader %s (epoch %d) was fenced off: a newer leader has published (%s); resigning",
             duty._leader_id,
             term.epoch,
+            exc,
         )
         raise exc
 

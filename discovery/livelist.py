@@ -81,13 +81,13 @@ from .livefeed import ChangeFeed
 from .metrics import LiveListMetrics
 from .redislayout import (
     FIRST_STREAM_ID,
+    META_NUMBERS,
     ChangeEntry,
     Loaded,
     RedisKeys,
     load,
     parse_change,
-    parse_generation,
-    parse_position,
+    parse_meta_numbers,
     reply_text,
     short_repr,
     translate_redis_error,
@@ -467,18 +467,18 @@ class LiveListReader:
         if not self._loaded:
             await self._load("start")
             return
-        stored = await self._redis.hmget(self.keys.meta, ["epoch", "version", "fence"])
+        stored = await self._redis.hmget(self.keys.meta, list(META_NUMBERS))
         try:
-            position = parse_position(stored[:2])
-            fence = parse_generation(stored[2]) if position is not None else 0
+            numbers = parse_meta_numbers(stored)
         except MalformedLiveListError as exc:
             self._meta_malformed(f"{self.keys.meta}: {exc}")
             return
         self._meta_readable()
         current = self._current.position
-        if position is None:
+        if numbers is None:
             self._on_missing()
             return
+        position, fence = numbers
         self._missing_logged = False
         if self._fence is not None and fence != self._fence:
             await self._load("fence")

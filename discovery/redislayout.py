@@ -79,6 +79,7 @@ from .instance import ServiceInstance
 __all__ = [
     "FIRST_STREAM_ID",
     "MAX_NUMBER",
+    "META_NUMBERS",
     "ChangeEntry",
     "Heartbeat",
     "Loaded",
@@ -90,6 +91,7 @@ __all__ = [
     "parse_generation",
     "parse_heartbeat",
     "parse_meta",
+    "parse_meta_numbers",
     "parse_number",
     "parse_position",
     "parse_servers",
@@ -345,6 +347,31 @@ def parse_position(stored: Sequence[Any]) -> tuple[int, int] | None:
     if stored[0] is None or stored[1] is None:
         return None
     return (parse_number(stored[0], "epoch"), parse_number(stored[1], "version"))
+
+
+META_NUMBERS: Final = ("epoch", "version", "fence", "published_at", "count")
+"""The number fields of ``P:meta``, in the order :func:`parse_meta_numbers` reads them."""
+
+
+def parse_meta_numbers(stored: Sequence[Any]) -> tuple[tuple[int, int], int] | None:
+    """``((epoch, version), fence)`` from ``HMGET P:meta`` of :data:`META_NUMBERS`.
+
+    Returns None if ``epoch`` or ``version`` is absent (nothing stored). Every field
+    present is checked, so a reader that checks its version this way refuses what a
+    load would refuse.
+
+    Raises:
+        MalformedLiveListError: a field present is not a number of the layout.
+    """
+    if len(stored) != len(META_NUMBERS):
+        _malformed(f"expected {', '.join(META_NUMBERS)}, got {short_repr(stored)}")
+    position = parse_position(stored[:2])
+    if position is None:
+        return None
+    for name, raw in zip(META_NUMBERS[3:], stored[3:], strict=True):
+        if raw is not None:
+            parse_number(raw, name)
+    return position, parse_generation(stored[2])
 
 
 def parse_generation(raw: object) -> int:
