@@ -34,7 +34,6 @@ from discovery.redislayout import (
     parse_heartbeat,
     parse_meta,
     parse_position,
-    short_repr,
 )
 from discovery.testing import RedisServer, free_port
 from discovery.tools.status.reader import read_redis
@@ -141,11 +140,6 @@ def test_heartbeat_numbers_out_of_bounds_are_left_out_and_reported() -> None:
     assert beat.epoch is None
     assert beat.error is not None
     assert parse_heartbeat(json.dumps({"epoch": 7, "version": 2}), 5).error is None
-
-
-def test_a_log_excerpt_of_a_huge_value_is_cut_before_repr() -> None:
-    text = short_repr(b"\x00" * 10_000_000)
-    assert len(text) <= 200
 
 
 # -- the follower (LiveListReader) against a real Redis ---------------------------------------
@@ -288,7 +282,15 @@ async def _routes_with(server: SearchServer, ids: set[str]) -> None:
     )
 
 
-@pytest.mark.parametrize(("field", "garbage"), META_GARBAGE.values(), ids=list(META_GARBAGE))
+#: What a search server used to fail on at start (a crash, a pinned list, a field it
+#: did not check); the other kinds it already skipped at start.
+START_GARBAGE = {
+    name: META_GARBAGE[name]
+    for name in ("epoch of 5000 digits", "epoch of 2**63", "fence of 20 digits")
+}
+
+
+@pytest.mark.parametrize(("field", "garbage"), START_GARBAGE.values(), ids=list(START_GARBAGE))
 async def test_a_search_server_starts_on_a_malformed_meta_and_recovers_once_a_leader_publishes(
     field: str,
     garbage: str,
