@@ -177,7 +177,9 @@ class FencedError(DiscoveryError):
     """A live-list publish or heartbeat was refused: Redis holds a newer epoch or version.
 
     Another leader (a newer epoch) or another writer in our epoch has published. The
-    publisher has been deposed and must stop leading; retrying cannot succeed.
+    publisher has been deposed and must stop leading; retrying cannot succeed. (Unless
+    ``stored_epoch`` is one no leader can hold, which the leader checks against
+    ZooKeeper, :mod:`discovery.epochs`: then the fence is poisoned, not taken over.)
     ``reason`` is ``"epoch"`` or ``"version"``; ``stored_epoch`` and ``stored_version``
     are what Redis holds.
     """
