@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from discovery.errors import MalformedLiveListError, MalformedMetaError
 from discovery.livelist import LiveListReader
 from discovery.publisher import LivePublisher
-from discovery.redisfence import read_fence, repair_fence
+from discovery.redisfence import StoredFence, read_fence, repair_fence
 from discovery.redislayout import (
     MAX_NUMBER,
     RedisKeys,
@@ -36,6 +36,8 @@ from discovery.redislayout import (
     parse_position,
 )
 from discovery.testing import RedisServer, free_port
+from discovery.tools.fence import FenceReport, describe
+from discovery.tools.status.model import Contender
 from discovery.tools.status.reader import read_redis
 from search_server.server import SearchServer
 from tests.support import (
@@ -140,6 +142,36 @@ def test_heartbeat_numbers_out_of_bounds_are_left_out_and_reported() -> None:
     assert beat.epoch is None
     assert beat.error is not None
     assert parse_heartbeat(json.dumps({"epoch": 7, "version": 2}), 5).error is None
+
+
+def _report(meta: dict[str, str] | None, leader_epoch: int | None, highest: int) -> FenceReport:
+    fields = {} if meta is None else meta
+    try:
+        stored = StoredFence((None, None, None), parse_meta(fields))
+    except MalformedLiveListError as exc:
+        stored = StoredFence((None, None, None), None, str(exc))
+    leader = (
+        None if leader_epoch is None else Contender("ss-1", "x__lock__0000000001", leader_epoch)
+    )
+    return FenceReport("discovery:{c}", stored, leader, highest)
+
+
+def test_the_fence_verdicts() -> None:
+    cases = {
+        "ok": _report({**VALID_META, "epoch": "100"}, 100, 120),
+        "possible": _report({**VALID_META, "epoch": "110"}, 100, 120),
+        "impossible": _report({**VALID_META, "epoch": str(2**62)}, 100, 120),
+        "missing": _report(None, 100, 120),
+        "malformed": _report({**VALID_META, "epoch": "9" * 20}, 100, 120),
+    }
+    for verdict, report in cases.items():
+        assert report.verdict == verdict
+        assert report.poisoned == (verdict == "impossible")
+        text = "\n".join(describe(report))
+        assert ("POISONED" in text) == (verdict == "impossible"), text
+    # The repair stores one below the leader's epoch: its next write passes the fence.
+    assert cases["impossible"].repair_epoch() == 99
+    assert _report({**VALID_META, "epoch": str(2**62)}, None, 0).repair_epoch() == 0
 
 
 # -- the follower (LiveListReader) against a real Redis ---------------------------------------
@@ -477,6 +509,7 @@ async def test_an_impossible_epoch_holds_the_leader_without_a_loop_until_the_fen
 
 async def test_fence_command_refuses_a_healthy_fence_and_names_flags(
     make_search_server: SearchServerFactory,
+    client: aioredis.Redis,
     redis_server: RedisServer,
     redis_prefix: str,
     zk_hosts: str,
@@ -498,6 +531,20 @@ async def test_fence_command_refuses_a_healthy_fence_and_names_flags(
     assert "not poisoned" in err
     assert leader.reader is not None
     assert leader.reader.current.epoch == term.epoch
+    # --force repairs a healthy fence too: the leader's next write passes it again and
+    # every reader follows (the generation moved on).
+    code, out, err = await run_fence("repair", "--force", *args)
+    assert code == 0, err
+    assert f"epoch {term.epoch - 1} version 1 with fence generation 1" in out
+    await waited(
+        leader.reader.wait_until(
+            lambda live: live.epoch == term.epoch and live.leader == "ss-healthy", timeout=15
+        ),
+        "the leader's list after a forced repair",
+    )
+    meta = (await load(client, RedisKeys(redis_prefix))).meta
+    assert meta is not None
+    assert (meta.epoch, meta.fence, meta.leader) == (term.epoch, 1, "ss-healthy")
     # Bad arguments name the flag; unreachable systems are named.
     code, _, err = await run_fence("check", "--session-timeout", "-1", *args)
     assert code == 2
