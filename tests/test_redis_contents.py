@@ -22,7 +22,9 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
+from discovery.epochs import highest_possible_epoch
 from discovery.errors import MalformedLiveListError, MalformedMetaError
+from discovery.layout import SEARCH_ELECTION_PATH
 from discovery.livelist import LiveListReader
 from discovery.publisher import LivePublisher
 from discovery.redisfence import StoredFence, read_fence, repair_fence
@@ -39,6 +41,7 @@ from discovery.testing import RedisServer, free_port
 from discovery.tools.fence import FenceReport, describe
 from discovery.tools.status.model import Contender
 from discovery.tools.status.reader import read_redis
+from discovery.zk import ZkSession
 from search_server.server import SearchServer
 from tests.support import (
     DataServerFactory,
@@ -287,6 +290,22 @@ async def test_a_repaired_fence_releases_a_pinned_reader(
         meta = (await load(client, keys)).meta
         assert meta is not None
         assert meta.fence == 1
+
+
+async def test_the_highest_possible_epoch_is_the_election_directorys_pzxid(
+    zk_session: ZkSession,
+) -> None:
+    # No election directory: no leader was ever elected, so no epoch is possible.
+    assert await highest_possible_epoch(zk_session, SEARCH_ELECTION_PATH) == 0
+    await zk_session.ensure_path(SEARCH_ELECTION_PATH)
+    node = await zk_session.create(f"{SEARCH_ELECTION_PATH}/n-", ephemeral=True, sequence=True)
+    stat = await zk_session.exists(node)
+    assert stat is not None
+    # The newest election node's czxid (a leader's epoch) is the bound...
+    assert await highest_possible_epoch(zk_session, SEARCH_ELECTION_PATH) == stat.czxid
+    # ...and it only grows: a deletion moves it on, past every epoch held before.
+    await zk_session.delete(node)
+    assert await highest_possible_epoch(zk_session, SEARCH_ELECTION_PATH) > stat.czxid
 
 
 # -- search servers: garbage P:meta before and while they run ---------------------------------
