@@ -59,7 +59,7 @@ SENTINELS = 3
 # search servers + data servers + Prometheus itself + the ZooKeeper exporter + one
 # redis-exporter target per Redis node and sentinel (deploy/prometheus.yml)
 TARGETS = len(SEARCH_SERVERS) + DATA_SERVERS + 1 + 1 + len(REDIS_NODES) + SENTINELS
-ALERT_RULES = 9
+ALERT_RULES = 10
 # What the exporters must report once all is up: every ZooKeeper member answering mntr,
 # one of them leader, and both Redis nodes reachable.
 INFRASTRUCTURE = {

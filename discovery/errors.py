@@ -30,6 +30,7 @@ kept as ``__cause__``.
     │   ├── RedisAuthError
     │   └── RedisPermissionError
     ├── MalformedLiveListError              a stored list or change that cannot be used
+    │   └── MalformedMetaError              the list's meta record (Redis ``P:meta``)
     ├── OverloadedError                     the fan-out refused a query (answer 503)
     ├── DevClusterError                     a local ZooKeeper/Redis (discovery.testing)
     └── StatusError                         ``discovery status`` could not read a system
@@ -46,6 +47,7 @@ __all__ = [
     "InvalidInstanceError",
     "InvalidMarkerError",
     "MalformedLiveListError",
+    "MalformedMetaError",
     "OverloadedError",
     "PayloadTooLargeError",
     "ProbeFailed",
@@ -185,7 +187,9 @@ class FencedError(DiscoveryError):
     """A live-list publish or heartbeat was refused: Redis holds a newer epoch or version.
 
     Another leader (a newer epoch) or another writer in our epoch has published. The
-    publisher has been deposed and must stop leading; retrying cannot succeed.
+    publisher has been deposed and must stop leading; retrying cannot succeed. (Unless
+    ``stored_epoch`` is one no leader can hold, which the leader checks against
+    ZooKeeper, :mod:`discovery.epochs`: then the fence is poisoned, not taken over.)
     ``reason`` is ``"epoch"`` or ``"version"``; ``stored_epoch`` and ``stored_version``
     are what Redis holds.
     """
@@ -262,6 +266,21 @@ class MalformedLiveListError(DiscoveryError):
     def __init__(self, message: str, position: tuple[int, int] | None = None) -> None:
         super().__init__(message)
         self.position = position
+
+
+class MalformedMetaError(MalformedLiveListError):
+    """The record that says which list is stored (Redis ``P:meta``) cannot be used: a
+    field missing, or a number out of the layout's bounds.
+
+    ``stream_id`` is the change stream's last id read in the same transaction: a reader
+    follows from there, so that only what is published after it makes it load again.
+    """
+
+    def __init__(
+        self, message: str, position: tuple[int, int] | None = None, stream_id: str = "0-0"
+    ) -> None:
+        super().__init__(message, position)
+        self.stream_id = stream_id
 
 
 class OverloadedError(DiscoveryError):

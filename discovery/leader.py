@@ -20,8 +20,17 @@ Within a term:
 * while the ZooKeeper connection is SUSPENDED nothing is written at all: we may
   already have been replaced. On reconnection in the same session the full snapshot
   is republished; on LOST the election cancels the term;
-* a write refused by the fence (:class:`~discovery.errors.FencedError`) proves a newer
-  leader exists: the term ends and the election contends again;
+* a write refused by the fence (:class:`~discovery.errors.FencedError`) means a newer
+  leader exists: the term ends and the election contends again. Unless the stored
+  epoch is one no leader can hold: above the election directory's pzxid, read after
+  a ``sync`` (:mod:`discovery.epochs`). Resigning for such an epoch would hand it from
+  search server to search server for ever, so the leader keeps its term, publishes
+  nothing (search servers route with the list they hold), sets
+  ``discovery_leader_fence_poisoned`` and logs an error naming ``discovery fence
+  repair``; it tries the fence again with a heartbeat after the heartbeat interval,
+  doubling to ``fence_recheck_max``, and publishes in full once the fence lets it.
+  Never an automatic override: only an operator resets the fence. If ZooKeeper cannot
+  be asked, it holds the same way and asks again later;
 * we write only under a **lease**: within half a session timeout of the last answer
   that showed our election node ours (read back three times per lease; winning the
   term counts as the first). A leader cut from ZooKeeper so stops publishing well
@@ -60,14 +69,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import posixpath
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 import immutables
 from prometheus_client import CollectorRegistry
 
 from .brake import BrakeStatus, MassLossBrake, MassLossBrakeConfig
 from .election import Leadership
+from .epochs import EpochVerdict, FenceCheck, check_epoch
 from .errors import FencedError, StoreError, ZkError
 from .instance import InstanceState, ServiceInstance
 from .layout import DATA_SERVERS_PATH, MAINTENANCE_PATH
@@ -79,7 +91,7 @@ from .maintenance import (
     overlay,
 )
 from .membership import MembershipSubscription, MembershipWatcher
-from .metrics import MaintenanceMetrics, MassLossBrakeMetrics, MembershipMetrics
+from .metrics import FenceMetrics, MaintenanceMetrics, MassLossBrakeMetrics, MembershipMetrics
 from .store import LiveListPublisher, LiveListStore
 from .zk import SessionEvent, SessionState, ZkSession
 
@@ -89,6 +101,15 @@ log = logging.getLogger(__name__)
 
 # How soon a leader whose last write failed tries again (between heartbeats).
 _STORE_RETRY = 0.2
+#: The default of ``fence_recheck_max``: the longest a leader holding its term over an
+#: impossible epoch waits between tries of the fence, hence how long after a repair it
+#: may take to publish again.
+FENCE_RECHECK_MAX = 30.0
+# What an operator runs, named in the leader's error.
+_REPAIR_COMMAND = (
+    "`discovery fence check`, then `discovery fence repair` (with this server's --zk, "
+    "--redis and --cluster)"
+)
 _NO_MARKERS: Mapping[str, MaintenanceMarker] = immutables.Map()
 
 
@@ -133,7 +154,9 @@ class LeaderDuty:
     ``maintenance_path``: where operators' maintenance markers live (None: no
     maintenance overlay, for tests of other things). ``admit``: the deployment's own
     rule on registrations (``--allowed-networks``), see
-    :class:`~discovery.membership.MembershipWatcher`.
+    :class:`~discovery.membership.MembershipWatcher`. ``fence_recheck_max``: the
+    longest pause between tries of a fence holding an impossible epoch (the first is
+    ``heartbeat_interval``, doubling).
     """
 
     def __init__(
@@ -151,9 +174,13 @@ class LeaderDuty:
         store_grace: float | None = None,
         maintenance_path: str | None = MAINTENANCE_PATH,
         admit: Callable[[ServiceInstance], str | None] | None = None,
+        fence_recheck_max: float = FENCE_RECHECK_MAX,
     ) -> None:
+        if not fence_recheck_max > 0:
+            raise ValueError(f"fence_recheck_max must be positive, got {fence_recheck_max!r}")
         self._session = session
         self._admit = admit
+        self._fence_recheck_max = fence_recheck_max
         self._maintenance_path = maintenance_path
         self._store_grace = store_grace
         self._store = store
@@ -166,9 +193,16 @@ class LeaderDuty:
         self._membership_metrics = MembershipMetrics(registry)
         self._brake_metrics = MassLossBrakeMetrics(registry)
         self._maintenance_metrics = MaintenanceMetrics(registry)
+        self._fence_metrics = FenceMetrics(registry)
         self._mass_loss = mass_loss if mass_loss is not None else MassLossBrakeConfig()
         self._clock = clock
         self._term: _Term | None = None
+
+    @property
+    def fence_poisoned(self) -> bool:
+        """True while the term in progress holds over an epoch no leader can hold."""
+        term = self._term
+        return term is not None and term.poisoned
 
     def brake_status(self) -> BrakeStatus | None:
         """The mass-loss brake of the term in progress; None while not leading."""
@@ -207,8 +241,20 @@ class LeaderDuty:
         finally:
             self._session.remove_listener(term.on_session_event)
             brake.close()
+            # Whoever leads next says for itself whether the fence is poisoned.
+            self._fence_metrics.poisoned.set(0)
             if self._term is term:
                 self._term = None
+
+
+@dataclass
+class _FenceHold:
+    """A term held without writing: the fence refused us with an epoch that no leader
+    can hold (or ZooKeeper could not be asked whether one can)."""
+
+    check: FenceCheck | None  # None: ZooKeeper could not be asked
+    delay: float  # until the next try of the fence, doubling
+    next_at: float  # the duty's clock
 
 
 class _Term:
@@ -240,6 +286,18 @@ class _Term:
         # Since when every write has failed (None: the last one succeeded). Time spent
         # not writing at all (suspended) does not end a streak, but it does not start one.
         self._failing_since: float | None = None
+        # Set while the fence holds an epoch no leader can hold: we keep the term and
+        # write nothing until a try of the fence succeeds.
+        self._hold: _FenceHold | None = None
+
+    @property
+    def poisoned(self) -> bool:
+        hold = self._hold
+        return (
+            hold is not None
+            and hold.check is not None
+            and hold.check.verdict is EpochVerdict.IMPOSSIBLE
+        )
 
     def on_session_event(self, event: SessionEvent) -> None:
         if event.state is SessionState.CONNECTED and not event.new_session:
@@ -326,6 +384,9 @@ class _Term:
             self._failing_since = started
 
     def _may_write(self) -> bool:
+        return self._hold is None and self._lease_valid()
+
+    def _lease_valid(self) -> bool:
         session = self._duty._session
         # Never write unless connected in the session that won this term, and recently
         # confirmed by ZooKeeper: kazoo notices a dead link only after up to 2/3 of the
@@ -367,13 +428,9 @@ class _Term:
             self._published = None
             self._store_failed(started)
             return
-        except FencedError:
-            log.error(
-                "leader %s (epoch %d) was fenced off: a newer leader has published; resigning",
-                self._duty._leader_id,
-                self._leadership.epoch,
-            )
-            raise
+        except FencedError as exc:
+            await self._fenced(exc)
+            return
         self._failing_since = None
         self._published = written
 
@@ -491,13 +548,134 @@ class _Term:
         )
         return False
 
+    async def _fenced(self, exc: FencedError) -> None:
+        """A write was refused: resign (raise ``exc``) unless the stored epoch is one no
+        leader can hold, or ZooKeeper cannot say; then hold the term without writing."""
+        duty, term = self._duty, self._leadership
+        metrics = duty._fence_metrics
+        check: FenceCheck | None = None
+        if exc.reason == "epoch" and exc.stored_epoch > term.epoch:
+            try:
+                # Bounded by the lease: an answer later than that proves nothing anyway.
+                async with asyncio.timeout(self._lease):
+                    check = await check_epoch(
+                        duty._session, exc.stored_epoch, term.epoch, posixpath.dirname(term.node)
+                    )
+            except (ZkError, TimeoutError) as error:
+                log.warning(
+                    "leader %s (epoch %d): fenced off by epoch %d, and ZooKeeper could not "
+                    "say whether a leader can hold it (%s); holding the term without "
+                    "writing, asking again later",
+                    duty._leader_id,
+                    term.epoch,
+                    exc.stored_epoch,
+                    error,
+                )
+                metrics.checks.labels(verdict="unknown").inc()
+                self._hold_term(None)
+                return
+            if check.verdict is EpochVerdict.IMPOSSIBLE:
+                metrics.checks.labels(verdict="impossible").inc()
+                self._hold_term(check)
+                return
+            metrics.checks.labels(verdict="possible").inc()
+        log.error(
+            "leader %s (epoch %d) was fenced off: a newer leader has published (%s); resigning",
+            duty._leader_id,
+            term.epoch,
+            exc,
+        )
+        raise exc
+
+    def _hold_term(self, check: FenceCheck | None) -> None:
+        """Stop writing and try the fence again later (doubling the pause)."""
+        duty, hold = self._duty, self._hold
+        now = duty._clock()
+        delay = (
+            duty._heartbeat_interval
+            if hold is None
+            else min(duty._fence_recheck_max, hold.delay * 2)
+        )
+        first = hold is None or hold.check is None
+        if check is None and hold is not None:
+            check = hold.check  # ZooKeeper did not answer: the last verdict stands
+        self._hold = _FenceHold(check, delay, now + delay)
+        # Not a store outage: a term that holds must not resign for "failing" writes.
+        self._failing_since = None
+        if check is None or check.verdict is not EpochVerdict.IMPOSSIBLE:
+            return
+        duty._fence_metrics.poisoned.set(1)
+        if first:
+            log.error(
+                "leader %s (epoch %d): the live list's fence holds epoch %d, which no leader "
+                "can hold (ZooKeeper's election directory has issued epochs up to %d): it "
+                "was written by hand, or Redis holds another cluster's list or one from "
+                "before ZooKeeper was rebuilt. Keeping the term without publishing (search "
+                "servers route with the list they hold), trying the fence again in %.1f s. "
+                "To repair: %s",
+                duty._leader_id,
+                self._leadership.epoch,
+                check.stored,
+                check.highest,
+                delay,
+                _REPAIR_COMMAND,
+            )
+        else:
+            log.warning(
+                "leader %s (epoch %d): still fenced off by epoch %d, which no leader can hold "
+                "(up to %d); trying again in %.1f s. To repair: %s",
+                duty._leader_id,
+                self._leadership.epoch,
+                check.stored,
+                check.highest,
+                delay,
+                _REPAIR_COMMAND,
+            )
+
+    async def _try_fence(self) -> None:
+        """While holding: when due, try the fence with a fresh publisher's heartbeat
+        (the refused one refuses every call); publish in full once it passes."""
+        hold, duty = self._hold, self._duty
+        assert hold is not None
+        if duty._clock() < hold.next_at or not self._lease_valid():
+            return
+        publisher = duty._store.publisher(leader_id=duty._leader_id, epoch=self._leadership.epoch)
+        try:
+            async with self._write_deadline():
+                await publisher.heartbeat()
+        except FencedError as exc:
+            await self._fenced(exc)  # resigns if a leader may hold the epoch by now
+            return
+        except StoreError as exc:
+            log.debug("leader: trying the fence failed: %s", exc)
+            self._hold_term(None)
+            return
+        duty._fence_metrics.checks.labels(verdict="repaired").inc()
+        duty._fence_metrics.poisoned.set(0)
+        log.warning(
+            "leader %s (epoch %d): the fence lets us write again (repaired); publishing the "
+            "whole list",
+            duty._leader_id,
+            self._leadership.epoch,
+        )
+        self._hold = None
+        self._publisher = publisher
+        self._published = None
+        self._wake.set()
+
     async def _heartbeat(self) -> None:
+        if self._hold is not None:
+            await self._try_fence()
+            return
         if not self._may_write():
             return
         started = self._duty._clock()
         try:
             async with self._write_deadline():
                 present = await self._publisher.heartbeat()
+        except FencedError as exc:
+            await self._fenced(exc)
+            return
         except StoreError as exc:
             # The first failure is news; the probes of an outage that follow are noise.
             log.log(

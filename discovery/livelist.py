@@ -26,6 +26,15 @@ and a lower version, than the list held is refused and counted, so the leftovers
 deposed leader (or a replica that missed writes) cannot win. Epochs are ZooKeeper
 zxids, monotonic for the life of the ensemble.
 
+The one exception is the **fence generation** (``P:meta``'s ``fence``, stamped on
+every stream entry), which only ``discovery fence repair`` changes: after a write of
+an epoch no leader can hold pinned every reader (and fenced the real leader off), the
+repair resets the fence and moves the generation on. A reader that sees a generation
+other than the one of the list it holds (in ``P:meta`` when it reconciles, or on an
+entry) loads the list and takes it whatever its ``(epoch, version)``: its high-water
+mark starts again from there. Anyone who can write Redis can damage the list anyway;
+the generation makes that damage recoverable rather than permanent.
+
 :meth:`LiveListReader.changes` is the API for other services: after a consistent load,
 an async iterator of :class:`~discovery.store.LiveListChange` (what was added, changed
 and removed, and why).
@@ -45,7 +54,12 @@ Failure behaviour:
 * A malformed entry or meta record is skipped, logged and counted
   (``discovery_livelist_malformed_total{kind}``); a malformed entry that names a newer
   version causes a load. A malformed *server* in a load is skipped alone (counted as
-  ``server``). Nothing malformed stops the reader.
+  ``server``). Nothing malformed stops the reader, at start or later.
+* A malformed ``P:meta`` (``kind="meta"``: a field missing, a number out of bounds)
+  keeps the list held (at start, the empty one). The reader goes on following the
+  stream, so the leader's next publish (which rewrites ``P:meta``) is loaded at once,
+  and reads ``P:meta`` again itself with a backoff (``block`` doubling to 30 s). The
+  first warning is logged at once, repeats at most once a minute.
 """
 
 from __future__ import annotations
@@ -62,17 +76,18 @@ import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 
 from .aio import cancel_and_wait
-from .errors import MalformedLiveListError
+from .errors import MalformedLiveListError, MalformedMetaError
 from .livefeed import ChangeFeed
 from .metrics import LiveListMetrics
 from .redislayout import (
     FIRST_STREAM_ID,
+    META_NUMBERS,
     ChangeEntry,
     Loaded,
     RedisKeys,
     load,
     parse_change,
-    parse_position,
+    parse_meta_numbers,
     reply_text,
     short_repr,
     translate_redis_error,
@@ -91,6 +106,12 @@ RECONNECT_BACKOFF_MAX: Final = 0.5
 # Beyond the blocking read's own time: for a client without a socket timeout, the
 # bound on a read from a connection that died silently.
 _READ_GRACE: Final = 5.0
+
+# While P:meta is malformed, the reader reads it again after these delays (doubling);
+# the leader's next publish is seen on the stream meanwhile.
+_META_RETRY_MAX: Final = 30.0
+# Repeated warnings about one malformed P:meta, at most this often.
+_META_WARN_EVERY: Final = 60.0
 
 _RedisFailure = (redis_errors.RedisError, OSError)
 
@@ -156,6 +177,13 @@ class LiveListReader:
         self._synced = False  # the stream position is trusted (cleared by any failure)
         self._missing_logged = False
         self._behind_logged = False
+        # The fence generation of the list held (None until a load succeeded).
+        self._fence: int | None = None
+        # A malformed P:meta: consecutive reads that found it so, when to read it
+        # again, and when the last warning about it was logged.
+        self._meta_failures = 0
+        self._meta_retry_at = 0.0
+        self._meta_warned_at: float | None = None
         # Serialises loads and entry application, so a load is never judged against a
         # list that changed while it was in flight.
         self._lock = asyncio.Lock()
@@ -187,6 +215,15 @@ class LiveListReader:
                 "and retrying",
                 self.keys.prefix,
                 translate_redis_error(exc),
+                len(self._current.servers),
+            )
+        except Exception:
+            # Whatever Redis holds must not stop a search server from starting: the
+            # background task retries (and logs) as it does for any failure.
+            log.exception(
+                "live list %s: the first load failed unexpectedly; starting with %d servers "
+                "and retrying",
+                self.keys.prefix,
                 len(self._current.servers),
             )
         self._task = asyncio.create_task(self._run(), name=f"livelist:{self.keys.prefix}")
@@ -333,8 +370,10 @@ class LiveListReader:
             async with self._lock:
                 for stream_id, fields in entries:
                     await self._on_entry(reply_text(stream_id), fields)
-                if self._monotonic() - (self._confirmed_at or self._created_at) >= (
-                    self._reconcile_interval
+                now = self._monotonic()
+                if (
+                    now - (self._confirmed_at or self._created_at) >= self._reconcile_interval
+                    and now >= self._meta_retry_at
                 ):
                     await self._reconcile()
 
@@ -350,6 +389,9 @@ class LiveListReader:
             # Something newer was published that we could not read: load it.
             if exc.position is not None and exc.position > current.position:
                 await self._load("gap")
+            return
+        if entry.fence is not None and self._fence is not None and entry.fence != self._fence:
+            await self._load("fence")
             return
         if entry.position <= current.position:
             if entry.epoch < current.epoch:
@@ -425,13 +467,22 @@ class LiveListReader:
         if not self._loaded:
             await self._load("start")
             return
-        stored = await self._redis.hmget(self.keys.meta, ["epoch", "version"])
-        position = parse_position(stored)
+        stored = await self._redis.hmget(self.keys.meta, list(META_NUMBERS))
+        try:
+            numbers = parse_meta_numbers(stored)
+        except MalformedLiveListError as exc:
+            self._meta_malformed(f"{self.keys.meta}: {exc}")
+            return
+        self._meta_readable()
         current = self._current.position
-        if position is None:
+        if numbers is None:
             self._on_missing()
             return
+        position, fence = numbers
         self._missing_logged = False
+        if self._fence is not None and fence != self._fence:
+            await self._load("fence")
+            return
         if position == current:
             self._behind_logged = False
             self._confirm()
@@ -485,12 +536,16 @@ class LiveListReader:
         self._metrics.refetches.labels(cause=cause).inc()
         try:
             loaded = await load(self._redis, self.keys)
-        except MalformedLiveListError as exc:
-            self._skip("meta", str(exc))
+        except MalformedMetaError as exc:
+            # Follow from where the stream was at that instant: only a later publish
+            # (which rewrites P:meta) makes us load again, not every older entry.
+            self._stream_id = exc.stream_id
+            self._meta_malformed(str(exc))
             return
         except _RedisFailure:
             self._metrics.redis_errors.labels(operation="load").inc()
             raise
+        self._meta_readable()
         self._loaded = True
         # The stream as of the load: entries after it follow what was loaded. (After
         # Redis lost data this id may be lower than the one we had; it is the right one.)
@@ -504,7 +559,23 @@ class LiveListReader:
             self._on_missing()
             return
         self._missing_logged = False
-        if meta.position < current.position:
+        repaired = self._fence is not None and meta.fence != self._fence
+        if repaired:
+            log.warning(
+                "live list %s: the fence generation changed from %d to %d (`discovery fence "
+                "repair`): taking epoch %d version %d from %r whatever we held (epoch %d "
+                "version %d)",
+                self.keys.prefix,
+                self._fence,
+                meta.fence,
+                meta.epoch,
+                meta.version,
+                meta.leader,
+                current.epoch,
+                current.version,
+            )
+        self._fence = meta.fence
+        if meta.position < current.position and not repaired:
             self._metrics.stale.labels(kind="load").inc()
             log.warning(
                 "live list %s: refusing a list of epoch %d version %d (leader %r): we hold "
@@ -550,6 +621,45 @@ class LiveListReader:
 
     def _confirm(self) -> None:
         self._confirmed_at = self._monotonic()
+
+    def _meta_malformed(self, problem: str) -> None:
+        """``P:meta`` could not be decoded: keep the list, count, warn (rate-bounded),
+        and read it again after a backoff. Call with the lock held."""
+        self._metrics.malformed.labels(kind="meta").inc()
+        self._meta_failures += 1
+        delay = min(
+            _META_RETRY_MAX, self._block_ms / 1000 * 2.0 ** min(self._meta_failures - 1, 16)
+        )
+        now = self._monotonic()
+        self._meta_retry_at = now + delay
+        warn = self._meta_warned_at is None or now - self._meta_warned_at >= _META_WARN_EVERY
+        if warn:
+            self._meta_warned_at = now
+        log.log(
+            logging.WARNING if warn else logging.DEBUG,
+            "live list %s: %s is malformed (%s); keeping epoch %d version %d (%d servers), "
+            "reading it again in %.1f s (%d times so far)",
+            self.keys.prefix,
+            self.keys.meta,
+            short_repr(problem),
+            self._current.epoch,
+            self._current.version,
+            len(self._current.servers),
+            delay,
+            self._meta_failures,
+        )
+
+    def _meta_readable(self) -> None:
+        if self._meta_failures:
+            log.info(
+                "live list %s: %s is readable again after %d malformed reads",
+                self.keys.prefix,
+                self.keys.meta,
+                self._meta_failures,
+            )
+        self._meta_failures = 0
+        self._meta_retry_at = 0.0
+        self._meta_warned_at = None
 
     def _skip(self, kind: str, problem: str) -> None:
         self._metrics.malformed.labels(kind=kind).inc()

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 
 __all__ = [
     "AgentMetrics",
+    "FenceMetrics",
     "LiveListMetrics",
     "MassLossBrakeMetrics",
     "MembershipMetrics",
@@ -267,13 +268,15 @@ class LiveListMetrics:
         )
         self.refetches = Counter(
             "discovery_livelist_refetches",
-            "Snapshot fetches, by cause (start, gap, epoch, full, reconcile, reconnect).",
+            "Snapshot fetches, by cause (start, gap, epoch, full, reconcile, reconnect, "
+            "fence: the fence generation changed, after `discovery fence repair`).",
             ["cause"],
             registry=registry,
         )
         self.malformed = Counter(
             "discovery_livelist_malformed",
-            "Malformed items skipped, by kind (snapshot, event, server).",
+            "Malformed items skipped, by kind (meta: P:meta unreadable, the list kept; "
+            "entry: a change-stream entry; server: one server of a load).",
             ["kind"],
             registry=registry,
         )
@@ -344,6 +347,28 @@ class MassLossBrakeMetrics:
             "Held removals that ended, by outcome: expired (published as removed at the "
             "end of the hold) or returned (the data server came back).",
             ["outcome"],
+            registry=registry,
+        )
+
+
+class FenceMetrics:
+    """The leader's checks of a fence it was refused by (:class:`~discovery.leader.LeaderDuty`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.poisoned = Gauge(
+            "discovery_leader_fence_poisoned",
+            "1 while this leader holds its term without publishing because the stored "
+            "epoch is one no leader can hold (above ZooKeeper's election pzxid); "
+            "`discovery fence repair` clears it.",
+            registry=registry,
+        )
+        self.checks = Counter(
+            "discovery_leader_fence_checks",
+            "Checks of a stored epoch above the leader's own, by verdict: possible (a "
+            "newer leader may hold it: resign), impossible (hold the term, check again "
+            "later), unknown (ZooKeeper could not be asked: check again later), repaired "
+            "(the fence lets us write again).",
+            ["verdict"],
             registry=registry,
         )
 

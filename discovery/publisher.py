@@ -33,7 +33,18 @@ after a Redis restart or failover), hence atomic:
 
 A refused write raises :class:`~discovery.errors.FencedError`: a newer leader has
 published, so the caller must stop leading; this publisher then refuses every further
-call without touching Redis.
+call without touching Redis. (Unless the stored epoch is one no leader can hold: the
+leader checks that against ZooKeeper before it resigns, see
+:class:`~discovery.leader.LeaderDuty`.)
+
+What the script counts as stored is what readers can decode
+(:mod:`discovery.redislayout`): an ``epoch`` or ``version`` that is not a number of
+the layout (canonical decimal, at most ``2**63 - 1``) fences nobody, as if ``P:meta``
+were missing, and a heartbeat reports ``P:meta`` as not ours (so the leader publishes
+in full, rewriting every field) while ``published_at``, ``count`` or ``fence`` is
+malformed. Every write keeps ``P:meta``'s ``fence`` generation (a malformed one
+becomes 0) and stamps it on its stream entry; only ``discovery fence repair``
+(:mod:`discovery.redisfence`) changes it.
 
 Versions start at 1 with the first publish of a publisher (a new epoch) and each
 publish *attempt* takes the next number, so a number is never reused: a write whose
@@ -64,10 +75,17 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 
-from .errors import FencedError, RedisOperationError
+from .errors import FencedError, MalformedLiveListError, RedisOperationError
 from .instance import ServiceInstance
 from .metrics import PublisherMetrics
-from .redislayout import RedisKeys, encode_json, reply_text, translate_redis_error
+from .redislayout import (
+    MAX_NUMBER,
+    RedisKeys,
+    encode_json,
+    parse_number,
+    reply_text,
+    translate_redis_error,
+)
 
 __all__ = ["DEFAULT_STREAM_LENGTH", "PUBLISH_SCRIPT", "HeartbeatStatus", "LivePublisher"]
 
@@ -75,7 +93,7 @@ log = logging.getLogger(__name__)
 
 # Epochs (ZooKeeper zxids) and versions are Java longs. The script compares them as
 # decimal strings, so every such value compares exactly, beyond Lua's 2**53.
-_MAX_NUMBER: Final = 2**63 - 1
+_MAX_NUMBER: Final = MAX_NUMBER
 
 DEFAULT_STREAM_LENGTH: Final = 10_000
 """``MAXLEN ~`` of ``P:changes``: a follower more than this many publishes behind
@@ -115,22 +133,40 @@ local function cmp(a, b)
   return 0
 end
 
-local function digits(s)
-  return type(s) == 'string' and string.match(s, '^%d+$') ~= nil
+-- A number of the layout: canonical decimal digits, 0 .. 2^63-1 (a Java long, as
+-- ZooKeeper's zxids). Readers refuse anything else (discovery/redislayout.py), and so
+-- does the fence: a stored value that is no such number fences nobody.
+local function number(s)
+  if type(s) ~= 'string' then return false end
+  if s == '0' then return true end
+  return string.match(s, '^[1-9]%d*$') ~= nil and cmp(s, 'MAX_NUMBER') <= 0
+end
+
+-- Absent, or a number (published_at, count, fence may be absent).
+local function optional(s)
+  return s == false or number(s)
 end
 
 local mode, epoch, version, prev, writer = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if (mode ~= 'full' and mode ~= 'delta' and mode ~= 'heartbeat')
-    or not digits(epoch) or not digits(version) or not digits(prev) then
+    or not number(epoch) or not number(version) or not number(prev) then
   return redis.error_reply('ERR live-list fence: bad arguments')
 end
 
-local m = redis.call('HMGET', KEYS[2], 'epoch', 'version', 'writer')
+local m = redis.call('HMGET', KEYS[2], 'epoch', 'version', 'writer', 'published_at',
+                     'count', 'fence')
 local stored_epoch, stored_version, stored_writer = false, false, false
-if digits(m[1]) and digits(m[2]) then
+if number(m[1]) and number(m[2]) then
   stored_epoch, stored_version, stored_writer = m[1], m[2], m[3]
 end
 local ours = stored_writer == writer
+-- Readers refuse a meta record with any malformed number: it is not our last write,
+-- whoever wrote it, and the next full publish rewrites every field.
+local sound = optional(m[4]) and optional(m[5]) and optional(m[6])
+-- The fence generation is changed only by `discovery fence repair`; every write keeps
+-- it (a malformed one becomes 0) and stamps it on its stream entry.
+local fence = '0'
+if number(m[6]) then fence = m[6] end
 
 if stored_epoch then
   local ce = cmp(epoch, stored_epoch)
@@ -153,7 +189,8 @@ if mode == 'heartbeat' then
   if not stored_epoch then
     return {'missing', 'meta', false, false}
   end
-  if ours and cmp(epoch, stored_epoch) == 0 and cmp(version, stored_version) == 0 then
+  if ours and sound and cmp(epoch, stored_epoch) == 0
+      and cmp(version, stored_version) == 0 then
     return {'current', 'ok', stored_epoch, stored_version}
   end
   return {'stale', 'meta', stored_epoch, stored_version}
@@ -187,14 +224,14 @@ end
 
 local count = redis.call('HLEN', KEYS[1])
 redis.call('HSET', KEYS[2], 'epoch', epoch, 'version', version, 'leader', ARGV[6],
-           'published_at', ARGV[7], 'count', count, 'writer', writer)
+           'published_at', ARGV[7], 'count', count, 'writer', writer, 'fence', fence)
 redis.call('SET', KEYS[4], ARGV[8], 'PX', ARGV[9])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[10], '*',
            'epoch', epoch, 'version', version, 'prev', prev, 'kind', mode,
            'leader', ARGV[6], 'published_at', ARGV[7],
-           'upserts', ARGV[11], 'removes', ARGV[12])
+           'upserts', ARGV[11], 'removes', ARGV[12], 'fence', fence)
 return {'published', 'ok', epoch, version}
-""".replace("SLICE", str(_SLICE))
+""".replace("SLICE", str(_SLICE)).replace("MAX_NUMBER", str(MAX_NUMBER))
 """The Lua script behind every write; its semantics are in the module docstring."""
 
 
@@ -215,12 +252,13 @@ class _Diverged(Exception):
 
 
 def _number(value: object) -> int:
-    # Stored values come back as bytes or str (decode_responses), or nil (False).
+    # Stored values come back as bytes or str (decode_responses), or nil (False); the
+    # script returns only numbers of the layout, but a reply is checked all the same.
     if value is None or value is False:
         return 0
     try:
-        return int(reply_text(value))
-    except ValueError:
+        return parse_number(value, "stored number")
+    except MalformedLiveListError:
         return 0
 
 

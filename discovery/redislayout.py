@@ -13,13 +13,18 @@ all, on a single Redis, behind Sentinel or on Redis Cluster):
   and disabled servers are listed; readers route only to
   :attr:`~discovery.instance.ServiceInstance.routable` instances.
 * ``P:meta`` — a HASH: ``epoch``, ``version``, ``leader``, ``published_at`` (ms),
-  ``count`` (fields of ``P:servers``), and ``writer``, an internal token of the
-  publisher object that wrote last (it makes a retried write recognisable).
+  ``count`` (fields of ``P:servers``), ``writer``, an internal token of the
+  publisher object that wrote last (it makes a retried write recognisable), and
+  ``fence``, the fence's generation (absent: 0), which only ``discovery fence
+  repair`` changes: a reader that sees a generation other than the one of the list
+  it holds takes the stored list whatever its ``(epoch, version)``
+  (:mod:`discovery.redisfence`).
 * ``P:changes`` — a STREAM, one entry per accepted publish, with the fields
   ``epoch``, ``version``, ``prev`` (the version of the same epoch this entry follows;
   0 for a full publish), ``kind`` (``full`` | ``delta``), ``leader``,
   ``published_at``, ``upserts`` (a JSON array of instances added or changed) and
-  ``removes`` (a JSON array of ``{"id", "reason"}``). A ``full`` entry carries no
+  ``removes`` (a JSON array of ``{"id", "reason"}``), and ``fence``, the generation
+  ``P:meta`` had when the entry was written. A ``full`` entry carries no
   instances: it says "``P:servers`` was rewritten, load it". Trimmed with
   ``MAXLEN ~`` to a bounded length.
 * ``P:leader`` — the heartbeat, ``{"leader","epoch","version","at"}`` JSON written
@@ -31,11 +36,18 @@ within the epoch. Readers load ``P:servers``, ``P:meta`` and the last stream id 
 one MULTI/EXEC (:func:`load`), then follow ``P:changes`` from that id; an
 entry whose ``prev`` is not the version they hold, or a new epoch, means load again.
 
-Decoders (:func:`parse_meta`, :func:`parse_servers`, :func:`parse_change`,
-:func:`parse_heartbeat`) accept whatever Redis returns and report what they cannot
-use as :class:`~discovery.errors.MalformedLiveListError` (or in the value), never
-another exception. redis-py errors become our tree through
-:func:`translate_redis_error`.
+Numbers (epochs, versions, ``prev``, ``published_at``, ``count``, ``fence``) are
+ZooKeeper-zxid-sized: canonical decimal digits (no sign, no leading zero) of at most
+``2**63 - 1`` (:data:`MAX_NUMBER`, a Java long), which the publish script compares
+as strings. Anything else is not a number of the layout: its length is checked before
+``int()`` sees it, so a value of any size costs a bounded check, never an exception
+from ``int()`` and never a number no writer could have written.
+
+Decoders (:func:`parse_number`, :func:`parse_meta`, :func:`parse_position`,
+:func:`parse_servers`, :func:`parse_change`, :func:`parse_heartbeat`) accept
+whatever Redis returns and report what they cannot use as
+:class:`~discovery.errors.MalformedLiveListError` (or in the value), never another
+exception. redis-py errors become our tree through :func:`translate_redis_error`.
 
 Layout version 1 (``P:live`` + pub/sub ``P:events``) is :mod:`discovery.redis_v1`,
 kept for one release behind ``--redis-layout v1``.
@@ -54,6 +66,7 @@ import redis.exceptions as redis_errors
 from .errors import (
     InvalidInstanceError,
     MalformedLiveListError,
+    MalformedMetaError,
     PayloadTooLargeError,
     RedisAccessError,
     RedisAuthError,
@@ -65,6 +78,8 @@ from .instance import ServiceInstance
 
 __all__ = [
     "FIRST_STREAM_ID",
+    "MAX_NUMBER",
+    "META_NUMBERS",
     "ChangeEntry",
     "Heartbeat",
     "Loaded",
@@ -73,8 +88,11 @@ __all__ = [
     "encode_json",
     "load",
     "parse_change",
+    "parse_generation",
     "parse_heartbeat",
     "parse_meta",
+    "parse_meta_numbers",
+    "parse_number",
     "parse_position",
     "parse_servers",
     "reply_text",
@@ -83,6 +101,13 @@ __all__ = [
 ]
 
 _LOG_LIMIT: Final = 200
+
+MAX_NUMBER: Final = 2**63 - 1
+"""The largest number of the layout: epochs are ZooKeeper zxids, Java longs."""
+_MAX_DIGITS: Final = len(str(MAX_NUMBER))
+# P:leader is a document of about 100 bytes; anything much larger is not ours, and
+# json.loads would spend time and memory on it for nothing.
+_MAX_HEARTBEAT_BYTES: Final = 4096
 
 FIRST_STREAM_ID: Final = "0-0"
 """The stream id before every entry: follow from here when nothing was loaded."""
@@ -136,6 +161,8 @@ class Meta:
     published_at: int
     count: int
     writer: str = ""
+    fence: int = 0
+    """The fence's generation (``discovery fence repair`` changes it; absent: 0)."""
 
     @property
     def position(self) -> tuple[int, int]:
@@ -148,7 +175,8 @@ class ChangeEntry:
 
     A ``delta`` turns version ``prev`` of ``epoch`` into ``version``: ``upserts`` are
     added or replaced, ``removes`` (id, reason) taken out. A ``full`` entry says the
-    whole list was rewritten; it has no instances.
+    whole list was rewritten; it has no instances. ``fence`` is the fence generation
+    of ``P:meta`` when the entry was written (None in entries of earlier releases).
     """
 
     stream_id: str
@@ -160,6 +188,7 @@ class ChangeEntry:
     published_at: int
     upserts: tuple[ServiceInstance, ...]
     removes: tuple[tuple[str, str], ...]
+    fence: int | None = None
 
     @property
     def position(self) -> tuple[int, int]:
@@ -259,7 +288,13 @@ def encode_json(document: Mapping[str, Any] | Sequence[Any]) -> bytes:
 
 
 def short_repr(value: object) -> str:
-    """``repr(value)``, cut to a length fit for a log line or an error message."""
+    """``repr(value)``, cut to a length fit for a log line or an error message.
+
+    A long string or bytes value is cut before ``repr`` sees it: what Redis returned
+    may be megabytes.
+    """
+    if isinstance(value, str | bytes) and len(value) > _LOG_LIMIT:
+        value = value[:_LOG_LIMIT]
     text = repr(value)
     return text if len(text) <= _LOG_LIMIT else text[: _LOG_LIMIT - 3] + "..."
 
@@ -272,15 +307,80 @@ def reply_text(value: object) -> str:
     return str(value)
 
 
+def parse_number(raw: object, name: str, low: int = 0) -> int:
+    """A number of the layout from a Redis reply item (bytes, str, or anything else).
+
+    Canonical decimal digits (no sign, blank or leading zero), ``low`` ..
+    :data:`MAX_NUMBER`. The length is checked before ``int()``: a value of 5,000
+    digits is refused like one of 20, without reaching Python's digit limit.
+
+    Raises:
+        MalformedLiveListError: anything else, naming ``name``.
+    """
+    text = _text(raw)
+    if (
+        text is None
+        or not 0 < len(text) <= _MAX_DIGITS
+        or not text.isascii()
+        or not text.isdigit()
+        or (len(text) > 1 and text[0] == "0")
+    ):
+        _malformed(
+            f"{name} must be a decimal integer in {low}..{MAX_NUMBER}, got {short_repr(raw)}"
+        )
+    value = int(text)
+    if not low <= value <= MAX_NUMBER:
+        _malformed(f"{name} must be in {low}..{MAX_NUMBER}, got {value}")
+    return value
+
+
 def parse_position(stored: Sequence[Any]) -> tuple[int, int] | None:
-    """``(epoch, version)`` from ``HMGET <hash> epoch version``; None if unusable."""
-    if len(stored) != 2 or stored[0] is None or stored[1] is None:
+    """``(epoch, version)`` from ``HMGET <hash> epoch version``.
+
+    Returns None if either is absent (nothing stored).
+
+    Raises:
+        MalformedLiveListError: either is present but not a number of the layout.
+    """
+    if len(stored) != 2:
+        _malformed(f"expected an epoch and a version, got {short_repr(stored)}")
+    if stored[0] is None or stored[1] is None:
         return None
-    try:
-        epoch, version = (int(reply_text(v)) for v in stored)
-    except ValueError:
+    return (parse_number(stored[0], "epoch"), parse_number(stored[1], "version"))
+
+
+META_NUMBERS: Final = ("epoch", "version", "fence", "published_at", "count")
+"""The number fields of ``P:meta``, in the order :func:`parse_meta_numbers` reads them."""
+
+
+def parse_meta_numbers(stored: Sequence[Any]) -> tuple[tuple[int, int], int] | None:
+    """``((epoch, version), fence)`` from ``HMGET P:meta`` of :data:`META_NUMBERS`.
+
+    Returns None if ``epoch`` or ``version`` is absent (nothing stored). Every field
+    present is checked, so a reader that checks its version this way refuses what a
+    load would refuse.
+
+    Raises:
+        MalformedLiveListError: a field present is not a number of the layout.
+    """
+    if len(stored) != len(META_NUMBERS):
+        _malformed(f"expected {', '.join(META_NUMBERS)}, got {short_repr(stored)}")
+    position = parse_position(stored[:2])
+    if position is None:
         return None
-    return (epoch, version)
+    for name, raw in zip(META_NUMBERS[3:], stored[3:], strict=True):
+        if raw is not None:
+            parse_number(raw, name)
+    return position, parse_generation(stored[2])
+
+
+def parse_generation(raw: object) -> int:
+    """The fence generation from ``HGET P:meta fence`` (absent: 0).
+
+    Raises:
+        MalformedLiveListError: present but not a number of the layout.
+    """
+    return 0 if raw is None else parse_number(raw, "fence")
 
 
 def _malformed(message: str, position: tuple[int, int] | None = None) -> NoReturn:
@@ -303,24 +403,33 @@ def _field(fields: Mapping[Any, Any], name: str) -> object:
 
 
 def _natural(fields: Mapping[Any, Any], name: str, what: str, low: int = 0) -> int:
-    text = _text(_field(fields, name))
-    if text is None or not text.isascii() or not text.isdigit() or int(text) < low:
-        _malformed(f"{what}: {name} must be an integer >= {low}, got {short_repr(text)}")
-    return int(text)
+    return parse_number(_field(fields, name), f"{what}: {name}", low)
+
+
+def _optional_natural(fields: Mapping[Any, Any], name: str, what: str) -> int | None:
+    return None if _field(fields, name) is None else _natural(fields, name, what)
 
 
 def parse_meta(fields: Mapping[Any, Any]) -> Meta | None:
     """Decode ``HGETALL P:meta``; None when the hash is empty (nothing published).
 
+    ``published_at``, ``count`` and ``fence`` may be absent (0).
+
     Raises:
-        MalformedLiveListError: ``epoch`` or ``version`` is missing or not a number.
+        MalformedLiveListError: ``epoch`` or ``version`` is missing, or a number
+            field is not a number of the layout (see :func:`parse_number`).
     """
     if not fields:
         return None
     epoch = _natural(fields, "epoch", "meta")
     version = _natural(fields, "version", "meta")
-    published_at = _natural(fields, "published_at", "meta") if _field(fields, "published_at") else 0
-    count = _natural(fields, "count", "meta") if _field(fields, "count") else 0
+    position = (epoch, version)
+    try:
+        published_at = _optional_natural(fields, "published_at", "meta") or 0
+        count = _optional_natural(fields, "count", "meta") or 0
+        fence = _optional_natural(fields, "fence", "meta") or 0
+    except MalformedLiveListError as exc:
+        raise MalformedLiveListError(str(exc), position) from None
     return Meta(
         epoch,
         version,
@@ -328,6 +437,7 @@ def parse_meta(fields: Mapping[Any, Any]) -> Meta | None:
         published_at,
         count,
         _text(_field(fields, "writer")) or "",
+        fence,
     )
 
 
@@ -390,6 +500,7 @@ def parse_change(stream_id: object, fields: Mapping[Any, Any]) -> ChangeEntry:
         if kind == "delta" and prev >= version:
             _malformed(f"a delta must follow an earlier version, got prev {prev}")
         published_at = _natural(fields, "published_at", "change")
+        fence = _optional_natural(fields, "fence", "change")
         upserts: list[ServiceInstance] = []
         removes: list[tuple[str, str]] = []
         if kind == "delta":
@@ -420,6 +531,7 @@ def parse_change(stream_id: object, fields: Mapping[Any, Any]) -> ChangeEntry:
         published_at,
         tuple(upserts),
         tuple(removes),
+        fence,
     )
 
 
@@ -444,28 +556,49 @@ async def load(redis: aioredis.Redis, keys: RedisKeys) -> Loaded:
 
     Raises:
         redis.exceptions.RedisError, OSError: Redis failed (the caller translates).
-        MalformedLiveListError: ``P:meta`` is not a meta record of the layout.
+        MalformedMetaError: ``P:meta`` is not a meta record of the layout (a
+            :class:`~discovery.errors.MalformedLiveListError`); its ``stream_id`` is
+            the stream's last id read in the same transaction.
     """
     async with redis.pipeline(transaction=True) as pipe:
         pipe.hgetall(keys.meta)
         pipe.hgetall(keys.servers)
         pipe.xrevrange(keys.changes, count=1)
         meta_fields, server_fields, last = await pipe.execute()
-    meta = parse_meta(meta_fields)
+    stream_id = (_text(last[0][0]) if last else None) or FIRST_STREAM_ID
+    try:
+        meta = parse_meta(meta_fields)
+    except MalformedLiveListError as exc:
+        raise MalformedMetaError(f"{keys.meta}: {exc}", exc.position, stream_id) from None
     servers, problems = parse_servers(server_fields)
-    stream_id = _text(last[0][0]) if last else None
-    return Loaded(meta, servers, problems, stream_id or FIRST_STREAM_ID)
+    return Loaded(meta, servers, problems, stream_id)
 
 
-def _optional_int(document: Mapping[str, Any], key: str) -> int | None:
+def _optional_int(document: Mapping[str, Any], key: str, problems: list[str]) -> int | None:
     value = document.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        problems.append(f"{key} is not an integer: {short_repr(value)}")
+        return None
+    if not 0 <= value <= MAX_NUMBER:
+        problems.append(f"{key} is not in 0..{MAX_NUMBER}: {short_repr(value)}")
+        return None
+    return value
 
 
 def parse_heartbeat(raw: bytes | str, ttl_ms: int) -> Heartbeat:
     """Decode ``P:leader`` and its ``PTTL`` (-1: no expiry); a bad document is reported
-    in :attr:`Heartbeat.error`, never raised."""
+    in :attr:`Heartbeat.error`, never raised.
+
+    A document over 4 KiB is not parsed at all; a number outside the layout's bounds
+    (``0..2**63-1``) is left out (None) and named in the error.
+    """
     ttl = ttl_ms if ttl_ms >= 0 else None  # -1: no expiry set
+    if len(raw) > _MAX_HEARTBEAT_BYTES:
+        return Heartbeat(
+            None, None, None, None, ttl, error=f"{len(raw)} bytes, over {_MAX_HEARTBEAT_BYTES}"
+        )
     try:
         document = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -473,10 +606,12 @@ def parse_heartbeat(raw: bytes | str, ttl_ms: int) -> Heartbeat:
     if not isinstance(document, dict):
         return Heartbeat(None, None, None, None, ttl, error="not a JSON object")
     leader = document.get("leader")
+    problems: list[str] = []
     return Heartbeat(
         leader=leader if isinstance(leader, str) else None,
-        epoch=_optional_int(document, "epoch"),
-        version=_optional_int(document, "version"),
-        at=_optional_int(document, "at"),
+        epoch=_optional_int(document, "epoch", problems),
+        version=_optional_int(document, "version", problems),
+        at=_optional_int(document, "at", problems),
         ttl_ms=ttl,
+        error="; ".join(problems) or None,
     )

@@ -146,7 +146,9 @@ class LiveListPublisher(Protocol):
     Versions start at 1 with the first publish and never repeat within the epoch. Calls
     are serialised by the implementation. Every method raises
     :class:`~discovery.errors.FencedError` once a newer epoch or version is stored (the
-    caller must stop leading), :class:`~discovery.errors.StoreError` when the backend
+    caller must stop leading, unless no leader can hold the stored epoch:
+    :mod:`discovery.epochs`; it then asks a new publisher of its term later),
+    :class:`~discovery.errors.StoreError` when the backend
     failed for now (the caller keeps its view and publishes in full later), and an
     access error (:class:`~discovery.errors.RedisAccessError` for Redis) when it refused
     our credentials, which retrying cannot fix.
@@ -198,8 +200,10 @@ class LiveListFollower(Protocol):
 
     ``async with follower:`` loads the stored list (the snapshot) and follows its
     changes until closed. Starting never fails because the backend is down: the
-    follower starts with :attr:`LiveList.EMPTY` and keeps trying. The list never moves
-    backwards in ``(epoch, version)``.
+    follower starts with :attr:`LiveList.EMPTY` and keeps trying; nothing the backend
+    holds (a malformed record) stops it. The list never moves backwards in
+    ``(epoch, version)``, except after an operator repaired the backend's fence (a new
+    fence generation, :mod:`discovery.redisfence`).
     """
 
     @property

@@ -140,6 +140,8 @@ class NodeStat:
     czxid: int
     mzxid: int
     num_children: int
+    #: The zxid of the last change to the node's children (a create or delete).
+    pzxid: int
 
     @classmethod
     def from_kazoo(cls, stat: ZnodeStat) -> NodeStat:
@@ -149,6 +151,7 @@ class NodeStat:
             czxid=stat.czxid,
             mzxid=stat.mzxid,
             num_children=stat.numChildren,
+            pzxid=stat.pzxid,
         )
 
 
@@ -946,6 +949,11 @@ class ZkSession:
         """Stat a znode (None if absent), optionally leaving an existence watch."""
         stat = await self._call(self._client.exists_async, path, watch=self._watcher(watch))
         return None if stat is None else NodeStat.from_kazoo(stat)
+
+    async def sync(self, path: str) -> None:
+        """Have the server we are connected to catch up with the ensemble's leader, so
+        that the reads that follow see every write committed before this call."""
+        await self._call(self._client.sync_async, path)
 
     async def set(self, path: str, value: bytes, *, version: int = -1) -> NodeStat:
         """Replace a znode's data; with ``version`` only if it still has that version."""

@@ -180,7 +180,7 @@ class MultiRead:
                 offset += _STAT.size
                 # czxid, mzxid, ctime, mtime, version, cversion, aversion,
                 # ephemeralOwner, dataLength, numChildren, pzxid
-                append((data, NodeStat(stat[4], stat[7], stat[0], stat[1], stat[9])))
+                append((data, NodeStat(stat[4], stat[7], stat[0], stat[1], stat[9], stat[10])))
             elif kind == _OP_ERROR:
                 append(length(buffer, offset)[0])
                 offset += _INT.size

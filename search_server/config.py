@@ -245,6 +245,17 @@ SEARCH_OPTIONS = (
         default=60.0,
         metavar="SECONDS",
     ),
+    Option(
+        "--fence-recheck-max",
+        "DISCOVERY_FENCE_RECHECK_MAX",
+        "longest pause between a leader's tries of a fence that holds an epoch no leader "
+        "can hold (it publishes nothing meanwhile; the first try is after "
+        "--heartbeat-interval, doubling): how long after `discovery fence repair` the "
+        "leader may take to publish again",
+        type=positive_float,
+        default=30.0,
+        metavar="SECONDS",
+    ),
     # The leader's mass-loss brake (discovery/brake.py).
     Option(
         "--mass-loss-fraction",
@@ -322,6 +333,7 @@ class SearchServerConfig:
     zk_fallback_after: float | None = None
     leader_eligible: bool = True
     leader_retry_pause: float = 10.0
+    fence_recheck_max: float = 30.0
     mass_loss: MassLossBrakeConfig = field(default_factory=MassLossBrakeConfig)
     zone: str | None = None
     picker: str = "ars"
@@ -344,6 +356,8 @@ class SearchServerConfig:
             raise ConfigError("--heartbeat-ttl must be longer than --heartbeat-interval")
         if not self.leader_retry_pause > 0:
             raise ConfigError("--leader-retry-pause must be positive")
+        if not self.fence_recheck_max > 0:
+            raise ConfigError("--fence-recheck-max must be positive")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SearchServerConfig:
@@ -366,6 +380,7 @@ class SearchServerConfig:
             zk_fallback_after=args.zk_fallback_after,
             leader_eligible=args.leader_eligible,
             leader_retry_pause=args.leader_retry_pause,
+            fence_recheck_max=args.fence_recheck_max,
             zone=args.zone,
             picker=args.picker,
             hedge_percent=args.hedge_percent,

@@ -214,6 +214,7 @@ class SearchServer:
                 # cannot write hands over, to a search server that perhaps can.
                 store_grace=config.heartbeat_ttl,
                 admit=_admission(config.allowed_networks),
+                fence_recheck_max=config.fence_recheck_max,
             )
         if isinstance(self.fanout.picker, AdaptiveReplicaSelection):
             await stack.enter_async_context(_PeerCount(self._members, self.fanout.picker))
@@ -468,6 +469,8 @@ class SearchServer:
             "servers": servers,
             # Only the leader runs the brake: null on the other search servers.
             "mass_loss_brake": brake.to_dict() if brake is not None else None,
+            # True while this leader holds its term over an epoch no leader can hold.
+            "fence_poisoned": self._duty is not None and self._duty.fence_poisoned,
         }
 
     async def dashboard(self, request: web.Request) -> web.Response:

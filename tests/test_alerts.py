@@ -24,6 +24,7 @@ REQUIRED = {
     "DiscoveryHighPartialRate",
     "DiscoveryDataServersForcedOffline",
     "DiscoveryZooKeeperSessionChurn",
+    "DiscoveryFencePoisoned",
 }
 
 

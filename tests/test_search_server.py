@@ -16,7 +16,7 @@ from data_server.corpus import sample_queries
 from data_server.server import DataServer
 from discovery.errors import FencedError
 from discovery.instance import InstanceState
-from discovery.layout import MAINTENANCE_PATH
+from discovery.layout import MAINTENANCE_PATH, SEARCH_ELECTION_PATH
 from discovery.maintenance import MaintenanceMarker
 from discovery.publisher import LivePublisher
 from discovery.testing import RedisServer, ZooKeeperEnsemble, expire_session
@@ -24,6 +24,7 @@ from search_server.server import SearchServer
 from tests.support import (
     DataServerFactory,
     SearchServerFactory,
+    SessionFactory,
     all_see,
     eventually,
     get_json,
@@ -390,16 +391,27 @@ async def _fence_above(client: aioredis.Redis, prefix: str, epoch: int, version:
 
 
 async def test_fenced_leader_resigns_and_rejoins_with_a_higher_epoch(
-    make_search_server: SearchServerFactory, redis_server: RedisServer, redis_prefix: str
+    make_search_server: SearchServerFactory,
+    make_session: SessionFactory,
+    redis_server: RedisServer,
+    redis_prefix: str,
 ) -> None:
     leader = await make_search_server(server_id="ss-fenced")
     term = await published_term(leader)
     assert leader.reader is not None
     assert leader.election is not None
+    # An epoch a newer leader could hold: the czxid of a node created in the election
+    # directory after ours (a name the recipe ignores, so it does not contend). An
+    # epoch no node ever had would not depose the leader (test_redis_contents.py).
+    session = await make_session()
+    await session.create(f"{SEARCH_ELECTION_PATH}/usurper", ephemeral=True)
+    node = await session.exists(f"{SEARCH_ELECTION_PATH}/usurper")
+    assert node is not None
+    assert node.czxid > term.epoch
     client = aioredis.Redis.from_url(redis_server.url)
     try:
         # Someone with a newer epoch publishes: our leader's next write is refused...
-        usurper = LivePublisher(client, redis_prefix, leader_id="usurper", epoch=term.epoch + 1)
+        usurper = LivePublisher(client, redis_prefix, leader_id="usurper", epoch=node.czxid)
         await usurper.publish_full({})
         # ...so it gives the term up and wins a new one, whose node is newer still.
         await eventually(
@@ -408,7 +420,7 @@ async def test_fenced_leader_resigns_and_rejoins_with_a_higher_epoch(
         )
         await waited(
             leader.reader.wait_until(
-                lambda live: live.leader == "ss-fenced" and live.epoch > term.epoch + 1, timeout=10
+                lambda live: live.leader == "ss-fenced" and live.epoch > node.czxid, timeout=10
             ),
             "a list of ss-fenced's new, higher epoch",
         )

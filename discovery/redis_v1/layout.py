@@ -216,4 +216,7 @@ def parse_event(raw: bytes | str) -> ChangeEvent:
 
 def parse_fence(stored: list[Any]) -> tuple[int, int] | None:
     """``(epoch, version)`` from ``HMGET P:fence epoch version``; None if unusable."""
-    return parse_position(stored)
+    try:
+        return parse_position(stored)
+    except MalformedLiveListError:
+        return None

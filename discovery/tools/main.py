@@ -5,7 +5,8 @@ on the subparsers and sets ``func`` (``Callable[[argparse.Namespace], int]``) as
 Logging is configured here and nowhere else.
 
 Logging level: ``--log-level`` (before or after the subcommand) wins, then ``-v`` of the
-one-shot commands (``status``, ``maint``, ``zk-init``), then ``DISCOVERY_LOG_LEVEL``.
+one-shot commands (``status``, ``maint``, ``fence``, ``zk-init``), then
+``DISCOVERY_LOG_LEVEL``.
 Otherwise the long-running commands (``devcluster``, ``demo``, ``chaos``, ``zk-exporter``)
 log at INFO, so their progress shows, and the one-shot ones at WARNING: an operator
 asking a question wants the answer, not kazoo's connection log (``-v`` shows it, ``-vv``
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 from discovery import __version__
 from discovery.cli.entrypoint import configure_logging
 
-from . import chaos, demo, devcluster, maint, status, zkexporter, zkinit
+from . import chaos, demo, devcluster, fence, maint, status, zkexporter, zkinit
 
 __all__ = ["build_parser", "main"]
 
@@ -42,6 +43,7 @@ _SUBCOMMANDS: tuple[Callable[[_SubParsers], object], ...] = (
     chaos.add_parser,
     status.add_parser,
     maint.add_parser,
+    fence.add_parser,
     zkinit.add_parser,
     zkinit.add_digest_parser,
     zkexporter.add_parser,
@@ -61,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LEVEL",
         help=(
             f"one of {', '.join(_LOG_LEVELS)} [env {ENV_LOG_LEVEL}; default INFO, and "
-            "WARNING for status, maint and zk-init, whose -v raises it]"
+            "WARNING for status, maint, fence and zk-init, whose -v raises it]"
         ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

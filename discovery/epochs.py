@@ -1,0 +1,93 @@
+"""Which fencing epochs a leader can hold: the bound ZooKeeper sets on them.
+
+A leader's epoch is the ``czxid`` of its election node (:mod:`discovery.election`),
+a child of the election directory. Creating a child sets the directory's ``pzxid``
+to the zxid of that create, and later creates and deletes only raise it, so **every
+epoch any leader has held, or holds now, is at most the election directory's
+pzxid**. Read after a ``sync`` (which makes the server we talk to catch up with the
+ensemble's leader), that pzxid covers every election node created before the read
+began, hence every leader that can have published before it.
+
+A stored epoch above that bound was written by no leader: a hand edit, a restore
+of another cluster's Redis, a Redis kept while ZooKeeper was rebuilt from scratch
+(zxids start again), or two clusters configured with one Redis prefix. Such an
+epoch fences every real leader off for good, so the leader does not resign for it
+(that would hand the problem from search server to search server); it holds its
+term, publishes nothing and alerts (:class:`~discovery.leader.LeaderDuty`), and an
+operator repairs the fence (``discovery fence repair``,
+:mod:`discovery.redisfence`).
+
+The pzxid is read, not written: the check needs no ZooKeeper right beyond reading
+the election directory, which every search server has. (The other bound, the mzxid
+of a fresh write, is never lower, so it would call fewer epochs impossible, and it
+needs a write.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .layout import SEARCH_ELECTION_PATH
+from .zk import ZkSession
+
+__all__ = ["EpochVerdict", "FenceCheck", "check_epoch", "highest_possible_epoch"]
+
+
+class EpochVerdict(StrEnum):
+    """What a stored epoch is, against a leader's own and ZooKeeper's bound."""
+
+    OURS_OR_OLDER = "ok"
+    """At most the given leader's epoch: the fence lets that leader write."""
+    POSSIBLE = "possible"
+    """Above the leader's epoch but within ZooKeeper's bound: a newer leader may hold
+    it (the given one was deposed), or the epoch is garbage that the next leaders'
+    epochs, each a fresh zxid, overtake as they rotate."""
+    IMPOSSIBLE = "impossible"
+    """Above every epoch ZooKeeper can have issued: no leader wrote it."""
+
+
+@dataclass(frozen=True)
+class FenceCheck:
+    """A stored epoch judged against ``leader_epoch`` (0: no leader) and ``highest``,
+    the highest epoch a leader can hold now (:func:`highest_possible_epoch`)."""
+
+    stored: int
+    leader_epoch: int
+    highest: int
+
+    @property
+    def verdict(self) -> EpochVerdict:
+        if self.stored <= self.leader_epoch:
+            return EpochVerdict.OURS_OR_OLDER
+        if self.stored <= self.highest:
+            return EpochVerdict.POSSIBLE
+        return EpochVerdict.IMPOSSIBLE
+
+
+async def highest_possible_epoch(
+    session: ZkSession, election_path: str = SEARCH_ELECTION_PATH
+) -> int:
+    """The highest epoch any leader can hold now: the election directory's pzxid after
+    a ``sync`` (0 if the directory does not exist: no leader was ever elected there).
+
+    Raises:
+        ZkError: ZooKeeper could not be asked (then nothing can be concluded).
+    """
+    await session.sync(election_path)
+    stat = await session.exists(election_path)
+    return 0 if stat is None else stat.pzxid
+
+
+async def check_epoch(
+    session: ZkSession,
+    stored: int,
+    leader_epoch: int,
+    election_path: str = SEARCH_ELECTION_PATH,
+) -> FenceCheck:
+    """Judge ``stored`` against ``leader_epoch`` and ZooKeeper's bound, read now.
+
+    Raises:
+        ZkError: ZooKeeper could not be asked.
+    """
+    return FenceCheck(stored, leader_epoch, await highest_possible_epoch(session, election_path))

@@ -1,0 +1,212 @@
+"""Reading and repairing the live list's fence in Redis (layout 2).
+
+The fence is ``P:meta``'s ``(epoch, version)``: the publish script
+(:data:`~discovery.publisher.PUBLISH_SCRIPT`) refuses a write of a lower epoch, and
+readers (:class:`~discovery.livelist.LiveListReader`) never take a lower position
+than one they hold. So an epoch that no leader can hold (above ZooKeeper's bound,
+:mod:`discovery.epochs`), once written to ``P:meta``, pins every reader on that
+list and refuses every real leader, for good. The leader notices, holds its term
+without publishing and alerts (:class:`~discovery.leader.LeaderDuty`); nothing
+overrides the fence by itself. An operator repairs it (``discovery fence repair``,
+:mod:`discovery.tools.fence`) with :func:`repair_fence`, one Lua script
+(:data:`REPAIR_SCRIPT`), hence atomic:
+
+* it writes nothing unless ``P:meta``'s ``epoch``, ``version`` and ``fence`` are
+  still what the operator's check read (compare and set);
+* it sets ``epoch`` to one below the current leader's (0 without a leader), so the
+  leader's next write passes the fence while the writes of leaders before it stay
+  refused; ``version`` 1, so readers route with the list meanwhile (version 0 means
+  "nothing published"); ``leader`` names the repair, ``published_at`` now, ``count``
+  the servers stored; ``writer`` is removed, so the leader's heartbeat finds the
+  list not its own and publishes it in full;
+* it moves the **fence generation** (``P:meta``'s ``fence``) on, and appends a
+  ``full`` entry stamped with it to ``P:changes``. A reader that sees a generation
+  other than its own (on that entry at once, or in ``P:meta`` when it reconciles)
+  takes the stored list whatever its position: that is how pinned readers are
+  released. Only the repair changes the generation; the publish script keeps it and
+  stamps it on its entries.
+
+``P:servers`` is left as it is: the servers a reader routes with do not change,
+only the fence. The leader resumes within ``--fence-recheck-max`` of the repair.
+
+Threat model: whoever can write these keys can damage the list in many ways (write
+``P:servers``, publish a higher version in the current epoch, set the generation
+too); Redis's ACL (:mod:`discovery.redisconn`) is what keeps them out. What this adds
+is that the one damage that used to be permanent, an impossible epoch, is detected
+(the leader's metric and alert) and repaired by one command, and that a reader
+released by a generation change is back under the normal fence from the next
+publish on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
+
+from .errors import MalformedLiveListError, RedisOperationError
+from .publisher import DEFAULT_STREAM_LENGTH
+from .redislayout import (
+    MAX_NUMBER,
+    Meta,
+    RedisKeys,
+    parse_meta,
+    parse_number,
+    reply_text,
+    translate_redis_error,
+)
+
+__all__ = [
+    "REPAIR_SCRIPT",
+    "Repaired",
+    "StoredFence",
+    "next_generation",
+    "read_fence",
+    "repair_fence",
+]
+
+REPAIR_SCRIPT: Final = """
+-- Repair of the live list's fence (discovery/redisfence.py).
+-- KEYS: 1 servers, 2 meta, 3 changes
+-- ARGV: 1..3 the epoch, version and fence read by the check ('' for absent),
+--       4 new epoch, 5 new fence generation, 6 leader text, 7 published_at (ms),
+--       8 stream MAXLEN
+-- Returns {'repaired', count} or {'changed', epoch, version, fence} (nothing written).
+local m = redis.call('HMGET', KEYS[2], 'epoch', 'version', 'fence')
+local found = {m[1] or '', m[2] or '', m[3] or ''}
+if found[1] ~= ARGV[1] or found[2] ~= ARGV[2] or found[3] ~= ARGV[3] then
+  return {'changed', found[1], found[2], found[3]}
+end
+local count = redis.call('HLEN', KEYS[1])
+redis.call('HDEL', KEYS[2], 'writer')
+redis.call('HSET', KEYS[2], 'epoch', ARGV[4], 'version', '1', 'leader', ARGV[6],
+           'published_at', ARGV[7], 'count', count, 'fence', ARGV[5])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[8], '*',
+           'epoch', ARGV[4], 'version', '1', 'prev', '0', 'kind', 'full',
+           'leader', ARGV[6], 'published_at', ARGV[7],
+           'upserts', '[]', 'removes', '[]', 'fence', ARGV[5])
+return {'repaired', count}
+"""
+"""The Lua script of :func:`repair_fence` (see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class StoredFence:
+    """``P:meta`` as read for a check: the raw ``epoch``, ``version`` and ``fence``
+    (compared by the repair), and the decoded record (None if missing or malformed,
+    ``problem`` saying which)."""
+
+    raw: tuple[bytes | None, bytes | None, bytes | None]
+    meta: Meta | None
+    problem: str | None = None
+
+    @property
+    def missing(self) -> bool:
+        return self.meta is None and self.problem is None
+
+    @property
+    def generation(self) -> int:
+        """The fence generation stored (0 if absent or unreadable)."""
+        if self.meta is not None:
+            return self.meta.fence
+        try:
+            return 0 if self.raw[2] is None else parse_number(self.raw[2], "fence")
+        except MalformedLiveListError:
+            return 0
+
+
+@dataclass(frozen=True)
+class Repaired:
+    """What :func:`repair_fence` wrote: the new ``epoch`` (version 1), the new fence
+    ``generation``, and the ``count`` of servers the list holds."""
+
+    epoch: int
+    generation: int
+    count: int
+
+
+def _raw(value: object) -> bytes | None:
+    if value is None:
+        return None
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+async def read_fence(redis: aioredis.Redis, keys: RedisKeys) -> StoredFence:
+    """Read and decode ``P:meta`` (read-only: the reading role may do it).
+
+    Raises:
+        RedisOperationError, RedisAccessError: Redis failed or refused.
+    """
+    try:
+        fields = await redis.hgetall(keys.meta)
+    except (redis_errors.RedisError, OSError) as exc:
+        raise translate_redis_error(exc) from exc
+
+    def field(name: str) -> bytes | None:
+        value = fields.get(name.encode(), fields.get(name))
+        return _raw(value)
+
+    raw = (field("epoch"), field("version"), field("fence"))
+    try:
+        return StoredFence(raw, parse_meta(fields))
+    except MalformedLiveListError as exc:
+        return StoredFence(raw, None, str(exc))
+
+
+def next_generation(stored: StoredFence) -> int:
+    """The generation a repair writes: one above the stored one (1 from an absent or
+    unreadable one; readers compare generations for difference, so wrapping at the
+    bound is harmless)."""
+    generation = stored.generation + 1
+    return generation if generation <= MAX_NUMBER else 1
+
+
+async def repair_fence(
+    redis: aioredis.Redis,
+    keys: RedisKeys,
+    stored: StoredFence,
+    *,
+    epoch: int,
+    by: str,
+    stream_length: int = DEFAULT_STREAM_LENGTH,
+    clock: Callable[[], float] = time.time,
+) -> Repaired | None:
+    """Reset the fence to ``epoch`` (version 1) with a new generation, atomically, if
+    ``P:meta`` still holds what ``stored`` read; None if it changed meanwhile (nothing
+    was written: check again). ``by`` names who repaired, in ``P:meta``'s ``leader``.
+
+    ``redis`` must have the publishing role's permissions (EVALSHA, and HMGET, HLEN,
+    HDEL, HSET, XADD in the script).
+
+    Raises:
+        ValueError: ``epoch`` is not a number of the layout.
+        RedisOperationError, RedisAccessError: Redis failed or refused.
+    """
+    if isinstance(epoch, bool) or not 0 <= epoch <= MAX_NUMBER:
+        raise ValueError(f"epoch must be in 0..{MAX_NUMBER}, got {epoch!r}")
+    generation = next_generation(stored)
+    args: list[Any] = [
+        *(value or b"" for value in stored.raw),
+        str(epoch),
+        str(generation),
+        f"discovery fence repair ({by})",
+        str(int(clock() * 1000)),
+        str(stream_length),
+    ]
+    script = redis.register_script(REPAIR_SCRIPT)
+    try:
+        reply = await script(keys=[keys.servers, keys.meta, keys.changes], args=args)
+    except (redis_errors.RedisError, OSError) as exc:
+        raise translate_redis_error(exc) from exc
+    if not isinstance(reply, list) or not reply:
+        raise RedisOperationError(f"unexpected reply from the repair script: {reply!r}")
+    status = reply_text(reply[0])
+    if status == "changed":
+        return None
+    if status != "repaired" or len(reply) < 2 or not isinstance(reply[1], int):
+        raise RedisOperationError(f"unexpected reply from the repair script: {reply!r}")
+    return Repaired(epoch, generation, reply[1])

@@ -1,0 +1,376 @@
+"""``discovery fence``: check the live list's fence against ZooKeeper, and repair it.
+
+The fence is ``P:meta``'s epoch (:mod:`discovery.redisfence`). A leader's epoch is
+the czxid of its election node, so no leader can hold an epoch above the election
+directory's pzxid (:mod:`discovery.epochs`). An epoch above it, once stored, refuses
+every real leader and pins every reader: the leader then holds its term without
+publishing and raises ``discovery_leader_fence_poisoned`` (alert
+``DiscoveryFencePoisoned``).
+
+* ``discovery fence check`` reads ``P:meta`` (first), then ZooKeeper (a ``sync``,
+  the election directory's pzxid, the leader's epoch), and says what the stored epoch
+  is: ``ok`` (at most the leader's), ``possible`` (above it but within ZooKeeper's
+  bound: a newer leader, or garbage that the next leaders' epochs overtake as they
+  rotate), ``impossible``, or ``missing`` / ``malformed`` (no fence: the leader's next
+  publish writes ``P:meta`` anew). Read-only; the reading credentials suffice.
+* ``discovery fence repair`` checks the same way and, if the stored epoch is
+  impossible, resets the fence in one Lua script
+  (:func:`~discovery.redisfence.repair_fence`): epoch one below the leader's (0
+  without a leader), version 1, a new fence generation that releases the pinned
+  readers, and only if ``P:meta`` still holds what was checked. The leader publishes
+  again at its next try of the fence (within the search servers'
+  ``--fence-recheck-max``). It writes with the publishing credentials
+  (``--redis-publish-username`` / ``--redis-publish-password``).
+  ``--force`` repairs whatever the verdict. **Dangerous**: resetting a fence that a
+  real leader holds lets older leaders' writes through until that leader publishes
+  again, and makes every search server take the stored list whatever its version.
+
+Exit status: 0 done (``check``: the fence needs no repair), 1 ZooKeeper or Redis could
+not be read or written, or ``P:meta`` changed during the repair (nothing written; run
+it again), 2 bad arguments, 3 ``check``: the fence is poisoned (run ``repair``);
+``repair``: refused, the fence is not poisoned (``--force`` overrides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from discovery.cli.entrypoint import add_verbose_flag
+from discovery.cli.options import (
+    COMMON_OPTIONS,
+    ZK_OPTIONS,
+    Option,
+    add_log_level_override,
+    add_options,
+    redis_config,
+    zk_config,
+)
+from discovery.config import ClusterConfig, ZkConfig, redact_url
+from discovery.epochs import EpochVerdict, FenceCheck, highest_possible_epoch
+from discovery.errors import (
+    DiscoveryError,
+    RedisAccessError,
+    RedisOperationError,
+    ZkError,
+)
+from discovery.layout import SEARCH_ELECTION_PATH
+from discovery.redisconn import RedisRole, make_redis
+from discovery.redisfence import Repaired, StoredFence, read_fence, repair_fence
+from discovery.redislayout import RedisKeys
+from discovery.zk import ZkSession
+
+from .maint import default_by
+from .status.model import Contender
+from .status.reader import read_contenders
+
+__all__ = ["EXIT_POISONED", "FenceReport", "add_parser", "run"]
+
+PROG: Final = "discovery fence"
+#: ``--zk-connect-timeout`` default: an operator at a prompt wants an answer in seconds.
+CONNECT_TIMEOUT: Final = 5.0
+#: Socket timeouts for Redis; no retries.
+REDIS_TIMEOUT: Final = 2.0
+#: ``check``: the fence is poisoned; ``repair``: refused, it is not.
+EXIT_POISONED: Final = 3
+# The settings that concern this command: ZooKeeper, Redis and the cluster name.
+_SKIPPED = frozenset({"--log-level", "--admin-token", "--redis-layout"})
+
+
+@dataclasses.dataclass(frozen=True)
+class FenceReport:
+    """What a check found: the stored fence, the leader, ZooKeeper's bound."""
+
+    prefix: str
+    stored: StoredFence
+    leader: Contender | None
+    highest: int
+
+    @property
+    def check(self) -> FenceCheck | None:
+        meta = self.stored.meta
+        if meta is None:
+            return None
+        return FenceCheck(meta.epoch, self.leader.czxid if self.leader else 0, self.highest)
+
+    @property
+    def verdict(self) -> str:
+        if self.stored.problem is not None:
+            return "malformed"
+        check = self.check
+        return "missing" if check is None else check.verdict.value
+
+    @property
+    def poisoned(self) -> bool:
+        return self.verdict == EpochVerdict.IMPOSSIBLE.value
+
+    def repair_epoch(self) -> int:
+        """The epoch a repair stores: one below the leader's, so its next write passes
+        the fence and its predecessors' stay refused (0 without a leader)."""
+        return max(0, self.leader.czxid - 1) if self.leader is not None else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        meta = self.stored.meta
+        return {
+            "prefix": self.prefix,
+            "meta": None
+            if meta is None
+            else {
+                "epoch": meta.epoch,
+                "version": meta.version,
+                "leader": meta.leader,
+                "published_at": meta.published_at,
+                "count": meta.count,
+                "fence": meta.fence,
+            },
+            "problem": self.stored.problem,
+            "leader": self.leader.to_dict() if self.leader is not None else None,
+            "highest_possible_epoch": self.highest,
+            "verdict": self.verdict,
+        }
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+async def collect(session: ZkSession, redis: aioredis.Redis, prefix: str) -> FenceReport:
+    """Read ``P:meta``, then ZooKeeper's bound and leader (in that order: a leader that
+    published before the Redis read is covered by the bound read after it).
+
+    Raises:
+        ZkError, RedisOperationError, RedisAccessError: a read failed.
+    """
+    stored = await read_fence(redis, RedisKeys(prefix))
+    highest = await highest_possible_epoch(session, SEARCH_ELECTION_PATH)
+    contenders = await read_contenders(session, SEARCH_ELECTION_PATH)
+    return FenceReport(prefix, stored, contenders[0] if contenders else None, highest)
+
+
+def describe(report: FenceReport) -> list[str]:
+    """The check's verdict in a few lines of text."""
+    keys = RedisKeys(report.prefix)
+    meta, leader = report.stored.meta, report.leader
+    lines = []
+    if report.stored.problem is not None:
+        lines.append(f"{keys.meta} is malformed: {report.stored.problem}")
+    elif meta is None:
+        lines.append(f"{keys.meta} is missing: nothing is published (or Redis lost it)")
+    else:
+        lines.append(
+            f"{keys.meta} holds epoch {meta.epoch} version {meta.version} (leader "
+            f"{meta.leader!r}, fence generation {meta.fence})"
+        )
+    who = f"leader {leader.id!r} with epoch {leader.czxid}" if leader else "no leader"
+    lines.append(
+        f"ZooKeeper: {who}; epochs issued up to {report.highest} (the pzxid of "
+        f"{SEARCH_ELECTION_PATH})"
+    )
+    verdict = report.verdict
+    if verdict == "impossible":
+        assert meta is not None
+        lines.append(
+            f"POISONED: epoch {meta.epoch} is above every epoch ZooKeeper has issued, so "
+            "no leader wrote it. The leader holds its term without publishing and every "
+            "search server is pinned to this list. Repair it: `discovery fence repair` "
+            "with the same flags."
+        )
+    elif verdict == "possible":
+        lines.append(
+            "ok: the stored epoch is above the leader's but within what ZooKeeper has "
+            "issued: a newer leader may hold it (this one then resigns), or the next "
+            "leaders' epochs overtake it. No repair needed."
+        )
+    elif verdict == "ok":
+        lines.append("ok: the leader's writes pass the fence.")
+    else:
+        lines.append(
+            "ok: no fence to repair; the leader's next publish (within its heartbeat) "
+            f"writes {keys.meta} anew, and search servers keep their list meanwhile."
+        )
+    return lines
+
+
+# -- the subcommand --------------------------------------------------------------------------
+
+
+def _options() -> tuple[Option, ...]:
+    zk = tuple(
+        dataclasses.replace(o, default=CONNECT_TIMEOUT) if o.flag == "--zk-connect-timeout" else o
+        for o in ZK_OPTIONS
+    )
+    return (*zk, *(o for o in COMMON_OPTIONS if o.flag not in _SKIPPED))
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, _options())
+    add_log_level_override(parser)
+    add_verbose_flag(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """Register ``fence`` (with ``check`` and ``repair``) on the subparsers."""
+    parser = subparsers.add_parser(
+        "fence",
+        help="check the live list's fence against ZooKeeper, or repair a poisoned one",
+        description=(
+            "The live list's fence is the epoch in Redis (P:meta): a leader's write with "
+            "a lower one is refused, and search servers never go back to a lower one. An "
+            "epoch no leader can hold (above ZooKeeper's election pzxid) stops every "
+            "leader and pins every reader; the leader then holds its term without "
+            "publishing (metric discovery_leader_fence_poisoned, alert "
+            "DiscoveryFencePoisoned). Exit status 0 fine / repaired, 1 ZooKeeper or Redis "
+            "failed (or P:meta changed during a repair), 2 bad arguments, 3 check: "
+            "poisoned; repair: refused (not poisoned, see --force)."
+        ),
+    )
+    actions = parser.add_subparsers(dest="fence_action", metavar="ACTION", required=True)
+    check = actions.add_parser(
+        "check",
+        help="compare the stored epoch with ZooKeeper's (read-only)",
+        description=(
+            "Read P:meta, then ZooKeeper, and say whether the stored epoch is one a "
+            "leader can hold. Exit status 3 if it is not (run `discovery fence repair`)."
+        ),
+    )
+    _common(check)
+    repair = actions.add_parser(
+        "repair",
+        help="reset a poisoned fence so that the leader publishes again",
+        description=(
+            "If the stored epoch is one no leader can hold, reset the fence atomically: "
+            "epoch one below the leader's, version 1, and a new fence generation, which "
+            "makes every search server take the stored list again. The leader publishes "
+            "at its next try of the fence (within the search servers' "
+            "--fence-recheck-max). Writes with the publishing credentials."
+        ),
+    )
+    repair.add_argument(
+        "--force",
+        action="store_true",
+        help="repair even if the stored epoch is one a leader can hold. DANGEROUS: older "
+        "leaders' writes pass the fence until the leader publishes again, and every search "
+        "server takes the stored list whatever its version",
+    )
+    repair.add_argument(
+        "--by",
+        metavar="WHO",
+        default=None,
+        help="who repairs, written to P:meta's leader field (default: user@host)",
+    )
+    _common(repair)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _err(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``check`` or ``repair``; see the module docstring for the exit status."""
+    try:
+        zk = dataclasses.replace(zk_config(args), operation_timeout=args.zk_connect_timeout)
+        cluster = ClusterConfig(
+            cluster=args.cluster, redis_url=args.redis, redis=redis_config(args)
+        )
+    except DiscoveryError as exc:  # ConfigError, naming the flag
+        _err(str(exc))
+        return 2
+    redis_where = redact_url(cluster.redis_url)
+    try:
+        return asyncio.run(_run(args, zk, cluster))
+    except ZkError as exc:
+        _err(f"cannot use ZooKeeper at {zk.hosts}: {' '.join(str(exc).split())}")
+        return 1
+    except RedisAccessError as exc:
+        credentials = (
+            "--redis-publish-username / --redis-publish-password"
+            if args.fence_action == "repair"
+            else "--redis-username / --redis-password"
+        )
+        _err(f"Redis at {redis_where} refused: {exc} (check {credentials})")
+        return 1
+    except RedisOperationError as exc:
+        _err(f"cannot use Redis at {redis_where}: {' '.join(str(exc).split())}")
+        return 1
+
+
+def _client(cluster: ClusterConfig, role: RedisRole) -> aioredis.Redis:
+    return make_redis(
+        cluster,
+        role=role,
+        socket_timeout=REDIS_TIMEOUT,
+        socket_connect_timeout=REDIS_TIMEOUT,
+        retry=Retry(NoBackoff(), 0),  # answer now or say it cannot
+    )
+
+
+async def _run(args: argparse.Namespace, zk: ZkConfig, cluster: ClusterConfig) -> int:
+    session = ZkSession.from_config(zk)
+    reader = _client(cluster, RedisRole.READ)
+    try:
+        await session.start()
+        report = await collect(session, reader, cluster.redis_prefix_v2)
+        if args.fence_action == "check":
+            _print(args, report, None)
+            return EXIT_POISONED if report.poisoned else 0
+        if not (report.poisoned or args.force):
+            _print(args, report, None)
+            _err(
+                f"refusing to repair: the fence is {report.verdict}, not poisoned (a "
+                "leader can hold it, or there is none); --force repairs anyway, which is "
+                "dangerous (see --help)"
+            )
+            return EXIT_POISONED
+        writer = _client(cluster, RedisRole.PUBLISH)
+        try:
+            repaired = await repair_fence(
+                writer,
+                RedisKeys(cluster.redis_prefix_v2),
+                report.stored,
+                epoch=report.repair_epoch(),
+                by=args.by if args.by is not None else default_by(),
+            )
+        finally:
+            await writer.aclose()
+        _print(args, report, repaired)
+        if repaired is None:
+            _err(
+                f"{RedisKeys(cluster.redis_prefix_v2).meta} changed since it was checked; "
+                "nothing was written: run the command again"
+            )
+            return 1
+        return 0
+    finally:
+        await reader.aclose()
+        await session.aclose()
+
+
+def _print(args: argparse.Namespace, report: FenceReport, repaired: Repaired | None) -> None:
+    if args.json:
+        document = report.to_dict()
+        if args.fence_action == "repair":
+            document["repaired"] = dataclasses.asdict(repaired) if repaired else None
+        print(json.dumps(document, sort_keys=True, indent=2), flush=True)
+        return
+    for line in describe(report):
+        print(line)
+    if repaired is not None:
+        print(
+            f"REPAIRED: the fence now holds epoch {repaired.epoch} version 1 with fence "
+            f"generation {repaired.generation} ({repaired.count} servers kept); search "
+            "servers take this list now, and the leader publishes again at its next try "
+            "of the fence (within --fence-recheck-max, 30 s by default)."
+        )
+    sys.stdout.flush()
