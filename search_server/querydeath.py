@@ -14,13 +14,16 @@ What counts:
 * Queries are keyed by their **normalised text** (:func:`normalise`): lower-cased word
   tokens, each once, sorted. ``k`` and ``timeout_ms`` do not matter: the terms make
   the cost, and a client must not dodge the guard by reordering or repeating words.
-* A fan-out is **bad** when at least ``shard_fraction`` of its shards failed, timed
-  out or cut their search at the budget.
-* A bad fan-out is a **strike** only while most *other* queries of the last
-  ``window`` seconds went well (at most ``max_others_bad`` of them bad, by default half). When the
-  cluster itself is failing (a partition, an overload), every query looks like a
-  query of death, and refusing the popular ones would turn partial answers into
-  errors; the guard then stays out of the way.
+* A fan-out is **bad** when at least ``shard_fraction`` of its shards, and at least
+  two, failed, timed out or cut their search at the budget: one sick data server
+  fails one shard for every query, which is no sign of the query.
+* A bad fan-out is a **strike** only while other queries show that the cluster is
+  fine: at least ``min_others`` fan-outs of other queries in the last ``window``
+  seconds, at most ``max_others_bad`` of them bad (by default half). When the cluster
+  itself is failing (a partition, an overload), every query looks like a query of
+  death, and refusing the popular ones would turn partial answers into errors; when
+  nothing else is asked, there is nothing to protect and nothing to compare with. The
+  guard then stays out of the way.
 * ``strikes`` strikes within ``window`` quarantine the query for ``cooldown``
   seconds. After that it is on probation: one more strike quarantines it again, for
   twice as long (up to ``max_cooldown``); a good fan-out ends the probation.
@@ -72,6 +75,7 @@ class QueryOfDeathConfig:
     cooldown: float = 60.0
     max_cooldown: float = 600.0
     max_others_bad: float = 0.5
+    min_others: int = 5
     max_tracked: int = 10_000
 
     def __post_init__(self) -> None:
@@ -87,6 +91,8 @@ class QueryOfDeathConfig:
             raise ConfigError("the maximum cool-down must not be shorter than --qod-cooldown")
         if not 0 <= self.max_others_bad <= 1:
             raise ConfigError(f"max_others_bad must be in 0..1, got {self.max_others_bad}")
+        if self.min_others < 0:
+            raise ConfigError(f"min_others must be >= 0, got {self.min_others}")
         if self.max_tracked < 1:
             raise ConfigError(f"max_tracked must be >= 1, got {self.max_tracked}")
 
@@ -187,7 +193,7 @@ class QueryOfDeathGuard:
         if not config.enabled or total_shards <= 0:
             return
         now = self._clock()
-        bad = bad_shards >= max(1, math.ceil(config.shard_fraction * total_shards))
+        bad = bad_shards >= max(2, math.ceil(config.shard_fraction * total_shards))
         self._expire_outcomes(now)
         others_bad = self._others_bad_share(key)
         self._add_outcome(now, key, bad)
@@ -205,8 +211,8 @@ class QueryOfDeathGuard:
             if record.quarantine is not None and record.quarantine.until <= now:
                 record.quarantine = None
             return
-        if others_bad is not None and others_bad > config.max_others_bad:
-            return  # the cluster is failing, not this query
+        if others_bad is None or others_bad > config.max_others_bad:
+            return  # the cluster is failing, not this query (or nothing to compare with)
         strikes = record.strikes
         strikes.append(now)
         while strikes and strikes[0] <= now - config.window:
@@ -256,9 +262,10 @@ class QueryOfDeathGuard:
             del self._per_key[key]
 
     def _others_bad_share(self, key: str) -> float | None:
-        """The share of bad fan-outs among other queries of the window (None: none)."""
+        """The share of bad fan-outs among other queries of the window (None: fewer
+        than ``min_others`` of them)."""
         own = self._per_key.get(key, (0, 0))
         count = self._count - own[0]
-        if count <= 0:
+        if count < max(1, self.config.min_others):
             return None
         return (self._bad - own[1]) / count

@@ -61,9 +61,16 @@ def test_a_query_failing_on_most_shards_is_refused_after_its_strikes() -> None:
     assert qod.quarantined == 1
 
 
+def others(qod: QueryOfDeathGuard, count: int = 10) -> None:
+    """Other queries going well: the baseline a strike is judged against."""
+    for number in range(count):
+        qod.record(f"other {number}", *FINE)
+
+
 def test_the_quarantine_ends_after_its_cool_down_and_a_repeat_doubles_it() -> None:
     clock = Clock()
     qod, _ = guard(clock, cooldown=30, max_cooldown=100)
+    others(qod)
     for _ in range(3):
         qod.record("q", *ALL_BAD)
     assert qod.check("q") is not None
@@ -74,6 +81,7 @@ def test_the_quarantine_ends_after_its_cool_down_and_a_repeat_doubles_it() -> No
     assert refused is not None
     assert refused.until == pytest.approx(clock.now + 60)
     clock.now += 60
+    others(qod)  # the earlier ones have left the window
     qod.record("q", *ALL_BAD)
     assert qod.check("q").until == pytest.approx(clock.now + 100)  # type: ignore[union-attr]
 
@@ -81,6 +89,7 @@ def test_the_quarantine_ends_after_its_cool_down_and_a_repeat_doubles_it() -> No
 def test_a_good_fan_out_ends_the_probation() -> None:
     clock = Clock()
     qod, quarantined = guard(clock, cooldown=30)
+    others(qod)
     for _ in range(3):
         qod.record("q", *ALL_BAD)
     clock.now += 30
@@ -92,7 +101,7 @@ def test_a_good_fan_out_ends_the_probation() -> None:
 
 def test_strikes_outside_the_window_do_not_add_up() -> None:
     clock = Clock()
-    qod, _ = guard(clock, window=10)
+    qod, _ = guard(clock, window=10, min_others=1)
     for _ in range(5):
         qod.record("q", *ALL_BAD)
         clock.now += 6
@@ -104,6 +113,7 @@ def test_strikes_outside_the_window_do_not_add_up() -> None:
 def test_a_few_bad_shards_are_no_strike() -> None:
     clock = Clock()
     qod, _ = guard(clock, shard_fraction=0.5)
+    others(qod)
     for _ in range(10):
         qod.record("q", SHARDS, 4)
     assert qod.check("q") is None
@@ -138,6 +148,23 @@ def test_queries_that_went_well_are_not_remembered() -> None:
     for number in range(1000):
         qod.record(f"q{number}", *FINE)
     assert qod.tracked == 0
+
+
+def test_one_failing_shard_is_no_sign_of_the_query() -> None:
+    clock = Clock()
+    qod, quarantined = guard(clock)
+    others(qod)
+    for _ in range(10):
+        qod.record("q", 2, 1)  # two shards, one of them on a sick data server
+    assert quarantined == []
+
+
+def test_without_other_queries_there_is_nothing_to_compare_with() -> None:
+    clock = Clock()
+    qod, quarantined = guard(clock)
+    for _ in range(10):
+        qod.record("q", *ALL_BAD)
+    assert quarantined == []
 
 
 def test_strikes_zero_turns_the_guard_off() -> None:
