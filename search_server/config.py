@@ -9,6 +9,7 @@ from discovery import __version__
 from discovery.brake import MassLossBrakeConfig
 from discovery.cli.options import (
     COMMON_OPTIONS,
+    HTTP_EDGE_OPTIONS,
     RUNTIME_OPTIONS,
     ZK_OPTIONS,
     ZONE_RULE,
@@ -19,6 +20,7 @@ from discovery.cli.options import (
     checked_setting,
     cluster_config,
     env_flag,
+    http_edge_config,
     int_range,
     listen_options,
     positive_float,
@@ -26,7 +28,7 @@ from discovery.cli.options import (
     zk_config,
     zone_name,
 )
-from discovery.config import ClusterConfig, ZkConfig
+from discovery.config import ClusterConfig, HttpEdgeConfig, ZkConfig
 from discovery.errors import ConfigError
 from discovery.instance import validate_zone
 
@@ -142,6 +144,13 @@ SEARCH_OPTIONS = (
         metavar="PERCENT",
     ),
     Option(
+        "--max-event-streams",
+        "DISCOVERY_MAX_EVENT_STREAMS",
+        "dashboard event streams (GET /events) open at once; more are refused with 503",
+        type=positive_int,
+        default=64,
+    ),
+    Option(
         "--heartbeat-interval",
         "DISCOVERY_HEARTBEAT_INTERVAL",
         "seconds between the leader's heartbeats (and Redis data-loss checks)",
@@ -235,7 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
         "publishes the live data servers to Redis), keeps the live list, and fans queries out.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    add_options(parser, (*ZK_OPTIONS, *COMMON_OPTIONS, *RUNTIME_OPTIONS, *SEARCH_OPTIONS))
+    add_options(
+        parser,
+        (*ZK_OPTIONS, *COMMON_OPTIONS, *RUNTIME_OPTIONS, *SEARCH_OPTIONS, *HTTP_EDGE_OPTIONS),
+    )
     return parser
 
 
@@ -247,6 +259,9 @@ class SearchServerConfig:
     ``zone`` is the server's own zone (``--zone``), ``None`` for no preference.
     ``picker`` names the replica picker (``--picker``: ``ars`` or ``p2c``) and
     ``hedge_percent`` caps hedged requests (``--hedge-percent``, 0 turns them off).
+    ``http`` bounds slow clients at the HTTP edge and ``max_event_streams`` the open
+    dashboard streams. The repr shows no secret (those of ``zk`` and ``cluster`` are
+    hidden).
     """
 
     zk: ZkConfig
@@ -271,8 +286,14 @@ class SearchServerConfig:
     zone: str | None = None
     picker: str = "ars"
     hedge_percent: float = 5.0
+    http: HttpEdgeConfig = field(default_factory=HttpEdgeConfig)
+    max_event_streams: int = 64
 
     def __post_init__(self) -> None:
+        if self.max_event_streams < 1:
+            raise ConfigError(
+                f"--max-event-streams must be at least 1, got {self.max_event_streams}"
+            )
         if self.picker not in PICKERS:
             raise ConfigError(f"--picker must be one of {', '.join(PICKERS)}, got {self.picker!r}")
         if not 0 <= self.hedge_percent <= 100:
@@ -311,6 +332,8 @@ class SearchServerConfig:
             zone=args.zone,
             picker=args.picker,
             hedge_percent=args.hedge_percent,
+            http=http_edge_config(args),
+            max_event_streams=args.max_event_streams,
             mass_loss=MassLossBrakeConfig(
                 fraction=args.mass_loss_fraction,
                 window=args.mass_loss_window,
