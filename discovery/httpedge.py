@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 from collections.abc import Awaitable, Callable
 from typing import Final, cast
 
@@ -83,7 +84,7 @@ class _Connection(asyncio.Protocol):
         "_heard",
         "_inner",
         "_pipelined",
-        "_timer",
+        "_waiting",
         "transport",
     )
 
@@ -91,7 +92,7 @@ class _Connection(asyncio.Protocol):
         self._guard = guard
         self._inner = inner
         self.transport: asyncio.Transport | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._waiting = False
         self._busy = False
         self._body: StreamReader | None = None
         self._pipelined = False
@@ -108,7 +109,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if data:
-            if self._timer is not None:
+            if self._waiting:
                 self._heard = True
             elif not self._body_pending():
                 if not self._busy:
@@ -147,13 +148,13 @@ class _Connection(asyncio.Protocol):
     def _wait(self) -> None:
         """Start waiting for a request head (the guard may close another connection)."""
         transport = self.transport
-        if self._timer is None and transport is not None and not transport.is_closing():
-            self._timer = self._guard._start_waiting(self)
+        if not self._waiting and transport is not None and not transport.is_closing():
+            self._waiting = True
+            self._guard._start_waiting(self)
 
     def _stop_waiting(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._waiting:
+            self._waiting = False
             self._heard = False
             self._guard._stop_waiting(self)
 
@@ -169,6 +170,7 @@ class _Connection(asyncio.Protocol):
         if self._pipelined:
             self._pipelined = False
             self._wait()
+            self._heard = True
 
     def expire(self, reason: str) -> None:
         """Close the connection: its head took too long, or it made room for another."""
@@ -179,9 +181,11 @@ class _Connection(asyncio.Protocol):
             return
         if heard:
             transport.write(_REQUEST_TIMEOUT)
-        # close(), not abort(): the 408 is flushed first. A client that does not read
-        # cannot hold the connection by this: 200 bytes fit in any socket buffer.
-        transport.close()
+        if transport.get_write_buffer_size():
+            # The client does not read: freeing the socket now matters more than the 408.
+            transport.abort()
+        else:
+            transport.close()
         self._guard._closed(reason)
 
 
@@ -200,8 +204,13 @@ class HeaderGuard:
         self._server: asyncio.Server | None = None
         # Connections by transport, for the middleware to find a request's connection.
         self._connections: dict[asyncio.BaseTransport, _Connection] = {}
-        # Those waiting for a request head, oldest first (dicts keep insertion order).
-        self._waiting: dict[_Connection, None] = {}
+        # Those waiting for a request head, by deadline. Every wait is as long, so the
+        # insertion order (a dict's) is the deadlines' order: the first entry is both the
+        # longest waiting and the next to expire, and one timer for it serves them all
+        # (no timer per request to arm and cancel).
+        self._waiting: dict[_Connection, float] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._metrics.pending.set_function(lambda: len(self._waiting))
         self.closed_slow = 0
         self.evicted = 0
 
@@ -241,9 +250,23 @@ class HeaderGuard:
         server = runner.server
         if server is None:
             raise RuntimeError("HeaderGuard.listen: call runner.setup() first")
+        self._check_file_limit()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self, server()), host, port)
         return self.port
+
+    def _check_file_limit(self) -> None:
+        # The cap protects only while it leaves descriptors for everyone else.
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        cap = self.config.max_pending_headers
+        if soft != resource.RLIM_INFINITY and cap > soft // 2:
+            log.warning(
+                "--max-pending-headers %d is more than half this process's open-file limit "
+                "(%d): slow clients could use up the descriptors before the cap applies; "
+                "lower it or raise the limit (ulimit -n, LimitNOFILE=)",
+                cap,
+                soft,
+            )
 
     def close(self) -> None:
         """Stop listening; connections still waiting for a head are closed.
@@ -254,6 +277,9 @@ class HeaderGuard:
             self._server.close()
         for connection in list(self._waiting):
             connection.expire("shutdown")
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
 
     # -- the connections' bookkeeping --------------------------------------------------
 
@@ -265,20 +291,32 @@ class HeaderGuard:
         if connection.transport is not None:
             self._connections.pop(connection.transport, None)
 
-    def _start_waiting(self, connection: _Connection) -> asyncio.TimerHandle:
+    def _start_waiting(self, connection: _Connection) -> None:
         config = self.config
         while len(self._waiting) >= config.max_pending_headers:
             oldest = next(iter(self._waiting))
             log.debug("closing a connection waiting for its request headers to make room")
             oldest.expire("evicted")
-        self._waiting[connection] = None
-        self._metrics.pending.set(len(self._waiting))
         loop = asyncio.get_running_loop()
-        return loop.call_later(config.header_timeout, connection.expire, "header_timeout")
+        deadline = loop.time() + config.header_timeout
+        self._waiting[connection] = deadline
+        if self._sweeper is None:
+            self._sweeper = loop.call_at(deadline, self._sweep)
 
     def _stop_waiting(self, connection: _Connection) -> None:
         self._waiting.pop(connection, None)
-        self._metrics.pending.set(len(self._waiting))
+
+    def _sweep(self) -> None:
+        """Close the connections whose wait is over; come back for the next one."""
+        self._sweeper = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self._waiting:
+            connection, deadline = next(iter(self._waiting.items()))
+            if deadline > now:
+                self._sweeper = loop.call_at(deadline, self._sweep)
+                return
+            connection.expire("header_timeout")  # which removes it from _waiting
 
     def _closed(self, reason: str) -> None:
         if reason == "shutdown":

@@ -183,11 +183,57 @@ async def test_the_header_timeout_spares_idle_kept_alive_connections_and_slow_re
         ) as response,
     ):
         assert response.status == 200
+    search = b"GET /search?q=a HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    async with _connection(_port(server)) as (reader, writer):
+        # Pipelined: the second head is complete while the first request is still in
+        # the application, longer than the timeout; neither is cut.
+        writer.write(search + request)
+        status, body = await waited(_response(reader), "the slow search", timeout=10)
+        assert status == 200, body
+        assert (await waited(_response(reader), "the pipelined request", timeout=5))[0] == 200
+    # A body may take its time: the head is complete, the request in the application.
+    fault = b'{"mode": "none"}'
+    async with _connection(_port(server)) as (reader, writer):
+        writer.write(
+            b"POST /admin/fault HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Discovery-Admin: 1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(fault)
+        )
+        await writer.drain()
+        await asyncio.sleep(3 * TIMEOUT)  # ok-sleep: the body's lateness is what is tested
+        writer.write(fault)
+        status, body = await waited(_response(reader), "the late body's answer", timeout=5)
+        assert status == 200, body
+    assert _closed(server, "header_timeout") == 0
+
+
+async def test_a_head_sent_behind_a_slow_request_is_timed_once_that_request_ends(
+    make_data_server: DataServerFactory,
+) -> None:
+    server = await make_data_server(http=HttpEdgeConfig(header_timeout=TIMEOUT))
+    slow_ms = int(TIMEOUT * 3000)
+    async with (
+        aiohttp.ClientSession(headers=admin_headers()) as client,
+        client.post(
+            f"{server.url}/admin/fault", json={"mode": "slow", "delay_ms": slow_ms}
+        ) as response,
+    ):
+        assert response.status == 200
     async with _connection(_port(server)) as (reader, writer):
         writer.write(b"GET /search?q=a HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        status, body = await waited(_response(reader), "the slow search", timeout=10)
-    assert status == 200, body
-    assert _closed(server, "header_timeout") == 0
+        await writer.drain()
+        # While the search runs, the next request's head starts, and then stalls: no
+        # byte arrives after the search ends to start its clock.
+        await eventually(lambda: server._searching == 1, message="the search running")
+        writer.write(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
+        await writer.drain()
+        status, _ = await waited(_response(reader), "the slow search", timeout=10)
+        assert status == 200
+        answered = time.monotonic()
+        rest = await waited(_read_to_eof(reader), "the stalled head to be cut", timeout=8)
+        elapsed = time.monotonic() - answered
+    assert rest.startswith(b"HTTP/1.1 408 "), rest
+    assert elapsed < 3.0, elapsed
+    assert _closed(server, "header_timeout") == 1
 
 
 # -- the cap on connections waiting for a head -------------------------------------------
