@@ -68,6 +68,7 @@ import redis.asyncio as aioredis
 from common import CpuMeter, EventLog, free_port_block, machine, spawn_python, summary_ms
 
 from data_server.corpus import sample_queries
+from discovery.adminauth import admin_headers
 from discovery.config import ZkConfig
 from discovery.layout import DATA_SERVERS_PATH
 from discovery.testing import DevCluster
@@ -449,7 +450,8 @@ async def probe_offline(ctx: Context) -> tuple[list[Trial], list[str]]:
         url = f"http://127.0.0.1:{ctx.cluster.port_of(server_id)}/admin/fault"
 
         async def act() -> None:
-            async with ctx.http.post(url, json={"mode": "error", "rate": 1}) as response:
+            body = {"mode": "error", "rate": 1}
+            async with ctx.http.post(url, json=body, headers=admin_headers()) as response:
                 response.raise_for_status()
 
         try:
@@ -607,7 +609,8 @@ async def drain(ctx: Context) -> tuple[list[Trial], list[str], dict[str, Any]]:
 
         async def act() -> None:
             nonlocal stopper
-            async with ctx.http.post(f"http://127.0.0.1:{port}/admin/drain") as response:
+            url = f"http://127.0.0.1:{port}/admin/drain"
+            async with ctx.http.post(url, headers=admin_headers()) as response:
                 response.raise_for_status()
             stopper = asyncio.create_task(_stops_serving(ctx.http, port))
 

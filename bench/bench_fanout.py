@@ -110,6 +110,7 @@ from kazoo.client import KazooClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from data_server.corpus import sample_queries
+from discovery.adminauth import admin_headers
 from discovery.testing import DevCluster
 from discovery.testing.process import terminate_all
 
@@ -340,7 +341,8 @@ async def wait_routes(
 
 
 async def set_fault(http: aiohttp.ClientSession, port: int, body: dict[str, Any]) -> None:
-    async with http.post(f"http://127.0.0.1:{port}/admin/fault", json=body) as response:
+    url = f"http://127.0.0.1:{port}/admin/fault"
+    async with http.post(url, json=body, headers=admin_headers()) as response:
         response.raise_for_status()
 
 
@@ -840,7 +842,7 @@ class Replicated:
         started = time.monotonic()
         while True:
             try:
-                async with http.post(url) as response:
+                async with http.post(url, headers=admin_headers()) as response:
                     if response.status == 200:
                         break
             except aiohttp.ClientError:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from discovery import __version__
 from discovery.cli.options import (
     AGENT_OPTIONS,
     COMMON_OPTIONS,
+    HTTP_EDGE_OPTIONS,
     RUNTIME_OPTIONS,
     ZK_OPTIONS,
     ZONE_RULE,
@@ -22,6 +23,7 @@ from discovery.cli.options import (
     checked_id,
     checked_setting,
     cluster_config,
+    http_edge_config,
     int_range,
     listen_options,
     non_negative_int,
@@ -31,7 +33,7 @@ from discovery.cli.options import (
     zk_config,
     zone_name,
 )
-from discovery.config import AgentConfig, ClusterConfig, ZkConfig
+from discovery.config import AgentConfig, ClusterConfig, HttpEdgeConfig, ZkConfig
 from discovery.errors import ConfigError
 from discovery.instance import (
     DEFAULT_WEIGHT,
@@ -163,6 +165,7 @@ def _add_server_options(parser: argparse.ArgumentParser, fleet: bool) -> None:
         if not (fleet and o.flag in ("--port", "--id", "--shard", "--replica"))
     ]
     add_options(parser, server)
+    add_options(parser, HTTP_EDGE_OPTIONS)
     add_options(parser, AGENT_OPTIONS)
 
 
@@ -195,8 +198,10 @@ def build_fleet_parser() -> argparse.ArgumentParser:
 class DataServerConfig:
     """One data server. ``instance_id`` None means ``ds-<advertise>-<port>``.
 
-    ``zone`` (None: no zone) and ``weight`` go into the registered payload. The
-    constructor raises :class:`ConfigError` naming the flag of a bad value.
+    ``zone`` (None: no zone) and ``weight`` go into the registered payload; ``http``
+    bounds slow clients at the HTTP edge. The constructor raises :class:`ConfigError`
+    naming the flag of a bad value. The repr shows no secret (those of ``zk`` and
+    ``cluster`` are hidden).
     """
 
     zk: ZkConfig
@@ -214,6 +219,7 @@ class DataServerConfig:
     shutdown_timeout: float = 10.0
     zone: str | None = None
     weight: int = DEFAULT_WEIGHT
+    http: HttpEdgeConfig = field(default_factory=HttpEdgeConfig)
 
     def __post_init__(self) -> None:
         checked_id(self.instance_id)
@@ -257,6 +263,7 @@ class DataServerConfig:
             shutdown_timeout=args.shutdown_timeout,
             zone=args.zone,
             weight=args.weight,
+            http=http_edge_config(args),
         )
 
 

@@ -11,8 +11,6 @@ accepting, finishes in-flight requests, and the agent closes its session.
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import logging
 import time
 
@@ -21,6 +19,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from discovery.adminauth import refuse_admin
 from discovery.agent import Agent, AgentState
 from discovery.errors import BadRequestError, ConfigError, DevClusterError
 from discovery.http import (
@@ -30,6 +29,7 @@ from discovery.http import (
     parse_search_params,
     read_json_body,
 )
+from discovery.httpedge import KEEPALIVE_TIMEOUT, HeaderGuard
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.loopthread import LoopThread
 from discovery.probes import SearchProbe
@@ -100,6 +100,8 @@ class DataServer:
         self.agent: Agent | None = None
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
+        # Bounds the time request headers take to arrive, and the connections waiting.
+        self._edge = HeaderGuard(config.http, registry=self.registry)
         self._admin_token = config.cluster.admin_token
         self._stopping = False
 
@@ -146,13 +148,12 @@ class DataServer:
             access_log=None,
             handle_signals=False,
             shutdown_timeout=self.config.shutdown_timeout,
+            keepalive_timeout=KEEPALIVE_TIMEOUT,
         )
         await runner.setup()
         self._runner = runner
         try:
-            site = web.TCPSite(runner, self.config.host, self.config.port)
-            await site.start()
-            self.port = int(runner.addresses[0][1])
+            self.port = await self._edge.listen(runner, self.config.host, self.config.port)
             self.agent = Agent(
                 self._instance(),
                 SearchProbe(self.url, sample_queries(20, seed=self.config.seed, variant=1), k=10),
@@ -163,6 +164,7 @@ class DataServer:
             )
             await self.agent.astart()
         except BaseException:
+            self._edge.close()
             await runner.cleanup()
             raise
         self.agent.set_ready()
@@ -184,6 +186,7 @@ class DataServer:
         # Releases requests hung by a fault, so that they end rather than time out.
         self.faults.set(Fault())
         if self._runner is not None:
+            self._edge.close()  # stops accepting, as the runner's sites would
             await self._runner.cleanup()
         if self.agent is not None:
             await self.agent.astop()
@@ -224,7 +227,8 @@ class DataServer:
     # -- HTTP --------------------------------------------------------------------
 
     def _make_app(self) -> web.Application:
-        app = json_app(self.registry)  # JSON errors; 4xx counted on our registry
+        # JSON errors, 4xx counted on our registry; the edge sees each request arrive.
+        app = json_app(self.registry, middlewares=[self._edge.middleware])
         app.router.add_get("/search", self.search)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
@@ -286,24 +290,9 @@ class DataServer:
     # -- admin -------------------------------------------------------------------
 
     def _refuse_admin(self, request: web.Request) -> web.Response | None:
-        token = self._admin_token
-        if token is None:
-            # Without a token, admin is reachable from this machine only.
-            try:
-                loopback = ipaddress.ip_address(request.remote or "").is_loopback
-            except ValueError:
-                loopback = False
-            if not loopback:
-                return json_error(
-                    403, "admin is only allowed from loopback unless --admin-token is set"
-                )
-            return None
-        header = request.headers.get("Authorization", "")
-        if not header.startswith("Bearer "):
-            return json_error(401, "admin requires 'Authorization: Bearer <token>'")
-        if not hmac.compare_digest(header[len("Bearer ") :].encode(), token.encode()):
-            return json_error(403, "wrong admin token")
-        return None
+        # The token when set, else loopback with the admin header; never a browser's
+        # cross-site request (discovery.adminauth).
+        return refuse_admin(request, self._admin_token)
 
     async def admin_drain(self, request: web.Request) -> web.Response:
         if (refused := self._refuse_admin(request)) is not None:

@@ -21,6 +21,7 @@ __all__ = [
     "REDIS_LAYOUTS",
     "AgentConfig",
     "ClusterConfig",
+    "HttpEdgeConfig",
     "RedisConfig",
     "ZkConfig",
     "redact_url",
@@ -100,7 +101,8 @@ class ZkConfig:
         operation_timeout: seconds one operation may wait (for a reconnect, say)
             before it fails with :class:`~discovery.errors.ZkConnectionError`;
             defaults to the session timeout.
-        auth: digest credentials ``user:password`` or None.
+        auth: digest credentials ``user:password`` or None. The repr shows the user
+            and hides the password (``'user:***'``), so a logged config leaks nothing.
     """
 
     hosts: str
@@ -120,11 +122,55 @@ class ZkConfig:
         if self.auth is not None and ":" not in self.auth:
             raise ConfigError("--zk-auth / DISCOVERY_ZK_AUTH: expected user:password")
 
+    def __repr__(self) -> str:
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "auth" and value is not None:
+                # The user names the identity (useful in a log); the password never shows.
+                value = value.partition(":")[0] + ":***"
+            shown.append(f"{f.name}={value!r}")
+        return f"ZkConfig({', '.join(shown)})"
+
     @property
     def effective_operation_timeout(self) -> float:
         return (
             self.operation_timeout if self.operation_timeout is not None else self.session_timeout
         )
+
+
+@dataclass(frozen=True)
+class HttpEdgeConfig:
+    """What a client can hold of one of our HTTP servers before it has sent a request.
+
+    A connection waits for a request head from the moment it opens, and on a kept-alive
+    connection from the first byte of the next request (an idle kept-alive connection
+    waits for nothing: aiohttp's keep-alive timeout closes it). See
+    :mod:`discovery.httpedge`.
+
+    Attributes:
+        header_timeout: seconds a request head may take to arrive in full; the
+            connection is closed after that (a client trickling header bytes, the
+            slowloris attack, holds a connection at most this long).
+        max_pending_headers: connections that may be waiting for a request head at
+            once; one more closes the one that has waited longest, so that clients
+            holding many such connections cannot crowd out new ones.
+    """
+
+    header_timeout: float = 10.0
+    max_pending_headers: int = 256
+
+    def __post_init__(self) -> None:
+        if not 0 < self.header_timeout < float("inf"):
+            raise ConfigError(
+                f"--header-timeout / DISCOVERY_HEADER_TIMEOUT must be a positive number of "
+                f"seconds, got {self.header_timeout!r}"
+            )
+        if self.max_pending_headers < 1:
+            raise ConfigError(
+                f"--max-pending-headers / DISCOVERY_MAX_PENDING_HEADERS must be at least 1, "
+                f"got {self.max_pending_headers!r}"
+            )
 
 
 def redact_url(url: str) -> str:
@@ -245,7 +291,8 @@ class ClusterConfig:
 
     ``redis`` holds the Redis credentials and TLS settings that go with ``redis_url``;
     :func:`discovery.redisconn.make_redis` builds clients from both. The repr hides
-    the URL's password and the admin token.
+    the URL's password and the admin token. The admin token is sent by clients in an
+    HTTP header, so it must be visible ASCII (no spaces or control characters).
     """
 
     cluster: str = "default"
@@ -261,6 +308,14 @@ class ClusterConfig:
                 "without spaces, ':', '/' or braces"
             )
         self.redis.check_url(self.redis_url)
+        token = self.admin_token
+        if token is not None and not (token and all("!" <= c <= "~" for c in token)):
+            # The token itself is never echoed: it is a secret, and this ends up in logs.
+            raise ConfigError(
+                "--admin-token / DISCOVERY_ADMIN_TOKEN: must be one or more visible ASCII "
+                "characters (no spaces, control or non-ASCII characters), as it is sent "
+                "in an HTTP header"
+            )
         if self.redis_layout not in REDIS_LAYOUTS:
             raise ConfigError(
                 f"--redis-layout / DISCOVERY_REDIS_LAYOUT: {self.redis_layout!r} must be one "

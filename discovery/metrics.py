@@ -323,6 +323,26 @@ class HttpMetrics:
         )
 
 
+class HttpEdgeMetrics:
+    """Connections an HTTP server of ours closed before their request arrived
+    (:mod:`discovery.httpedge`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.closed = Counter(
+            "discovery_http_slow_connections_closed",
+            "Connections closed before their request's headers had arrived in full, by "
+            "reason: header_timeout (slower than --header-timeout) or evicted (the longest "
+            "waiting, closed for a new connection beyond --max-pending-headers).",
+            ["reason"],
+            registry=registry,
+        )
+        self.pending = Gauge(
+            "discovery_http_pending_headers",
+            "Connections waiting for a request's headers now (new connections included).",
+            registry=registry,
+        )
+
+
 class MassLossBrakeMetrics:
     """The leader's mass-loss brake (:class:`~discovery.brake.MassLossBrake`)."""
 

@@ -10,6 +10,7 @@ from discovery.address import NetworkPolicy
 from discovery.brake import MassLossBrakeConfig
 from discovery.cli.options import (
     COMMON_OPTIONS,
+    HTTP_EDGE_OPTIONS,
     RUNTIME_OPTIONS,
     ZK_OPTIONS,
     ZONE_RULE,
@@ -21,6 +22,7 @@ from discovery.cli.options import (
     checked_setting,
     cluster_config,
     env_flag,
+    http_edge_config,
     int_range,
     listen_options,
     network_list,
@@ -30,7 +32,7 @@ from discovery.cli.options import (
     zk_config,
     zone_name,
 )
-from discovery.config import ClusterConfig, ZkConfig
+from discovery.config import ClusterConfig, HttpEdgeConfig, ZkConfig
 from discovery.errors import ConfigError
 from discovery.instance import validate_zone
 
@@ -156,6 +158,13 @@ SEARCH_OPTIONS = (
         type=_percent,
         default=5.0,
         metavar="PERCENT",
+    ),
+    Option(
+        "--max-event-streams",
+        "DISCOVERY_MAX_EVENT_STREAMS",
+        "dashboard event streams (GET /events) open at once; more are refused with 503",
+        type=positive_int,
+        default=64,
     ),
     Option(
         "--heartbeat-interval",
@@ -299,7 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
         "publishes the live data servers to Redis), keeps the live list, and fans queries out.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    add_options(parser, (*ZK_OPTIONS, *COMMON_OPTIONS, *RUNTIME_OPTIONS, *SEARCH_OPTIONS))
+    add_options(
+        parser,
+        (*ZK_OPTIONS, *COMMON_OPTIONS, *RUNTIME_OPTIONS, *SEARCH_OPTIONS, *HTTP_EDGE_OPTIONS),
+    )
     return parser
 
 
@@ -313,6 +325,9 @@ class SearchServerConfig:
     ``hedge_percent`` caps hedged requests (``--hedge-percent``, 0 turns them off).
     ``allowed_networks`` narrows where data servers may be (``--allowed-networks``).
     ``query_of_death`` holds the thresholds of the query-of-death guard (``--qod-*``).
+    ``http`` bounds slow clients at the HTTP edge and ``max_event_streams`` the open
+    dashboard streams. The repr shows no secret (those of ``zk`` and ``cluster`` are
+    hidden).
     """
 
     zk: ZkConfig
@@ -340,8 +355,14 @@ class SearchServerConfig:
     hedge_percent: float = 5.0
     allowed_networks: NetworkPolicy = field(default_factory=NetworkPolicy)
     query_of_death: QueryOfDeathConfig = field(default_factory=QueryOfDeathConfig)
+    http: HttpEdgeConfig = field(default_factory=HttpEdgeConfig)
+    max_event_streams: int = 64
 
     def __post_init__(self) -> None:
+        if self.max_event_streams < 1:
+            raise ConfigError(
+                f"--max-event-streams must be at least 1, got {self.max_event_streams}"
+            )
         if self.picker not in PICKERS:
             raise ConfigError(f"--picker must be one of {', '.join(PICKERS)}, got {self.picker!r}")
         if not 0 <= self.hedge_percent <= 100:
@@ -392,6 +413,8 @@ class SearchServerConfig:
                 cooldown=args.qod_cooldown,
                 max_cooldown=10 * args.qod_cooldown,
             ),
+            http=http_edge_config(args),
+            max_event_streams=args.max_event_streams,
             mass_loss=MassLossBrakeConfig(
                 fraction=args.mass_loss_fraction,
                 window=args.mass_loss_window,

@@ -14,7 +14,10 @@ search server (its ``cluster_view()`` plus ``search_servers`` and ``stats``).
 * :class:`EventStream` is the ``/events`` handler. Each open stream ends when its
   client goes away (the next write fails) or when :meth:`EventStream.close` is called
   (the application's ``on_shutdown``), so shutting the server down never waits for a
-  dashboard left open in a browser.
+  dashboard left open in a browser. At most ``max_streams`` are open at once
+  (``--max-event-streams``): each holds a connection and a task for as long as its
+  client likes, so one more is refused at once with 503 (and counted) rather than let
+  dashboards, or a client opening streams in a loop, pile up.
 
 Everything runs on the server's event loop and is not thread-safe.
 """
@@ -33,8 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from discovery.errors import DiscoveryError
+from discovery.http import json_error
 from discovery.instance import ServiceInstance
 from discovery.layout import SEARCH_MEMBERS_PATH
 from discovery.zk import ZkSession
@@ -219,14 +224,36 @@ class EventStream:
     ``interval`` seconds, until the client leaves or :meth:`close` is called.
 
     Snapshots are shared: several dashboards open at once cost one snapshot per
-    interval, not one each.
+    interval, not one each. Beyond ``max_streams`` open streams, a request is answered
+    503 at once and counted in ``search_server_dashboard_streams_refused_total`` (on
+    ``registry``).
     """
 
     def __init__(
-        self, snapshot: Callable[[], Awaitable[dict[str, Any]]], *, interval: float = 1.0
+        self,
+        snapshot: Callable[[], Awaitable[dict[str, Any]]],
+        *,
+        registry: CollectorRegistry,
+        interval: float = 1.0,
+        max_streams: int = 64,
     ) -> None:
+        if max_streams < 1:
+            raise ValueError(f"max_streams must be at least 1, got {max_streams}")
         self._snapshot = snapshot
         self._interval = interval
+        self.max_streams = max_streams
+        self.refused = 0
+        self._refused_total = Counter(
+            "search_server_dashboard_streams_refused",
+            "Dashboard event streams (GET /events) refused with 503: --max-event-streams "
+            "were open already.",
+            registry=registry,
+        )
+        Gauge(
+            "search_server_dashboard_streams",
+            "Dashboard event streams (GET /events) open now.",
+            registry=registry,
+        ).set_function(lambda: len(self._streams))
         self._closing = asyncio.Event()
         self._streams: set[asyncio.Task[Any]] = set()
         self._cached: tuple[float, bytes] | None = None
@@ -253,6 +280,14 @@ class EventStream:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if self._closing.is_set():
             raise web.HTTPServiceUnavailable(reason="shutting down")
+        if len(self._streams) >= self.max_streams:
+            self.refused += 1
+            self._refused_total.inc()
+            return json_error(
+                503,
+                f"too many dashboard streams: {self.max_streams} are open "
+                "(--max-event-streams); try again later",
+            )
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",

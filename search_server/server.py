@@ -39,6 +39,7 @@ from discovery.aio import cancel_and_wait, log_crash
 from discovery.election import LeaderElection, Leadership
 from discovery.errors import OverloadedError, RedisAccessError, ZkError
 from discovery.http import MAX_QUERY_LENGTH, json_app, json_error, parse_search_params
+from discovery.httpedge import KEEPALIVE_TIMEOUT, HeaderGuard
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.layout import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.leader import LeaderDuty
@@ -108,7 +109,11 @@ class SearchServer:
         # The dashboard: queries of the last seconds, the search servers, the stream.
         self.query_stats = QueryStats()
         self._members = MemberCache(lambda: self.session)
-        self._events = EventStream(self.dashboard_snapshot)
+        self._events = EventStream(
+            self.dashboard_snapshot, registry=self.registry, max_streams=config.max_event_streams
+        )
+        # Bounds the time request headers take to arrive, and the connections waiting.
+        self._edge = HeaderGuard(config.http, registry=self.registry)
         #: Refuses queries that fail on many shards every time (``--qod-*``).
         self.query_guard = QueryOfDeathGuard(
             config.query_of_death, clock=time.monotonic, on_quarantine=self._quarantined
@@ -142,12 +147,12 @@ class SearchServer:
             # In-flight queries end by their deadline; nothing else is worth waiting
             # for (aiohttp's default would wait a minute for a stuck handler).
             shutdown_timeout=config.max_timeout_ms / 1000 + 1.0,
+            keepalive_timeout=KEEPALIVE_TIMEOUT,
         )
         await runner.setup()
         self._runner = runner
         try:
-            await web.TCPSite(runner, config.host, config.port).start()
-            self.port = int(runner.addresses[0][1])
+            self.port = await self._edge.listen(runner, config.host, config.port)
             self.server_id = config.server_id or f"ss-{config.advertise}-{self.port}"
             await self._connect()
         except BaseException:
@@ -302,6 +307,7 @@ class SearchServer:
         if self.election is not None:
             await self.election.aclose()
         if self._runner is not None:
+            self._edge.close()  # stops accepting, as the runner's sites would
             await self._runner.cleanup()  # its on_shutdown ends the dashboard streams
         await self._stack.aclose()
         await self._members.aclose()
@@ -322,7 +328,8 @@ class SearchServer:
     # -- HTTP --------------------------------------------------------------------
 
     def _make_app(self) -> web.Application:
-        app = json_app(self.registry)  # JSON errors; 4xx counted on our registry
+        # JSON errors, 4xx counted on our registry; the edge sees each request arrive.
+        app = json_app(self.registry, middlewares=[self._edge.middleware])
         app.router.add_get("/search", self.search)
         app.router.add_get("/cluster", self.cluster)
         app.router.add_get("/", self.dashboard)

@@ -20,6 +20,7 @@ import pytest
 
 from data_server.corpus import sample_queries
 from data_server.server import DataServer
+from discovery.adminauth import admin_headers
 from search_server.dashboard import QueryStats
 from search_server.server import SearchServer
 from tests.support import DataServerFactory, SearchServerFactory, eventually, within
@@ -71,7 +72,10 @@ async def _stream(url: str) -> AsyncIterator[aiohttp.ClientResponse]:
 
 
 async def _post(server: DataServer, path: str) -> int:
-    async with aiohttp.ClientSession() as client, client.post(f"{server.url}{path}") as response:
+    async with (
+        aiohttp.ClientSession(headers=admin_headers()) as client,
+        client.post(f"{server.url}{path}") as response,
+    ):
         return response.status
 
 

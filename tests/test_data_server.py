@@ -12,6 +12,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from data_server.corpus import sample_queries
 from data_server.server import MAX_QUERY_LENGTH, DataServer
+from discovery.adminauth import admin_headers
 from discovery.agent import AgentState
 from discovery.instance import InstanceState
 from discovery.layout import DATA_SERVERS_PATH
@@ -29,6 +30,8 @@ from tests.support import (
 
 
 async def _post(server: DataServer, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
+    """POST as an operator's client does: with the admin header, and ``headers`` given."""
+    kwargs["headers"] = {**admin_headers(), **kwargs.get("headers", {})}
     async with (
         aiohttp.ClientSession() as client,
         client.post(f"{server.url}{path}", json=body, **kwargs) as response,
@@ -179,12 +182,15 @@ async def test_admin_without_token_is_refused_from_other_hosts(
         def get_extra_info(self, name: str, default: Any = None) -> Any:
             return (self.peer, 40000) if name == "peername" else default
 
-    remote = make_mocked_request("POST", "/admin/offline", transport=Transport("10.1.2.3"))
-    local = make_mocked_request("POST", "/admin/offline", transport=Transport("127.0.0.1"))
-    refused = server._refuse_admin(remote)
+    def request(peer: str) -> Any:
+        return make_mocked_request(
+            "POST", "/admin/offline", headers=admin_headers(), transport=Transport(peer)
+        )
+
+    refused = server._refuse_admin(request("10.1.2.3"))
     assert refused is not None
     assert refused.status == 403
-    assert server._refuse_admin(local) is None
+    assert server._refuse_admin(request("127.0.0.1")) is None
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 
 from data_server.corpus import sample_queries
+from discovery.adminauth import admin_headers
 from discovery.errors import ZkNoNodeError
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH
@@ -81,7 +82,11 @@ async def test_sigterm_drains_without_failing_a_request(
         await eventually(lambda: len(statuses) >= 20, message="load running")
         # Requests still in flight when the server stops accepting must complete too.
         async with aiohttp.ClientSession() as session:
-            slow = await session.post(f"{url}/admin/fault", json={"mode": "slow", "delay_ms": 200})
+            slow = await session.post(
+                f"{url}/admin/fault",
+                json={"mode": "slow", "delay_ms": 200},
+                headers=admin_headers(),
+            )
             assert slow.status == 200
 
         process.send_signal(signal.SIGTERM)
@@ -144,6 +149,7 @@ async def test_blocked_event_loop_is_taken_offline_while_the_session_lives(
             answer = await session.post(
                 f"http://{instance.address}:{instance.port}/admin/fault",
                 json={"mode": "hang", "block_loop": True, "duration_ms": 4000},
+                headers=admin_headers(),
             )
             assert answer.status == 200
         # The next search (a probe) blocks the server's loop for 4 s: far longer than

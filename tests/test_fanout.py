@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from data_server.corpus import sample_queries
 from data_server.server import DataServer
+from discovery.adminauth import admin_headers
 from discovery.errors import DiscoveryError, OverloadedError
 from discovery.instance import ServiceInstance
 from discovery.testing.ports import free_port
@@ -57,7 +58,9 @@ SLACK = 1.0
 
 
 async def _set_fault(http: aiohttp.ClientSession, server: DataServer, **fault: Any) -> None:
-    async with http.post(f"{server.url}/admin/fault", json=fault) as response:
+    async with http.post(
+        f"{server.url}/admin/fault", json=fault, headers=admin_headers()
+    ) as response:
         assert response.status == 200, await response.text()
 
 

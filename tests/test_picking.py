@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from data_server.server import DataServer
+from discovery.adminauth import admin_headers
 from discovery.instance import ServiceInstance
 from search_server.fanout import FanOut
 from search_server.httpclient import HttpClient
@@ -160,7 +161,9 @@ class RecordingPicker:
 
 
 async def _fault(http: aiohttp.ClientSession, server: DataServer, **fault: object) -> None:
-    async with http.post(f"{server.url}/admin/fault", json=fault) as response:
+    async with http.post(
+        f"{server.url}/admin/fault", json=fault, headers=admin_headers()
+    ) as response:
         assert response.status == 200, await response.text()
 
 

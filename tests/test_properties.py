@@ -40,6 +40,7 @@ from data_server.faults import Fault, FaultSpecError
 from data_server.server import MAX_K as DATA_MAX_K
 from data_server.server import DataServer
 from discovery.address import address_problem
+from discovery.adminauth import admin_headers
 from discovery.config import AgentConfig, ClusterConfig, ZkConfig
 from discovery.errors import (
     BadRequestError,
@@ -692,7 +693,10 @@ async def data_app() -> AsyncIterator[tuple[DataServer, TestClient[Any, Any]]]:
     )
     server = DataServer(config, registry=CollectorRegistry())
     await server.load()
-    client: TestClient[Any, Any] = TestClient(TestServer(server._make_app()))
+    # Every request carries the admin header, as an operator's client would.
+    client: TestClient[Any, Any] = TestClient(
+        TestServer(server._make_app()), headers=admin_headers()
+    )
     await client.start_server()
     yield server, client
     server.faults.set(Fault())

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 
 from data_server.corpus import sample_queries
 from data_server.server import DataServer
+from discovery.adminauth import admin_headers
 from discovery.errors import FencedError
 from discovery.instance import InstanceState
 from discovery.layout import MAINTENANCE_PATH, SEARCH_ELECTION_PATH
@@ -34,6 +35,9 @@ from tests.support import (
     sample,
     waited,
 )
+
+#: The header every admin request carries.
+ADMIN = admin_headers()
 
 
 def _leaders(servers: list[SearchServer]) -> list[SearchServer]:
@@ -126,7 +130,9 @@ async def test_data_server_offline_drained_or_gone_leaves_every_list(
     await all_see(search, {"ds-offline", "ds-drained", "ds-stopped"})
 
     async with aiohttp.ClientSession() as client:
-        await client.post(f"{offline.url}/admin/fault", json={"mode": "error", "rate": 1.0})
+        await client.post(
+            f"{offline.url}/admin/fault", json={"mode": "error", "rate": 1.0}, headers=ADMIN
+        )
     await all_see(search, {"ds-drained", "ds-stopped"})
 
     draining = asyncio.create_task(drained.shutdown(grace=1.0))
@@ -250,7 +256,7 @@ async def test_hung_data_server_never_stalls_a_query(
     query = sample_queries(1, variant=9)[0]
 
     async with aiohttp.ClientSession() as client:
-        await client.post(f"{hung.url}/admin/fault", json={"mode": "hang"})
+        await client.post(f"{hung.url}/admin/fault", json={"mode": "hang"}, headers=ADMIN)
     partial_seen = False
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -283,7 +289,7 @@ async def test_hung_data_server_never_stalls_a_query(
     )
     assert healthy.port is not None
     async with aiohttp.ClientSession() as client:
-        await client.post(f"{hung.url}/admin/fault", json={"mode": "none"})
+        await client.post(f"{hung.url}/admin/fault", json={"mode": "none"}, headers=ADMIN)
 
 
 async def test_overload_is_refused_at_once_and_bad_parameters_get_400(
@@ -295,7 +301,9 @@ async def test_overload_is_refused_at_once_and_bad_parameters_get_400(
     search = await make_search_server(server_id="ss-busy", max_in_flight=2)
     await all_see([search], {"ds-slow"})
     async with aiohttp.ClientSession() as client:
-        await client.post(f"{slow.url}/admin/fault", json={"mode": "slow", "delay_ms": 1500})
+        await client.post(
+            f"{slow.url}/admin/fault", json={"mode": "slow", "delay_ms": 1500}, headers=ADMIN
+        )
     busy = [
         asyncio.create_task(get_json(f"{search.url}/search", q="a", timeout_ms="3000"))
         for _ in range(2)
@@ -311,7 +319,7 @@ async def test_overload_is_refused_at_once_and_bad_parameters_get_400(
     assert time.monotonic() - started < 0.5  # refused at once, not queued
     await waited(asyncio.gather(*busy), "the two slow queries to finish", timeout=15)
     async with aiohttp.ClientSession() as client:
-        await client.post(f"{slow.url}/admin/fault", json={"mode": "none"})
+        await client.post(f"{slow.url}/admin/fault", json={"mode": "none"}, headers=ADMIN)
 
     for params, message in [
         ({}, "missing query parameter 'q'"),

@@ -27,13 +27,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..address import NetworkPolicy, parse_networks, validate_address
-from ..config import REDIS_LAYOUTS, AgentConfig, ClusterConfig, RedisConfig, ZkConfig
+from ..config import (
+    REDIS_LAYOUTS,
+    AgentConfig,
+    ClusterConfig,
+    HttpEdgeConfig,
+    RedisConfig,
+    ZkConfig,
+)
 from ..errors import ConfigError, InvalidInstanceError
 from ..instance import MAX_ZONE_LENGTH, validate_instance_id, validate_zone
 
 __all__ = [
     "AGENT_OPTIONS",
     "COMMON_OPTIONS",
+    "HTTP_EDGE_OPTIONS",
     "REDIS_OPTIONS",
     "RUNTIME_OPTIONS",
     "ZK_OPTIONS",
@@ -46,6 +54,7 @@ __all__ = [
     "checked_id",
     "cluster_config",
     "env_flag",
+    "http_edge_config",
     "int_range",
     "listen_options",
     "log_level",
@@ -58,6 +67,7 @@ __all__ = [
     "readable_file",
     "redis_config",
     "redis_layout",
+    "zk_auth",
     "zk_config",
 ]
 
@@ -270,8 +280,16 @@ ZK_OPTIONS: tuple[Option, ...] = (
         "DISCOVERY_ZK_AUTH",
         "ZooKeeper digest credentials user:password (the role `discovery zk-init` "
         "granted); directories we create are then writable only by them, our ephemeral "
-        "nodes only by this process, and everything is readable by all",
+        "nodes only by this process, and everything is readable by all. A flag is "
+        "visible in ps: prefer the variable or --zk-auth-file",
         metavar="USER:PASSWORD",
+    ),
+    Option(
+        "--zk-auth-file",
+        "DISCOVERY_ZK_AUTH_FILE",
+        "file holding the --zk-auth credentials user:password (one trailing newline ignored)",
+        type=readable_file,
+        metavar="PATH",
     ),
 )
 
@@ -425,8 +443,41 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     Option(
         "--admin-token",
         "DISCOVERY_ADMIN_TOKEN",
-        "bearer token required by admin endpoints",
+        "bearer token required by admin endpoints (visible ASCII); unset, they answer "
+        "only loopback requests carrying the header 'X-Discovery-Admin: 1'. A flag is "
+        "visible in ps: prefer the variable or --admin-token-file",
         metavar="TOKEN",
+    ),
+    Option(
+        "--admin-token-file",
+        "DISCOVERY_ADMIN_TOKEN_FILE",
+        "file holding the admin token (one trailing newline ignored)",
+        type=readable_file,
+        metavar="PATH",
+    ),
+)
+
+
+#: The HTTP servers' edge (:class:`~discovery.config.HttpEdgeConfig`): how long a client
+#: may take to send a request head, and how many connections may be doing so at once.
+HTTP_EDGE_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--header-timeout",
+        "DISCOVERY_HEADER_TIMEOUT",
+        "seconds a client may take to send a request's headers in full (from the "
+        "connection's opening, or from the first byte of a further request on a kept-alive "
+        "connection); slower ones are closed",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--max-pending-headers",
+        "DISCOVERY_MAX_PENDING_HEADERS",
+        "connections that may be waiting for a request's headers at once; one more closes "
+        "the one that has waited longest",
+        type=positive_int,
+        default=256,
     ),
 )
 
@@ -576,13 +627,30 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
     )
 
 
+def zk_auth(args: argparse.Namespace) -> str | None:
+    """The ZooKeeper credentials of a namespace parsed with :data:`ZK_OPTIONS`:
+    ``--zk-auth``, or the contents of ``--zk-auth-file`` (read here, once).
+
+    Raises:
+        ConfigError: both given, or the file unreadable or empty; naming the flag.
+    """
+    return _read_secret(args.zk_auth, args.zk_auth_file, "--zk-auth", "DISCOVERY_ZK_AUTH")
+
+
 def zk_config(args: argparse.Namespace) -> ZkConfig:
-    """The ZkConfig of a namespace parsed with :data:`ZK_OPTIONS`."""
+    """The ZkConfig of a namespace parsed with :data:`ZK_OPTIONS` (see :func:`zk_auth`)."""
     return ZkConfig(
         hosts=args.zk,
         session_timeout=args.session_timeout,
         connect_timeout=args.zk_connect_timeout,
-        auth=args.zk_auth,
+        auth=zk_auth(args),
+    )
+
+
+def http_edge_config(args: argparse.Namespace) -> HttpEdgeConfig:
+    """The HttpEdgeConfig of a namespace parsed with :data:`HTTP_EDGE_OPTIONS`."""
+    return HttpEdgeConfig(
+        header_timeout=args.header_timeout, max_pending_headers=args.max_pending_headers
     )
 
 
@@ -618,11 +686,19 @@ def redis_config(args: argparse.Namespace) -> RedisConfig:
 
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfig:
-    """The ClusterConfig of a namespace parsed with :data:`COMMON_OPTIONS`."""
+    """The ClusterConfig of a namespace parsed with :data:`COMMON_OPTIONS`.
+
+    Secret files (``--admin-token-file``, the Redis password files) are read here, once.
+
+    Raises:
+        ConfigError: a secret given twice, or a secret file unreadable or empty.
+    """
     return ClusterConfig(
         cluster=args.cluster,
         redis_url=args.redis,
-        admin_token=args.admin_token,
+        admin_token=_read_secret(
+            args.admin_token, args.admin_token_file, "--admin-token", "DISCOVERY_ADMIN_TOKEN"
+        ),
         redis=redis_config(args),
         redis_layout=args.redis_layout,
     )

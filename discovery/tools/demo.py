@@ -42,6 +42,7 @@ from typing import Any
 
 import aiohttp
 
+from discovery.adminauth import admin_headers
 from discovery.cli.entrypoint import stop_on_signals
 from discovery.cli.options import int_range, positive_float
 from discovery.errors import DevClusterError
@@ -296,8 +297,9 @@ def _status_line(cluster: _Cluster, views: list[View]) -> str:
 
 
 async def _post(http: aiohttp.ClientSession, url: str, body: Any = None) -> None:
+    """An admin request (``url`` is a data server's ``/admin/...``); failures ignored."""
     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-        async with http.post(url, json=body) as response:
+        async with http.post(url, json=body, headers=admin_headers()) as response:
             await response.read()
 
 

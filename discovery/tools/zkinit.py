@@ -288,7 +288,8 @@ async def _ensure(session: ZkSession, layout: AclLayout, path: str, acl: list[AC
 # -- the zk-init subcommand -------------------------------------------------------------
 
 ZK_INIT_OPTIONS: tuple[Option, ...] = (
-    *(o for o in ZK_OPTIONS if o.flag != "--zk-auth"),
+    # zk-init authenticates with --admin-auth, never with the servers' credentials.
+    *(o for o in ZK_OPTIONS if o.flag not in ("--zk-auth", "--zk-auth-file")),
     Option(
         "--admin-auth",
         "DISCOVERY_ZK_ADMIN_AUTH",

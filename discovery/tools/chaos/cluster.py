@@ -34,6 +34,7 @@ from typing import Any
 
 import aiohttp
 
+from discovery.adminauth import admin_headers
 from discovery.config import ClusterConfig
 from discovery.testing import DevCluster
 from discovery.testing.netns import Cut, Host, NetworkLab
@@ -419,7 +420,7 @@ class ChaosCluster:
         self, member: Member, path: str, body: object = None, *, timeout: float = 5.0
     ) -> bool:
         """POST to a data server's admin endpoint; True if 2xx within ``timeout`` s."""
-        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"} if member.host is not None else {}
+        headers = admin_headers(ADMIN_TOKEN if member.host is not None else None)
         try:
             async with self.http.post(
                 f"{member.url}/admin/{path}",

@@ -22,6 +22,7 @@ from discovery.cli.options import (
     add_log_level_override,
     add_options,
     cluster_config,
+    zk_auth,
 )
 from discovery.config import ZkConfig
 from discovery.errors import DiscoveryError, StatusError
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             connect_timeout=args.zk_connect_timeout,
             # Each read, too, gets an answer within the connect timeout or fails.
             operation_timeout=args.zk_connect_timeout,
-            auth=args.zk_auth,
+            auth=zk_auth(args),
         )
         cluster = cluster_config(args)
     except DiscoveryError as exc:
