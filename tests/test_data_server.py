@@ -24,6 +24,7 @@ from tests.support import (
     eventually,
     get_json,
     more_probes,
+    sample,
     waited,
 )
 
@@ -310,12 +311,23 @@ async def test_hang_fault_holds_requests_until_cleared(
 ) -> None:
     server = await make_data_server()
     await _set_fault(server, mode="hang")
-    pending = asyncio.ensure_future(_get(server, "/search", q="a"))
+    pending = asyncio.ensure_future(_get(server, "/search", q="a", timeout_ms="60000"))
+    # Held past its budget (the agent takes a second to go offline): dropped when
+    # released, not searched.
+    expired = asyncio.ensure_future(_get(server, "/search", q="a", timeout_ms="50"))
     await eventually(lambda: _state(server) is AgentState.OFFLINE, message="offline")
     assert not pending.done()
     await _set_fault(server, mode="none")
     status, _ = await waited(pending, "the held search to be answered", timeout=10)
     assert status == 200
+    status, body = await waited(expired, "the expired search to be answered", timeout=10)
+    assert status == 504
+    assert body == {
+        "error": "the search's budget of 50 ms ran out before it could start",
+        "timeout_ms": 50,
+    }
+    # (and so were the agent's own probes held past their budget, the default one)
+    assert sample(server.registry, "data_server_search_cut_total", answer="timeout") >= 1
 
 
 async def test_admin_drain_asks_the_owner_to_drain(

@@ -120,7 +120,7 @@ async def test_merges_the_top_k_of_one_replica_per_shard(
         assert [(hit["id"], hit["score"], hit["shard"]) for hit in result.hits] == expected
         assert all(hit["id"].startswith(f"s{hit['shard']}-") for hit in result.hits)
         assert all("title" in hit for hit in result.hits)  # the data server's fields are kept
-        assert result.shards == {"total": 3, "ok": 3, "failed": 0, "timed_out": 0}
+        assert result.shards == {"total": 3, "ok": 3, "failed": 0, "timed_out": 0, "cut": 0}
         assert result.partial is False
     assert trimmed > 0  # the merge really had to choose among more than k hits
 
@@ -154,7 +154,7 @@ async def test_draining_and_disabled_instances_are_not_queried(
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
-        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0}
+        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
         assert not result.partial
 
     assert _sample(registry, "shard_requests_total", result="error") == 0
@@ -182,7 +182,7 @@ async def test_a_failing_replica_is_retried_on_a_healthy_one(
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
-        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0}
+        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
         assert not result.partial
         assert all(hit["shard"] == 0 for hit in result.hits)
 
@@ -259,7 +259,7 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
             result, elapsed = await _timed(fanout, servers, timeout_ms)
             assert elapsed < timeout_ms / 1000 + SLACK
             assert result.partial
-            assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1}
+            assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1, "cut": 0}
             assert all(hit["shard"] == 1 for hit in result.hits)
         assert fanout.ejected() == {"ds-hung"}
         assert _sample(registry, "shard_requests_total", result="timeout") == 3
@@ -268,14 +268,14 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
         result, elapsed = await _timed(fanout, servers, timeout_ms)
         assert elapsed < timeout_ms / 1000
         assert result.partial
-        assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0}
+        assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0, "cut": 0}
         assert _sample(registry, "shard_requests_total", result="timeout") == 3
 
         # After the cool-down it is tried again, and one more timeout re-ejects it.
         clock.advance(30)
         result, elapsed = await _timed(fanout, servers, timeout_ms)
         assert elapsed < timeout_ms / 1000 + SLACK
-        assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1}
+        assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1, "cut": 0}
         assert fanout.ejected() == {"ds-hung"}
         assert _sample(registry, "ejections_total") == 2
         assert _sample(registry, "queries_total", outcome="partial") == 5
@@ -347,7 +347,7 @@ async def test_an_answer_for_another_shard_is_a_failure(
 
     result = await fanout.search([stale], QUERIES[0], 10, 5000)
 
-    assert result.shards == {"total": 1, "ok": 0, "failed": 1, "timed_out": 0}
+    assert result.shards == {"total": 1, "ok": 0, "failed": 1, "timed_out": 0, "cut": 0}
     assert result.hits == []
     assert result.partial
 
@@ -357,7 +357,13 @@ async def test_no_servers_and_bad_arguments(
 ) -> None:
     fanout = FanOut(client, registry=registry)
     result = await fanout.search([], "anything", 10, 100)
-    assert result.to_dict()["shards"] == {"total": 0, "ok": 0, "failed": 0, "timed_out": 0}
+    assert result.to_dict()["shards"] == {
+        "total": 0,
+        "ok": 0,
+        "failed": 0,
+        "timed_out": 0,
+        "cut": 0,
+    }
     assert not result.partial
     with pytest.raises(ValueError, match="k must be"):
         await fanout.search([], "anything", 0, 100)
@@ -401,21 +407,21 @@ async def test_a_shards_last_replica_is_probed_while_ejected(
     await _set_fault(http, stalled, mode="hang")
     for _ in range(3):
         result, _elapsed = await _timed(fanout, servers, timeout_ms)
-        assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1}
+        assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1, "cut": 0}
     assert fanout.ejected() == {"ds-stalled"}
 
     # Within the probe interval: the shard fails at once, as before.
     result, elapsed = await _timed(fanout, servers, timeout_ms)
-    assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0}
+    assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0, "cut": 0}
     assert elapsed < timeout_ms / 1000
 
     # A probe to a replica still hung costs that query its deadline, and only that one.
     clock.advance(1)
     result, elapsed = await _timed(fanout, servers, timeout_ms)
-    assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1}
+    assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1, "cut": 0}
     assert elapsed < timeout_ms / 1000 + SLACK
     result, elapsed = await _timed(fanout, servers, timeout_ms)
-    assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0}
+    assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0, "cut": 0}
     assert elapsed < timeout_ms / 1000
     assert fanout.ejected() == {"ds-stalled"}
 
@@ -429,7 +435,7 @@ async def test_a_shards_last_replica_is_probed_while_ejected(
     clock.advance(1)
     result, _elapsed = await _timed(fanout, servers, timeout_ms)
     assert not result.partial
-    assert result.shards == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0}
+    assert result.shards == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0, "cut": 0}
     assert fanout.ejected() == set()
     result, _elapsed = await _timed(fanout, servers, timeout_ms)
     assert not result.partial

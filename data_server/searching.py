@@ -1,0 +1,112 @@
+"""Run one search on the event loop in bounded slices, and stop it at its deadline.
+
+A search of a shard's most frequent terms reads hundreds of thousands of postings.
+Run in one piece on the data server's event loop it would hold the loop for as long:
+``/healthz``, the agent's own probe (a search over HTTP) and every other search would
+wait behind it, and the search would go on long after the search server that asked for
+it has given up. So :func:`run_search` drives an :class:`~data_server.index.
+IncrementalSearch` a slice of ``slice_work`` units at a time (about 2 ms of CPython, see
+``SLICE_WORK``), yields to the loop between slices (``asyncio.sleep(0)``: whatever else
+is ready runs, and the loop polls its sockets), and stops at the deadline with the best
+hits found so far, marked as cut. A search that finishes within its first slice (every
+ordinary query) never yields at all.
+
+**The budget and its margin.** A request carries its remaining budget (``timeout_ms``,
+measured by the search server when it sent the request), or gets the server's default.
+:func:`work_deadline` turns it into the time to stop working: the budget from the
+request's arrival, less a safety margin, because the answer still has to be encoded,
+sent and merged before the search server's own deadline, and because a deadline is
+only looked at between slices (the slice running when it passes, and the slices of
+the other searches ready before ours, run to their end). The margin is a tenth of the
+budget, at least ``MIN_MARGIN`` (5 ms: a slice or two and a loopback round trip), and
+never more than half the budget, so that even a request with a budget of a few
+milliseconds gets its first slice. The time the request spent on the network and in
+the server's queue before it arrived is not known (the clocks of two machines are not
+compared), as with gRPC's propagated deadlines; the margin also covers a little of it.
+
+Failure behaviour: none of its own; a step never raises (see ``IncrementalSearch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from .index import Hit, IncrementalSearch
+
+__all__ = [
+    "MARGIN_SHARE",
+    "MIN_MARGIN",
+    "SLICE_WORK",
+    "SearchOutcome",
+    "run_search",
+    "work_deadline",
+]
+
+#: Work units of one slice: about 2 ms of CPython on the machine the benchmarks ran on
+#: (a unit is about one posting read, 0.25 us); see bench/bench_worst_case.py for the
+#: longest slice measured.
+SLICE_WORK: Final = 8192
+#: Share of a request's budget kept back for encoding, sending and merging its answer.
+MARGIN_SHARE: Final = 0.1
+#: The least margin, in seconds.
+MIN_MARGIN: Final = 0.005
+
+
+def work_deadline(arrived: float, budget_ms: int) -> float:
+    """When a search that arrived at ``arrived`` (seconds, the loop's clock) with a
+    budget of ``budget_ms`` must stop working: the budget less its margin (see the
+    module doc)."""
+    budget = budget_ms / 1000
+    margin = min(budget / 2, max(MIN_MARGIN, MARGIN_SHARE * budget))
+    return arrived + budget - margin
+
+
+@dataclass(frozen=True, slots=True)
+class SearchOutcome:
+    """What :func:`run_search` found: the ``hits`` (the top k, or the best found so far
+    when ``cut``), how many slices it took and the longest of them, in seconds."""
+
+    hits: list[Hit]
+    cut: bool
+    slices: int
+    longest_slice: float
+
+
+async def run_search(
+    search: IncrementalSearch,
+    deadline: float,
+    *,
+    slice_work: int = SLICE_WORK,
+    clock: Callable[[], float] = time.monotonic,
+    on_slice: Callable[[float], None] | None = None,
+) -> SearchOutcome:
+    """Step ``search`` to its end, yielding to the loop between slices, or stop it once
+    ``clock()`` reaches ``deadline`` (checked after each slice and after each yield).
+
+    The first slice always runs (the caller checks the deadline before starting).
+    ``on_slice`` is called with each slice's duration (a metric's ``observe``).
+    """
+    slices = 0
+    longest = 0.0
+    while True:
+        started = clock()
+        done = search.step(slice_work)
+        ended = clock()
+        elapsed = ended - started
+        slices += 1
+        if elapsed > longest:
+            longest = elapsed
+        if on_slice is not None:
+            on_slice(elapsed)
+        if done:
+            return SearchOutcome(search.hits(), False, slices, longest)
+        if ended >= deadline:
+            break
+        await asyncio.sleep(0)
+        if clock() >= deadline:
+            break
+    return SearchOutcome(search.hits(), True, slices, longest)
