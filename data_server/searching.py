@@ -5,11 +5,20 @@ Run in one piece on the data server's event loop it would hold the loop for as l
 ``/healthz``, the agent's own probe (a search over HTTP) and every other search would
 wait behind it, and the search would go on long after the search server that asked for
 it has given up. So :func:`run_search` drives an :class:`~data_server.index.
-IncrementalSearch` a slice of ``slice_work`` units at a time (about 2 ms of CPython, see
-``SLICE_WORK``), yields to the loop between slices (``asyncio.sleep(0)``: whatever else
-is ready runs, and the loop polls its sockets), and stops at the deadline with the best
-hits found so far, marked as cut. A search that finishes within its first slice (every
-ordinary query) never yields at all.
+IncrementalSearch` a slice of ``slice_work`` units at a time (about half a millisecond
+of CPython, see ``SLICE_WORK``), yields to the loop between slices (``asyncio.sleep(0)``:
+whatever else is ready runs, and the loop polls its sockets), and stops at the deadline
+with the best hits found so far, marked as cut. A search that finishes within its first
+slice (every ordinary query) never yields at all.
+
+**The other threads.** The agent probes its server from a thread of its own, over HTTP,
+and each step of a request there needs the GIL back. While a search keeps the loop's
+thread busy, a thread waiting for the GIL gets it only when the busy one releases it
+(at the latest after the interpreter's switch interval, 5 ms): a probe made of some
+twenty such steps took 100 ms and more with slices of 2 ms (the agent's limit is
+0.5 s, 0.25 s in the tests). Short slices and an explicit release of the GIL between
+them (``time.sleep(0)``) bring that to a few tens of milliseconds; the cost of the
+extra slices is lost in the noise (bench/bench_worst_case.py).
 
 **The budget and its margin.** A request carries its remaining budget (``timeout_ms``,
 measured by the search server when it sent the request), or gets the server's default.
@@ -46,10 +55,10 @@ __all__ = [
     "work_deadline",
 ]
 
-#: Work units of one slice: about 2 ms of CPython on the machine the benchmarks ran on
+#: Work units of one slice: about 0.5 ms of CPython on the machine the benchmarks ran on
 #: (a unit is about one posting read, 0.25 us); see bench/bench_worst_case.py for the
 #: longest slice measured.
-SLICE_WORK: Final = 8192
+SLICE_WORK: Final = 2048
 #: Share of a request's budget kept back for encoding, sending and merging its answer.
 MARGIN_SHARE: Final = 0.1
 #: The least margin, in seconds.
@@ -106,6 +115,9 @@ async def run_search(
             return SearchOutcome(search.hits(), False, slices, longest)
         if ended >= deadline:
             break
+        # Hands the GIL to a thread waiting for it (see the module doc), then the loop
+        # to what else is ready.
+        time.sleep(0)  # noqa: ASYNC251 - a zero sleep, to release the GIL
         await asyncio.sleep(0)
         if clock() >= deadline:
             break

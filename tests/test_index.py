@@ -28,6 +28,7 @@ from data_server.corpus import (
 )
 from data_server.index import BM25_B, BM25_K1, Hit, InvertedIndex, tokenize
 from data_server.searching import run_search, work_deadline
+from tests.support import frequent_terms
 
 
 def doc(doc_id: str, text: str, title: str = "") -> Document:
@@ -401,14 +402,6 @@ def test_duplicate_ids_are_rejected() -> None:
 
 
 # --- pruning, slices and deadlines -------------------------------------------------------
-
-
-def frequent_terms(index: InvertedIndex, count: int) -> str:
-    """The query of death: the shard's ``count`` most frequent terms (by document
-    frequency), most frequent first (the worst order for MaxScore, which reads the
-    rarest first)."""
-    terms = sorted(index._terms, key=lambda term: (-index.document_frequency(term), term))
-    return " ".join(terms[:count])
 
 
 @pytest.fixture(scope="module")
