@@ -10,8 +10,9 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import pytest
@@ -23,11 +24,13 @@ from discovery.errors import DiscoveryError, OverloadedError
 from discovery.instance import ServiceInstance
 from discovery.testing.ports import free_port
 from search_server.fanout import FanOut, FanOutResult
-from search_server.httpclient import HttpClient
+from search_server.httpclient import Endpoint, HttpClient, Response
+from search_server.picking import Replica
 from tests.support import (
     DataServerFactory,
     FakeClock,
     eventually,
+    frequent_terms,
     instance_of,
     make_instance,
     sample,
@@ -461,3 +464,96 @@ async def test_one_server_can_always_be_ejected(
     fanout = FanOut(client, registry=registry, eject_after=1, max_ejected_share=0.1)
     await fanout.search([_stopped("ds-alone", shard=0)], QUERIES[0], 10, 2000)
     assert fanout.ejected() == {"ds-alone"}
+
+
+class _Recording:
+    """The fan-out's sub-request client, recording each request it sends: the port,
+    the query's parameters and when (the loop's clock)."""
+
+    def __init__(self, client: HttpClient) -> None:
+        self._client = client
+        self.sent: list[tuple[int, dict[str, list[str]], float]] = []
+
+    def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
+        query = parse_qs(urlsplit(target.decode("ascii")).query)
+        self.sent.append((endpoint.port, query, asyncio.get_running_loop().time()))
+        return self._client.get(endpoint, target)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class _Prefer:
+    """Picks the replica of the given instance id whenever it is a candidate."""
+
+    def __init__(self, instance_id: str) -> None:
+        self._id = instance_id
+
+    def pick(self, candidates: Sequence[Replica]) -> Replica:
+        return next((r for r in candidates if r.instance.id == self._id), candidates[0])
+
+
+async def test_each_attempt_carries_the_budget_left_when_it_is_sent(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    late, healthy = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-late"),
+        make_data_server(shard=0, replica=1, instance_id="ds-healthy"),
+    )
+    # Held 1.85 s before it searches: past its budget of 2 s less the 10 % margin, so
+    # it answers 504, and the fan-out retries on the other replica with what is left.
+    await _set_fault(http, late, mode="slow", delay_ms=1850)
+    recording = _Recording(client)
+    fanout = FanOut(recording, registry=registry, picker=_Prefer("ds-late"), eject_after=1000)
+
+    result = await fanout.search([instance_of(late), instance_of(healthy)], QUERIES[0], 10, 2000)
+
+    assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+    assert _sample(registry, "retries_total") == 1
+    (first_port, first, first_sent), (retry_port, retry, retry_sent) = recording.sent
+    assert (first_port, retry_port) == (late.port, healthy.port)
+    assert first["q"] == retry["q"] == [QUERIES[0]]
+    assert first["k"] == retry["k"] == ["10"]
+    first_budget, retry_budget = int(first["timeout_ms"][0]), int(retry["timeout_ms"][0])
+    assert 1990 <= first_budget <= 2000
+    # What was left when the retry was sent, to the millisecond, rounded down.
+    waited_ms = (retry_sent - first_sent) * 1000
+    assert waited_ms >= 1850
+    assert first_budget - waited_ms - 1 <= retry_budget <= first_budget - waited_ms + 1
+    assert retry_budget < 150
+
+
+async def test_a_cut_answer_counts_as_answered_but_makes_the_result_partial(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    big, small = await asyncio.gather(
+        make_data_server(shard=0, instance_id="ds-big", docs=20_000),
+        make_data_server(shard=1, instance_id="ds-small"),
+    )
+    assert big.index is not None
+    worst = frequent_terms(big.index, 150)  # about 100 ms of work on the big shard
+    servers = [instance_of(big), instance_of(small)]
+    fanout = FanOut(client, registry=registry)
+    # Held 1.78 s of its 2 s budget (1.8 s less the margin): 20 ms are left to search,
+    # and the answer, cut, still has 200 ms to arrive.
+    await _set_fault(http, big, mode="slow", delay_ms=1780)
+
+    result = await fanout.search(servers, worst, 10, 2000)
+
+    assert result.shards == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0, "cut": 1}
+    assert result.partial
+    assert len(result.hits) == 10
+    assert _sample(registry, "queries_total", outcome="partial") == 1
+    assert _sample(registry, "shard_requests_total", result="ok") == 2
+    assert sample(big.registry, "data_server_search_cut_total", answer="hits") == 1
+
+    await _set_fault(http, big, mode="none")
+    result = await fanout.search(servers, worst, 10, 5000)
+    assert result.shards == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0, "cut": 0}
+    assert not result.partial
