@@ -411,6 +411,7 @@ class IncrementalSearch:
         "_slack",
         "_terms",
         "_threshold",
+        "_threshold_at",
         "_weights",
         "lookups",
         "postings_read",
@@ -443,6 +444,7 @@ class IncrementalSearch:
         self._lookups: list[int] | None = None  # documents looked up in that term
         self._open = True  # documents not seen yet may still enter the top k
         self._threshold = -math.inf  # a proven lower bound of the k-th best score
+        self._threshold_at = remaining[0]  # the bounds still to read when it was taken
         self._since_threshold = 0
         self._since_pruned = 0
         self._candidates: list[int] = []
@@ -561,20 +563,33 @@ class IncrementalSearch:
     def _between_terms(self) -> int:
         """After a term: raise the threshold, close the query, drop hopeless documents.
 
-        Each operation on the accumulated scores is linear in their number, so each is
-        done only once as many postings have been read since it was last done: at most
-        a fraction of the work of reading.
+        Each operation on the accumulated scores is linear in their number, so it is
+        done only when it can pay: the threshold is taken again only once as many
+        postings have been read as there are scores and, while the query is open, only
+        if it could by now have passed the bounds still to read (since it was last
+        taken it has risen by at most the bounds read since); once closed, the hopeless
+        documents are dropped once half as many postings have been read as there are
+        documents left.
         """
         acc = self._acc
         k = self._k
         used = 0
         position = self._position
-        if len(acc) >= k and self._since_threshold >= len(acc):
-            self._since_threshold = 0
-            used += len(acc) // 4
-            self._threshold = max(self._threshold, heapq.nlargest(k, acc.values())[-1])
-        threshold = self._threshold - self._slack
         remaining = self._remaining[position]
+        if len(acc) >= k and self._since_threshold >= len(acc):
+            if self._open:
+                due = (
+                    self._threshold == -math.inf
+                    or remaining < self._threshold + self._threshold_at - remaining
+                )
+            else:
+                due = True  # for a higher floor to drop documents at
+            if due:
+                self._since_threshold = 0
+                self._threshold_at = remaining
+                used += len(acc) // 4
+                self._threshold = max(self._threshold, heapq.nlargest(k, acc.values())[-1])
+        threshold = self._threshold - self._slack
         if self._open and remaining < threshold:
             self._open = False
             self._since_pruned = len(acc)
