@@ -16,9 +16,12 @@ and each step of a request there needs the GIL back. While a search keeps the lo
 thread busy, a thread waiting for the GIL gets it only when the busy one releases it
 (at the latest after the interpreter's switch interval, 5 ms): a probe made of some
 twenty such steps took 100 ms and more with slices of 2 ms (the agent's limit is
-0.5 s, 0.25 s in the tests). Short slices and an explicit release of the GIL between
-them (``time.sleep(0)``) bring that to a few tens of milliseconds; the cost of the
-extra slices is lost in the noise (bench/bench_worst_case.py).
+0.5 s, 0.25 s in the tests). The loop's own thread releases the GIL at every poll of
+its sockets but takes it straight back, and a waiter that sees the GIL change hands
+does not ask for it again: a thread that wakes every millisecond was measured up to
+460 ms late. Short slices and an explicit release of the GIL between them
+(``time.sleep(0)``) bring that to a few milliseconds and a probe to a few tens; the
+cost of the extra slices is lost in the noise (bench/bench_worst_case.py).
 
 **The budget and its margin.** A request carries its remaining budget (``timeout_ms``,
 measured by the search server when it sent the request), or gets the server's default.
@@ -92,12 +95,15 @@ async def run_search(
     slice_work: int = SLICE_WORK,
     clock: Callable[[], float] = time.monotonic,
     on_slice: Callable[[float], None] | None = None,
+    hand_over_gil: bool = True,
 ) -> SearchOutcome:
     """Step ``search`` to its end, yielding to the loop between slices, or stop it once
     ``clock()`` reaches ``deadline`` (checked after each slice and after each yield).
 
     The first slice always runs (the caller checks the deadline before starting).
     ``on_slice`` is called with each slice's duration (a metric's ``observe``).
+    ``hand_over_gil=False`` leaves out the release of the GIL between slices, only to
+    measure what it is for (bench/bench_worst_case.py).
     """
     slices = 0
     longest = 0.0
@@ -115,9 +121,10 @@ async def run_search(
             return SearchOutcome(search.hits(), False, slices, longest)
         if ended >= deadline:
             break
-        # Hands the GIL to a thread waiting for it (see the module doc), then the loop
-        # to what else is ready.
-        time.sleep(0)  # noqa: ASYNC251 - a zero sleep, to release the GIL
+        if hand_over_gil:
+            # Hands the GIL to a thread waiting for it (see the module doc), then the
+            # loop to what else is ready.
+            time.sleep(0)  # noqa: ASYNC251 - a zero sleep, to release the GIL
         await asyncio.sleep(0)
         if clock() >= deadline:
             break
