@@ -44,12 +44,21 @@ from discovery.instance import (
 )
 
 __all__ = [
+    "DEFAULT_SEARCH_TIMEOUT_MS",
+    "MAX_TIMEOUT_MS",
     "DataServerConfig",
     "FleetConfig",
     "build_fleet_parser",
     "build_parser",
     "zone_list",
 ]
+
+
+#: Largest ``timeout_ms`` a search request may give (and ``--search-timeout-ms``): ten
+#: minutes, the search servers' own upper bound; a larger one is a client's mistake.
+MAX_TIMEOUT_MS = 600_000
+#: Budget of a search request without ``timeout_ms``.
+DEFAULT_SEARCH_TIMEOUT_MS = 1000
 
 
 def zone_list(text: str) -> tuple[str, ...]:
@@ -102,6 +111,17 @@ SERVER_OPTIONS = (
         "seed of the generated vocabulary and documents",
         type=non_negative_int,
         default=0,
+    ),
+    Option(
+        "--search-timeout-ms",
+        "DISCOVERY_SEARCH_TIMEOUT_MS",
+        "budget of a search request that gives no timeout_ms (the agent's probes, direct "
+        "clients; the search servers send each request's remaining budget): a search "
+        "still running when it is spent, less a safety margin, stops and answers with "
+        f"the best hits so far, marked cut (1..{MAX_TIMEOUT_MS})",
+        type=int_range(1, MAX_TIMEOUT_MS),
+        default=DEFAULT_SEARCH_TIMEOUT_MS,
+        metavar="MS",
     ),
     Option(
         "--shutdown-timeout",
@@ -199,7 +219,8 @@ class DataServerConfig:
     """One data server. ``instance_id`` None means ``ds-<advertise>-<port>``.
 
     ``zone`` (None: no zone) and ``weight`` go into the registered payload; ``http``
-    bounds slow clients at the HTTP edge. The constructor raises :class:`ConfigError`
+    bounds slow clients at the HTTP edge; ``search_timeout_ms`` is the budget of a search
+    request that gives no ``timeout_ms``. The constructor raises :class:`ConfigError`
     naming the flag of a bad value. The repr shows no secret (those of ``zk`` and
     ``cluster`` are hidden).
     """
@@ -220,11 +241,17 @@ class DataServerConfig:
     zone: str | None = None
     weight: int = DEFAULT_WEIGHT
     http: HttpEdgeConfig = field(default_factory=HttpEdgeConfig)
+    search_timeout_ms: int = DEFAULT_SEARCH_TIMEOUT_MS
 
     def __post_init__(self) -> None:
         checked_id(self.instance_id)
         # Refused here, at start, naming the flag, rather than by every search server.
         checked_address(self.advertise, "--advertise / DISCOVERY_ADVERTISE")
+        if not 1 <= self.search_timeout_ms <= MAX_TIMEOUT_MS:
+            raise ConfigError(
+                f"--search-timeout-ms / DISCOVERY_SEARCH_TIMEOUT_MS must be in "
+                f"1..{MAX_TIMEOUT_MS}, got {self.search_timeout_ms}"
+            )
         # The parser checked flags and variables already; this catches programmatic
         # configs, before the registration would fail with a payload error.
         if self.zone is not None:
@@ -264,6 +291,7 @@ class DataServerConfig:
             zone=args.zone,
             weight=args.weight,
             http=http_edge_config(args),
+            search_timeout_ms=args.search_timeout_ms,
         )
 
 

@@ -1,12 +1,60 @@
-"""An in-memory inverted index over one shard, ranked with BM25.
+"""An in-memory inverted index over one shard, ranked with BM25, searched in slices.
 
 Postings are kept in compressed-sparse-row form: a single ``array('I')`` for the whole
 index, each term owning a contiguous slice of entries that pack the document number
 (high 24 bits) with the term frequency (low 8 bits). That is 4 bytes per posting and a
 handful of objects per index, instead of one Python object per posting, which matters
 when a hundred simulated servers share one machine. Frequencies of 255 or more are
-kept exactly in a small side table. Document texts are not retained: a hit carries only
-the id, score and title.
+kept exactly in a small side table. Besides the postings each term keeps one byte, its
+largest frequency (capped at 255), from which a query derives the term's BM25 upper
+bound. Document texts are not retained: a hit carries only the id, score and title.
+
+**Searching in slices.** :meth:`InvertedIndex.start_search` returns an
+:class:`IncrementalSearch`, a plain object (no asyncio) whose :meth:`~IncrementalSearch.step`
+does at most a given amount of work (counted in postings read; a binary search or a
+selection counts as the postings it costs) and returns. Whoever drives it (the data
+server, between yields to its event loop) decides when to stop: at any point
+:meth:`~IncrementalSearch.hits` gives the best hits found so far. Run to its end it gives
+what the exhaustive algorithm (:meth:`InvertedIndex.search_exhaustive`, kept as the
+reference and the benchmarks' baseline) gives (see "Exactness").
+
+**Top-k dynamic pruning: MaxScore, term at a time** (Turtle and Flood, 1995). Each
+term's contribution to a score is bounded: its weight times ``T / (T + norm_min)`` with
+``T`` its largest frequency and ``norm_min`` the shortest document's length norm. Terms
+are read in decreasing order of that bound, the rare, decisive ones first, adding each
+posting to its document's score. Between terms, once the bounds of the terms still to
+read add up to less than the k-th best score so far (a lower bound of the final k-th),
+no document not seen yet can enter the top k: the remaining terms are MaxScore's
+*non-essential* ones. From then on they only update documents already seen (a
+dictionary miss for the others, about a quarter of the cost of a posting added), a
+document whose score plus the remaining bounds falls below the k-th is dropped, and
+when few documents are left a term's contributions are found by binary search in its
+postings instead of reading them all: the most frequent terms, a posting in almost
+every document and each worth little, cost a binary search per surviving document.
+
+Why MaxScore and not WAND: WAND finds its next candidate by keeping the query's posting
+cursors sorted by their current document and moving a pivot, work done per candidate
+document. In CPython that bookkeeping (re-sorting up to hundreds of cursors, a method
+call per move) costs far more per document than the postings it skips, and the queries
+that need pruning are exactly those with many terms. MaxScore needs the terms ordered
+once; in its term-at-a-time form the per-posting loop stays the tight loop of the
+exhaustive search and the bound is applied only between terms. What it saves depends on
+the bounds: on the generated corpus (Zipf-distributed words) the bounds of a shard's 150
+most frequent terms add up to about six times the best score, so the query closes to
+new documents only after about two thirds of its terms; it then reads or looks up about
+60 % of the postings the exhaustive search reads, in about 0.7 of its time. Ordinary
+queries with stop words added gain more (half the postings, 0.6 of the time); see
+bench/bench_worst_case.py. That is why the data server also slices and stops searches
+(:mod:`data_server.searching`): pruning makes the worst case cheaper, not cheap.
+
+**Exactness.** Pruning compares with a slack of ``1e-9`` of the query's largest possible
+score, far above the rounding of a sum of a few hundred positive floats, so rounding
+never drops a document that belongs in the top k. Scores summed in another order than
+the query's can differ from the exhaustive search's in the last bits; the candidates
+whose order such a difference could change (those within the slack of a neighbour) are
+rescored in query order with the exhaustive search's arithmetic. So the ids, their order
+and the id tie-break are identical to the exhaustive search's, and the scores equal
+within rounding (bit for bit when the terms were read in query order).
 """
 
 from __future__ import annotations
@@ -16,13 +64,24 @@ import math
 import re
 import sys
 from array import array
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import pairwise
+from operator import itemgetter
 
 from .corpus import Document
 
-__all__ = ["BM25_B", "BM25_K1", "MAX_DOCUMENTS", "Hit", "InvertedIndex", "tokenize"]
+__all__ = [
+    "BM25_B",
+    "BM25_K1",
+    "MAX_DOCUMENTS",
+    "Hit",
+    "IncrementalSearch",
+    "InvertedIndex",
+    "tokenize",
+]
 
 BM25_K1 = 1.2
 BM25_B = 0.75
@@ -67,6 +126,8 @@ class InvertedIndex:
         "_avg_length",
         "_doc_ids",
         "_large_tfs",
+        "_max_tfs",
+        "_min_norm",
         "_norms",
         "_offsets",
         "_postings",
@@ -133,6 +194,10 @@ class InvertedIndex:
         self._offsets = offsets
         self._postings = flat
         self._large_tfs = large_tfs
+        # What a term's upper bound is made of (see IncrementalSearch): its largest
+        # frequency, one byte a term, and the smallest length norm of the shard.
+        self._max_tfs = _max_frequencies(flat, offsets)
+        self._min_norm = min(self._norms) if doc_ids else 1.0
 
     @staticmethod
     def _add_term(
@@ -191,6 +256,18 @@ class InvertedIndex:
                 term_ids.append(term_id)
         return term_ids
 
+    def _weight(self, term_id: int) -> float:
+        """The term's idf times ``k1 + 1``: its contribution is ``weight * tf / (tf + norm)``."""
+        df = self._offsets[term_id + 1] - self._offsets[term_id]
+        return math.log(1.0 + (len(self._doc_ids) - df + 0.5) / (df + 0.5)) * (BM25_K1 + 1.0)
+
+    def _upper_bound(self, term_id: int, weight: float) -> float:
+        """No document's contribution from this term exceeds this (up to rounding)."""
+        top = self._max_tfs[term_id]
+        if top == _TF_MASK:
+            return weight  # 255 or more, somewhere: tf / (tf + norm) is below 1
+        return weight * top / (top + self._min_norm)
+
     def _scores(self, query: str) -> dict[int, float]:
         scores: dict[int, float] = {}
         get = scores.get
@@ -225,16 +302,41 @@ class InvertedIndex:
             )
         return len(matched)
 
+    def start_search(self, query: str, k: int) -> IncrementalSearch:
+        """A search for the top ``k`` of ``query``, to be run by :meth:`IncrementalSearch.step`.
+
+        Cheap (the query is tokenized and its terms ordered; no posting is read).
+        Raises ``ValueError`` if ``k`` is negative.
+        """
+        return IncrementalSearch(self, query, k)
+
     def search(self, query: str, k: int) -> list[Hit]:
         """Return the top ``k`` documents for ``query`` by BM25 score, best first.
 
         Query terms are OR-ed, each distinct term counted once; unknown terms add
         nothing, so an empty or all-unknown query returns ``[]``. Equal scores are
-        ordered by document id. Raises ``ValueError`` if ``k`` is negative.
+        ordered by document id. Runs the pruned search (:class:`IncrementalSearch`) to
+        its end in one go: the result is that of :meth:`search_exhaustive`. Raises
+        ``ValueError`` if ``k`` is negative.
+        """
+        search = IncrementalSearch(self, query, k)
+        while not search.step(_UNLIMITED):
+            pass
+        return search.hits()
+
+    def search_exhaustive(self, query: str, k: int) -> list[Hit]:
+        """:meth:`search` by scoring every posting of every query term (no pruning).
+
+        The reference the pruned search must match, and the benchmarks' baseline.
+        Raises ``ValueError`` if ``k`` is negative.
         """
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
         scores = self._scores(query) if k else {}
+        return self._top(scores, k)
+
+    def _top(self, scores: dict[int, float], k: int) -> list[Hit]:
+        """The ``k`` best of ``scores`` by (score descending, document id) as hits."""
         candidates = scores.items()
         if len(scores) > k:
             # Select by score alone (cheap), then keep everything tied with the k-th
@@ -245,3 +347,327 @@ class InvertedIndex:
         top = sorted(candidates, key=lambda item: (-item[1], doc_ids[item[0]]))[:k]
         titles = self._titles
         return [Hit(doc_ids[number], score, titles[number]) for number, score in top]
+
+
+def _max_frequencies(postings: array[int], offsets: array[int]) -> bytes:
+    """Each term's largest (capped) frequency, read from the postings' low bytes at C speed."""
+    terms = len(offsets) - 1
+    if postings.itemsize == 4:
+        low = memoryview(postings).cast("B")[(0 if sys.byteorder == "little" else 3) :: 4]
+        return bytes(max(low[offsets[t] : offsets[t + 1]], default=0) for t in range(terms))
+    return bytes(  # pragma: no cover - platforms whose unsigned int is not 4 bytes
+        max((e & _TF_MASK for e in postings[offsets[t] : offsets[t + 1]]), default=0)
+        for t in range(terms)
+    )
+
+
+# Work units of IncrementalSearch.step: one unit is one posting read while new documents
+# may still enter (~0.25 us in CPython, the exhaustive search's cost per posting). Once
+# the query is closed to new documents a posting read is a dictionary miss, mostly: two
+# count as one unit. A binary search in a term's postings costs 2 units; a selection or
+# filter over the accumulated scores, 1 unit per 4 scores. The data server's slices are
+# a number of units (see data_server/searching.py).
+_LOOKUP_WORK = 2
+# A lookup costs about as much as reading 9 postings of a closed query: below that
+# ratio of documents to postings, a term is searched rather than read.
+_LOOKUP_RATIO = 9
+_UNLIMITED = 1 << 62
+# Relative slack of every pruning comparison (see the module doc, "Exactness").
+_SLACK = 1e-9
+
+_TERMS, _RESCORE, _DONE = 0, 1, 2
+
+
+class IncrementalSearch:
+    """One top-k BM25 search, advanced a bounded amount of work at a time.
+
+    Made by :meth:`InvertedIndex.start_search`. Call :meth:`step` until it returns
+    True; between calls the caller may do anything else, or stop and take the best
+    hits so far from :meth:`hits` (then ``done`` is False and the scores are partial
+    sums: lower bounds of the true ones). Pure computation: no clock, no I/O; a step
+    never raises. See the module doc for the algorithm.
+
+    ``work`` is the work done so far, in units of about one posting read (see
+    ``_LOOKUP_WORK``); ``postings_read`` and ``lookups`` (binary searches in a term's
+    postings) say what pruning left to do, beside :attr:`posting_volume`. A step may
+    overrun its quota by one operation on the scores accumulated so far (a selection,
+    a filter), linear in the documents matched at about 0.05 us each: a few
+    milliseconds for a shard of 100,000 documents.
+    """
+
+    __slots__ = (
+        "_acc",
+        "_candidates",
+        "_cursor",
+        "_index",
+        "_k",
+        "_lookups",
+        "_open",
+        "_order",
+        "_phase",
+        "_position",
+        "_remaining",
+        "_result",
+        "_since_pruned",
+        "_since_threshold",
+        "_slack",
+        "_terms",
+        "_threshold",
+        "_threshold_at",
+        "_weights",
+        "lookups",
+        "postings_read",
+        "work",
+    )
+
+    def __init__(self, index: InvertedIndex, query: str, k: int) -> None:
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        self._index = index
+        self._k = k
+        terms = index._query_terms(query) if k else []
+        # In query order: the order the exhaustive search adds contributions in.
+        self._terms = terms
+        self._weights = [index._weight(t) for t in terms]
+        bounds = [index._upper_bound(t, w) for t, w in zip(terms, self._weights, strict=True)]
+        # Decreasing bound: the rare, decisive terms first; ties in query order.
+        order = sorted(range(len(terms)), key=lambda i: (-bounds[i], i))
+        self._order = order
+        # _remaining[j]: the sum of the bounds of the terms order[j:], still to read.
+        remaining = [0.0] * (len(order) + 1)
+        for j in range(len(order) - 1, -1, -1):
+            remaining[j] = remaining[j + 1] + bounds[order[j]]
+        self._remaining = remaining
+        self._slack = _SLACK * remaining[0]
+        self._acc: dict[int, float] = {}
+        self._phase = _TERMS if terms else _DONE
+        self._position = 0  # index in _order of the term being read
+        self._cursor = 0  # next posting of that term (or next document of _lookups)
+        self._lookups: list[int] | None = None  # documents looked up in that term
+        self._open = True  # documents not seen yet may still enter the top k
+        self._threshold = -math.inf  # a proven lower bound of the k-th best score
+        self._threshold_at = remaining[0]  # the bounds still to read when it was taken
+        self._since_threshold = 0
+        self._since_pruned = 0
+        self._candidates: list[int] = []
+        self._result: list[Hit] | None = [] if not terms else None
+        self.work = 0
+        self.postings_read = 0
+        self.lookups = 0
+
+    @property
+    def done(self) -> bool:
+        """True once the search has run to its end (:meth:`hits` is then exact)."""
+        return self._phase == _DONE
+
+    @property
+    def posting_volume(self) -> int:
+        """The postings of the query's terms: what the exhaustive search reads."""
+        offsets = self._index._offsets
+        return sum(offsets[t + 1] - offsets[t] for t in self._terms)
+
+    def step(self, work: int) -> bool:
+        """Do about ``work`` units of work (at least one operation); True when done."""
+        quota = max(1, work)
+        while quota > 0 and self._phase != _DONE:
+            used = self._advance(quota) if self._phase == _TERMS else self._rescore(quota)
+            quota -= used
+            self.work += used
+        return self._phase == _DONE
+
+    def hits(self) -> list[Hit]:
+        """The top ``k`` once done; before that the best found so far, by partial score."""
+        if self._result is not None:
+            return list(self._result)
+        return self._index._top(self._acc, self._k)
+
+    # -- reading terms -----------------------------------------------------------------
+
+    def _advance(self, quota: int) -> int:
+        """Read (part of) the current term; return the work used (at least 1)."""
+        index = self._index
+        term_index = self._order[self._position]
+        term = self._terms[term_index]
+        weight = self._weights[term_index]
+        start, end = index._offsets[term], index._offsets[term + 1]
+        acc = self._acc
+        norms = index._norms
+        large_tfs = index._large_tfs
+        postings = index._postings
+        used = 0
+        if (
+            not self._open
+            and self._cursor == 0
+            and self._lookups is None
+            and len(acc) * _LOOKUP_RATIO < end - start
+        ):
+            # Few documents left: find each in the postings rather than read them.
+            self._lookups = list(acc)
+            used += len(acc) // 4
+        lookups = self._lookups
+        if lookups is not None:
+            chunk = lookups[self._cursor : self._cursor + max(1, quota // _LOOKUP_WORK)]
+            for number in chunk:
+                at = bisect_left(postings, number << _TF_BITS, start, end)
+                if at < end:
+                    entry = postings[at]
+                    if entry >> _TF_BITS == number:
+                        tf = entry & _TF_MASK
+                        if tf == _TF_MASK:
+                            tf = large_tfs[term, number]
+                        acc[number] += weight * tf / (tf + norms[number])
+            self._cursor += len(chunk)
+            used += len(chunk) * _LOOKUP_WORK
+            finished = self._cursor >= len(lookups)
+            self.lookups += len(chunk)
+            if finished:
+                # The term counts as read: the amortized operations below may follow.
+                self._since_threshold += end - start
+                self._since_pruned += end - start
+        else:
+            first = start + self._cursor
+            get = acc.get
+            if self._open:
+                last = min(end, first + quota)
+                for entry in postings[first:last]:
+                    number = entry >> _TF_BITS
+                    tf = entry & _TF_MASK
+                    if tf == _TF_MASK:
+                        tf = large_tfs[term, number]
+                    acc[number] = get(number, 0.0) + weight * tf / (tf + norms[number])
+                used += last - first
+            else:
+                last = min(end, first + 2 * quota)
+                for entry in postings[first:last]:
+                    number = entry >> _TF_BITS
+                    score = get(number)
+                    if score is not None:
+                        tf = entry & _TF_MASK
+                        if tf == _TF_MASK:
+                            tf = large_tfs[term, number]
+                        acc[number] = score + weight * tf / (tf + norms[number])
+                used += (last - first + 1) // 2
+            self._cursor += last - first
+            self.postings_read += last - first
+            self._since_threshold += last - first
+            self._since_pruned += last - first
+            finished = last == end
+        if finished:
+            self._position += 1
+            self._cursor = 0
+            self._lookups = None
+            if self._position == len(self._order):
+                used += self._start_rescoring()
+            else:
+                used += self._between_terms()
+        return max(1, used)
+
+    def _between_terms(self) -> int:
+        """After a term: raise the threshold, close the query, drop hopeless documents.
+
+        Each operation on the accumulated scores is linear in their number, so it is
+        done only when it can pay: the threshold is taken again only once as many
+        postings have been read as there are scores and, while the query is open, only
+        if it could by now have passed the bounds still to read (since it was last
+        taken it has risen by at most the bounds read since); once closed, the hopeless
+        documents are dropped once half as many postings have been read as there are
+        documents left.
+        """
+        acc = self._acc
+        k = self._k
+        used = 0
+        position = self._position
+        remaining = self._remaining[position]
+        if len(acc) >= k and self._since_threshold >= len(acc):
+            if self._open:
+                due = (
+                    self._threshold == -math.inf
+                    or remaining < self._threshold + self._threshold_at - remaining
+                )
+            else:
+                due = True  # for a higher floor to drop documents at
+            if due:
+                self._since_threshold = 0
+                self._threshold_at = remaining
+                used += len(acc) // 4
+                self._threshold = max(self._threshold, heapq.nlargest(k, acc.values())[-1])
+        threshold = self._threshold - self._slack
+        if self._open and remaining < threshold:
+            self._open = False
+            self._since_pruned = len(acc)
+        if not self._open and self._since_pruned >= len(acc) // 2:
+            self._since_pruned = 0
+            floor = threshold - remaining
+            self._acc = {n: s for n, s in acc.items() if s >= floor}
+            used += len(acc) // 4
+        return used
+
+    def _exact_score(self, number: int) -> float:
+        """The document's score as the exhaustive search sums it (query order)."""
+        index = self._index
+        offsets = index._offsets
+        postings = index._postings
+        norm = index._norms[number]
+        key = number << _TF_BITS
+        score = 0.0
+        for term, weight in zip(self._terms, self._weights, strict=True):
+            start, end = offsets[term], offsets[term + 1]
+            at = bisect_left(postings, key, start, end)
+            if at < end:
+                entry = postings[at]
+                if entry >> _TF_BITS == number:
+                    tf = entry & _TF_MASK
+                    if tf == _TF_MASK:
+                        tf = index._large_tfs[term, number]
+                    score = score + weight * tf / (tf + norm)
+        return score
+
+    # -- the final candidates ----------------------------------------------------------
+
+    def _start_rescoring(self) -> int:
+        """All terms read: each document left has its whole score, summed in reading
+        order. Find the candidates whose order could differ from the exhaustive
+        search's, those within the slack of a neighbour: they are rescored in query
+        order (the exhaustive search's own sums); any other two documents differ by
+        far more than rounding, so their order is the same either way."""
+        acc = self._acc
+        k = self._k
+        used = len(acc) // 4
+        if self._order == sorted(self._order):
+            # Read in query order: the sums are the exhaustive search's own.
+            self._finish()
+            return used
+        if len(acc) > k:
+            kth = heapq.nlargest(k, acc.values())[-1] - self._slack
+            scores = {n: s for n, s in acc.items() if s >= kth}
+        else:
+            scores = dict(acc)
+        self._acc = scores
+        ranked = sorted(scores.items(), key=itemgetter(1), reverse=True)
+        slack = self._slack
+        close: set[int] = set()
+        for (a, score_a), (b, score_b) in pairwise(ranked):
+            if score_a - score_b <= slack:
+                close.add(a)
+                close.add(b)
+        self._candidates = sorted(close)
+        self._cursor = 0
+        self._phase = _RESCORE
+        return used + len(ranked) // 4
+
+    def _rescore(self, quota: int) -> int:
+        """Replace the close candidates' sums by their query-order ones."""
+        per_document = max(1, len(self._terms) * _LOOKUP_WORK)
+        chunk = self._candidates[self._cursor : self._cursor + max(1, quota // per_document)]
+        acc = self._acc
+        for number in chunk:
+            acc[number] = self._exact_score(number)
+        self._cursor += len(chunk)
+        if self._cursor >= len(self._candidates):
+            self._finish()
+        return max(1, len(chunk) * per_document)
+
+    def _finish(self) -> None:
+        self._result = self._index._top(self._acc, self._k)
+        self._phase = _DONE
+        self._candidates = []

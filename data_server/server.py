@@ -35,10 +35,11 @@ from discovery.loopthread import LoopThread
 from discovery.probes import SearchProbe
 from discovery.testing import expire_session
 
-from .config import DataServerConfig
+from .config import MAX_TIMEOUT_MS, DataServerConfig
 from .corpus import Document, generate_documents, load_jsonl, sample_queries
 from .faults import Fault, FaultInjector
 from .index import InvertedIndex
+from .searching import run_search, work_deadline
 
 __all__ = ["MAX_K", "MAX_QUERY_LENGTH", "DataServer"]
 
@@ -69,6 +70,21 @@ class _Metrics:
         self.index_build_seconds = Gauge(
             "data_server_index_build_seconds",
             "Time it took to load and index the shard.",
+            registry=registry,
+        )
+        self.cut = Counter(
+            "data_server_search_cut",
+            "Searches stopped when their budget (timeout_ms, less a safety margin) ran "
+            "out: answered with the hits found so far (answer=hits, HTTP 200 with "
+            "cut=true), or with HTTP 504 when it ran out before the search could start "
+            "(answer=timeout).",
+            ["answer"],
+            registry=registry,
+        )
+        self.slice = Histogram(
+            "data_server_search_slice_seconds",
+            "How long one slice of a search held the event loop.",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
             registry=registry,
         )
 
@@ -242,30 +258,66 @@ class DataServer:
         return app
 
     async def search(self, request: web.Request) -> web.Response:
+        """``GET /search?q=&k=&timeout_ms=``: the top k, within the request's budget.
+
+        The search runs in slices that yield to the loop (see :mod:`.searching`); when
+        the budget (``timeout_ms``, else ``--search-timeout-ms``) less its margin runs
+        out it stops and answers with the best hits so far and ``"cut": true``. When
+        it ran out before the search could start (an injected delay, a long queue):
+        504 with a JSON error. Bad parameters: 400 naming the parameter.
+        """
+        arrived = time.monotonic()
         started = time.perf_counter()
         try:
             # The same rules as the search server's, which forwards q and k here.
-            params = parse_search_params(request.query, max_k=MAX_K)
+            params = parse_search_params(
+                request.query,
+                max_k=MAX_K,
+                default_timeout_ms=self.config.search_timeout_ms,
+                max_timeout_ms=MAX_TIMEOUT_MS,
+            )
         except BadRequestError:
             self._metrics.requests.labels(status="400").inc()
             raise  # json_errors answers 400 naming the parameter and counts it
+        assert params.timeout_ms is not None
+        deadline = work_deadline(arrived, params.timeout_ms)
         self._searching += 1
         try:
             if await self.faults.apply():
                 return self._count(json_error(500, "injected error"))
+            if time.monotonic() >= deadline:
+                self._metrics.cut.labels(answer="timeout").inc()
+                return self._count(
+                    web.json_response(
+                        {
+                            "error": f"the search's budget of {params.timeout_ms} ms ran "
+                            "out before it could start",
+                            "timeout_ms": params.timeout_ms,
+                        },
+                        status=504,
+                    )
+                )
             assert self.index is not None
-            hits = self.index.search(params.q, params.k)
+            outcome = await run_search(
+                self.index.start_search(params.q, params.k),
+                deadline,
+                on_slice=self._metrics.slice.observe,
+            )
+            if outcome.cut:
+                self._metrics.cut.labels(answer="hits").inc()
             took = time.perf_counter() - started
             # took_ms and queue (the other searches in progress here) are the feedback
             # the search servers' adaptive replica selection ranks replicas by.
             body = orjson.dumps(
                 {
                     "hits": [
-                        {"id": hit.id, "score": hit.score, "title": hit.title} for hit in hits
+                        {"id": hit.id, "score": hit.score, "title": hit.title}
+                        for hit in outcome.hits
                     ],
                     "shard": self.config.shard,
                     "took_ms": round(took * 1000, 3),
                     "queue": self._searching - 1,
+                    "cut": outcome.cut,
                 }
             )
         finally:

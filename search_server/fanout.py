@@ -7,7 +7,10 @@ and sick ones within a few probes; the fan-out bounds what is left over:
 
 * **One deadline per query.** At the deadline every unanswered shard is reported as
   ``timed_out`` and its requests are abandoned (their connections closed). A hung data
-  server costs a query at most its deadline, never more.
+  server costs a query at most its deadline, never more. Each sub-request carries what
+  is left of it (``timeout_ms``, taken when it is sent, so a retry or a hedge carries
+  less): the data server stops its search in time and answers with what it found,
+  marked ``cut``, which counts as an answer but makes the result ``partial``.
 * **Replica choice** by a :class:`~search_server.picking.ReplicaPicker` (by default
   adaptive replica selection) among the shard's candidates: routable, not ejected, not
   yet tried by this query, in the search server's own ``zone`` when a usable replica
@@ -99,9 +102,12 @@ class _BadAnswer(ValueError):
 class FanOutResult:
     """The merged answer of one query, in the shape of the search server's ``/search``.
 
-    ``shards`` has the integer keys ``total``, ``ok``, ``failed`` and ``timed_out``;
-    ``partial`` is true when any shard failed or timed out, i.e. ``hits`` may miss
-    documents of those shards. ``took_ms`` is the fan-out's wall time.
+    ``shards`` has the integer keys ``total``, ``ok``, ``failed``, ``timed_out`` and
+    ``cut``: ``ok`` counts the shards that answered, ``cut`` those of them whose data
+    server stopped its search at the request's budget and sent the best hits it had
+    found (so ``cut <= ok``). ``partial`` is true when any shard failed, timed out or
+    was cut, i.e. ``hits`` may miss documents of those shards. ``took_ms`` is the
+    fan-out's wall time.
     """
 
     hits: list[dict[str, Any]]
@@ -173,6 +179,7 @@ class _ShardCall:
 
     __slots__ = (
         "attempts",
+        "cut",
         "done",
         "hedge_backoff",
         "hedge_timer",
@@ -189,6 +196,8 @@ class _ShardCall:
         self.tried: list[Replica] = []
         self.attempts: list[_Attempt] = []
         self.hits: list[_Ranked] | None = None
+        # The answer was cut short by the data server at the request's budget.
+        self.cut = False
         # Until a replica answers: what the last attempt did ("failed" if none could be made).
         self.outcome: _ShardOutcome = "failed"
         self.done = False
@@ -198,7 +207,11 @@ class _ShardCall:
 
 
 class _Query:
-    """One query in flight: its calls, its request line, and the future it waits on."""
+    """One query in flight: its calls, its request line, and the future it waits on.
+
+    ``target`` ends in ``timeout_ms=``: each attempt appends what is left of the
+    deadline when it is sent.
+    """
 
     __slots__ = ("deadline", "deferred", "k", "loop", "open_calls", "target", "total", "waiter")
 
@@ -523,7 +536,7 @@ class FanOut:
         loop = asyncio.get_running_loop()
         started = loop.time()
         table = self._routing_table(servers)
-        target = ("/search?" + urlencode({"q": query, "k": k})).encode("ascii")
+        target = ("/search?" + urlencode({"q": query, "k": k}) + "&timeout_ms=").encode("ascii")
         q = _Query(loop, target, k, started + timeout_ms / 1000)
         calls = [_ShardCall(shard, replicas) for shard, replicas in table]
         self._budget.deposit(len(calls))
@@ -613,8 +626,12 @@ class FanOut:
         call.tried.append(replica)
         replica.outstanding += 1
         replica.sent += 1
-        future = self._client.get(replica.endpoint, q.target)
-        attempt = _Attempt(replica, future, q.loop.time(), hedge, probe)
+        now = q.loop.time()
+        # The budget left, in whole milliseconds (rounded down, so the data server's
+        # deadline never falls after ours); at least 1, the least timeout_ms there is.
+        budget_ms = max(1, int((q.deadline - now) * 1000))
+        future = self._client.get(replica.endpoint, b"%b%d" % (q.target, budget_ms))
+        attempt = _Attempt(replica, future, now, hedge, probe)
         call.attempts.append(attempt)
         future.add_done_callback(lambda f: self._on_answer(q, call, attempt))
 
@@ -704,6 +721,7 @@ class FanOut:
         window.add(elapsed)
         self._record_success(replica, probe=attempt.probe)
         call.hits, call.outcome = hits, "ok"
+        call.cut = decoded.get("cut") is True
         if attempt.hedge:
             self.metrics.hedges.labels(result="won").inc()
         now = q.loop.time()
@@ -761,6 +779,7 @@ class FanOut:
     def _merge(self, calls: list[_ShardCall], k: int, took_ms: float) -> FanOutResult:
         answered = 0
         timed_out = 0
+        cut = 0
         candidates: list[_Ranked] = []
         for call in calls:
             hits = call.hits
@@ -769,25 +788,33 @@ class FanOut:
                     timed_out += 1
                 continue
             answered += 1
+            cut += call.cut
             candidates.extend(hits)
         failed = len(calls) - answered - timed_out
         # Each shard's hits are already its top k: the top k overall are among them.
         # Ties of score and id are broken by shard, so the hit objects are never compared.
         top = heapq.nsmallest(k, candidates)
         merged = [{**hit, "shard": shard} for _, _, shard, hit in top]
-        partial = failed + timed_out > 0
+        partial = failed + timed_out + cut > 0
         self.metrics.queries.labels(outcome="partial" if partial else "complete").inc()
         self.metrics.query_seconds.observe(took_ms / 1000)
         if partial:
             log.debug(
-                "partial answer: %d of %d shards failed, %d timed out",
+                "partial answer: %d of %d shards failed, %d timed out, %d cut",
                 failed,
                 len(calls),
                 timed_out,
+                cut,
             )
         return FanOutResult(
             hits=merged,
-            shards={"total": len(calls), "ok": answered, "failed": failed, "timed_out": timed_out},
+            shards={
+                "total": len(calls),
+                "ok": answered,
+                "failed": failed,
+                "timed_out": timed_out,
+                "cut": cut,
+            },
             partial=partial,
             took_ms=round(took_ms, 3),
         )

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import aiohttp
 from prometheus_client import CollectorRegistry
 
+from data_server.index import InvertedIndex
 from data_server.server import DataServer
 from discovery.agent import Agent
 from discovery.config import AgentConfig, ZkConfig
@@ -210,6 +211,13 @@ async def more_probes(agent: Agent, count: int) -> None:
     await eventually(
         lambda: (ok_probes() or 0) >= start + count, message=f"{count} more successful probes"
     )
+
+
+def frequent_terms(index: InvertedIndex, count: int) -> str:
+    """The worst-case query of a shard: its ``count`` most frequent terms (by document
+    frequency), most frequent first."""
+    terms = sorted(index._terms, key=lambda term: (-index.document_frequency(term), term))
+    return " ".join(terms[:count])
 
 
 async def get_json(url: str, **params: str) -> tuple[int, Any]:

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
+from data_server.config import DataServerConfig, build_parser
 from data_server.corpus import sample_queries
 from data_server.server import MAX_QUERY_LENGTH, DataServer
 from discovery.adminauth import admin_headers
 from discovery.agent import AgentState
+from discovery.config import AgentConfig, ClusterConfig, ZkConfig
+from discovery.errors import ConfigError
 from discovery.instance import InstanceState
 from discovery.layout import DATA_SERVERS_PATH
 from discovery.membership import MembershipWatcher
@@ -23,8 +27,10 @@ from tests.support import (
     DataServerFactory,
     SessionFactory,
     eventually,
+    frequent_terms,
     get_json,
     more_probes,
+    sample,
     waited,
 )
 
@@ -122,6 +128,146 @@ async def test_bad_queries_get_400_with_a_json_message(
     status, body = await _get(server, "/search", **params)
     assert status == 400
     assert message in body["error"]
+
+
+async def test_a_bad_timeout_ms_gets_400_naming_it(make_data_server: DataServerFactory) -> None:
+    server = await make_data_server()
+    for value, message in [
+        ("0", "'timeout_ms' must be in 1..600000, got 0"),
+        ("-20", "'timeout_ms' must be in 1..600000, got -20"),
+        ("600001", "'timeout_ms' must be in 1..600000, got 600001"),
+        ("9" * 40, "'timeout_ms' must be in 1..600000, got a 40-digit number"),
+        ("soon", "'timeout_ms' must be an integer, got 'soon'"),
+        ("1.5", "'timeout_ms' must be an integer"),
+        ("", "'timeout_ms' must be an integer"),
+    ]:
+        status, body = await _get(server, "/search", q="a", timeout_ms=value)
+        assert (status, body["parameter"]) == (400, "timeout_ms"), value
+        assert message in body["error"]
+    # The largest and the smallest are accepted.
+    for value in ("600000", "1", "+7"):
+        status, _ = await _get(server, "/search", q="a", timeout_ms=value)
+        assert status in (200, 504), value  # a budget of 1 ms may run out before it starts
+
+
+async def test_a_search_past_its_budget_answers_with_the_best_so_far_marked_cut(
+    make_data_server: DataServerFactory,
+) -> None:
+    server = await make_data_server(docs=20_000)
+    index = server.index
+    assert index is not None
+    worst = frequent_terms(index, 150)  # about 100 ms of work, far more than 15
+    normal = sample_queries(1, variant=6)[0]
+
+    status, body = await _get(server, "/search", q=worst, k="10", timeout_ms="20")
+
+    assert status == 200
+    assert body["cut"] is True
+    hits = body["hits"]
+    assert 0 < len(hits) <= 10
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+    # Real documents, with the part of their score found so far.
+    every_score = {h.id: h.score for h in index.search_exhaustive(worst, index.document_count)}
+    assert all(h["score"] <= every_score[h["id"]] * (1 + 1e-12) for h in hits)
+    assert sample(server.registry, "data_server_search_cut_total", answer="hits") == 1
+
+    # An ordinary query is done long before such a budget: complete, not cut.
+    status, body = await _get(server, "/search", q=normal, k="10", timeout_ms="20")
+    assert (status, body["cut"]) == (200, False)
+    assert [h["id"] for h in body["hits"]] == [h.id for h in index.search(normal, 10)]
+
+    # Held (a slow server) past its budget: nothing to answer with.
+    await _set_fault(server, mode="slow", delay_ms=100)
+    status, body = await _get(server, "/search", q=normal, k="10", timeout_ms="20")
+    assert status == 504
+    assert body["timeout_ms"] == 20
+    assert "budget of 20 ms ran out" in body["error"]
+    assert sample(server.registry, "data_server_search_cut_total", answer="timeout") == 1
+    assert sample(server.registry, "data_server_search_cut_total", answer="hits") == 1
+
+
+async def test_healthz_and_ordinary_searches_answer_while_worst_case_searches_run(
+    make_data_server: DataServerFactory,
+) -> None:
+    # A shard whose worst-case query (its 150 most frequent terms) reads 720,000
+    # postings: run in one piece, each of four concurrent ones would hold the event
+    # loop for a tenth of a second or more, and the agent's probe (max latency 0.25 s)
+    # would wait behind them until the agent took its own server offline.
+    server = await make_data_server(docs=20_000)
+    agent = server.agent
+    assert agent is not None
+    assert server.index is not None
+    worst = frequent_terms(server.index, 150)
+    stop = asyncio.Event()
+    answered: list[int] = []
+
+    async def worst_case_client() -> None:
+        async with aiohttp.ClientSession() as client:
+            while not stop.is_set():
+                params = {"q": worst, "k": "10"}
+                async with client.get(f"{server.url}/search", params=params) as response:
+                    await response.read()
+                    answered.append(response.status)
+
+    clients = [asyncio.create_task(worst_case_client()) for _ in range(4)]
+    slowest = {"/healthz": 0.0, "/search": 0.0}
+    try:
+        await eventually(lambda: len(answered) >= 8, message="worst-case searches answered")
+        async with aiohttp.ClientSession() as client:
+            for query in sample_queries(10, variant=8):
+                for path, params in (("/healthz", {}), ("/search", {"q": query, "k": "10"})):
+                    started = time.monotonic()
+                    async with client.get(f"{server.url}{path}", params=params) as response:
+                        assert response.status == 200
+                        await response.read()
+                    slowest[path] = max(slowest[path], time.monotonic() - started)
+        # The agent's own probes (a search over HTTP, from its thread) keep passing.
+        await more_probes(agent, 5)
+        load = len(answered)
+        await eventually(lambda: len(answered) >= load + 4, message="the load still runs")
+    finally:
+        stop.set()
+        await asyncio.gather(*clients)
+
+    # A generous bound: a slice is about 2 ms, so a few tens of milliseconds here.
+    assert slowest["/healthz"] < 0.5, slowest
+    assert slowest["/search"] < 0.5, slowest
+    assert set(answered) == {200}
+    assert agent.status().registered
+    assert _forced_offline(server) == 0  # not even for a moment
+
+
+def _forced_offline(server: DataServer) -> float:
+    """Times the server's agent took it offline for failing probes, for any reason."""
+    return sum(
+        sample.value
+        for family in server.registry.collect()
+        if family.name == "discovery_agent_forced_offline"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
+
+
+def test_search_timeout_ms_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("DISCOVERY_SEARCH_TIMEOUT_MS", raising=False)
+    assert DataServerConfig.from_args(build_parser().parse_args([])).search_timeout_ms == 1000
+    args = build_parser().parse_args(["--search-timeout-ms", "250"])
+    assert DataServerConfig.from_args(args).search_timeout_ms == 250
+    monkeypatch.setenv("DISCOVERY_SEARCH_TIMEOUT_MS", "3000")
+    assert DataServerConfig.from_args(build_parser().parse_args([])).search_timeout_ms == 3000
+    for bad in ("0", "600001", "soon"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--search-timeout-ms", bad])
+        assert "argument --search-timeout-ms:" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"^--search-timeout-ms / DISCOVERY_SEARCH_TIMEOUT_MS"):
+        DataServerConfig(
+            zk=ZkConfig(hosts="127.0.0.1:1"),
+            cluster=ClusterConfig(),
+            agent=AgentConfig(),
+            search_timeout_ms=0,
+        )
 
 
 @pytest.mark.parametrize(
@@ -316,12 +462,23 @@ async def test_hang_fault_holds_requests_until_cleared(
 ) -> None:
     server = await make_data_server()
     await _set_fault(server, mode="hang")
-    pending = asyncio.ensure_future(_get(server, "/search", q="a"))
+    pending = asyncio.ensure_future(_get(server, "/search", q="a", timeout_ms="60000"))
+    # Held past its budget (the agent takes a second to go offline): dropped when
+    # released, not searched.
+    expired = asyncio.ensure_future(_get(server, "/search", q="a", timeout_ms="50"))
     await eventually(lambda: _state(server) is AgentState.OFFLINE, message="offline")
     assert not pending.done()
     await _set_fault(server, mode="none")
     status, _ = await waited(pending, "the held search to be answered", timeout=10)
     assert status == 200
+    status, body = await waited(expired, "the expired search to be answered", timeout=10)
+    assert status == 504
+    assert body == {
+        "error": "the search's budget of 50 ms ran out before it could start",
+        "timeout_ms": 50,
+    }
+    # (and so were the agent's own probes held past their budget, the default one)
+    assert sample(server.registry, "data_server_search_cut_total", answer="timeout") >= 1
 
 
 async def test_admin_drain_asks_the_owner_to_drain(

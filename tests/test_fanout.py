@@ -10,8 +10,9 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import pytest
@@ -24,11 +25,13 @@ from discovery.errors import DiscoveryError, OverloadedError
 from discovery.instance import ServiceInstance
 from discovery.testing.ports import free_port
 from search_server.fanout import FanOut, FanOutResult
-from search_server.httpclient import HttpClient
+from search_server.httpclient import Endpoint, HttpClient, Response
+from search_server.picking import Replica
 from tests.support import (
     DataServerFactory,
     FakeClock,
     eventually,
+    frequent_terms,
     instance_of,
     make_instance,
     sample,
@@ -123,7 +126,7 @@ async def test_merges_the_top_k_of_one_replica_per_shard(
         assert [(hit["id"], hit["score"], hit["shard"]) for hit in result.hits] == expected
         assert all(hit["id"].startswith(f"s{hit['shard']}-") for hit in result.hits)
         assert all("title" in hit for hit in result.hits)  # the data server's fields are kept
-        assert result.shards == {"total": 3, "ok": 3, "failed": 0, "timed_out": 0}
+        assert result.shards == {"total": 3, "ok": 3, "failed": 0, "timed_out": 0, "cut": 0}
         assert result.partial is False
     assert trimmed > 0  # the merge really had to choose among more than k hits
 
@@ -157,7 +160,7 @@ async def test_draining_and_disabled_instances_are_not_queried(
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
-        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0}
+        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
         assert not result.partial
 
     assert _sample(registry, "shard_requests_total", result="error") == 0
@@ -185,7 +188,7 @@ async def test_a_failing_replica_is_retried_on_a_healthy_one(
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
-        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0}
+        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
         assert not result.partial
         assert all(hit["shard"] == 0 for hit in result.hits)
 
@@ -262,7 +265,7 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
             result, elapsed = await _timed(fanout, servers, timeout_ms)
             assert elapsed < timeout_ms / 1000 + SLACK
             assert result.partial
-            assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1}
+            assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1, "cut": 0}
             assert all(hit["shard"] == 1 for hit in result.hits)
         assert fanout.ejected() == {"ds-hung"}
         assert _sample(registry, "shard_requests_total", result="timeout") == 3
@@ -271,14 +274,14 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
         result, elapsed = await _timed(fanout, servers, timeout_ms)
         assert elapsed < timeout_ms / 1000
         assert result.partial
-        assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0}
+        assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0, "cut": 0}
         assert _sample(registry, "shard_requests_total", result="timeout") == 3
 
         # After the cool-down it is tried again, and one more timeout re-ejects it.
         clock.advance(30)
         result, elapsed = await _timed(fanout, servers, timeout_ms)
         assert elapsed < timeout_ms / 1000 + SLACK
-        assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1}
+        assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1, "cut": 0}
         assert fanout.ejected() == {"ds-hung"}
         assert _sample(registry, "ejections_total") == 2
         assert _sample(registry, "queries_total", outcome="partial") == 5
@@ -350,7 +353,7 @@ async def test_an_answer_for_another_shard_is_a_failure(
 
     result = await fanout.search([stale], QUERIES[0], 10, 5000)
 
-    assert result.shards == {"total": 1, "ok": 0, "failed": 1, "timed_out": 0}
+    assert result.shards == {"total": 1, "ok": 0, "failed": 1, "timed_out": 0, "cut": 0}
     assert result.hits == []
     assert result.partial
 
@@ -360,7 +363,13 @@ async def test_no_servers_and_bad_arguments(
 ) -> None:
     fanout = FanOut(client, registry=registry)
     result = await fanout.search([], "anything", 10, 100)
-    assert result.to_dict()["shards"] == {"total": 0, "ok": 0, "failed": 0, "timed_out": 0}
+    assert result.to_dict()["shards"] == {
+        "total": 0,
+        "ok": 0,
+        "failed": 0,
+        "timed_out": 0,
+        "cut": 0,
+    }
     assert not result.partial
     with pytest.raises(ValueError, match="k must be"):
         await fanout.search([], "anything", 0, 100)
@@ -404,21 +413,21 @@ async def test_a_shards_last_replica_is_probed_while_ejected(
     await _set_fault(http, stalled, mode="hang")
     for _ in range(3):
         result, _elapsed = await _timed(fanout, servers, timeout_ms)
-        assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1}
+        assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1, "cut": 0}
     assert fanout.ejected() == {"ds-stalled"}
 
     # Within the probe interval: the shard fails at once, as before.
     result, elapsed = await _timed(fanout, servers, timeout_ms)
-    assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0}
+    assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0, "cut": 0}
     assert elapsed < timeout_ms / 1000
 
     # A probe to a replica still hung costs that query its deadline, and only that one.
     clock.advance(1)
     result, elapsed = await _timed(fanout, servers, timeout_ms)
-    assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1}
+    assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1, "cut": 0}
     assert elapsed < timeout_ms / 1000 + SLACK
     result, elapsed = await _timed(fanout, servers, timeout_ms)
-    assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0}
+    assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0, "cut": 0}
     assert elapsed < timeout_ms / 1000
     assert fanout.ejected() == {"ds-stalled"}
 
@@ -432,7 +441,7 @@ async def test_a_shards_last_replica_is_probed_while_ejected(
     clock.advance(1)
     result, _elapsed = await _timed(fanout, servers, timeout_ms)
     assert not result.partial
-    assert result.shards == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0}
+    assert result.shards == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0, "cut": 0}
     assert fanout.ejected() == set()
     result, _elapsed = await _timed(fanout, servers, timeout_ms)
     assert not result.partial
@@ -458,3 +467,96 @@ async def test_one_server_can_always_be_ejected(
     fanout = FanOut(client, registry=registry, eject_after=1, max_ejected_share=0.1)
     await fanout.search([_stopped("ds-alone", shard=0)], QUERIES[0], 10, 2000)
     assert fanout.ejected() == {"ds-alone"}
+
+
+class _Recording:
+    """The fan-out's sub-request client, recording each request it sends: the port,
+    the query's parameters and when (the loop's clock)."""
+
+    def __init__(self, client: HttpClient) -> None:
+        self._client = client
+        self.sent: list[tuple[int, dict[str, list[str]], float]] = []
+
+    def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
+        query = parse_qs(urlsplit(target.decode("ascii")).query)
+        self.sent.append((endpoint.port, query, asyncio.get_running_loop().time()))
+        return self._client.get(endpoint, target)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class _Prefer:
+    """Picks the replica of the given instance id whenever it is a candidate."""
+
+    def __init__(self, instance_id: str) -> None:
+        self._id = instance_id
+
+    def pick(self, candidates: Sequence[Replica]) -> Replica:
+        return next((r for r in candidates if r.instance.id == self._id), candidates[0])
+
+
+async def test_each_attempt_carries_the_budget_left_when_it_is_sent(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    late, healthy = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-late"),
+        make_data_server(shard=0, replica=1, instance_id="ds-healthy"),
+    )
+    # Held 1.85 s before it searches: past its budget of 2 s less the 10 % margin, so
+    # it answers 504, and the fan-out retries on the other replica with what is left.
+    await _set_fault(http, late, mode="slow", delay_ms=1850)
+    recording = _Recording(client)
+    fanout = FanOut(recording, registry=registry, picker=_Prefer("ds-late"), eject_after=1000)
+
+    result = await fanout.search([instance_of(late), instance_of(healthy)], QUERIES[0], 10, 2000)
+
+    assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+    assert _sample(registry, "retries_total") == 1
+    (first_port, first, first_sent), (retry_port, retry, retry_sent) = recording.sent
+    assert (first_port, retry_port) == (late.port, healthy.port)
+    assert first["q"] == retry["q"] == [QUERIES[0]]
+    assert first["k"] == retry["k"] == ["10"]
+    first_budget, retry_budget = int(first["timeout_ms"][0]), int(retry["timeout_ms"][0])
+    assert 1990 <= first_budget <= 2000
+    # What was left when the retry was sent, to the millisecond, rounded down.
+    waited_ms = (retry_sent - first_sent) * 1000
+    assert waited_ms >= 1850
+    assert first_budget - waited_ms - 1 <= retry_budget <= first_budget - waited_ms + 1
+    assert retry_budget < 150
+
+
+async def test_a_cut_answer_counts_as_answered_but_makes_the_result_partial(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    big, small = await asyncio.gather(
+        make_data_server(shard=0, instance_id="ds-big", docs=20_000),
+        make_data_server(shard=1, instance_id="ds-small"),
+    )
+    assert big.index is not None
+    worst = frequent_terms(big.index, 150)  # about 100 ms of work on the big shard
+    servers = [instance_of(big), instance_of(small)]
+    fanout = FanOut(client, registry=registry)
+    # Held 1.78 s of its 2 s budget (1.8 s less the margin): 20 ms are left to search,
+    # and the answer, cut, still has 200 ms to arrive.
+    await _set_fault(http, big, mode="slow", delay_ms=1780)
+
+    result = await fanout.search(servers, worst, 10, 2000)
+
+    assert result.shards == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0, "cut": 1}
+    assert result.partial
+    assert len(result.hits) == 10
+    assert _sample(registry, "queries_total", outcome="partial") == 1
+    assert _sample(registry, "shard_requests_total", result="ok") == 2
+    assert sample(big.registry, "data_server_search_cut_total", answer="hits") == 1
+
+    await _set_fault(http, big, mode="none")
+    result = await fanout.search(servers, worst, 10, 5000)
+    assert result.shards == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0, "cut": 0}
+    assert not result.partial

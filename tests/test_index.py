@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import math
 import random
@@ -11,6 +13,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from data_server.corpus import (
     MAX_DOC_TOKENS,
@@ -23,6 +27,8 @@ from data_server.corpus import (
     vocabulary,
 )
 from data_server.index import BM25_B, BM25_K1, Hit, InvertedIndex, tokenize
+from data_server.searching import run_search, work_deadline
+from tests.support import frequent_terms
 
 
 def doc(doc_id: str, text: str, title: str = "") -> Document:
@@ -393,3 +399,192 @@ def test_counts_and_empty_index() -> None:
 def test_duplicate_ids_are_rejected() -> None:
     with pytest.raises(ValueError, match="duplicate document id 'a'"):
         InvertedIndex([doc("a", "one"), doc("b", "two"), doc("a", "three")])
+
+
+# --- pruning, slices and deadlines -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shard() -> InvertedIndex:
+    return InvertedIndex(generate_documents(2000, shard=4))
+
+
+# Zipf-like: a word's weight is its number of copies, so documents share frequent words
+# (ties, long postings, queries that close early) and differ in rare ones.
+_WORDS = [word for rank, word in enumerate("abcdefghij") for _ in range(10 // (rank + 1))]
+
+
+@st.composite
+def corpora(draw: st.DrawFn) -> list[Document]:
+    count = draw(st.integers(1, 30))
+    documents = []
+    for n in range(count):
+        if draw(st.booleans()):
+            tokens = draw(st.lists(st.sampled_from(_WORDS), max_size=25))
+        else:
+            # Short documents of repeated words: a term's bound (its largest frequency
+            # in the shortest document) is then nearly reached, so a document can win
+            # on the terms read last alone.
+            runs = draw(st.lists(st.tuples(st.sampled_from(_WORDS), st.integers(1, 6)), max_size=4))
+            tokens = [word for word, times in runs for _ in range(times)]
+        if draw(st.integers(0, 15)) == 0:
+            # Past the packed 8-bit frequency: the side table and its bound.
+            tokens += [draw(st.sampled_from(_WORDS))] * draw(st.integers(250, 300))
+        documents.append(doc(f"d{n:02}", " ".join(tokens), title=draw(st.sampled_from("xy"))))
+    # Identical documents make exact ties, broken by id.
+    copies = draw(st.integers(0, 3))
+    documents += [dataclasses.replace(documents[0], id=f"z{n}") for n in range(copies)]
+    return documents
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=400)
+@given(
+    documents=corpora(),
+    words=st.lists(st.sampled_from([*"abcdefghij", "unknown"]), max_size=12),
+    k=st.integers(0, 12),
+    quota=st.integers(1, 40),
+)
+def test_pruned_search_equals_the_exhaustive_one(
+    documents: list[Document], words: list[str], k: int, quota: int
+) -> None:
+    index = InvertedIndex(documents)
+    query = " ".join(words)
+    expected = index.search_exhaustive(query, k)
+
+    hits = index.search(query, k)
+
+    assert [h.id for h in hits] == [h.id for h in expected]
+    assert [h.title for h in hits] == [h.title for h in expected]
+    assert [h.score for h in hits] == pytest.approx([h.score for h in expected], rel=1e-12)
+    # In small steps, the same answer; before it, best-so-far lists of partial scores
+    # (lower bounds of the documents' scores), best first.
+    every_score = {h.id: h.score for h in index.search_exhaustive(query, len(documents))}
+    search = index.start_search(query, k)
+    while not search.step(quota):
+        partial = search.hits()
+        assert len(partial) <= k
+        assert [h.score for h in partial] == sorted((h.score for h in partial), reverse=True)
+        assert all(h.score <= every_score[h.id] * (1 + 1e-12) for h in partial)
+    assert search.hits() == hits
+
+
+def test_pruning_reads_a_fraction_of_a_frequent_term_query(shard: InvertedIndex) -> None:
+    query = frequent_terms(shard, 150)
+    search = shard.start_search(query, 10)
+    while not search.step(1 << 20):
+        pass
+    # The exhaustive search reads every posting of the query's terms; pruning stops
+    # reading most of those of the frequent ones and looks documents up instead.
+    assert search.lookups > 0
+    assert search.postings_read + search.lookups < 0.75 * search.posting_volume
+    expected = shard.search_exhaustive(query, 10)
+    assert [h.id for h in search.hits()] == [h.id for h in expected]
+    assert [h.score for h in search.hits()] == pytest.approx([h.score for h in expected])
+
+
+def test_a_document_can_win_on_the_terms_read_last_alone() -> None:
+    # "rare" is read first (the larger bound): after it the best score is the long
+    # document's, 0.83, and the bound of "common" is 0.87, reached by the short document
+    # that has no "rare" at all. Closing the query to new documents any earlier (at a
+    # bound 5% above the best score) would miss the winner.
+    filler = " ".join(f"filler{n}" for n in range(30))
+    index = InvertedIndex(
+        [doc("long", f"rare {filler}"), doc("short", "common common"), doc("o", f"common {filler}")]
+    )
+    assert [h.id for h in index.search("common rare", 1)] == ["short"]
+    assert index.search("common rare", 3) == index.search_exhaustive("common rare", 3)
+
+
+@pytest.mark.parametrize(
+    ("texts", "query", "k"),
+    [
+        (["d b h e", "h", "d h f e"], "g d h f e b", 3),
+        (["e a a c a b b", "b a b e b c a"], "g f c h a b d", 2),
+        (["f g h c", "c h b d"], "h d e b f a c g", 1),
+        # These two need the slack: the sums in reading order are a bit apart, in the
+        # opposite order of the exhaustive search's.
+        (
+            [
+                "a a h a b h g",
+                "g a f h c a c e",
+                "c a g h b a g f",
+                "f f h",
+                "d g c e d b f",
+                "c h e d",
+            ],
+            "f b g c e h a",
+            5,
+        ),
+        (["h f e", "b f a", "f b d", "d h g f", "h b h g e h", "g c h"], "g b c d a e", 1),
+    ],
+)
+def test_sums_in_reading_order_do_not_reorder_near_ties(
+    texts: list[str], query: str, k: int
+) -> None:
+    # Found by search: documents whose scores, summed in the pruned search's reading
+    # order, tie or swap where the exhaustive search's sums (query order) differ in the
+    # last bit. The candidates within the slack of a neighbour are rescored.
+    index = InvertedIndex([doc(f"d{n}", text) for n, text in enumerate(texts)])
+    hits, expected = index.search(query, k), index.search_exhaustive(query, k)
+    assert [h.id for h in hits] == [h.id for h in expected]
+    assert [h.score for h in hits] == pytest.approx([h.score for h in expected], rel=1e-12)
+
+
+def test_a_search_advances_in_bounded_steps(shard: InvertedIndex) -> None:
+    query = frequent_terms(shard, 150)
+    search = shard.start_search(query, 10)
+    assert search.work == 0  # starting reads nothing
+    quota = 1000
+    steps = 1
+    before = 0
+    while not search.step(quota):
+        # A step may overrun its quota by one operation on the scores accumulated so
+        # far (at most one per document).
+        assert search.work - before <= quota + shard.document_count
+        before = search.work
+        steps += 1
+        partial = search.hits()
+        assert 0 < len(partial) <= 10
+        assert not search.done
+    assert search.done
+    assert steps >= search.posting_volume // (4 * quota)
+    assert search.step(quota)  # done stays done
+    assert search.hits() == shard.search(query, 10)
+
+
+async def test_run_search_stops_at_the_deadline_with_the_best_so_far(
+    shard: InvertedIndex,
+) -> None:
+    query = frequent_terms(shard, 150)
+    ticks = itertools.count()
+
+    def clock() -> float:
+        return next(ticks) / 1000  # every reading is a millisecond later
+
+    search = shard.start_search(query, 10)
+    outcome = await run_search(search, 0.0035, clock=clock, slice_work=1000)
+
+    # Read at 0 and 1 ms (first slice), 2 ms after the yield, 3 and 4 ms (second slice):
+    # past the deadline.
+    assert outcome.cut
+    assert outcome.slices == 2
+    assert outcome.longest_slice == pytest.approx(0.001)
+    assert not search.done
+    assert outcome.hits == search.hits()
+    assert 0 < len(outcome.hits) <= 10
+    every_score = {h.id: h.score for h in shard.search_exhaustive(query, 2000)}
+    assert all(h.score <= every_score[h.id] * (1 + 1e-12) for h in outcome.hits)
+
+    normal = sample_queries(1, variant=3)[0]
+    done = await run_search(shard.start_search(normal, 10), 10.0, clock=clock)
+    assert not done.cut
+    assert done.slices == 1  # an ordinary query never yields
+    assert done.hits == shard.search(normal, 10)
+
+
+def test_the_work_deadline_keeps_a_margin_for_the_answer() -> None:
+    # A tenth of the budget, at least 5 ms, at most half of it.
+    assert work_deadline(100.0, 1000) == pytest.approx(100.9)
+    assert work_deadline(100.0, 20) == pytest.approx(100.015)
+    assert work_deadline(100.0, 4) == pytest.approx(100.002)
+    assert work_deadline(100.0, 1) == pytest.approx(100.0005)

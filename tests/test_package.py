@@ -135,7 +135,9 @@ async def test_installed_servers_register_lead_and_answer_a_query(
                         body = await response.json()
                 except aiohttp.ClientError:
                     return False
-                return bool(body["shards"] == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0})
+                return bool(
+                    body["shards"] == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+                )
 
             await eventually(answers, timeout=60, message="the installed cluster answers")
             status = _run(installed, "discovery", "status", "--zk", zk_hosts, *common[2:])

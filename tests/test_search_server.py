@@ -70,7 +70,7 @@ async def test_three_search_servers_one_leader_same_list(
     for server in search:
         status, body = await get_json(f"{server.url}/search", q=sample_queries(1, variant=6)[0])
         assert status == 200
-        assert body["shards"] == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0}
+        assert body["shards"] == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0, "cut": 0}
         assert body["partial"] is False
     assert data
 
@@ -273,7 +273,7 @@ async def test_hung_data_server_never_stalls_a_query(
             assert body["shards"]["timed_out"] + body["shards"]["failed"] == 1
         else:
             # Complete again only once the hung server is out of the list.
-            assert body["shards"] == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0}
+            assert body["shards"] == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
             break
     else:
         pytest.fail("timed out after 20s waiting for the hung server to leave the live list")
