@@ -183,7 +183,8 @@ async def test_the_header_timeout_spares_idle_kept_alive_connections_and_slow_re
         ) as response,
     ):
         assert response.status == 200
-    search = b"GET /search?q=a HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    # A budget longer than the injected delay: the search answers, late.
+    search = b"GET /search?q=a&timeout_ms=10000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     async with _connection(_port(server)) as (reader, writer):
         # Pipelined: the second head is complete while the first request is still in
         # the application, longer than the timeout; neither is cut.
@@ -219,7 +220,7 @@ async def test_a_head_sent_behind_a_slow_request_is_timed_once_that_request_ends
     ):
         assert response.status == 200
     async with _connection(_port(server)) as (reader, writer):
-        writer.write(b"GET /search?q=a HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        writer.write(b"GET /search?q=a&timeout_ms=10000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         await writer.drain()
         # While the search runs, the next request's head starts, and then stalls: no
         # byte arrives after the search ends to start its clock.

@@ -35,7 +35,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
-from data_server.config import DataServerConfig
+from data_server.config import DEFAULT_SEARCH_TIMEOUT_MS, DataServerConfig
+from data_server.config import MAX_TIMEOUT_MS as DATA_MAX_TIMEOUT_MS
 from data_server.faults import Fault, FaultSpecError
 from data_server.server import MAX_K as DATA_MAX_K
 from data_server.server import DataServer
@@ -770,7 +771,13 @@ async def test_data_server_search_answers_200_or_a_counted_400(
     data_app: tuple[DataServer, TestClient[Any, Any]], params: dict[str, str]
 ) -> None:
     server, client = data_app
-    expected = _expected(params, max_k=DATA_MAX_K)
+    # The data server takes timeout_ms too: the budget the search server sends along.
+    expected = _expected(
+        params,
+        max_k=DATA_MAX_K,
+        default_timeout_ms=DEFAULT_SEARCH_TIMEOUT_MS,
+        max_timeout_ms=DATA_MAX_TIMEOUT_MS,
+    )
     body = await _check_search_answer(client, server.registry, params, expected, 200)
     if not isinstance(expected, BadRequestError):
         assert len(body["hits"]) <= expected.k
