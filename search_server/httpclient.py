@@ -68,9 +68,9 @@ Response = tuple[int, bytes]
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 #: Most headers one response may have.
 MAX_HEADERS = 100
-#: Most bytes of status line and headers together (names and values; CRLFs not counted).
+#: Most bytes of a response's head: status line and headers, with their CRLFs.
 MAX_HEAD_BYTES = 64 * 1024
-#: Most bytes of the status line's reason or of one header (name and value).
+#: Most bytes of the status line or of one header line (CRLF not counted).
 MAX_LINE_BYTES = 8 * 1024
 #: Most characters of a peer's bytes quoted in an error message or a log line.
 EXCERPT_CHARS = 200
@@ -80,6 +80,13 @@ EXCERPT_CHARS = 200
 # (with a %zone). Anything else (non-ASCII, whitespace, CR/LF, '/', '@'...) could
 # not be encoded, would end or inject a header, or is no host at all.
 _HOST = re.compile(r"[A-Za-z0-9._:%-]{1,255}")
+# The longest head that cannot break a limit, whatever it holds: 101 headers need at
+# least 4 bytes each ("a:" and CRLF) after a status line of 12 ("HTTP/1.1 200") and its
+# CRLF, and a blank line. Heads this short (most) need no search of the bytes.
+_SMALL_HEAD = 16 + 4 * MAX_HEADERS
+assert _SMALL_HEAD < MAX_LINE_BYTES
+# A header that frames the body (so that it does not run to EOF).
+_FRAMED = re.compile(rb"\r\n(?:content-length|transfer-encoding)[ \t]*:", re.IGNORECASE)
 
 
 def excerpt(data: bytes | str, limit: int = EXCERPT_CHARS) -> str:
@@ -189,15 +196,13 @@ class _Connection(asyncio.Protocol):
         "_client",
         "_endpoint",
         "_eof_body",
-        "_framed",
-        "_head",
-        "_headers",
+        "_head_buf",
+        "_head_seen",
         "_in_head",
         "_keep_alive",
         "_max_body",
         "_parser",
-        "_read_in_head",
-        "_size",
+        "_room",
         "_status",
         "_waiter",
         "idle_since",
@@ -213,21 +218,22 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[Response] | None = None
         self._body: list[bytes] = []
-        self._size = 0  # body bytes so far
-        self._head = 0  # status reason and header bytes so far
-        self._headers = 0
-        # Until on_headers_complete: bytes of the reads that ended inside the head.
-        # httptools keeps a header it has not finished in memory, so this bounds it.
+        self._room = self._max_body  # body bytes still allowed
+        # The head (status line and headers) is checked against the limits from the
+        # bytes read once its end is in (_check_head): with no on_header callback
+        # httptools keeps none of it, and per-header callbacks would cost the request
+        # path more than one search of the read. _in_head: httptools has not reached
+        # its end; _head_seen: its bytes in earlier reads, -1 once checked; _head_buf:
+        # those bytes, kept (at most MAX_HEAD_BYTES) only while a head spans reads.
         self._in_head = False
-        self._read_in_head = 0
+        self._head_seen = -1
+        self._head_buf: bytearray | None = None
         # Set by on_message_complete; -1 while the response is incomplete.
         self._status = -1
         self._keep_alive = False
         # A response without Content-Length or chunking ends at EOF: httptools has no
         # feed_eof, so the body read so far is the answer when the server closes.
-        # _framed: it has one of those headers, so an EOF before its end is a failure.
         self._eof_body = False
-        self._framed = False
         self.idle_since = 0.0
         self.pooled = False  # in the client's idle pool
 
@@ -243,17 +249,29 @@ class _Connection(asyncio.Protocol):
             # connection is out of step; drop it.
             self._break(f"{len(data)} bytes nobody asked for: {excerpt(data)}")
             return
+        unchecked = self._head_seen >= 0
         try:
             self._parser.feed_data(data)
         except Exception as exc:  # HttpParserError, HttpParserUpgrade, our _Violation
+            # A head over a limit is the reason even if what follows it is broken too.
+            if unchecked and not self._in_head and not self._check_head(data):
+                return
             self._parser_failed(exc, data)
             return
+        if unchecked:
+            if (
+                self._in_head
+                or self._head_seen
+                or self._eof_body
+                # This read less its body bytes: the head's size or more.
+                or len(data) - self._max_body + self._room > _SMALL_HEAD
+            ):
+                if not self._check_head(data):
+                    return
+            else:
+                self._head_seen = -1  # too short to break a limit
         if self._status >= 0:
             self._finish()
-        elif self._in_head:
-            self._read_in_head += len(data)
-            if self._read_in_head > MAX_HEAD_BYTES:
-                self._break(f"a response head over {MAX_HEAD_BYTES} bytes")
 
     def eof_received(self) -> bool | None:
         # Out of the pool at once, not when connection_lost comes a callback later.
@@ -279,39 +297,16 @@ class _Connection(asyncio.Protocol):
         if self._status >= 0:
             raise _Violation("a second response after the one asked for")
 
-    def on_status(self, status: bytes) -> None:
-        self._head += len(status)
-        if self._head > MAX_LINE_BYTES:
-            raise _Violation(f"a status line over {MAX_LINE_BYTES} bytes")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers += 1
-        size = len(name)
-        line = size + len(value)
-        self._head += line
-        if line > MAX_LINE_BYTES or self._head > MAX_HEAD_BYTES or self._headers > MAX_HEADERS:
-            if line > MAX_LINE_BYTES:
-                raise _Violation(f"a header over {MAX_LINE_BYTES} bytes: {excerpt(name, 60)}")
-            if self._headers > MAX_HEADERS:
-                raise _Violation(f"over {MAX_HEADERS} headers")
-            raise _Violation(f"headers over {MAX_HEAD_BYTES} bytes")
-        # The lengths of "content-length" and "transfer-encoding": one int compare for
-        # most headers.
-        if size == 14 or size == 17:
-            lowered = name.lower()
-            if lowered == b"content-length" or lowered == b"transfer-encoding":
-                self._framed = True
-
     def on_headers_complete(self) -> None:
         self._in_head = False
         # No length and not chunked: the body runs to EOF (httptools then keeps
-        # feeding on_body and never calls on_message_complete). A framed body cut by
-        # the server closing (Connection: close) is not an answer.
-        self._eof_body = not self._framed and not self._parser.should_keep_alive()
+        # feeding on_body and never calls on_message_complete). Connection: close
+        # says the same; _check_head tells them apart.
+        self._eof_body = not self._parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
-        self._size += len(body)
-        if self._size > self._max_body:
+        self._room -= len(body)
+        if self._room < 0:
             raise _Violation(f"a body over {self._max_body} bytes")
         self._body.append(body)
 
@@ -326,10 +321,12 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self._waiter = waiter
         self._body = []
-        self._size = self._head = self._headers = self._read_in_head = 0
+        self._room = self._max_body
+        self._head_seen = 0
+        self._head_buf = None
         self._status = -1
         self._in_head = True
-        self._eof_body = self._framed = False
+        self._eof_body = False
         waiter.add_done_callback(self._on_waiter_done)
         self.transport.write(request)
 
@@ -357,6 +354,66 @@ class _Connection(asyncio.Protocol):
             self.close()
         if waiter is not None and not waiter.done():
             waiter.set_result((status, body))
+
+    def _check_head(self, data: bytes) -> bool:
+        """Check this response's head against the limits once its end is read (until
+        then keep what was read of it, up to MAX_HEAD_BYTES); tell a body cut by EOF
+        from one that runs to EOF. False when the head broke a limit: the request
+        failed and the connection is closed."""
+        seen = self._head_seen
+        if self._in_head:
+            seen += len(data)
+            if seen > MAX_HEAD_BYTES:
+                self._break(f"a response head over {MAX_HEAD_BYTES} bytes")
+                return False
+            if self._head_buf is None:
+                self._head_buf = bytearray(data)
+            else:
+                self._head_buf += data
+            self._head_seen = seen
+            return True
+        self._head_seen = -1
+        head = data
+        if self._head_buf is not None:
+            head = bytes(self._head_buf) + data
+            self._head_buf = None
+        start = 0
+        if head[0] <= 13:  # httptools skips CR and LF before a status line
+            start = len(head) - len(head.lstrip(b"\r\n"))
+        # httptools wants CRLF line ends: the head ends at the first blank line.
+        end = head.find(b"\r\n\r\n", start)
+        if end < 0:
+            end = len(head)
+        if end - start > MAX_LINE_BYTES:
+            # Rare: only a head this long can hold a line over the limit.
+            if not self._check_lines(head[start:end]):
+                return False
+        elif head.count(b"\n", start, end) > MAX_HEADERS:  # one LF ends each but the last
+            self._break(f"over {MAX_HEADERS} headers")
+            return False
+        if self._eof_body and _FRAMED.search(head, start, end) is not None:
+            # Connection: close with a length or chunking: a body cut short is no answer.
+            self._eof_body = False
+        return True
+
+    def _check_lines(self, head: bytes) -> bool:
+        """The limits on a head of more than MAX_LINE_BYTES, line by line."""
+        if len(head) > MAX_HEAD_BYTES:
+            self._break(f"a response head over {MAX_HEAD_BYTES} bytes")
+            return False
+        lines = head.split(b"\r\n")
+        if len(lines) - 1 > MAX_HEADERS:
+            self._break(f"over {MAX_HEADERS} headers")
+            return False
+        if len(lines[0]) > MAX_LINE_BYTES:
+            self._break(f"a status line over {MAX_LINE_BYTES} bytes")
+            return False
+        for line in lines:
+            if len(line) > MAX_LINE_BYTES:
+                name = excerpt(line.partition(b":")[0], 60)
+                self._break(f"a header over {MAX_LINE_BYTES} bytes: {name}")
+                return False
+        return True
 
     def _parser_failed(self, exc: Exception, data: bytes) -> None:
         if isinstance(exc, httptools.HttpParserCallbackError):

@@ -470,7 +470,7 @@ async def test_too_many_headers_fail_the_request_and_the_connection(
             b"HTTP/1.1 200 OK\r\n"
             + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 4000) for i in range(17))
             + b"Content-Length: 0\r\n\r\n",
-            f"headers over {MAX_HEAD_BYTES} bytes",
+            f"a response head over {MAX_HEAD_BYTES} bytes",
         ),
     ],
     ids=["header", "status-line", "head"],
@@ -508,6 +508,60 @@ async def test_an_endless_header_is_cut_at_the_head_limit(
     await eventually(lambda: server.finished == 1, message="the connection closed")
     # What the kernel's loopback buffers took, not the 100 MiB on offer.
     assert server.sent < 25 * 2**20
+
+
+def with_headers(n: int, *, line: int = 8) -> bytes:
+    """A 200 answer ``ok`` with ``n`` headers, the last of ``line`` bytes (CRLF not counted)."""
+    headers = [b"Content-Length: 2"] + [b"X-H%03d: v" % i for i in range(n - 2)]
+    headers.append(b"X-Last: " + b"v" * (line - len(b"X-Last: ")))
+    return b"HTTP/1.1 200 OK\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\nok"
+
+
+def big_head(n: int) -> bytes:
+    """A 200 answer ``ok`` with ``n`` headers of 7,000 bytes: 9 fit in MAX_HEAD_BYTES."""
+    headers = b"".join(b"X-%d: %s\r\n" % (i, b"v" * 6994) for i in range(n))
+    return b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + headers + b"\r\nok"
+
+
+def paced(response: bytes, size: int) -> Handler:
+    """A handler writing ``response`` in pieces of ``size`` bytes, each in a read of its
+    own most of the time."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await reader.readuntil(b"\r\n\r\n")
+            for at in range(0, len(response), size):
+                writer.write(response[at : at + size])
+                await writer.drain()
+                await asyncio.sleep(0.001)  # ok-sleep: the peer's pace is what is under test
+
+    return handle
+
+
+@pytest.mark.parametrize("size", [97, 4000, 1 << 20], ids=["97B", "4000B", "whole"])
+async def test_the_head_limits_hold_however_the_head_is_split(
+    client: HttpClient, peers: list[StreamPeer], size: int
+) -> None:
+    cases = [
+        (with_headers(MAX_HEADERS), None),
+        (with_headers(MAX_HEADERS + 1), f"over {MAX_HEADERS} headers"),
+        (with_headers(3, line=MAX_LINE_BYTES), None),
+        (with_headers(3, line=MAX_LINE_BYTES + 1), f"a header over {MAX_LINE_BYTES} bytes"),
+        (big_head(9), None),
+        (big_head(10), f"a response head over {MAX_HEAD_BYTES} bytes"),
+    ]
+    for response, why in cases:
+        server, endpoint = await peer(peers, paced(response, size))
+        if why is None:
+            assert await client.get(endpoint, b"/") == (200, b"ok")
+            assert await client.get(endpoint, b"/") == (200, b"ok")
+            assert server.accepted == 1
+        else:
+            await fails(client.get(endpoint, b"/"), why)
+            await eventually(
+                lambda peer=server: peer.finished == 1, message="the connection closed"
+            )
+    assert client.pool_problems() == []
 
 
 INFORMATIONAL = {
