@@ -11,7 +11,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from data_server.corpus import sample_queries
+from search_server.fanout import FanOut
 from search_server.httpclient import (
     MAX_HEAD_BYTES,
     MAX_HEADERS,
@@ -22,7 +25,7 @@ from search_server.httpclient import (
     SubrequestClient,
     SubrequestError,
 )
-from tests.support import eventually, waited
+from tests.support import DataServerFactory, eventually, instance_of, make_instance, waited
 
 Answer = Callable[[bytes], bytes | None]
 
@@ -676,3 +679,27 @@ async def test_pool_problems_sees_a_connection_pooled_twice(
     pool.append(pool[0])  # what a double release would do
     assert any("pooled twice" in problem for problem in client.pool_problems())
     pool.pop()
+
+
+# -- through the fan-out -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("address", ["dätä.example", "a" * 70 + ".example", "evil\r\nX: 1"])
+async def test_a_replica_at_an_unusable_address_costs_only_its_own_requests(
+    make_data_server: DataServerFactory, client: HttpClient, address: str
+) -> None:
+    # Issue 21: one such registration made every query answer 500, as the routing table
+    # could not be built. Now its requests fail like a refused connection's: its shard
+    # is retried on its partner, a shard it alone serves fails, the others answer.
+    healthy = await make_data_server(shard=0, replica=0, instance_id="ds-healthy")
+    servers = [
+        instance_of(healthy),
+        make_instance("ds-bad-0", 9001, address=address, shard=0, replica=1),
+        make_instance("ds-bad-1", 9001, address=address, shard=1),
+    ]
+    fanout = FanOut(client, registry=CollectorRegistry(), eject_after=1000)
+    for query in sample_queries(5, variant=3):
+        result = await fanout.search(servers, query, 10, 5000)
+        assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0}
+        assert result.hits
+        assert all(hit["shard"] == 0 for hit in result.hits)
