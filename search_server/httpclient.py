@@ -447,13 +447,15 @@ class _Connection(asyncio.Protocol):
         self._fail(SubrequestError(f"{self._where()} sent {reason}"))
 
     def _fail(self, exc: SubrequestError) -> None:
-        self._body = []  # up to max_body of a refused answer: not kept until the next
+        # What was read of a refused answer (up to max_body) is not kept meanwhile.
+        self._body = []
+        self._head_buf = None
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
     def _where(self) -> str:
-        return f"{self._endpoint.host}:{self._endpoint.port}"
+        return self._endpoint.where
 
     def close(self) -> None:
         self._client._forget(self)
