@@ -4,6 +4,7 @@ keep-alive reuse, the framings of a response, and every way a connection can end
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import tracemalloc
@@ -284,6 +285,9 @@ class StreamPeer:
         finally:
             self._writers.discard(writer)
             writer.close()
+            # How the connection ended, retrieved (see tests/test_httpclient_fuzz.py).
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
             self.finished += 1
 
     async def start(self) -> Endpoint:
