@@ -13,20 +13,30 @@ The seam is :class:`SubrequestClient`; :class:`HttpClient` is its default. The p
 HTTP API of the search server stays aiohttp's server; only the outgoing sub-requests use
 this.
 
-Failure behaviour: a request's future fails with :class:`SubrequestError` (refused or
-broken connection, a response httptools cannot parse, a closed client) and never hangs
-by itself once its connection is gone; the caller bounds it with its deadline and
-cancels it, which closes that connection (its response may still arrive, so it cannot
-carry another request). Idle connections are dropped after ``idle_timeout`` (shorter
-than aiohttp servers' 75 s keep-alive, so a request is rarely written on a connection the
-server is closing) and when the server closes them.
+A data server is a participant, not a trusted peer: whatever one registers or sends
+costs at most its own sub-requests. An address that cannot be put in a request
+(:meth:`Endpoint.of` never raises) fails the requests sent there; answers are bounded
+(body ``max_body``, at most :data:`MAX_HEADERS` headers, :data:`MAX_HEAD_BYTES` of status
+line and headers, :data:`MAX_LINE_BYTES` per line); a connection that sends anything but
+one final response per request (a second response, bytes nobody asked for, a 1xx
+answer: we never send ``Expect``) is closed and never pooled again. Errors and log lines
+quote at most :data:`EXCERPT_CHARS` characters of what a data server sent.
+
+Failure behaviour: a request's future fails with :class:`SubrequestError` (an unusable
+address, refused or broken connection, any exception while connecting, a response
+httptools cannot parse or over a limit, a closed client) and never hangs by itself once
+its connection is gone; the caller bounds it with its deadline and cancels it, which
+closes that connection (its response may still arrive, so it cannot carry another
+request). Idle connections are dropped after ``idle_timeout`` (shorter than aiohttp
+servers' 75 s keep-alive, so a request is rarely written on a connection the server is
+closing) and when the server closes them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import re
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol, cast, runtime_checkable
@@ -35,17 +45,68 @@ import httptools
 
 from discovery.errors import DiscoveryError
 
-__all__ = ["Endpoint", "HttpClient", "Response", "SubrequestClient", "SubrequestError"]
+__all__ = [
+    "DEFAULT_MAX_BODY",
+    "EXCERPT_CHARS",
+    "MAX_HEADERS",
+    "MAX_HEAD_BYTES",
+    "MAX_LINE_BYTES",
+    "Endpoint",
+    "HttpClient",
+    "Response",
+    "SubrequestClient",
+    "SubrequestError",
+    "excerpt",
+]
 
 log = logging.getLogger(__name__)
 
 #: (status, body) of one answered sub-request.
 Response = tuple[int, bytes]
 
+#: Default cap of a response body (bytes): a data server's answer is k hits, kilobytes.
+DEFAULT_MAX_BODY = 8 * 1024 * 1024
+#: Most headers one response may have.
+MAX_HEADERS = 100
+#: Most bytes of a response's head: status line and headers, with their CRLFs.
+MAX_HEAD_BYTES = 64 * 1024
+#: Most bytes of the status line or of one header line (CRLF not counted).
+MAX_LINE_BYTES = 8 * 1024
+#: Most characters of a peer's bytes quoted in an error message or a log line.
+EXCERPT_CHARS = 200
+
+# What a host may hold to be written in a Host header and given to the resolver: DNS
+# names (underscores too, as some internal names have them), IPv4 and IPv6 literals
+# (with a %zone). Anything else (non-ASCII, whitespace, CR/LF, '/', '@'...) could
+# not be encoded, would end or inject a header, or is no host at all.
+_HOST = re.compile(r"[A-Za-z0-9._:%-]{1,255}")
+# The longest head that cannot break a limit, whatever it holds: 101 headers need at
+# least 4 bytes each ("a:" and CRLF) after a status line of 12 ("HTTP/1.1 200") and its
+# CRLF, and a blank line. Heads this short (most) need no search of the bytes.
+_SMALL_HEAD = 16 + 4 * MAX_HEADERS
+assert _SMALL_HEAD < MAX_LINE_BYTES
+# A header that frames the body (so that it does not run to EOF).
+_FRAMED = re.compile(rb"\r\n(?:content-length|transfer-encoding)[ \t]*:", re.IGNORECASE)
+
+
+def excerpt(data: bytes | str, limit: int = EXCERPT_CHARS) -> str:
+    """``repr`` of ``data`` cut to at most ``limit`` characters (``...`` marks a cut):
+    safe to put in a log line or an error whatever a peer sent."""
+    text = repr(data[:limit])
+    if len(text) > limit or len(data) > limit:
+        return text[: max(limit - 3, 0)] + "..."
+    return text
+
 
 class SubrequestError(DiscoveryError):
-    """A sub-request got no HTTP response: connection refused, reset or closed early, or
-    an answer that is not HTTP/1.1."""
+    """A sub-request got no usable HTTP response: an address that cannot be used,
+    connection refused, reset or closed early, an answer that is not HTTP/1.1 or is over
+    a limit."""
+
+
+class _Violation(Exception):
+    """Raised from a parser callback to stop parsing: the response breaks a limit or the
+    one-response-per-request rule. Its text is the reason given to the request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,18 +114,55 @@ class Endpoint:
     """Where a data server listens, with the request tail pre-encoded once.
 
     ``suffix`` ends every request line sent there (version, ``Host`` header, blank line).
+    ``problem`` says why no request can be sent there (then ``suffix`` is empty and
+    every request to it fails with :class:`SubrequestError`); ``None`` when usable.
     """
 
     host: str
     port: int
     suffix: bytes
+    problem: str | None = None
 
     @classmethod
     def of(cls, host: str, port: int) -> Endpoint:
-        authority = (
-            f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-        )
+        """The endpoint of ``host``/``port``; never raises (a registration is untrusted:
+        one that cannot be used fails its own requests, not the routing table)."""
+        problem = _unusable(host, port)
+        if problem is not None:
+            return cls(host, port, b"", problem)
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         return cls(host, port, f" HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode("ascii"))
+
+    @property
+    def where(self) -> str:
+        """``host:port`` for messages, the host quoted and cut if it is not a plain one."""
+        if self.problem is None:
+            return f"{self.host}:{self.port}"
+        return f"{excerpt(self.host)}:{excerpt(str(self.port), 20)}"
+
+
+def _unusable(host: object, port: object) -> str | None:
+    """Why no request can go to ``host``/``port``, or ``None``."""
+    if type(port) is not int or not 0 < port < 65536:
+        # uvloop would wrap 70000 round to 4464: refuse rather than reach another server.
+        return f"port {excerpt(repr(port), 40)} is not an integer in 1-65535"
+    if not isinstance(host, str):
+        return f"host {excerpt(repr(host), 60)} is not a string"
+    if _HOST.fullmatch(host) is not None:
+        return None
+    if not host:
+        return "the host is empty"
+    if len(host) > 255:
+        return f"the host is {len(host)} characters long (at most 255)"
+    if not host.isascii():
+        return (
+            f"host {excerpt(host)} is not ASCII (register an internationalised name in "
+            "its xn-- form)"
+        )
+    bad = next(c for c in host if _HOST.fullmatch(c) is None)
+    if not bad.isprintable() or bad.isspace():
+        return f"host {excerpt(host)} holds whitespace or control characters"
+    return f"host {excerpt(host)} holds {bad!r}, not allowed in a host name or address"
 
 
 @runtime_checkable
@@ -86,30 +184,58 @@ class SubrequestClient(Protocol):
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection: at most one request in flight (no pipelining)."""
+    """One keep-alive connection: at most one request in flight (no pipelining).
+
+    A response is handled when ``feed_data`` returns, not in ``on_message_complete``:
+    bytes after it in the same read (a second response) must break the connection
+    before it can be pooled.
+    """
 
     __slots__ = (
         "_body",
         "_client",
         "_endpoint",
         "_eof_body",
+        "_head_buf",
+        "_head_seen",
+        "_in_head",
+        "_keep_alive",
+        "_max_body",
         "_parser",
+        "_room",
+        "_status",
         "_waiter",
         "idle_since",
+        "pooled",
         "transport",
     )
 
     def __init__(self, client: HttpClient, endpoint: Endpoint) -> None:
         self._client = client
         self._endpoint = endpoint
+        self._max_body = client.max_body
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
-        self._body: list[bytes] = []
         self._waiter: asyncio.Future[Response] | None = None
+        self._body: list[bytes] = []
+        self._room = self._max_body  # body bytes still allowed
+        # The head (status line and headers) is checked against the limits from the
+        # bytes read once its end is in (_check_head): with no on_header callback
+        # httptools keeps none of it, and per-header callbacks would cost the request
+        # path more than one search of the read. _in_head: httptools has not reached
+        # its end; _head_seen: its bytes in earlier reads, -1 once checked; _head_buf:
+        # those bytes, kept (at most MAX_HEAD_BYTES) only while a head spans reads.
+        self._in_head = False
+        self._head_seen = -1
+        self._head_buf: bytearray | None = None
+        # Set by on_message_complete; -1 while the response is incomplete.
+        self._status = -1
+        self._keep_alive = False
         # A response without Content-Length or chunking ends at EOF: httptools has no
         # feed_eof, so the body read so far is the answer when the server closes.
         self._eof_body = False
         self.idle_since = 0.0
+        self.pooled = False  # in the client's idle pool
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -119,38 +245,75 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._waiter is None:
-            # Bytes nobody asked for: the connection is out of step; drop it.
-            self.close()
+            # Bytes nobody asked for (after an answer, or on an idle connection): the
+            # connection is out of step; drop it.
+            self._break(f"{len(data)} bytes nobody asked for: {excerpt(data)}")
             return
+        unchecked = self._head_seen >= 0
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(SubrequestError(f"unparseable response from {self._where()}: {exc}"))
-            self.close()
+        except Exception as exc:  # HttpParserError, HttpParserUpgrade, our _Violation
+            # A head over a limit is the reason even if what follows it is broken too.
+            if unchecked and not self._in_head and not self._check_head(data):
+                return
+            self._parser_failed(exc, data)
+            return
+        if unchecked:
+            if (
+                self._in_head
+                or self._head_seen
+                or self._eof_body
+                # This read less its body bytes: the head's size or more.
+                or len(data) - self._max_body + self._room > _SMALL_HEAD
+            ):
+                if not self._check_head(data):
+                    return
+            else:
+                self._head_seen = -1  # too short to break a limit
+        if self._status >= 0:
+            self._finish()
+
+    def eof_received(self) -> bool | None:
+        # Out of the pool at once, not when connection_lost comes a callback later.
+        self._client._forget(self)
+        return None  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        self._client._forget(self._endpoint, self)
+        self._client._forget(self)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             if self._eof_body:
-                self._complete(keep_alive=False)
+                self._status = self._parser.get_status_code()
+                self._keep_alive = False
+                self._finish()
             else:
-                reason = f": {exc}" if exc is not None else ""
+                reason = f": {excerpt(str(exc))}" if exc is not None else ""
                 self._fail(SubrequestError(f"{self._where()} closed the connection{reason}"))
 
-    # -- httptools callbacks ---------------------------------------------------------
+    # -- httptools callbacks (raising stops the parser: see _parser_failed) ----------
+
+    def on_message_begin(self) -> None:
+        if self._status >= 0:
+            raise _Violation("a second response after the one asked for")
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         # No length and not chunked: the body runs to EOF (httptools then keeps
-        # feeding on_body and never calls on_message_complete).
+        # feeding on_body and never calls on_message_complete). Connection: close
+        # says the same; _check_head tells them apart.
         self._eof_body = not self._parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
+        self._room -= len(body)
+        if self._room < 0:
+            raise _Violation(f"a body over {self._max_body} bytes")
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self._complete(keep_alive=self._parser.should_keep_alive())
+        # Read both now: llhttp clears the message's flags once it is complete.
+        self._keep_alive = self._parser.should_keep_alive()
+        self._status = self._parser.get_status_code()
 
     # -- requests --------------------------------------------------------------------
 
@@ -158,6 +321,11 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self._waiter = waiter
         self._body = []
+        self._room = self._max_body
+        self._head_seen = 0
+        self._head_buf = None
+        self._status = -1
+        self._in_head = True
         self._eof_body = False
         waiter.add_done_callback(self._on_waiter_done)
         self.transport.write(request)
@@ -169,27 +337,128 @@ class _Connection(asyncio.Protocol):
             self._waiter = None
             self.close()
 
-    def _complete(self, *, keep_alive: bool) -> None:
+    def _finish(self) -> None:
+        """A whole response arrived (or ended at EOF): answer it, pool or close."""
         waiter, self._waiter = self._waiter, None
+        status = self._status
         body = b"".join(self._body) if len(self._body) != 1 else self._body[0]
         self._body = []
-        status = self._parser.get_status_code()
-        if keep_alive and self.transport is not None and not self.transport.is_closing():
+        if status < 200:
+            self._waiter = waiter
+            self._break(f"an unexpected informational response {status} (no Expect was sent)")
+            return
+        transport = self.transport
+        if self._keep_alive and transport is not None and not transport.is_closing():
             self._client._release(self._endpoint, self)
         else:
             self.close()
         if waiter is not None and not waiter.done():
             waiter.set_result((status, body))
 
+    def _check_head(self, data: bytes) -> bool:
+        """Check this response's head against the limits once its end is read (until
+        then keep what was read of it, up to MAX_HEAD_BYTES); tell a body cut by EOF
+        from one that runs to EOF. False when the head broke a limit: the request
+        failed and the connection is closed."""
+        seen = self._head_seen
+        if self._in_head:
+            seen += len(data)
+            if seen > MAX_HEAD_BYTES:
+                self._break(f"a response head over {MAX_HEAD_BYTES} bytes")
+                return False
+            if self._head_buf is None:
+                self._head_buf = bytearray(data)
+            else:
+                self._head_buf += data
+            self._head_seen = seen
+            return True
+        self._head_seen = -1
+        head = data
+        if self._head_buf is not None:
+            head = bytes(self._head_buf) + data
+            self._head_buf = None
+        start = 0
+        if head[0] <= 13:  # httptools skips CR and LF before a status line
+            start = len(head) - len(head.lstrip(b"\r\n"))
+        # httptools wants CRLF line ends: the head ends at the first blank line.
+        end = head.find(b"\r\n\r\n", start)
+        if end < 0:
+            end = len(head)
+        if end - start > MAX_LINE_BYTES:
+            # Rare: only a head this long can hold a line over the limit.
+            if not self._check_lines(head[start:end]):
+                return False
+        elif head.count(b"\n", start, end) > MAX_HEADERS:  # one LF ends each but the last
+            self._break(f"over {MAX_HEADERS} headers")
+            return False
+        if self._eof_body and _FRAMED.search(head, start, end) is not None:
+            # Connection: close with a length or chunking: a body cut short is no answer.
+            self._eof_body = False
+        return True
+
+    def _check_lines(self, head: bytes) -> bool:
+        """The limits on a head of more than MAX_LINE_BYTES, line by line."""
+        if len(head) > MAX_HEAD_BYTES:
+            self._break(f"a response head over {MAX_HEAD_BYTES} bytes")
+            return False
+        lines = head.split(b"\r\n")
+        if len(lines) - 1 > MAX_HEADERS:
+            self._break(f"over {MAX_HEADERS} headers")
+            return False
+        if len(lines[0]) > MAX_LINE_BYTES:
+            self._break(f"a status line over {MAX_LINE_BYTES} bytes")
+            return False
+        for line in lines:
+            if len(line) > MAX_LINE_BYTES:
+                name = excerpt(line.partition(b":")[0], 60)
+                self._break(f"a header over {MAX_LINE_BYTES} bytes: {name}")
+                return False
+        return True
+
+    def _parser_failed(self, exc: Exception, data: bytes) -> None:
+        if isinstance(exc, httptools.HttpParserCallbackError):
+            cause = exc.__context__
+            if isinstance(cause, _Violation):
+                reason = str(cause)
+            else:  # a bug of ours in a callback: still only this request's problem
+                self._client._unexpected(cause or exc, self._where())
+                reason = f"a response our parser failed on ({type(cause or exc).__name__})"
+        elif isinstance(exc, httptools.HttpParserUpgrade):
+            reason = "a protocol upgrade"
+        elif isinstance(exc, httptools.HttpParserError):
+            reason = f"an unparseable response ({excerpt(str(exc), 80)}) in {excerpt(data)}"
+        else:
+            self._client._unexpected(exc, self._where())
+            reason = f"a response our parser failed on ({type(exc).__name__})"
+        if 0 <= self._status < 200:
+            reason = f"an unexpected informational response {self._status} (no Expect was sent)"
+        elif self._status >= 200:
+            # The answer was whole before the bytes that broke the parser: it stands,
+            # the connection does not.
+            log.debug("%s sent %s after a response; closing", self._where(), reason)
+            self._keep_alive = False
+            self._finish()
+            return
+        self._break(reason)
+
+    def _break(self, reason: str) -> None:
+        """Close the connection, failing its request with ``reason``."""
+        self.close()
+        self._fail(SubrequestError(f"{self._where()} sent {reason}"))
+
     def _fail(self, exc: SubrequestError) -> None:
+        # What was read of a refused answer (up to max_body) is not kept meanwhile.
+        self._body = []
+        self._head_buf = None
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
     def _where(self) -> str:
-        return f"{self._endpoint.host}:{self._endpoint.port}"
+        return self._endpoint.where
 
     def close(self) -> None:
+        self._client._forget(self)
         if self.transport is not None:
             self.transport.close()
 
@@ -199,10 +468,13 @@ class HttpClient:
 
     One request per connection at a time; an idle connection is reused (most recent
     first), a new one opened when none is idle. At most ``max_idle`` idle connections
-    are kept per endpoint, each for at most ``idle_timeout`` seconds. Runs on the loop
-    it is used from and is not thread-safe. ``connect_timeout`` bounds opening a
-    connection on top of the caller's own deadline. Close with :meth:`aclose` (or use
-    ``async with``).
+    are kept per endpoint, each for at most ``idle_timeout`` seconds. A response body
+    over ``max_body`` bytes fails its request. Runs on the loop it is used from and is
+    not thread-safe. ``connect_timeout`` bounds opening a connection on top of the
+    caller's own deadline. Close with :meth:`aclose` (or use ``async with``).
+
+    Raises ``ValueError`` for a negative ``max_idle``, a ``max_body`` below 1 or a
+    timeout that is not positive.
     """
 
     def __init__(
@@ -211,11 +483,17 @@ class HttpClient:
         max_idle: int = 32,
         idle_timeout: float = 30.0,
         connect_timeout: float = 5.0,
+        max_body: int = DEFAULT_MAX_BODY,
     ) -> None:
         if max_idle < 0:
             raise ValueError(f"max_idle must be >= 0, got {max_idle}")
         if not idle_timeout > 0:
             raise ValueError(f"idle_timeout must be > 0 seconds, got {idle_timeout}")
+        if not connect_timeout > 0:
+            raise ValueError(f"connect_timeout must be > 0 seconds, got {connect_timeout}")
+        if max_body < 1:
+            raise ValueError(f"max_body must be >= 1 byte, got {max_body}")
+        self.max_body = max_body
         self._max_idle = max_idle
         self._idle_timeout = idle_timeout
         self._connect_timeout = connect_timeout
@@ -224,6 +502,8 @@ class HttpClient:
         self._busy: set[_Connection] = set()
         self._connecting: set[asyncio.Task[None]] = set()
         self._closed = False
+        # Exception types met where none was expected, each logged once at warning.
+        self._unexpected_types: set[type[BaseException]] = set()
 
     async def __aenter__(self) -> HttpClient:
         return self
@@ -236,27 +516,71 @@ class HttpClient:
         """Connections open and waiting for a request."""
         return sum(len(pool) for pool in self._idle.values())
 
+    def pool_problems(self) -> list[str]:
+        """What breaks the idle pool's invariants, for tests and debugging (empty when
+        sound): a connection pooled twice, a pooled connection that is closed or closing,
+        has a request or is also busy, or sits under another endpoint. Walks every
+        connection; not for the request path."""
+        problems: list[str] = []
+        seen: set[int] = set()
+        for key, pool in self._idle.items():
+            if not pool:
+                problems.append(f"an empty pool is kept for {key!r}")
+            for connection in pool:
+                name = f"connection {id(connection):#x} to {connection._where()}"
+                if id(connection) in seen:
+                    problems.append(f"{name} is pooled twice")
+                seen.add(id(connection))
+                transport = connection.transport
+                if transport is None or transport.is_closing():
+                    problems.append(f"{name} is pooled but closed")
+                if connection._waiter is not None:
+                    problems.append(f"{name} is pooled with a request in flight")
+                if connection in self._busy:
+                    problems.append(f"{name} is pooled and busy")
+                if not connection.pooled:
+                    problems.append(f"{name} is pooled but not marked so")
+                if connection._endpoint.suffix != key:
+                    problems.append(f"{name} is pooled under another endpoint")
+        for connection in self._busy:
+            if connection.pooled:
+                problems.append(f"connection {id(connection):#x} is busy but marked pooled")
+        return problems
+
     def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Response] = loop.create_future()
         if self._closed:
             waiter.set_exception(SubrequestError("the client is closed"))
             return waiter
-        request = b"GET " + target + endpoint.suffix
-        connection = self._checkout(endpoint, loop.time())
-        if connection is not None:
-            self._busy.add(connection)
-            connection.send(request, waiter)
+        if endpoint.problem is not None:
+            waiter.set_exception(
+                SubrequestError(f"cannot send to {endpoint.where}: {endpoint.problem}")
+            )
             return waiter
-        task = loop.create_task(self._connect_and_send(endpoint, request, waiter))
-        self._connecting.add(task)
-        task.add_done_callback(self._connecting.discard)
+        try:
+            request = b"GET " + target + endpoint.suffix
+            connection = self._checkout(endpoint, loop.time())
+            if connection is not None:
+                self._busy.add(connection)
+                connection.send(request, waiter)
+                return waiter
+            task = loop.create_task(self._connect_and_send(endpoint, request, waiter))
+            self._connecting.add(task)
+            task.add_done_callback(self._connecting.discard)
+        except Exception as exc:  # the contract: never raise, fail this request only
+            self._unexpected(exc, endpoint.where)
+            if not waiter.done():
+                waiter.set_exception(
+                    SubrequestError(f"cannot send to {endpoint.where}: {_describe(exc)}")
+                )
         return waiter
 
     def _checkout(self, endpoint: Endpoint, now: float) -> _Connection | None:
         pool = self._idle.get(endpoint.suffix)
         while pool:
             connection = pool.pop()  # the most recently used: least likely to be timed out
+            connection.pooled = False
             transport = connection.transport
             if transport is None or transport.is_closing():
                 continue
@@ -270,6 +594,7 @@ class HttpClient:
         self, endpoint: Endpoint, request: bytes, waiter: asyncio.Future[Response]
     ) -> None:
         loop = asyncio.get_running_loop()
+        where = endpoint.where
         try:
             async with asyncio.timeout(self._connect_timeout):
                 # The waiter's cancellation (the query's deadline) also ends the connect.
@@ -282,27 +607,46 @@ class HttpClient:
                 _, connection = await connect
         except asyncio.CancelledError:
             if not waiter.done():
-                waiter.set_exception(
-                    SubrequestError(f"connecting to {endpoint.host}:{endpoint.port} was cancelled")
-                )
+                waiter.set_exception(SubrequestError(f"connecting to {where} was cancelled"))
             return
         except (OSError, TimeoutError) as exc:
             if not waiter.done():
-                why = str(exc) or type(exc).__name__
-                where = f"{endpoint.host}:{endpoint.port}"
+                why = excerpt(str(exc)) if str(exc) else type(exc).__name__
                 waiter.set_exception(SubrequestError(f"cannot connect to {where}: {why}"))
             return
-        if waiter.done() or self._closed:
-            # Nobody waits any more; keep the fresh connection for the next request.
-            self._release(endpoint, connection)
+        except Exception as exc:
+            # UnicodeError from the IDNA codec (a label over 63), OverflowError for a
+            # port out of range, ValueError, a resolver's or loop's own: all the same to
+            # the caller, a replica that cannot be reached.
+            self._unexpected(exc, where)
+            if not waiter.done():
+                waiter.set_exception(
+                    SubrequestError(f"cannot connect to {where}: {_describe(exc)}")
+                )
             return
-        self._busy.add(connection)
-        connection.send(request, waiter)
+        except BaseException:
+            if not waiter.done():
+                waiter.set_exception(SubrequestError(f"connecting to {where} was interrupted"))
+            raise
+        try:
+            if waiter.done() or self._closed:
+                # Nobody waits any more; keep the fresh connection for the next request.
+                self._release(endpoint, connection)
+                return
+            self._busy.add(connection)
+            connection.send(request, waiter)
+        except Exception as exc:
+            self._unexpected(exc, where)
+            connection.close()
+            if not waiter.done():
+                waiter.set_exception(SubrequestError(f"cannot send to {where}: {_describe(exc)}"))
 
     def _release(self, endpoint: Endpoint, connection: _Connection) -> None:
         self._busy.discard(connection)
-        if self._closed:
-            connection.close()
+        if self._closed or connection.pooled:
+            # pooled: a second release of one connection would hand it to two requests.
+            if self._closed:
+                connection.close()
             return
         pool = self._idle.get(endpoint.suffix)
         if pool is None:
@@ -311,16 +655,37 @@ class HttpClient:
             connection.close()
             return
         connection.idle_since = asyncio.get_running_loop().time()
+        connection.pooled = True
         pool.append(connection)
 
-    def _forget(self, endpoint: Endpoint, connection: _Connection) -> None:
+    def _forget(self, connection: _Connection) -> None:
         self._busy.discard(connection)
-        pool = self._idle.get(endpoint.suffix)
+        if not connection.pooled:
+            return
+        connection.pooled = False
+        key = connection._endpoint.suffix
+        pool = self._idle.get(key)
         if pool is not None:
-            with contextlib.suppress(ValueError):
-                pool.remove(connection)
+            # Pooled at most once (see _release), so one remove takes it out.
+            pool.remove(connection)
             if not pool:
-                del self._idle[endpoint.suffix]
+                del self._idle[key]
+
+    def _unexpected(self, exc: BaseException, where: str) -> None:
+        """Log an exception type met where none was expected: once per type at warning
+        (one bad address must not flood the log), later ones at debug."""
+        kind = type(exc)
+        if kind in self._unexpected_types:
+            log.debug("sub-request to %s: %s", where, _describe(exc))
+            return
+        self._unexpected_types.add(kind)
+        log.warning(
+            "sub-request to %s failed with an unexpected %s.%s (later ones at debug): %s",
+            where,
+            kind.__module__,
+            kind.__qualname__,
+            excerpt(str(exc)),
+        )
 
     async def aclose(self) -> None:
         """Close all connections and cancel connects in progress; idempotent."""
@@ -337,3 +702,8 @@ class HttpClient:
             connection.close()
         self._idle.clear()
         self._busy.clear()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {excerpt(text)}" if text else type(exc).__name__
