@@ -36,6 +36,7 @@ from discovery.config import ClusterConfig, HttpEdgeConfig, ZkConfig
 from discovery.errors import ConfigError
 from discovery.instance import validate_zone
 
+from .httpclient import DEFAULT_MAX_BODY
 from .querydeath import QueryOfDeathConfig
 
 __all__ = ["SearchServerConfig", "build_parser"]
@@ -217,6 +218,15 @@ SEARCH_OPTIONS = (
         default=10.0,
         metavar="SECONDS",
     ),
+    Option(
+        "--max-answer-bytes",
+        "DISCOVERY_MAX_ANSWER_BYTES",
+        "largest answer body read from a data server; a longer one fails that "
+        "sub-request (and closes its connection)",
+        type=positive_int,
+        default=DEFAULT_MAX_BODY,
+        metavar="BYTES",
+    ),
     # The query-of-death guard (search_server/querydeath.py).
     Option(
         "--qod-strikes",
@@ -325,6 +335,7 @@ class SearchServerConfig:
     ``hedge_percent`` caps hedged requests (``--hedge-percent``, 0 turns them off).
     ``allowed_networks`` narrows where data servers may be (``--allowed-networks``).
     ``query_of_death`` holds the thresholds of the query-of-death guard (``--qod-*``).
+    ``max_answer_bytes`` caps a data server's answer (``--max-answer-bytes``).
     ``http`` bounds slow clients at the HTTP edge and ``max_event_streams`` the open
     dashboard streams. The repr shows no secret (those of ``zk`` and ``cluster`` are
     hidden).
@@ -355,10 +366,13 @@ class SearchServerConfig:
     hedge_percent: float = 5.0
     allowed_networks: NetworkPolicy = field(default_factory=NetworkPolicy)
     query_of_death: QueryOfDeathConfig = field(default_factory=QueryOfDeathConfig)
+    max_answer_bytes: int = DEFAULT_MAX_BODY
     http: HttpEdgeConfig = field(default_factory=HttpEdgeConfig)
     max_event_streams: int = 64
 
     def __post_init__(self) -> None:
+        if self.max_answer_bytes < 1:
+            raise ConfigError(f"--max-answer-bytes must be at least 1, got {self.max_answer_bytes}")
         if self.max_event_streams < 1:
             raise ConfigError(
                 f"--max-event-streams must be at least 1, got {self.max_event_streams}"
@@ -406,6 +420,7 @@ class SearchServerConfig:
             picker=args.picker,
             hedge_percent=args.hedge_percent,
             allowed_networks=args.allowed_networks or NetworkPolicy(),
+            max_answer_bytes=args.max_answer_bytes,
             query_of_death=QueryOfDeathConfig(
                 shard_fraction=args.qod_shard_fraction,
                 strikes=args.qod_strikes,

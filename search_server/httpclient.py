@@ -35,14 +35,17 @@ closing) and when the server closes them.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
+import socket
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol, cast, runtime_checkable
 
 import httptools
 
+from discovery.address import NetworkPolicy
 from discovery.errors import DiscoveryError
 
 __all__ = [
@@ -473,6 +476,12 @@ class HttpClient:
     not thread-safe. ``connect_timeout`` bounds opening a connection on top of the
     caller's own deadline. Close with :meth:`aclose` (or use ``async with``).
 
+    A host that is a name is resolved here, not by the loop's connect, and only an
+    address ``networks`` admits is connected to (by default: any but link-local,
+    multicast and unspecified ones, which a registration may not name either): a name
+    is the one kind of address the routing table cannot judge before it is resolved,
+    and one pointing at, say, a cloud's metadata service must not be sent queries.
+
     Raises ``ValueError`` for a negative ``max_idle``, a ``max_body`` below 1 or a
     timeout that is not positive.
     """
@@ -484,6 +493,7 @@ class HttpClient:
         idle_timeout: float = 30.0,
         connect_timeout: float = 5.0,
         max_body: int = DEFAULT_MAX_BODY,
+        networks: NetworkPolicy | None = None,
     ) -> None:
         if max_idle < 0:
             raise ValueError(f"max_idle must be >= 0, got {max_idle}")
@@ -494,6 +504,7 @@ class HttpClient:
         if max_body < 1:
             raise ValueError(f"max_body must be >= 1 byte, got {max_body}")
         self.max_body = max_body
+        self._networks = networks if networks is not None else NetworkPolicy()
         self._max_idle = max_idle
         self._idle_timeout = idle_timeout
         self._connect_timeout = connect_timeout
@@ -598,13 +609,13 @@ class HttpClient:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 # The waiter's cancellation (the query's deadline) also ends the connect.
-                connect = loop.create_task(
-                    loop.create_connection(
-                        lambda: _Connection(self, endpoint), endpoint.host, endpoint.port
-                    )
-                )
+                connect = loop.create_task(self._open(endpoint))
                 waiter.add_done_callback(lambda _: connect.cancel())
-                _, connection = await connect
+                connection = await connect
+        except SubrequestError as exc:
+            if not waiter.done():
+                waiter.set_exception(exc)
+            return
         except asyncio.CancelledError:
             if not waiter.done():
                 waiter.set_exception(SubrequestError(f"connecting to {where} was cancelled"))
@@ -640,6 +651,43 @@ class HttpClient:
             connection.close()
             if not waiter.done():
                 waiter.set_exception(SubrequestError(f"cannot send to {where}: {_describe(exc)}"))
+
+    async def _open(self, endpoint: Endpoint) -> _Connection:
+        """A new connection to ``endpoint``; a name is resolved first and connected to
+        at its first address the network policy admits.
+
+        Raises:
+            SubrequestError: the name resolves only to refused addresses.
+            OSError, and whatever the resolver or the loop raises (the caller turns it
+            into a failed request).
+        """
+        loop = asyncio.get_running_loop()
+        host, port = endpoint.host, endpoint.port
+        if _is_ip_literal(host):
+            # Judged by the routing table before it got here (and by the registration's
+            # validation): no resolution, no second look.
+            _, connection = await loop.create_connection(
+                lambda: _Connection(self, endpoint), host, port
+            )
+            return connection
+        if "\x00" in host:
+            # The C resolver stops at a NUL ("127.0.0.1\x00.evil" would be 127.0.0.1);
+            # the stdlib's own socket functions refuse it the same way.
+            raise ValueError(f"embedded null character in host {excerpt(host)}")
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        refused: list[str] = []
+        for family, _, proto, _, sockaddr in infos:
+            address = str(sockaddr[0])
+            problem = self._networks.resolved_problem(address)
+            if problem is not None:
+                refused.append(problem)
+                continue
+            _, connection = await loop.create_connection(
+                lambda: _Connection(self, endpoint), address, port, family=family, proto=proto
+            )
+            return connection
+        why = "; ".join(refused) if refused else "no address"
+        raise SubrequestError(f"{endpoint.where} resolves to no allowed address: {excerpt(why)}")
 
     def _release(self, endpoint: Endpoint, connection: _Connection) -> None:
         self._busy.discard(connection)
@@ -707,3 +755,11 @@ class HttpClient:
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {excerpt(text)}" if text else type(exc).__name__
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

@@ -54,6 +54,7 @@ from discovery.zk import ZkSession
 from .config import SearchServerConfig
 from .dashboard import EventStream, MemberCache, QueryStats
 from .fanout import FanOut
+from .httpclient import HttpClient
 from .metrics import QueryOfDeathMetrics
 from .picking import AdaptiveReplicaSelection, ReplicaPicker, make_picker
 from .querydeath import Quarantine, QueryOfDeathGuard, normalise
@@ -189,9 +190,13 @@ class SearchServer:
             )
             stack.push_async_callback(store.aclose)
         self.reader = await stack.enter_async_context(store.follower())
-        # The fan-out's own client keeps keep-alive connections to the data servers:
-        # no connection set-up on the query path.
+        # The fan-out's client keeps keep-alive connections to the data servers (no
+        # connection set-up on the query path), bounds their answers and connects to
+        # a name only where --allowed-networks admits what it resolves to.
+        client = HttpClient(max_body=config.max_answer_bytes, networks=config.allowed_networks)
+        stack.push_async_callback(client.aclose)
         self.fanout = FanOut(
+            client,
             max_in_flight=config.max_in_flight,
             eject_after=config.eject_after,
             eject_cooldown=config.eject_cooldown,
