@@ -589,6 +589,9 @@ class HttpClient:
 
     def _checkout(self, endpoint: Endpoint, now: float) -> _Connection | None:
         pool = self._idle.get(endpoint.suffix)
+        if pool is None:
+            return None
+        found: _Connection | None = None
         while pool:
             connection = pool.pop()  # the most recently used: least likely to be timed out
             connection.pooled = False
@@ -598,8 +601,13 @@ class HttpClient:
             if now - connection.idle_since > self._idle_timeout:
                 connection.close()
                 continue
-            return connection
-        return None
+            found = connection
+            break
+        if not pool:
+            # No empty pool is kept: at 50,000 endpoints they would add up, and _forget
+            # (which drops emptied pools) never sees a connection taken out here.
+            del self._idle[endpoint.suffix]
+        return found
 
     async def _connect_and_send(
         self, endpoint: Endpoint, request: bytes, waiter: asyncio.Future[Response]

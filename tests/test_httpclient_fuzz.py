@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 import uvloop
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from search_server.httpclient import (
@@ -44,14 +44,23 @@ from search_server.httpclient import (
     SubrequestError,
 )
 
+# The default profile is what `make test` runs: derandomized and without an example
+# database, so that CI sees the same examples each time, as every property test here
+# does. The long one explores new examples each run (it found the empty pool kept by a
+# checkout, a bug the default examples did not reach).
 settings.register_profile(
     "httpclient-fuzz",
     max_examples=100,
     deadline=None,  # an example waits for its peer's pauses and deadlines
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=True,
+    database=None,
 )
 settings.register_profile(
-    "httpclient-fuzz-long", settings.get_profile("httpclient-fuzz"), max_examples=2000
+    "httpclient-fuzz-long",
+    settings.get_profile("httpclient-fuzz"),
+    max_examples=2000,
+    derandomize=False,
 )
 PROFILE = os.environ.get("HTTPCLIENT_FUZZ_PROFILE", "httpclient-fuzz")
 FUZZ = settings.get_profile(PROFILE)
@@ -302,6 +311,20 @@ def test_any_bytes_from_a_data_server(
 @pytest.mark.parametrize("loop", LOOPS)
 @FUZZ
 @given(script=scripts(mutated()), rounds=st.integers(1, 3), concurrent=st.integers(1, 3))
+# Found by a random run: a 204 then a 100 on a connection the client had taken out of
+# its pool left that endpoint's pool empty but kept.
+@example(
+    script=Script(
+        reads=(
+            (b"HTTP/1.1 204 Continue\r\nTransfer-Encoding: chunked\r\n\r\n", 0.0),
+            (b"0", 0.001),
+            (b"\r\n\r\nHTTP/1.1 100 OK\r\nContent-Length: 0\r\n\r\n", 0.0),
+        ),
+        end="close",
+    ),
+    rounds=2,
+    concurrent=1,
+)
 def test_near_valid_responses_from_a_data_server(
     loop: str, script: Script, rounds: int, concurrent: int
 ) -> None:
