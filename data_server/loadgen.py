@@ -10,6 +10,15 @@ load) is skipped for that query and the next one is tried, as a load balancer wo
 Each outcome is ``ok`` (complete), ``partial``, ``overloaded`` (503) or ``error``.
 With ``--json`` every query is one JSON line on stdout (``{"t","outcome","ms"}``), for
 programs such as ``discovery demo``; otherwise a summary line per ``--report-interval``.
+
+``--worst-case`` is a hostile client instead (the query storm of ``discovery chaos``
+and issue 21): ``--clients`` clients each send one query back to back, without pause
+(closed loop, ``--rate`` unused), the worst case for a data server: shard ``--shard``'s
+``--terms`` most frequent terms by document frequency (:func:`worst_case_query`),
+computed from the documents a data server generates for that shard (``--docs``,
+``--seed``). Outcomes add ``refused`` (422: the search server's query-of-death guard
+refused it); after a connection error a client waits 10 ms, so that a search server
+that is gone does not turn the storm into a busy loop of refused connects.
 """
 
 from __future__ import annotations
@@ -23,17 +32,33 @@ import logging
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from discovery.cli.entrypoint import configure_logging, stop_on_signals
-from discovery.cli.options import Option, add_options, int_range, non_negative_int, positive_float
+from discovery.cli.options import (
+    Option,
+    add_options,
+    env_flag,
+    int_range,
+    non_negative_int,
+    positive_float,
+)
+from discovery.http import MAX_QUERY_LENGTH
 
-from .corpus import sample_queries
+from .corpus import generate_documents, sample_queries
+from .index import tokenize
 
-__all__ = ["LoadConfig", "build_loadgen_parser", "run_loadgen"]
+__all__ = [
+    "LoadConfig",
+    "build_loadgen_parser",
+    "run_loadgen",
+    "run_worst_case",
+    "worst_case_query",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +83,7 @@ LOADGEN_OPTIONS = (
     Option(
         "--seed",
         "DISCOVERY_SEED",
-        "seed of the query vocabulary (as the data servers')",
+        "seed of the query vocabulary and of the --worst-case documents (as the data servers')",
         type=non_negative_int,
         default=0,
     ),
@@ -68,6 +93,44 @@ LOADGEN_OPTIONS = (
         "seconds between summary lines (without --json)",
         type=positive_float,
         default=5.0,
+    ),
+    Option(
+        "--worst-case",
+        "DISCOVERY_LOAD_WORST_CASE",
+        "send a shard's most frequent terms back to back from --clients clients (a "
+        "query storm; --rate and --json unused)",
+        type=env_flag,
+        default=False,
+        boolean=True,
+    ),
+    Option(
+        "--clients",
+        "DISCOVERY_LOAD_CLIENTS",
+        "clients of --worst-case, each one query at a time without pause",
+        type=int_range(1, 1000),
+        default=4,
+    ),
+    Option(
+        "--terms",
+        "DISCOVERY_LOAD_TERMS",
+        "most frequent terms in the --worst-case query (cut to the longest query a "
+        "search server takes)",
+        type=int_range(1, 1000),
+        default=150,
+    ),
+    Option(
+        "--shard",
+        "DISCOVERY_SHARD",
+        "shard whose documents give the --worst-case terms",
+        type=non_negative_int,
+        default=0,
+    ),
+    Option(
+        "--docs",
+        "DISCOVERY_DOCS",
+        "documents the data servers generate per shard (as their --docs)",
+        type=non_negative_int,
+        default=2000,
     ),
 )
 
@@ -99,6 +162,11 @@ class LoadConfig:
     seed: int = 0
     report_interval: float = 5.0
     json_lines: bool = False
+    worst_case: bool = False
+    clients: int = 4
+    terms: int = 150
+    shard: int = 0
+    docs: int = 2000
 
 
 @dataclass
@@ -190,6 +258,63 @@ async def run_loadgen(config: LoadConfig, stop: asyncio.Event) -> dict[str, int]
     return totals.outcomes
 
 
+def worst_case_query(*, docs: int, shard: int, seed: int = 0, terms: int = 150) -> str:
+    """Shard ``shard``'s ``terms`` most frequent terms by document frequency (ties by the
+    term), most frequent first: what costs its data server most to search.
+
+    The documents are those a data server generates (``generate_documents``), tokenised
+    as its index does (title and text). Terms are dropped from the end until the query
+    fits :data:`~discovery.http.MAX_QUERY_LENGTH`, since a longer one is refused (400).
+    """
+    frequency: Counter[str] = Counter()
+    for document in generate_documents(docs, shard=shard, seed=seed):
+        frequency.update(set(tokenize(f"{document.title}\n{document.text}")))
+    chosen = sorted(frequency, key=lambda term: (-frequency[term], term))[:terms]
+    while chosen and len(" ".join(chosen)) > MAX_QUERY_LENGTH:
+        chosen.pop()
+    return " ".join(chosen)
+
+
+async def run_worst_case(config: LoadConfig, query: str, stop: asyncio.Event) -> dict[str, int]:
+    """``config.clients`` clients send ``query`` back to back until ``stop`` is set or the
+    duration is over; return the totals by outcome."""
+    targets = itertools.cycle(config.targets)
+    totals = _Window(outcomes={"ok": 0, "partial": 0, "refused": 0, "overloaded": 0, "error": 0})
+    loop = asyncio.get_running_loop()
+    ends_at = None if config.duration is None else loop.time() + config.duration
+    params = {"q": query, "timeout_ms": str(config.timeout_ms)}
+
+    def over() -> bool:
+        return stop.is_set() or (ends_at is not None and loop.time() >= ends_at)
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        while not over():
+            started = loop.time()
+            outcome = "error"
+            try:
+                async with session.get(f"{next(targets)}/search", params=params) as response:
+                    if response.status == 200:
+                        body = await response.json()
+                        outcome = "partial" if body.get("partial") else "ok"
+                    else:
+                        await response.read()
+                        outcome = {422: "refused", 503: "overloaded"}.get(response.status, "error")
+            except aiohttp.ClientConnectionError:
+                await asyncio.sleep(0.01)  # gone: no busy loop of refused connects
+            except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+                pass
+            totals.outcomes[outcome] += 1
+            totals.latencies.append((loop.time() - started) * 1000)
+
+    client_timeout = aiohttp.ClientTimeout(total=config.timeout_ms / 1000 + 5)
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=client_timeout
+    ) as session:
+        await asyncio.gather(*(client(session) for _ in range(config.clients)))
+    print("total " + totals.line(), flush=True)
+    return totals.outcomes
+
+
 def main(argv: Sequence[str]) -> int:
     parser = build_loadgen_parser()
     args = parser.parse_args(argv)
@@ -207,10 +332,26 @@ def main(argv: Sequence[str]) -> int:
         seed=args.seed,
         report_interval=args.report_interval,
         json_lines=args.json,
+        worst_case=args.worst_case,
+        clients=args.clients,
+        terms=args.terms,
+        shard=args.shard,
+        docs=args.docs,
     )
 
     async def serve() -> None:
         stop = stop_on_signals()
+        if config.worst_case:
+            query = worst_case_query(
+                docs=config.docs, shard=config.shard, seed=config.seed, terms=config.terms
+            )
+            print(
+                f"worst case: {len(query.split())} terms of shard {config.shard} "
+                f"({len(query)} characters), {config.clients} clients",
+                flush=True,
+            )
+            await run_worst_case(config, query, stop)
+            return
         await run_loadgen(config, stop)
 
     asyncio.run(serve())

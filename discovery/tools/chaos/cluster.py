@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from discovery.adminauth import admin_headers
 from discovery.config import ClusterConfig
@@ -42,7 +43,7 @@ from discovery.testing.ports import LOOPBACK, free_ports
 
 from .config import REDIS_REPLICAS, SENTINEL_DOWN_AFTER_MS, ChaosConfig
 
-__all__ = ["ChaosCluster", "Member"]
+__all__ = ["DATA_DOCS", "ChaosCluster", "Member"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ CLUSTER_NAME = "chaos"
 #: The data servers' admin token in a run with partitions (a scratch cluster's).
 ADMIN_TOKEN = "chaos-admin"
 _STOP_TIMEOUT = 10.0
+#: Documents generated per data server (``--docs``): a hostile query storm computes
+#: its shard's most frequent terms from the same corpus.
+DATA_DOCS = 300
 #: The niceness of data servers and ZooKeeper. On one 2-core machine they stand in for
 #: other machines: in production a data server starting up (imports, index build) or a
 #: ZooKeeper JVM warming up does not take CPU from the search servers, whose deadlines
@@ -128,6 +132,8 @@ class ChaosCluster:
         self.data: dict[str, Member] = {}
         self._http: aiohttp.ClientSession | None = None
         self._readiness: set[asyncio.Task[None]] = set()
+        #: Processes of hostile faults (a hostile peer, a query storm) by name.
+        self.helpers: dict[str, asyncio.subprocess.Process] = {}
 
     @property
     def backend(self) -> DevCluster:
@@ -217,6 +223,7 @@ class ChaosCluster:
             task.cancel()
         await asyncio.gather(*self._readiness, return_exceptions=True)
         await asyncio.gather(*(self.terminate(member) for member in members))
+        await asyncio.gather(*(self.stop_helper(name) for name in list(self.helpers)))
         if self._http is not None:
             await self._http.close()
         try:
@@ -320,7 +327,7 @@ class ChaosCluster:
     def _data_argv(self, member: Member, shard: int, replica: int) -> list[str]:
         config = self.config
         return [
-            *("-m", "data_server.cli", "--id", member.name, "--docs", "300"),
+            *("-m", "data_server.cli", "--id", member.name, "--docs", str(DATA_DOCS)),
             *("--shard", str(shard), "--replica", str(replica)),
             *("--probe-interval", str(config.probe_interval)),
             *("--probe-timeout", str(config.probe_timeout), "--probe-max-latency", "0.5"),
@@ -368,6 +375,46 @@ class ChaosCluster:
                 pass
             # Polling a starting process: there is no event to wait for from outside.
             await asyncio.sleep(0.1)
+
+    async def spawn_helper(self, name: str, argv: list[str]) -> asyncio.subprocess.Process:
+        """Start a process of a hostile fault (``argv`` after the interpreter) in the root
+        namespace, at the data servers' niceness (it stands in for another machine, as
+        they do), logging to ``logs/<name>.log``."""
+        log_path = self._log(name)
+        command = ["nice", "-n", str(BACKGROUND_NICENESS), sys.executable, *argv]
+        with log_path.open("ab") as out:
+            process = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+            )
+        deprioritize(process.pid)
+        self.helpers[name] = process
+        return process
+
+    async def stop_helper(self, name: str) -> int | None:
+        """SIGTERM a helper (SIGKILL if it does not exit in time) and reap it; its exit
+        status (None if there was no such helper)."""
+        process = self.helpers.pop(name, None)
+        if process is None:
+            return None
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+            try:
+                async with asyncio.timeout(_STOP_TIMEOUT):
+                    await process.wait()
+            except TimeoutError:
+                log.warning("%s did not stop within %gs; killing it", name, _STOP_TIMEOUT)
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+        return process.returncode
+
+    def helper_log(self, name: str) -> Path:
+        return self._log(name)
 
     def signal(self, member: Member, signum: int) -> None:
         process = member.process
@@ -449,6 +496,22 @@ class ChaosCluster:
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
 
+    async def metrics(self, member: Member) -> dict[str, float] | None:
+        """A server's ``GET /metrics`` as ``{"name{label=value,...}": value}`` (labels
+        sorted), or None if it does not answer."""
+        if not member.running or member.paused:
+            return None
+        try:
+            async with self.http.get(
+                f"{member.url}/metrics", timeout=aiohttp.ClientTimeout(total=2)
+            ) as response:
+                if response.status != 200:
+                    return None
+                text = await response.text()
+        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+            return None
+        return parse_metrics(text)
+
     async def leader(self) -> Member | None:
         """The search server that says it leads (None if none does, or several)."""
         views = await asyncio.gather(*(self.view(m) for m in self.search.values()))
@@ -458,3 +521,17 @@ class ChaosCluster:
             if view is not None and view.get("is_leader") and view.get("self") in self.search
         ]
         return leaders[0] if len(leaders) == 1 else None
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus' text format as ``{"name{label=value,...}": value}`` (labels sorted);
+    lines it cannot read are left out."""
+    samples: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    except ValueError as exc:
+        log.warning("unreadable metrics: %s", exc)
+    return samples

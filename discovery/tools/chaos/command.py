@@ -17,7 +17,7 @@ from discovery.errors import ConfigError, DevClusterError
 
 from .config import ChaosConfig
 from .report import render, write_json
-from .runner import ChaosResult, run_chaos
+from .runner import ChaosResult, resolve_kinds, run_chaos
 
 __all__ = ["add_parser", "run"]
 
@@ -86,6 +86,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "empty [default 0]",
     )
     parser.add_argument(
+        "--kinds",
+        type=_names,
+        default=[],
+        metavar="KIND,...",
+        help="run only these fault kinds or categories (comma-separated), in the order "
+        "the seed gives them; categories: process, partition, overlap, hostile (a "
+        "malformed registration, data servers answering with an endless body, garbage "
+        "or a trickle, a query-of-death storm, malformed Redis entries); e.g. "
+        "--kinds hostile or --kinds hostile_trickle,leader_kill [default: every kind]",
+    )
+    parser.add_argument(
         "--workdir",
         type=Path,
         default=None,
@@ -97,9 +108,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(func=run)
 
 
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected one or more names, comma-separated")
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = ChaosConfig.from_args(args)
+        resolve_kinds(config.kinds, partitions=config.partitions, sentinels=config.sentinel_mode)
     except ConfigError as exc:
         print(f"discovery chaos: {exc}", file=sys.stderr)
         return 2

@@ -50,6 +50,8 @@ class ChaosConfig:
             :data:`SENTINEL_DOWN_AFTER_MS`), which every client reaches through the
             sentinel URL; the schedule then fails the primary over (``redis_failover``)
             where a single-Redis run restarts Redis empty.
+        kinds: the fault kinds or categories to run (``--kinds``), in the seed's order;
+            empty: every kind of the run's mode.
         workdir: where processes keep their logs (kept; a scratch directory if None).
         report: where the JSON report is written (None: not written).
     """
@@ -70,6 +72,7 @@ class ChaosConfig:
     heartbeat_interval: float = 0.5
     partitions: bool = True
     redis_sentinels: int = 0
+    kinds: tuple[str, ...] = ()
     workdir: Path | None = None
     report: Path | None = None
 
@@ -163,6 +166,7 @@ class ChaosConfig:
             session_timeout=args.session_timeout,
             partitions=args.partitions,
             redis_sentinels=args.redis_sentinels,
+            kinds=tuple(args.kinds),
             workdir=args.workdir,
             report=args.report,
         )

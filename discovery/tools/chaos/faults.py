@@ -32,122 +32,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import redis as sync_redis
 
 from discovery.errors import DevClusterError
-from discovery.livelist import RECONNECT_BACKOFF_MAX
 from discovery.testing.redis import RedisServer
 
+from . import hostile
 from .cluster import ChaosCluster, Member
-from .config import ChaosConfig
-from .observer import Observer, Snapshot
+from .context import RECOVERY_TIMEOUT, START_BOUND, FaultContext, StepResult, redis_bound
 
-__all__ = ["CATEGORIES", "FAULTS", "SENTINEL_KINDS", "FaultContext", "StepResult", "kinds"]
+__all__ = [
+    "CATEGORIES",
+    "FAULTS",
+    "RECOVERY_TIMEOUT",
+    "SENTINEL_KINDS",
+    "START_BOUND",
+    "FaultContext",
+    "StepResult",
+    "kinds",
+]
 
 log = logging.getLogger(__name__)
-
-RECOVERY_TIMEOUT = 60.0
-#: Process start-up (imports, index build, first good probes) on a loaded 2-core box.
-START_BOUND = 25.0
-
-
-@dataclass(frozen=True)
-class StepResult:
-    fault: str
-    step: str
-    bound: float
-    took: float | None  # None: not within the bound
-    detail: str = ""
-
-
-class FaultContext:
-    """What a fault may use: the cluster, the observer, the seeded RNG, the verdicts."""
-
-    def __init__(
-        self, cluster: ChaosCluster, observer: Observer, config: ChaosConfig, rng: random.Random
-    ) -> None:
-        self.cluster = cluster
-        self.observer = observer
-        self.config = config
-        self.rng = rng
-        self.results: list[StepResult] = []
-        self.skipped: dict[str, int] = {}
-
-    async def converge(
-        self,
-        fault: str,
-        step: str,
-        bound: float,
-        predicate: Callable[[Snapshot], bool] | None = None,
-    ) -> float | None:
-        """Wait until all views equal the model (and ``predicate``) within ``bound``."""
-        observer = self.observer
-        since, model = observer.now(), frozenset(observer.model)
-
-        def done(snapshot: Snapshot) -> bool:
-            # Only a snapshot sampled after this step, against the model it set, counts:
-            # the one before the fault would agree with the old model at once.
-            return (
-                snapshot.at >= since
-                and snapshot.model == model
-                and snapshot.converged
-                and (predicate is None or predicate(snapshot))
-            )
-
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        try:
-            await observer.wait_for(done, bound)
-        except TimeoutError:
-            last = observer.last
-            detail = last.describe() if last is not None else "no snapshot"
-            observer.violate(
-                "list equals truth within the fault's bound",
-                f"{fault} {step}: not converged within {bound:.1f} s: {detail}",
-            )
-            # The model holds the servers that are healthy and can reach ZooKeeper: one
-            # of them still without its node past the bound is a lost registration.
-            lost = sorted(model - last.zk) if last is not None and last.zk is not None else []
-            if lost:
-                observer.violate(
-                    "no registration is ever lost",
-                    f"{fault} {step}: {lost} not registered within {bound:.1f} s",
-                )
-            self.results.append(StepResult(fault, step, bound, None, detail))
-            try:
-                await observer.wait_for(done, RECOVERY_TIMEOUT)
-            except TimeoutError:
-                log.error("%s %s: not converged after %gs more", fault, step, RECOVERY_TIMEOUT)
-            return None
-        took = loop.time() - started
-        self.results.append(StepResult(fault, step, bound, took))
-        log.info("%s %s: converged in %.2f s (bound %.1f s)", fault, step, took, bound)
-        return took
-
-    async def hold(self, low: float, high: float) -> None:
-        """Keep the fault in place for a seeded while: its duration is part of the test."""
-        await asyncio.sleep(self.rng.uniform(low, high))
-
-    def pick_data(self, count: int) -> list[Member]:
-        candidates = sorted(
-            name
-            for name, member in self.cluster.data.items()
-            if member.running and name in self.observer.model
-        )
-        return [self.cluster.data[name] for name in self.rng.sample(candidates, count)]
-
-    def remove(self, members: list[Member]) -> None:
-        self.observer.model.difference_update(m.name for m in members)
-
-    def add(self, members: list[Member]) -> None:
-        self.observer.model.update(m.name for m in members)
-
 
 # -- data servers ---------------------------------------------------------------------
 
@@ -277,9 +186,7 @@ async def _pause_leader(
 
 
 def _redis_bound(ctx: FaultContext) -> float:
-    # A reader may be waiting out its reconnect back-off when Redis comes back; the
-    # leader republishes at its next heartbeat once P:live is gone.
-    return RECONNECT_BACKOFF_MAX + 2 * ctx.config.heartbeat_interval + 1.0
+    return redis_bound(ctx.config)
 
 
 async def redis_restart(ctx: FaultContext) -> None:
@@ -694,6 +601,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
         "overlap_redis_restart_during_leader_change",
         "overlap_redis_failover_during_leader_change",
     ),
+    "hostile": hostile.HOSTILE_KINDS,
 }
 
 #: With sentinels, each kind on the left is replaced by the one on the right, in its
@@ -739,4 +647,5 @@ FAULTS: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
     "overlap_redis_restart_during_leader_change": overlap_redis_restart_during_leader_change,
     "redis_failover": redis_failover,
     "overlap_redis_failover_during_leader_change": overlap_redis_failover_during_leader_change,
+    **hostile.HOSTILE_FAULTS,
 }

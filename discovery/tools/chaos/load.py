@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import time
@@ -24,6 +25,7 @@ import aiohttp
 
 from .cluster import ChaosCluster, Member
 from .observer import Observer
+from .watch import Answer, missing_shards
 
 __all__ = ["LoadGenerator", "LoadStats", "LoopLag", "cpu_jiffies"]
 
@@ -44,6 +46,8 @@ class LoadStats:
     #: Of partial answers: shards whose replicas all failed, or ran out of time.
     shards_failed: int = 0
     shards_timed_out: int = 0
+    #: Of partial answers: shards whose data server stopped its search at the budget.
+    shards_cut: int = 0
     latencies_ms: list[float] = field(default_factory=list)
     #: fault kind (or "between faults") -> outcome -> count, by when the query was sent.
     by_fault: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -173,21 +177,35 @@ class LoadGenerator:
         stats.sent += 1
         disturbances, process = member.disturbances, member.process
         fault = self._observer.fault
+        # A query sent during a hostile fault is judged by that fault's invariants.
+        watch = self._observer.hostile
         params = {"q": query, "timeout_ms": str(self._deadline_ms)}
         started = time.monotonic()
         outcome = "failed"
         took_ms: float | None = None
+        status: int | None = None
+        missing: int | None = None
+        detail = ""
         try:
             async with self._session.get(f"{member.url}/search", params=params) as response:
-                body = await response.json()
-                if response.status == 200:
+                status = response.status
+                raw = await response.read()
+                if status == 200:
+                    body = json.loads(raw)
                     outcome = "partial" if body.get("partial") else "complete"
                     took_ms = body.get("took_ms")
                     shards = body.get("shards") or {}
                     stats.shards_failed += int(shards.get("failed", 0))
                     stats.shards_timed_out += int(shards.get("timed_out", 0))
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+                    stats.shards_cut += int(shards.get("cut", 0))
+                    missing = missing_shards(shards)
+                    detail = f"shards {json.dumps(shards, sort_keys=True)}"
+                else:
+                    detail = raw[:200].decode("utf-8", "replace")
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
             outcome = "failed"
+            missing = None
+            detail = detail or f"{type(exc).__name__}: {exc}"[:200]
         elapsed_ms = (time.monotonic() - started) * 1000
         disturbed = (
             member.paused or member.disturbances != disturbances or member.process is not process
@@ -195,6 +213,10 @@ class LoadGenerator:
         if disturbed:
             stats.disturbed += 1
             return
+        if watch is not None:
+            answer = Answer(started, member.name, outcome, missing, elapsed_ms, status, detail)
+            for invariant, problem in watch.answer(answer):
+                self._observer.violate(invariant, problem)
         setattr(stats, outcome, getattr(stats, outcome) + 1)
         stats.latencies_ms.append(elapsed_ms)
         counts = stats.by_fault.setdefault(fault, {"complete": 0, "partial": 0, "failed": 0})

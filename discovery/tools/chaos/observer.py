@@ -25,9 +25,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
@@ -40,6 +40,10 @@ from discovery.redislayout import RedisKeys, load, parse_change, parse_heartbeat
 from discovery.zk import ZkSession
 
 from .cluster import CLUSTER_NAME, ChaosCluster
+from .memory import read_memory
+
+if TYPE_CHECKING:
+    from .watch import HostileWatch
 
 __all__ = ["Observer", "Snapshot", "Violation"]
 
@@ -73,6 +77,9 @@ class Snapshot:
     subscribed: set[str] = field(default_factory=set)
     #: The epoch of each search server's list (``GET /cluster``).
     epochs: dict[str, int] = field(default_factory=dict)
+    #: Fields of ``P:servers`` that do not decode (0 but while a hostile fault wrote
+    #: some: any other time they are a violation).
+    redis_problems: int = 0
 
     @property
     def search_follows_redis(self) -> bool:
@@ -150,6 +157,8 @@ class Observer:
         self._watcher: MembershipWatcher | None = None
         self._redis: aioredis.Redis | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        #: The invariants of the hostile fault running now (:mod:`.watch`), if any.
+        self.hostile: HostileWatch | None = None
 
     def now(self) -> float:
         """Seconds since the observer was created (the report's time axis)."""
@@ -210,7 +219,7 @@ class Observer:
         zk: frozenset[str] | None = None
         if self._watcher is not None and self._session is not None and self._session.connected:
             zk = frozenset(i for i, inst in self._watcher.members.items() if inst.routable)
-        redis_ids, epoch = await self._read_redis()
+        redis_ids, epoch, problems = await self._read_redis()
         search: dict[str, frozenset[str]] = {}
         leaders: list[str] = []
         subscribed: set[str] = set()
@@ -226,13 +235,36 @@ class Observer:
                 leaders.append(member.name)
             if view.get("redis_connected"):
                 subscribed.add(member.name)
-        snapshot = Snapshot(at, model, zk, redis_ids, epoch, search, leaders, subscribed, epochs)
+        snapshot = Snapshot(
+            at, model, zk, redis_ids, epoch, search, leaders, subscribed, epochs, problems
+        )
         self.last = snapshot
+        if (watch := self.hostile) is not None:
+            for invariant, detail in watch.snapshot(snapshot):
+                self.violate(invariant, detail)
+            self._read_memory(watch)
         async with self._changed:
             self._changed.notify_all()
         return snapshot
 
-    async def _read_redis(self) -> tuple[frozenset[str] | None, int | None]:
+    def _read_memory(self, watch: HostileWatch) -> None:
+        """Each running search server's resident memory, for the hostile fault's bound."""
+        for member in self._cluster.search.values():
+            process = member.process
+            if process is None or process.returncode is not None:
+                continue
+            memory = read_memory(process.pid)
+            if memory is not None:
+                watch.memory(member.name, process.pid, memory, peak_reset=False)
+
+    @property
+    def invalid_children(self) -> Mapping[str, str]:
+        """Children of ``/data_servers`` our own watcher skips, with the reason."""
+        return self._watcher.invalid if self._watcher is not None else {}
+
+    async def _read_redis(self) -> tuple[frozenset[str] | None, int | None, int]:
+        """The routable ids of the published list, its epoch and the number of fields
+        of ``P:servers`` that do not decode; (None, None, 0) if unreadable."""
         assert self._redis is not None
         keys = RedisKeys(self._cluster.redis_prefix)
         # What these reads may not go below: the epochs published before they were sent.
@@ -241,14 +273,17 @@ class Observer:
         # its stream entry can be handled while these replies are on the way (another
         # connection, another task). Neither is a step back.
         floor = self.max_epoch
+        # A hostile fault that writes malformed contents on purpose judges them itself.
+        garbage_expected = self.hostile is not None and self.hostile.redis_garbage
         try:
             beat = await self._redis.get(keys.leader)
             loaded = await load(self._redis, keys)
         except _REDIS_ERRORS:
-            return None, None
+            return None, None, 0
         except MalformedLiveListError as exc:
-            self.violate("published list readable", f"{keys.meta} does not parse: {exc}")
-            return None, None
+            if not garbage_expected:
+                self.violate("published list readable", f"{keys.meta} does not parse: {exc}")
+            return None, None, 0
         if beat is not None:
             heartbeat = parse_heartbeat(beat, -1)
             if heartbeat.epoch is not None:
@@ -256,14 +291,14 @@ class Observer:
                 if heartbeat.at is not None:
                     self._wrote(heartbeat.epoch, float(heartbeat.at))
         if loaded.meta is None:
-            return None, None
-        if loaded.problems:
+            return None, None, 0
+        if loaded.problems and not garbage_expected:
             self.violate(
                 "published list readable", f"{keys.servers}: {'; '.join(loaded.problems[:3])}"
             )
         self._check_epoch(loaded.meta.epoch, keys.meta, floor)
         routable = frozenset(k for k, instance in loaded.servers.items() if instance.routable)
-        return routable, loaded.meta.epoch
+        return routable, loaded.meta.epoch, len(loaded.problems)
 
     def _check_epoch(self, epoch: int, where: str, floor: int | None = None) -> None:
         """``epoch``, read from ``where``, must not be below ``floor``: the highest epoch

@@ -7,10 +7,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from . import watch
 from .config import REDIS_REPLICAS
 from .runner import ChaosResult
+from .watch import MIB, HostileFigures, nearest_rank
 
-__all__ = ["render", "to_json", "write_json"]
+__all__ = ["hostile_table", "render", "to_json", "write_json"]
 
 INVARIANTS = (
     "query within deadline + 50 ms",
@@ -18,7 +20,82 @@ INVARIANTS = (
     "epoch never decreases",
     "a cut-off leader is silent before its session can expire",
     "no registration is ever lost",
+    watch.SHARDS,
+    watch.MEMORY,
+    watch.OFFLINE,
+    watch.LISTS,
+    watch.STORM,
+    watch.SKIPPED,
+    watch.CRASH,
 )
+
+
+def hostile_table(figures: list[HostileFigures]) -> dict[str, dict[str, Any]]:
+    """Per hostile kind, over every fault of it: the normal load's answers, their p99
+    and max latency, the most shards one answer missed, the largest rise of a search
+    server's memory, the healthy data servers lost, and each fault's own notes."""
+    table: dict[str, dict[str, Any]] = {}
+    latencies: dict[str, list[float]] = defaultdict(list)
+    for figure in figures:
+        row = table.setdefault(
+            figure.kind,
+            {
+                "count": 0,
+                "complete": 0,
+                "partial": 0,
+                "failed": 0,
+                "max_missing_shards": 0,
+                "rss_peak_delta_mib": None,
+                "servers_lost": [],
+                "notes": [],
+            },
+        )
+        row["count"] += 1
+        row["complete"] += figure.complete
+        row["partial"] += figure.partial
+        row["failed"] += figure.failed
+        row["max_missing_shards"] = max(row["max_missing_shards"], figure.max_missing)
+        if figure.rss_peak_delta is not None:
+            delta = round(figure.rss_peak_delta / MIB, 1)
+            previous = row["rss_peak_delta_mib"]
+            row["rss_peak_delta_mib"] = delta if previous is None else max(previous, delta)
+        row["servers_lost"] = sorted({*row["servers_lost"], *figure.servers_lost})
+        row["notes"].append(figure.notes)
+        latencies[figure.kind] += figure.latencies_ms
+    for kind, row in table.items():
+        row["p99_ms"] = round(nearest_rank(latencies[kind], 0.99), 1)
+        row["max_ms"] = round(max(latencies[kind], default=0.0), 1)
+    return dict(sorted(table.items()))
+
+
+def _render_hostile(result: ChaosResult) -> list[str]:
+    table = hostile_table(result.hostile)
+    if not table:
+        return []
+    header = (
+        f"{'hostile fault':<22} {'count':>5} {'queries':>8} {'complete':>8} {'partial':>8} "
+        f"{'failed':>6} {'max missing':>11} {'p99 ms':>7} {'max ms':>7} "
+        f"{'RSS +MiB':>8} {'DS lost':>7}"
+    )
+    lines = ["", header, "-" * len(header)]
+    for kind, row in table.items():
+        queries = row["complete"] + row["partial"] + row["failed"]
+        rss = row["rss_peak_delta_mib"]
+        lines.append(
+            f"{kind:<22} {row['count']:>5} {queries:>8} {row['complete']:>8} "
+            f"{row['partial']:>8} {row['failed']:>6} {row['max_missing_shards']:>11} "
+            f"{row['p99_ms']:>7.0f} {row['max_ms']:>7.0f} "
+            f"{'-' if rss is None else f'{rss:.1f}':>8} {len(row['servers_lost']):>7}"
+        )
+    lines.append(
+        f"(memory bound: +{watch.RSS_BOUND / MIB:.0f} MiB per search server over its "
+        "value when the fault began; notes per fault in the JSON report)"
+    )
+    for kind, row in table.items():
+        for note in row["notes"]:
+            if note:
+                lines.append(f"  {kind}: " + ", ".join(f"{k} {v}" for k, v in note.items()))
+    return lines
 
 
 def _per_kind(result: ChaosResult) -> dict[str, dict[str, Any]]:
@@ -93,11 +170,13 @@ def render(result: ChaosResult) -> str:
         "",
         f"queries: {load.sent} sent, {load.complete} complete, {load.partial} partial, "
         f"{load.failed} failed, {load.disturbed} disturbed by the harness "
-        f"(missing shards: {load.shards_failed} failed, {load.shards_timed_out} timed out); "
+        f"(missing shards: {load.shards_failed} failed, {load.shards_timed_out} timed out, "
+        f"{load.shards_cut} cut); "
         f"p50 {load.percentile(0.5):.0f} ms, p99 {load.percentile(0.99):.0f} ms, "
         f"max {load.max_ms:.0f} ms",
         f"publishes seen: {result.publishes} in {result.epochs} epochs; writes of deposed "
         f"leaders refused by the fence: {result.fenced_writes}",
+        *_render_hostile(result),
         "",
     ]
     by_invariant: dict[str, int] = defaultdict(int)
@@ -131,6 +210,7 @@ def to_json(result: ChaosResult) -> dict[str, Any]:
             "deadline_ms": config.deadline_ms,
             "session_timeout_s": config.session_timeout,
             "redis_sentinels": config.redis_sentinels,
+            "kinds": list(config.kinds),
             "redis_replicas": REDIS_REPLICAS if config.sentinel_mode else 0,
         },
         "ok": result.ok,
@@ -151,6 +231,7 @@ def to_json(result: ChaosResult) -> dict[str, Any]:
             "over_deadline": load.over_deadline,
             "shards_failed": load.shards_failed,
             "shards_timed_out": load.shards_timed_out,
+            "shards_cut": load.shards_cut,
             "p50_ms": round(load.percentile(0.5), 1),
             "p99_ms": round(load.percentile(0.99), 1),
             "max_ms": round(load.max_ms, 1),
@@ -161,6 +242,7 @@ def to_json(result: ChaosResult) -> dict[str, Any]:
         "fenced_writes": result.fenced_writes,
         "cpu_steal_share": round(result.cpu_steal, 4),
         "epochs": result.epochs,
+        "hostile": hostile_table(result.hostile),
         "violations": [v.__dict__ for v in result.violations],
     }
 

@@ -3,12 +3,15 @@
 The schedule is a sequence of rounds; each round is every fault kind of the run's
 Redis mode once (with ``--redis-sentinels``, Redis failovers where a single-Redis run
 restarts Redis empty), in an order shuffled by the seed, the categories (process
-faults, network partitions, two faults at once) taken in turn, so that even a short
-run meets each category and the same seed replays the same run (the victims are drawn
-from the same seeded generator). Faults run one after the other: a fault is injected,
-judged, healed and judged again before the next starts, with a short seeded pause in
-between, so that every verdict belongs to one fault (an overlap is one fault made of
-two).
+faults, network partitions, two faults at once, hostile participants) taken in turn,
+so that even a short run meets each category and the same seed replays the same run
+(the victims are drawn from the same seeded generator). The hostile category closes
+each turn and is shuffled by a generator of its own, so that the other categories'
+order for a seed is the one it was before hostile faults existed. ``--kinds`` keeps
+only the named kinds (or categories) of that order. Faults run one after the other:
+a fault is injected, judged, healed and judged again before the next starts, with a
+short seeded pause in between, so that every verdict belongs to one fault (an overlap
+is one fault made of two).
 
 At the end all faults are healed; the final check (invariant 4) is that every data
 server is registered and serving again, in ZooKeeper, in Redis and at every search
@@ -20,16 +23,23 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from discovery.errors import ConfigError
 
 from .cluster import ChaosCluster
 from .config import ChaosConfig
 from .faults import CATEGORIES, FAULTS, START_BOUND, FaultContext, StepResult, kinds
 from .load import LoadGenerator, LoadStats, cpu_jiffies
 from .observer import Observer, Violation
+from .watch import HostileFigures
 
-__all__ = ["ChaosResult", "run_chaos", "schedule"]
+__all__ = ["HOSTILE", "ChaosResult", "resolve_kinds", "run_chaos", "schedule"]
+
+#: The category of bad participants (:mod:`.hostile`): the last of every turn.
+HOSTILE = "hostile"
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,8 @@ class ChaosResult:
     fenced_writes: int = 0
     #: Share of the machine's CPU time the hypervisor took during the faults (0..1).
     cpu_steal: float = 0.0
+    #: What each hostile fault did, in the order they ran.
+    hostile: list[HostileFigures] = field(default_factory=list)
     setup_error: str | None = None
 
     @property
@@ -62,30 +74,83 @@ class ChaosResult:
         return self.started and not self.violations
 
 
-def schedule(seed: int, *, partitions: bool = True, sentinels: bool = False) -> list[str]:
+def schedule(
+    seed: int,
+    *,
+    partitions: bool = True,
+    sentinels: bool = False,
+    only: Collection[str] | None = None,
+) -> list[str]:
     """An endless-enough seeded order of fault kinds: rounds of every kind once, the
-    categories interleaved (without ``partitions``, the partition kinds are left out).
+    categories interleaved (without ``partitions``, the partition kinds are left out),
+    the hostile one last in each turn; with ``only``, just those kinds, in that order.
 
     The kinds are those of the Redis mode (:func:`~.faults.kinds`): with ``sentinels``
     the Redis restarts become failovers, in their places, so the same seed gives the
     same order in both modes but for those; a single-Redis schedule never holds a
-    failover, nor a Sentinel one a restart.
+    failover, nor a Sentinel one a restart. The hostile kinds are drawn from a
+    generator of their own, so the other kinds come in the order the seed gave them
+    before the hostile category existed.
     """
     rng = random.Random(seed)
+    hostile_rng = random.Random(f"{HOSTILE}:{seed}")
     categories = {
         name: kinds(name, sentinels=sentinels)
         for name in sorted(CATEGORIES)
-        if partitions or name != "partition"
+        if name != HOSTILE and (partitions or name != "partition")
     }
+    hostile = kinds(HOSTILE, sentinels=sentinels)
     order: list[str] = []
     for _ in range(100):
         queues = {name: rng.sample(pool, len(pool)) for name, pool in categories.items()}
         turn = rng.sample(sorted(queues), len(queues))
-        while any(queues.values()):
+        bad = hostile_rng.sample(hostile, len(hostile))
+        while any(queues.values()) or bad:
             for name in turn:
                 if queues[name]:
                     order.append(queues[name].pop())
+            if bad:
+                order.append(bad.pop())
+    if only is not None:
+        order = [kind for kind in order if kind in only]
     return order
+
+
+def resolve_kinds(
+    names: Iterable[str], *, partitions: bool = True, sentinels: bool = False
+) -> frozenset[str] | None:
+    """The kinds that ``--kinds`` names (each a kind or a category: the category's kinds
+    that this run's mode schedules), or None for every kind.
+
+    Raises:
+        ConfigError: naming the flag, for a name that is neither a kind nor a category,
+            or a kind this run's mode cannot schedule.
+    """
+    available = set(schedule(0, partitions=partitions, sentinels=sentinels))
+    names = list(names)
+    chosen: set[str] = set()
+    for name in names:
+        if name in CATEGORIES:
+            chosen.update(kind for kind in CATEGORIES[name] if kind in available)
+        elif name not in FAULTS:
+            raise ConfigError(
+                f"--kinds: {name!r} is neither a fault kind nor a category "
+                f"({', '.join(sorted(CATEGORIES))}; kinds: {', '.join(sorted(FAULTS))})"
+            )
+        elif name not in available:
+            raise ConfigError(
+                f"--kinds: {name} does not run in this mode (partition kinds need "
+                "--partitions; redis_failover and its overlap need --redis-sentinels; the "
+                "Redis restarts a single Redis)"
+            )
+        else:
+            chosen.add(name)
+    if names and not chosen:
+        raise ConfigError(
+            f"--kinds: no kind of {', '.join(names)} runs in this mode (partition kinds "
+            "need --partitions)"
+        )
+    return frozenset(chosen) or None
 
 
 async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
@@ -117,15 +182,22 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
         cpu_before = cpu_jiffies()
         ctx = FaultContext(cluster, observer, config, random.Random(config.seed))
         deadline = time.monotonic() + config.duration
+        only = resolve_kinds(
+            config.kinds, partitions=config.partitions, sentinels=config.sentinel_mode
+        )
         for kind in schedule(
-            config.seed, partitions=config.partitions, sentinels=config.sentinel_mode
+            config.seed, partitions=config.partitions, sentinels=config.sentinel_mode, only=only
         ):
             if time.monotonic() >= deadline:
                 break
             observer.fault = kind
             log.info("== fault %d: %s", len(result.faults_run) + 1, kind)
             result.faults_run.append(kind)
-            await FAULTS[kind](ctx)
+            try:
+                await FAULTS[kind](ctx)
+            except Exception as exc:  # a harness bug: reported, and the run goes on
+                log.exception("fault %s failed", kind)
+                observer.violate("fault ran to its end", f"{kind}: {type(exc).__name__}: {exc}")
             observer.fault = "between faults"
             await ctx.hold(0.5, 2.0)
         observer.fault = "final check"
@@ -138,6 +210,7 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
         )
         result.steps = ctx.results
         result.skipped = ctx.skipped
+        result.hostile = ctx.hostile
         result.fenced_writes = _count_fenced_writes(cluster)
         cpu_after = cpu_jiffies()
         if cpu_before is not None and cpu_after is not None and cpu_after[0] > cpu_before[0]:

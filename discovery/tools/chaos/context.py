@@ -1,0 +1,138 @@
+"""What every fault kind works with: the context of a run and the verdict of one step.
+
+A fault kind is a coroutine taking a :class:`FaultContext`: the cluster's processes, the
+observer (the model and the views), the run's settings and the seeded generator that
+picks victims and durations. :meth:`FaultContext.converge` is the one verdict all
+kinds share: after a step that changes what should be true, every view must equal the
+model within the step's bound (see :mod:`.faults` for the bounds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from discovery.livelist import RECONNECT_BACKOFF_MAX
+
+from .cluster import ChaosCluster, Member
+from .config import ChaosConfig
+from .observer import Observer, Snapshot
+from .watch import HostileFigures
+
+__all__ = [
+    "RECOVERY_TIMEOUT",
+    "START_BOUND",
+    "FaultContext",
+    "StepResult",
+    "redis_bound",
+]
+
+log = logging.getLogger(__name__)
+
+RECOVERY_TIMEOUT = 60.0
+#: Process start-up (imports, index build, first good probes) on a loaded 2-core box.
+START_BOUND = 25.0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    fault: str
+    step: str
+    bound: float
+    took: float | None  # None: not within the bound
+    detail: str = ""
+
+
+class FaultContext:
+    """What a fault may use: the cluster, the observer, the seeded RNG, the verdicts."""
+
+    def __init__(
+        self, cluster: ChaosCluster, observer: Observer, config: ChaosConfig, rng: random.Random
+    ) -> None:
+        self.cluster = cluster
+        self.observer = observer
+        self.config = config
+        self.rng = rng
+        self.results: list[StepResult] = []
+        self.skipped: dict[str, int] = {}
+        #: What each hostile fault did (:mod:`.hostile`), in the order they ran.
+        self.hostile: list[HostileFigures] = []
+
+    async def converge(
+        self,
+        fault: str,
+        step: str,
+        bound: float,
+        predicate: Callable[[Snapshot], bool] | None = None,
+    ) -> float | None:
+        """Wait until all views equal the model (and ``predicate``) within ``bound``."""
+        observer = self.observer
+        since, model = observer.now(), frozenset(observer.model)
+
+        def done(snapshot: Snapshot) -> bool:
+            # Only a snapshot sampled after this step, against the model it set, counts:
+            # the one before the fault would agree with the old model at once.
+            return (
+                snapshot.at >= since
+                and snapshot.model == model
+                and snapshot.converged
+                and (predicate is None or predicate(snapshot))
+            )
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            await observer.wait_for(done, bound)
+        except TimeoutError:
+            last = observer.last
+            detail = last.describe() if last is not None else "no snapshot"
+            observer.violate(
+                "list equals truth within the fault's bound",
+                f"{fault} {step}: not converged within {bound:.1f} s: {detail}",
+            )
+            # The model holds the servers that are healthy and can reach ZooKeeper: one
+            # of them still without its node past the bound is a lost registration.
+            lost = sorted(model - last.zk) if last is not None and last.zk is not None else []
+            if lost:
+                observer.violate(
+                    "no registration is ever lost",
+                    f"{fault} {step}: {lost} not registered within {bound:.1f} s",
+                )
+            self.results.append(StepResult(fault, step, bound, None, detail))
+            try:
+                await observer.wait_for(done, RECOVERY_TIMEOUT)
+            except TimeoutError:
+                log.error("%s %s: not converged after %gs more", fault, step, RECOVERY_TIMEOUT)
+            return None
+        took = loop.time() - started
+        self.results.append(StepResult(fault, step, bound, took))
+        log.info("%s %s: converged in %.2f s (bound %.1f s)", fault, step, took, bound)
+        return took
+
+    async def hold(self, low: float, high: float) -> None:
+        """Keep the fault in place for a seeded while: its duration is part of the test."""
+        await asyncio.sleep(self.rng.uniform(low, high))
+
+    def pick_data(self, count: int) -> list[Member]:
+        candidates = sorted(
+            name
+            for name, member in self.cluster.data.items()
+            if member.running and name in self.observer.model
+        )
+        return [self.cluster.data[name] for name in self.rng.sample(candidates, count)]
+
+    def remove(self, members: list[Member]) -> None:
+        self.observer.model.difference_update(m.name for m in members)
+
+    def add(self, members: list[Member]) -> None:
+        self.observer.model.update(m.name for m in members)
+
+
+def redis_bound(config: ChaosConfig) -> float:
+    """Seconds for the list to be readable and followed again after a Redis fault: a
+    reader may be waiting out its reconnect back-off when Redis comes back; the leader
+    republishes at its next heartbeat once ``P:meta`` is gone or not its own."""
+    return RECONNECT_BACKOFF_MAX + 2 * config.heartbeat_interval + 1.0

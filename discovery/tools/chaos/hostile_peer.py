@@ -1,0 +1,274 @@
+"""A hostile "data server" for chaos runs: registered like any other, answers like none.
+
+``python -m discovery.tools.chaos.hostile_peer --mode MODE --zk HOSTS --id ID --shard S
+--replica R --host ADDR --port P`` registers a valid ephemeral registration (through
+:class:`~discovery.registration.Registration`, as a data server's agent does) for an
+extra replica of shard ``S``, and answers every request on ``ADDR:P`` according to
+``MODE``:
+
+* ``endless``: a ``200`` whose body never ends, in turn chunked, delimited by the
+  connection's close, and announced with a ``Content-Length`` of a terabyte; the
+  bytes look like hits (``{"id":..,"score":..},`` for ever), as a buggy server
+  streaming a runaway result would send;
+* ``garbage``: random bytes (in turn from the first byte, or after a status line),
+  then the connection closes;
+* ``trickle``: a valid-looking search answer sent one byte every
+  ``--trickle-interval`` seconds (0.05: about 7 s for the whole answer, far past any
+  query's deadline), on a connection kept open for the next request.
+
+It is test tooling beside the core (a process of :mod:`discovery.tools.chaos`), raw
+asyncio on purpose: an HTTP server library would refuse to send what it sends. On
+SIGTERM or SIGINT it deregisters and exits 0; on exit it prints one JSON line
+``{"hostile_peer": MODE, "connections": n, "requests": n, "bytes_sent": n}`` so that
+the chaos run can report how much of the fan-out reached it.
+
+Failure behaviour: a client that goes away mid-answer ends that connection only; an
+unreachable ZooKeeper at start is exit status 2 with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from discovery.cli.entrypoint import configure_logging, stop_on_signals
+from discovery.config import ZkConfig
+from discovery.errors import DiscoveryError
+from discovery.instance import InstancePayload, InstanceState, ServiceInstance
+from discovery.registration import Registration
+from discovery.zk import ZkSession
+
+__all__ = ["MODES", "HostilePeer", "PeerConfig", "main"]
+
+log = logging.getLogger(__name__)
+
+MODES = ("endless", "garbage", "trickle")
+#: Longest request head read: the search server's sub-requests are a few hundred bytes.
+MAX_HEAD = 64 * 1024
+#: What an endless body repeats: hits, as a runaway result would stream them.
+_HIT = b'{"id":"endless","score":1.0,"title":"endless"},'
+_ENDLESS_CHUNK = (_HIT * (64 * 1024 // len(_HIT) + 1))[: 64 * 1024]
+_ENDLESS_FRAMINGS = ("chunked", "close", "huge-length")
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """The peer's settings (its flags)."""
+
+    mode: str
+    zk_hosts: str
+    id: str
+    shard: int
+    replica: int
+    host: str
+    port: int
+    session_timeout: float = 5.0
+    seed: int = 0
+    trickle_interval: float = 0.05
+    docs: int = 300
+
+
+class HostilePeer:
+    """The server side: answers each request as ``mode`` says; counts what it did."""
+
+    def __init__(self, mode: str, *, shard: int, seed: int, trickle_interval: float) -> None:
+        if mode not in MODES:
+            raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode = mode
+        self._shard = shard
+        self._rng = random.Random(seed)
+        self._trickle_interval = trickle_interval
+        self.connections = 0
+        self.requests = 0
+        self.bytes_sent = 0
+        # Each open connection's handler and writer, so that closing ends them all.
+        self._open: dict[asyncio.StreamWriter, asyncio.Task[None] | None] = {}
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "hostile_peer": self.mode,
+            "connections": self.connections,
+            "requests": self.requests,
+            "bytes_sent": self.bytes_sent,
+        }
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection: answer requests until the answer ends it or the client goes."""
+        self.connections += 1
+        self._open[writer] = asyncio.current_task()
+        try:
+            while True:
+                try:
+                    await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                    return
+                self.requests += 1
+                if not await self._answer(writer):
+                    return
+        except (ConnectionError, TimeoutError):
+            return  # the client gave up on us: what it should do
+        finally:
+            self._open.pop(writer, None)
+            writer.close()
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                await writer.wait_closed()
+
+    async def aclose(self) -> None:
+        """End every connection (an endless answer never ends by itself): abort its
+        transport, so that its handler's next write or read fails and it returns."""
+        handlers = [task for task in self._open.values() if task is not None]
+        for writer in list(self._open):
+            writer.transport.abort()
+        if handlers:
+            await asyncio.wait(handlers, timeout=5.0)
+
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        writer.write(data)
+        self.bytes_sent += len(data)
+        await writer.drain()
+
+    async def _answer(self, writer: asyncio.StreamWriter) -> bool:
+        """Answer one request; True if the connection may carry another."""
+        if self.mode == "endless":
+            await self._endless(writer, _ENDLESS_FRAMINGS[self.requests % len(_ENDLESS_FRAMINGS)])
+            return False
+        if self.mode == "garbage":
+            await self._send(writer, garbage(self._rng, with_status_line=self.requests % 2 == 0))
+            return False
+        for byte in trickle_answer(self._shard):
+            await self._send(writer, bytes([byte]))
+            await asyncio.sleep(self._trickle_interval)
+        return True
+
+    async def _endless(self, writer: asyncio.StreamWriter, framing: str) -> None:
+        head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        if framing == "chunked":
+            head += "Transfer-Encoding: chunked\r\n"
+        elif framing == "huge-length":
+            head += f"Content-Length: {10**12}\r\n"
+        else:
+            head += "Connection: close\r\n"
+        await self._send(writer, (head + "\r\n").encode("ascii") + b'{"hits":[')
+        chunk = _ENDLESS_CHUNK
+        if framing == "chunked":
+            chunk = f"{len(chunk):x}\r\n".encode("ascii") + chunk + b"\r\n"
+        while not writer.is_closing():
+            await self._send(writer, chunk)
+
+
+def garbage(rng: random.Random, *, with_status_line: bool) -> bytes:
+    """1 byte to 64 KiB of random bytes, after a ``200`` status line if asked: a parser
+    must refuse either without an exception escaping it."""
+    noise = rng.randbytes(rng.randint(1, 64 * 1024))
+    return (b"HTTP/1.1 200 OK\r\n" + noise) if with_status_line else noise
+
+
+def trickle_answer(shard: int) -> bytes:
+    """A complete, valid search answer of one hit (head and body), to be sent slowly."""
+    body = json.dumps(
+        {
+            "hits": [{"id": "trickle", "score": 1.0, "title": "trickle"}],
+            "shard": shard,
+            "took_ms": 1,
+        },
+        separators=(",", ":"),
+    ).encode("ascii")
+    head = (
+        f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode("ascii")
+    return head + body
+
+
+def _instance(config: PeerConfig) -> ServiceInstance:
+    payload = InstancePayload(
+        shard=config.shard,
+        replica=config.replica,
+        docs=config.docs,
+        version="hostile",
+        state=InstanceState.SERVING,
+    )
+    return ServiceInstance.create("data_servers", config.id, config.host, config.port, payload)
+
+
+async def run(config: PeerConfig) -> int:
+    """Listen, register, serve until SIGTERM/SIGINT, deregister; the exit status."""
+    peer = HostilePeer(
+        config.mode, shard=config.shard, seed=config.seed, trickle_interval=config.trickle_interval
+    )
+    stop = stop_on_signals()
+    server = await asyncio.start_server(peer.handle, config.host, config.port, limit=MAX_HEAD)
+    session = ZkSession.from_config(
+        ZkConfig(config.zk_hosts, session_timeout=config.session_timeout)
+    )
+    try:
+        await session.start()
+    except DiscoveryError as exc:
+        print(f"hostile peer: cannot reach ZooKeeper: {exc}", file=sys.stderr)
+        server.close()
+        return 2
+    try:
+        async with Registration(session, _instance(config)):
+            log.info(
+                "hostile peer %s (%s) registered for shard %d", config.id, config.mode, config.shard
+            )
+            await stop.wait()
+    finally:
+        server.close()
+        await peer.aclose()
+        await server.wait_closed()
+        await session.aclose()
+        print(json.dumps(peer.summary()), flush=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m discovery.tools.chaos.hostile_peer",
+        description="A registered data server that answers with an endless body, garbage "
+        "or a trickle (a chaos run's hostile participant).",
+    )
+    parser.add_argument("--mode", choices=MODES, required=True, help="how to answer")
+    parser.add_argument("--zk", required=True, help="ZooKeeper hosts string")
+    parser.add_argument("--id", required=True, help="instance id to register")
+    parser.add_argument("--shard", type=int, required=True, help="shard to claim")
+    parser.add_argument("--replica", type=int, default=90, help="replica number [default 90]")
+    parser.add_argument("--host", required=True, help="address to bind and register")
+    parser.add_argument("--port", type=int, required=True, help="port to bind and register")
+    parser.add_argument(
+        "--session-timeout", type=float, default=5.0, help="ZooKeeper session timeout [5]"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the garbage [0]")
+    parser.add_argument(
+        "--trickle-interval", type=float, default=0.05, help="seconds between bytes [0.05]"
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level [INFO]")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
+    config = PeerConfig(
+        mode=args.mode,
+        zk_hosts=args.zk,
+        id=args.id,
+        shard=args.shard,
+        replica=args.replica,
+        host=args.host,
+        port=args.port,
+        session_timeout=args.session_timeout,
+        seed=args.seed,
+        trickle_interval=args.trickle_interval,
+    )
+    return asyncio.run(run(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
