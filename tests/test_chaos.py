@@ -13,10 +13,12 @@ import pytest
 
 from discovery.errors import ConfigError
 from discovery.tools.chaos import ChaosConfig, ChaosResult, schedule
+from discovery.tools.chaos import command as chaos_command
 from discovery.tools.chaos.faults import CATEGORIES, FAULTS, SENTINEL_KINDS, StepResult, kinds
 from discovery.tools.chaos.load import LoadStats
 from discovery.tools.chaos.observer import Observer, Snapshot, Violation
 from discovery.tools.chaos.report import render, to_json
+from discovery.tools.chaos.runner import resolve_kinds
 from discovery.tools.main import build_parser
 
 
@@ -34,7 +36,7 @@ def test_schedule_is_seeded_and_meets_every_kind_in_each_round(sentinels: bool) 
     assert schedule(7, sentinels=sentinels) == schedule(7, sentinels=sentinels)
     assert schedule(7, sentinels=sentinels) != schedule(8, sentinels=sentinels)
     every = _mode_kinds(sentinels=sentinels)
-    assert len(every) == 20
+    assert len(every) == 26  # 11 process, 5 partition, 4 overlap, 6 hostile
     first_rounds = schedule(7, sentinels=sentinels)[: 3 * len(every)]
     for start in range(0, len(first_rounds), len(every)):
         assert sorted(first_rounds[start : start + len(every)]) == every
@@ -45,8 +47,9 @@ def test_schedule_takes_the_categories_in_turn_so_a_short_run_meets_each() -> No
     assert set(category) == set(FAULTS)
     for seed in range(20):
         for sentinels in (False, True):
-            first = schedule(seed, sentinels=sentinels)[:3]
+            first = schedule(seed, sentinels=sentinels)[:4]
             assert {category[kind] for kind in first} == set(CATEGORIES)
+            assert category[first[3]] == "hostile"  # the last of each turn
     for sentinels in (False, True):
         without = schedule(7, partitions=False, sentinels=sentinels)
         assert not any(category[kind] == "partition" for kind in without)
@@ -54,10 +57,12 @@ def test_schedule_takes_the_categories_in_turn_so_a_short_run_meets_each() -> No
         assert sorted(without[: len(others)]) == others
 
 
-def test_single_redis_schedules_are_unchanged_by_the_sentinel_kinds() -> None:
+def test_single_redis_schedules_are_unchanged_by_the_sentinel_and_hostile_kinds() -> None:
     # Seed 7's first round as it was before the Sentinel kinds existed (make chaos-ci):
-    # adding kinds for the other mode must not reshuffle a single-Redis run.
-    assert schedule(7)[:6] == [
+    # adding kinds for the other mode must not reshuffle a single-Redis run, and the
+    # hostile kinds, drawn from a generator of their own, only come in between.
+    hostile = set(CATEGORIES["hostile"])
+    assert [kind for kind in schedule(7) if kind not in hostile][:6] == [
         "leader_pause",
         "overlap_redis_restart_during_leader_change",
         "partition_leader_zookeeper",
@@ -79,6 +84,45 @@ def test_sentinel_mode_fails_redis_over_and_never_restarts_it_empty() -> None:
             # The same seed, the same run: the failovers take the restarts' places.
             assert with_sentinels == [SENTINEL_KINDS.get(kind, kind) for kind in single]
     assert CATEGORIES["process"].count("redis_failover") == 1
+
+
+def test_kinds_runs_only_the_named_kinds_and_categories_in_the_seeds_order() -> None:
+    hostile = resolve_kinds(["hostile"])
+    assert hostile == set(CATEGORIES["hostile"])
+    assert (
+        schedule(7, only=hostile)[:6]
+        == [kind for kind in schedule(7) if kind in CATEGORIES["hostile"]][:6]
+    )
+    picked = resolve_kinds(["hostile_trickle", "leader_kill"])
+    assert set(schedule(3, only=picked)) == {"hostile_trickle", "leader_kill"}
+    assert resolve_kinds([]) is None  # every kind
+    # A category holds only what the run's mode schedules.
+    assert "redis_failover" not in (resolve_kinds(["process"]) or set())
+    assert "redis_restart" not in (resolve_kinds(["process"], sentinels=True) or set())
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--kinds", "hostile,bogus"], "--kinds: 'bogus' is neither a fault kind nor a category"),
+        (["--kinds", "redis_failover"], "--kinds: redis_failover does not run in this mode"),
+        (["--kinds", "partition", "--no-partitions"], "--kinds: no kind of partition runs"),
+        (["--kinds", "partition_leader_redis", "--no-partitions"], "does not run in this mode"),
+    ],
+)
+def test_kinds_that_cannot_run_are_refused_before_anything_starts(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = parse_chaos_args([*argv, "--no-partitions"] if "--no-partitions" not in argv else argv)
+    assert chaos_command.run(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_kinds_flag_is_a_comma_separated_list() -> None:
+    assert parse_chaos_args(["--kinds", "hostile, leader_kill"]).kinds == ["hostile", "leader_kill"]
+    assert parse_chaos_args([]).kinds == []
+    with pytest.raises(SystemExit):
+        parse_chaos_args(["--kinds", ","])
 
 
 def _snapshot(**views: object) -> Snapshot:

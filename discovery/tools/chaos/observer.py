@@ -198,7 +198,9 @@ class Observer:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            # A task that crashed was logged when it did (_on_task_done); closing must
+            # go on, or the run's processes would outlive it.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self._watcher is not None:
             await self._watcher.aclose()
@@ -317,12 +319,22 @@ class Observer:
         self.last_write_ms[epoch] = max(self.last_write_ms.get(epoch, 0.0), at_ms)
 
     async def _sample_forever(self) -> None:
+        last_crash = ""
         while True:
             started = self._clock()
             try:
                 await self.sample()
             except DiscoveryError as exc:
                 log.warning("observer: sampling failed: %s", exc)
+            except Exception as exc:
+                # Something no reader may crash on (a decoder's own exception on what a
+                # hostile fault wrote): a verdict, once per kind of crash, and sampling
+                # goes on so that the next steps are judged too.
+                crash = f"{type(exc).__name__}: {str(exc)[:200]}"
+                if crash != last_crash:
+                    log.exception("observer: sampling crashed")
+                    self.violate("the views can be read", crash)
+                last_crash = crash
             await asyncio.sleep(max(0.0, self._interval - (self._clock() - started)))
 
     async def _follow_events(self) -> None:

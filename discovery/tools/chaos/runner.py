@@ -219,12 +219,14 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
         if load is not None:
             await load.aclose()
             result.load = load.stats
-        if observer is not None:
-            result.violations = list(observer.violations)
-            result.epochs = len(observer.epochs_seen)
-            result.publishes = observer.publishes
-            await observer.aclose()
-        await cluster.aclose()
+        try:
+            if observer is not None:
+                result.violations = list(observer.violations)
+                result.epochs = len(observer.epochs_seen)
+                result.publishes = observer.publishes
+                await observer.aclose()
+        finally:
+            await cluster.aclose()
         result.elapsed = time.monotonic() - started
     return result
 
