@@ -20,7 +20,8 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   for lack of samples) is not sent a flood before anyone knows its speed.
 * **Hedged requests** ("The Tail at Scale", Dean and Barroso): when a shard's request
   is out longer than the recent 95th percentile of the fastest other replica of the
-  shard, one more request goes to another replica; the first answer wins and the other
+  shard (or, while no other has enough answers to tell, of the replica asked itself),
+  one more request goes to another replica; the first answer wins and the other
   is abandoned. A budget caps hedges at ``hedge_ratio`` of the sub-requests (plus a
   burst), so that a slow cluster is not sent more load (Finagle's BackupRequestFilter
   does the same). The budget is kept for stragglers (see :meth:`FanOut._hedge`): no
@@ -594,7 +595,7 @@ class FanOut:
         primary = self.picker.pick(candidates)
         self._send(q, call, primary, hedge=False)
         if self._hedging and len(call.replicas) > 1 and call.hedge_timer is None:
-            window = _fastest_other(call.replicas, primary)
+            window = _hedge_window(call.replicas, primary)
             if window is not None:
                 assert window.p95 is not None
                 when = now + window.p95
@@ -666,7 +667,7 @@ class FanOut:
             return
         if not self._budget.withdraw():
             self.metrics.hedges.labels(result="over_budget").inc()
-            window = _fastest_other(call.replicas, call.attempts[0].replica)
+            window = _hedge_window(call.replicas, call.attempts[0].replica)
             if window is not None:
                 assert window.p95 is not None
                 # Doubling bounds the offers to a few per deadline.
@@ -749,7 +750,7 @@ class FanOut:
             for late in deferred:
                 if late.done or not late.attempts:
                     continue
-                window = _fastest_other(late.replicas, late.attempts[0].replica)
+                window = _hedge_window(late.replicas, late.attempts[0].replica)
                 if window is None or window.p50 is None or window.p95 is None:
                     continue
                 when = now + window.p95 - window.p50
@@ -911,9 +912,18 @@ class FanOut:
         return self._ejected
 
 
-def _fastest_other(replicas: list[Replica], primary: Replica) -> LatencyWindow | None:
-    """The latency window of lowest p95 among ``replicas`` other than ``primary`` (None
-    if none has one yet): a shard's request out longer than that is worth a hedge."""
+def _hedge_window(replicas: list[Replica], primary: Replica) -> LatencyWindow | None:
+    """The latency window a request to ``primary`` is judged by: a shard's request out
+    longer than its p95 is worth a hedge.
+
+    The window of lowest p95 among ``replicas`` other than ``primary``; when none of
+    them has one yet, ``primary``'s own (None if it has none either). The fallback
+    matters because adaptive selection sends most of a shard's requests to its faster
+    replica: the other may have too few answers for a window, and without one a
+    replica that turned slow was never hedged, costing a timed-out shard per query
+    until it was ejected (the demo's slow-down phase, 6 to 10 partial answers of 73).
+    Its own p95 is what it answered in before it turned slow.
+    """
     best: LatencyWindow | None = None
     best_p95 = math.inf
     for replica in replicas:
@@ -923,6 +933,10 @@ def _fastest_other(replicas: list[Replica], primary: Replica) -> LatencyWindow |
         p95 = window.p95
         if p95 is not None and p95 < best_p95:
             best, best_p95 = window, p95
+    if best is None:
+        own = primary.window
+        if own is not None and own.p95 is not None:
+            return own
     return best
 
 

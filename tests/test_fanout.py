@@ -560,3 +560,33 @@ async def test_a_cut_answer_counts_as_answered_but_makes_the_result_partial(
     result = await fanout.search(servers, worst, 10, 5000)
     assert result.shards == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0, "cut": 0}
     assert not result.partial
+
+
+async def test_a_replica_turned_slow_is_hedged_even_when_its_partner_has_few_answers(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    """Adaptive selection sends most of a shard's requests to its faster replica; the
+    other can have too few answers for a latency window. The hedge of a request to the
+    busy one then goes by that replica's own p95 (the demo's slow-down phase: no hedge
+    at all, a timed-out shard per query until the slowed replica was ejected)."""
+    favourite, partner = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-favourite"),
+        make_data_server(shard=0, replica=1, instance_id="ds-partner"),
+    )
+    servers = [instance_of(favourite), instance_of(partner)]
+    fanout = FanOut(client, registry=registry, picker=_Prefer("ds-favourite"), hedge_ratio=0.5)
+    for query in QUERIES * 2:  # 24 answers: the favourite's window knows its p95
+        result = await fanout.search(servers, query, 10, 2000)
+        assert not result.partial
+    partner_replica = fanout.replica(instance_of(partner))
+    assert partner_replica is None or partner_replica.window is None  # never asked
+
+    await _set_fault(http, favourite, mode="slow", delay_ms=3000)
+    result, took = await _timed(fanout, servers, 1000)
+
+    assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+    assert took < 0.9  # answered by the hedge, not at the deadline
+    assert _sample(registry, "hedges_total", result="won") == 1

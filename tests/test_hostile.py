@@ -8,9 +8,11 @@ hostile query must never make a search server count its data servers as failing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
@@ -27,7 +29,9 @@ from tests.support import (
     SessionFactory,
     all_see,
     eventually,
+    frequent_terms,
     get_json,
+    live_ids,
 )
 
 # ZooKeeper's default jute.maxbuffer is 0xfffff bytes (1 MiB - 1) for a whole packet:
@@ -268,3 +272,52 @@ async def test_allowed_networks_keep_other_addresses_out_of_the_published_list(
     )
     loaded = await load(client, RedisKeys(redis_prefix))
     assert set(loaded.servers) == {"ds-inside"}
+
+
+async def test_a_storm_of_worst_case_queries_leaves_normal_queries_complete(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    """Issue 21: four clients sending a shard's most frequent terms made 40 of 40 normal
+    queries partial. Now the data servers cut such a search at its budget in slices,
+    and the search server refuses the query once it has failed on many shards while
+    other queries did not (422); normal queries through the same search server stay
+    at least 90 % complete, and no data server's agent takes it offline."""
+    data = [
+        await make_data_server(shard=shard, docs=20_000, instance_id=f"ds-{shard}")
+        for shard in range(2)
+    ]
+    search = await make_search_server(server_id="ss-0")
+    await all_see([search], {"ds-0", "ds-1"})
+    assert data[0].index is not None
+    worst = frequent_terms(data[0].index, 150)
+    stop = asyncio.Event()
+    storm: list[int] = []
+
+    async def worst_case_client() -> None:
+        async with aiohttp.ClientSession() as client:
+            while not stop.is_set():
+                params = {"q": worst, "k": "10", "timeout_ms": "500"}
+                async with client.get(f"{search.url}/search", params=params) as response:
+                    await response.read()
+                    storm.append(response.status)
+
+    normal: list[bool] = []
+    clients = [asyncio.create_task(worst_case_client()) for _ in range(4)]
+    try:
+        async with aiohttp.ClientSession() as client:
+            for query in sample_queries(60, variant=5):
+                params = {"q": query, "k": "10", "timeout_ms": "500"}
+                async with client.get(f"{search.url}/search", params=params) as response:
+                    assert response.status == 200
+                    normal.append(not (await response.json())["partial"])
+    finally:
+        stop.set()
+        await asyncio.gather(*clients)
+
+    complete = sum(normal) / len(normal)
+    assert complete >= 0.9, f"{sum(normal)} of {len(normal)} normal queries complete"
+    # The storm was refused after its strikes, without asking the data servers.
+    assert 422 in storm
+    assert search.registry.get_sample_value("search_server_query_of_death_quarantines_total")
+    assert all(server.agent is not None and server.agent.status().registered for server in data)
+    assert live_ids(search) == {"ds-0", "ds-1"}
