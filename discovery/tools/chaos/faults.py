@@ -16,7 +16,13 @@ kind of fault has by design:
   the leader killed too, the crash bound on top;
 * leader killed or paused: the crash bound plus 1 s for the election and first publish;
 * ZooKeeper server faults: the session timeout once the servers are back;
-* restarts: process start-up plus ``rise`` probes (:data:`START_BOUND`).
+* restarts: process start-up plus ``rise`` probes (:data:`START_BOUND`);
+* hostile participants (:mod:`.hostile`): malformed children skipped by every reader
+  within 3 s of being written and gone within 3 s of their removal; a hostile peer
+  listed within :data:`START_BOUND` of its start and gone within the crash bound of its
+  exit; a malformed ``P:meta`` healed within the Redis bound; and all along the
+  invariants of :mod:`.watch` (answers miss at most the bad participant's shards,
+  search-server memory within its bound, no healthy data server offline).
 
 With sentinels the schedule swaps the kinds that restart the one Redis server empty
 for their failover counterparts (:data:`SENTINEL_KINDS`): a primary that comes back
