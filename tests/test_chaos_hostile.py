@@ -36,7 +36,7 @@ from discovery.tools.chaos.hostile import (
 from discovery.tools.chaos.hostile_peer import HostilePeer, trickle_answer
 from discovery.tools.chaos.memory import Memory, parse_status, read_memory, reset_peak
 from discovery.tools.chaos.observer import Observer, Snapshot
-from discovery.tools.chaos.report import hostile_table, render
+from discovery.tools.chaos.report import hostile_table, render, to_json
 from discovery.tools.chaos.watch import (
     LISTS,
     MEMORY,
@@ -431,3 +431,8 @@ def test_the_report_has_a_hostile_table_per_kind() -> None:
     text = render(result)
     assert "hostile_endless_body       2" in text
     assert "requests 12" in text
+    record = to_json(result)
+    assert record["hostile"]["hostile_endless_body"]["count"] == 2
+    assert [f["partial"] for f in record["hostile_faults"]] == [0, 1]
+    assert record["hostile_faults"][0]["rss_peak_delta_mib"] == 16.0
+    json.dumps(record)  # what --report writes

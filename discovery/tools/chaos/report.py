@@ -243,6 +243,23 @@ def to_json(result: ChaosResult) -> dict[str, Any]:
         "cpu_steal_share": round(result.cpu_steal, 4),
         "epochs": result.epochs,
         "hostile": hostile_table(result.hostile),
+        "hostile_faults": [
+            {
+                "kind": f.kind,
+                "complete": f.complete,
+                "partial": f.partial,
+                "failed": f.failed,
+                "p99_ms": f.p99_ms,
+                "max_ms": f.max_ms,
+                "max_missing_shards": f.max_missing,
+                "rss_peak_delta_mib": (
+                    None if f.rss_peak_delta is None else round(f.rss_peak_delta / MIB, 1)
+                ),
+                "servers_lost": f.servers_lost,
+                "notes": f.notes,
+            }
+            for f in result.hostile
+        ],
         "violations": [v.__dict__ for v in result.violations],
     }
 
