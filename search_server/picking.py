@@ -220,8 +220,9 @@ class AdaptiveReplicaSelection:
     search servers sending to the same data servers (C3's concurrency compensation;
     set it as it changes with :attr:`clients`).
 
-    A replica without samples ranks first, so a new one is tried at once; the fan-out's
-    warm-up keeps it to one request at a time until it has answered a few. The ranks
+    A replica without samples ranks first, so a new one is tried at once (unless it has
+    failed or timed out already: then its penalized response time ranks it); the
+    fan-out's warm-up keeps it to one request at a time until it has answered a few. The ranks
     of the candidates not chosen decay a little at each pick (``decay``, through
     :attr:`Replica.discount`, reset by its next answer), as Elasticsearch adjusts the
     statistics of the nodes it did not pick: a replica that was slow once is tried
@@ -240,7 +241,13 @@ class AdaptiveReplicaSelection:
     def rank(self, replica: Replica) -> float:
         """The replica's C3 rank per unit of weight (lower is better)."""
         if replica.samples == 0:
-            return 0.0
+            # Unknown: tried at once. But one that has only failed or timed out so far
+            # ranks by what that cost (penalize() raised its response time), not first:
+            # a peer that never answers (a trickle, a hang) was otherwise picked first
+            # again after every ejection, each time costing a hedge or the shard.
+            if replica.seconds == 0.0:
+                return 0.0
+            return replica.seconds * replica.discount / replica.weight
         service = replica.service
         q_hat = 1.0 + replica.outstanding * self.clients + replica.queue
         rank = replica.seconds - service + q_hat * q_hat * q_hat * service

@@ -115,6 +115,21 @@ def test_ars_weights_divide_the_rank_and_a_replica_without_samples_ranks_first()
     assert picker.pick([a, b, fresh]) is fresh
 
 
+def test_ars_ranks_a_replica_that_only_ever_failed_by_what_it_cost_not_first() -> None:
+    # A peer that never answers (it trickles, or hangs) has no sample, only penalties:
+    # ranking it first again after each ejection cost the shard a hedge or a timeout.
+    known = _replica("ds-known", 9001)
+    known.observe(0.004, 0.002, 0)
+    silent = _replica("ds-silent", 9002)
+    silent.penalize(0.5)  # no answer by the query's deadline
+    picker = AdaptiveReplicaSelection(decay=0.02)
+    assert picker.pick([silent, known]) is known
+    fresh = _replica("ds-fresh", 9003)
+    assert picker.pick([silent, known, fresh]) is fresh  # never tried: still first
+    # Decayed as a loser, the silent one is still tried again after a while.
+    assert silent in [picker.pick([silent, known]) for _ in range(400)]
+
+
 def test_ars_decays_the_losers_so_a_slow_replica_is_tried_again() -> None:
     fast, slow = _replica("ds-fast", 9001), _replica("ds-slow", 9002)
     fast.observe(0.002, 0.002, 0)

@@ -15,7 +15,7 @@ from discovery.cli.entrypoint import stop_on_signals
 from discovery.cli.options import int_range, positive_float
 from discovery.errors import ConfigError, DevClusterError
 
-from .config import ChaosConfig
+from .config import SENTINEL_DOWN_AFTER_MS, ChaosConfig
 from .report import render, write_json
 from .runner import ChaosResult, resolve_kinds, run_chaos
 
@@ -81,7 +81,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=0,
         metavar="N",
         help="0: one Redis server; N >= 1: a Redis primary with 2 replicas and N "
-        "sentinels (down-after 1000 ms), reached through the sentinel URL, and the "
+        f"sentinels (down-after {SENTINEL_DOWN_AFTER_MS} ms), reached through the sentinel "
+        "URL, and the "
         "schedule fails the primary over (redis_failover) instead of restarting Redis "
         "empty [default 0]",
     )
