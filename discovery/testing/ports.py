@@ -4,11 +4,19 @@
 them afterwards, so another process may take one before our server binds it; the server then
 fails to start and :meth:`~discovery.testing.process.ManagedProcess.wait_ready` reports
 its log (``Address already in use``) instead of hanging.
+
+They are picked *below* the kernel's ephemeral range (``ip_local_port_range``), not with a
+bind to port 0, which hands out a port of that range: every outgoing connection takes its
+local port from the same range, and a test suite opens thousands of them, so a port picked
+there was now and then taken by some client's connection before the server bound it (a
+sentinel failed to start that way in a full run). Below the range only servers bind, and
+the bind test below sees them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 
 __all__ = ["LOOPBACK", "free_port", "free_ports"]
@@ -33,10 +41,43 @@ def free_ports(n: int, host: str = LOOPBACK) -> list[int]:
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
+    low, high = _server_range()
     with contextlib.ExitStack() as stack:
         ports: list[int] = []
         for _ in range(n):
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            ports.append(int(sock.getsockname()[1]))
+            ports.append(_bind_one(sock, host, low, high))
         return ports
+
+
+# Ports below this are left alone: well-known and registered services live there.
+_LOWEST = 10_000
+_ATTEMPTS = 200
+
+
+def _server_range() -> tuple[int, int]:
+    """The ports below the kernel's ephemeral range and above :data:`_LOWEST`, or
+    ``(0, 0)`` where the range cannot be read (then a bind to port 0 picks)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as file:
+            first = int(file.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return (0, 0)
+    if first - 1 - _LOWEST < 1000:
+        return (0, 0)  # too narrow a gap to pick from
+    return (_LOWEST, first - 1)
+
+
+def _bind_one(sock: socket.socket, host: str, low: int, high: int) -> int:
+    """Bind ``sock`` to a free port of ``low..high`` (any port if the range is empty)."""
+    if high:
+        rng = random.Random()
+        for _ in range(_ATTEMPTS):
+            port = rng.randint(low, high)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    sock.bind((host, 0))
+    return int(sock.getsockname()[1])
