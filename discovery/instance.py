@@ -146,6 +146,10 @@ class InstanceState(StrEnum):
     MAINTENANCE = "maintenance"
 
 
+# By value, for decoding: a dict look-up, not the enum's own (which raises to say no).
+_STATES: Final = {state.value: state for state in InstanceState}
+
+
 class _FrozenJSONObject(Mapping[str, Any]):
     """Read-only view of a validated, privately owned JSON object.
 
@@ -170,6 +174,10 @@ class _FrozenJSONObject(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return repr(self._data)
+
+
+# The empty ``extra`` of nearly every payload, shared: it is read-only.
+_NO_EXTRA: Final = _FrozenJSONObject({})
 
 
 def _fail(field_name: str, problem: str) -> NoReturn:
@@ -208,6 +216,10 @@ def _describe(value: object) -> str:
 
 
 def _require_int(field_name: str, value: object, low: int, high: int) -> int:
+    # The common case first: a leader decodes every registration on a full read, and
+    # these checks run six times for each.
+    if type(value) is int and low <= value <= high:
+        return value
     # bool is an int subclass in Python but a distinct type in JSON and Java.
     if isinstance(value, bool) or not isinstance(value, int):
         _fail(field_name, f"must be an integer, got {_describe(value)}")
@@ -228,6 +240,13 @@ def _check_unicode(field_name: str, value: str) -> None:
 def _require_str(
     field_name: str, value: object, *, non_empty: bool = False, max_length: int | None = None
 ) -> str:
+    if (
+        type(value) is str
+        and value.isascii()  # no lone surrogate in ASCII: no encoding needed to know
+        and (value or not non_empty)
+        and (max_length is None or len(value) <= max_length)
+    ):
+        return value
     if not isinstance(value, str):
         _fail(field_name, f"must be a string, got {_describe(value)}")
     if non_empty and not value:
@@ -270,15 +289,16 @@ def _coerce_state(field_name: str, value: object) -> InstanceState:
     if isinstance(value, InstanceState):
         return value
     if isinstance(value, str):
-        try:
-            return InstanceState(value)
-        except ValueError:
-            pass
+        state = _STATES.get(value)
+        if state is not None:
+            return state
     allowed = ", ".join(repr(s.value) for s in InstanceState)
     _fail(field_name, f"must be one of {allowed}, got {_describe(value)}")
 
 
 def _freeze_extra(value: object) -> _FrozenJSONObject:
+    if not value and type(value) is dict:
+        return _NO_EXTRA  # what nearly every payload has: nothing beyond our fields
     if not isinstance(value, Mapping):
         _fail("payload", f"extra must be a mapping, got {_describe(value)}")
     for key in value:
@@ -433,7 +453,7 @@ class InstancePayload:
         ``"weight": null`` (or none) as :data:`DEFAULT_WEIGHT`: Jackson writes
         an unset ``String`` or ``Integer`` field of a Java payload as ``null``.
         """
-        if not isinstance(data, Mapping):
+        if type(data) is not dict and not isinstance(data, Mapping):
             _fail("payload", f"must be an object, got {_describe(data)}")
         for key in _REQUIRED_PAYLOAD_KEYS:
             if key not in data:
@@ -598,7 +618,7 @@ class ServiceInstance:
         Unknown top-level keys are ignored; unknown payload keys are kept.
         Raises :class:`InvalidInstanceError` naming the first bad field.
         """
-        if not isinstance(data, Mapping):
+        if type(data) is not dict and not isinstance(data, Mapping):
             _fail("document", f"top level must be an object, got {_json_type(data)}")
         for key in _REQUIRED_KEYS:
             if key not in data:
