@@ -130,7 +130,7 @@ class HedgeBudget:
     """Allows hedges up to ``ratio`` of the sub-requests, plus a burst of ``burst``.
 
     Each sub-request deposits ``ratio`` of a token (up to ``burst`` tokens); a hedge
-    takes one. Over any stretch, hedges ≤ ratio x sub-requests + burst.
+    takes one; it starts full. Over any stretch, hedges ≤ ratio x sub-requests + burst.
     """
 
     __slots__ = ("_burst", "_ratio", "_tokens")
@@ -140,7 +140,10 @@ class HedgeBudget:
             raise ValueError(f"hedge ratio must be in 0..1, got {ratio}")
         self._ratio = ratio
         self._burst = burst
-        self._tokens = 0.0
+        # Full at start: a search server that has just started has seen no traffic to
+        # earn tokens from, and that is when a stall of a data server is likeliest (its
+        # neighbours still starting) and hedges are what keeps answers complete.
+        self._tokens = burst
 
     def deposit(self, requests: int) -> None:
         self._tokens = min(self._burst, self._tokens + self._ratio * requests)
@@ -397,6 +400,10 @@ class FanOut:
         self._probe_interval = probe_interval
         self._hedging = hedge_ratio > 0
         self._budget = HedgeBudget(hedge_ratio, hedge_burst)
+        # Every answer's response time, whichever replica: the hedge delay of last
+        # resort, while a shard's own replicas have too few answers to tell (a search
+        # server that has just started, a shard whose replicas are new).
+        self._all_answers = LatencyWindow(size=256)
         self._warmup = warmup_samples
         self.zone = zone
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -595,7 +602,7 @@ class FanOut:
         primary = self.picker.pick(candidates)
         self._send(q, call, primary, hedge=False)
         if self._hedging and len(call.replicas) > 1 and call.hedge_timer is None:
-            window = _hedge_window(call.replicas, primary)
+            window = _hedge_window(call.replicas, primary, self._all_answers)
             if window is not None:
                 assert window.p95 is not None
                 when = now + window.p95
@@ -667,7 +674,7 @@ class FanOut:
             return
         if not self._budget.withdraw():
             self.metrics.hedges.labels(result="over_budget").inc()
-            window = _hedge_window(call.replicas, call.attempts[0].replica)
+            window = _hedge_window(call.replicas, call.attempts[0].replica, self._all_answers)
             if window is not None:
                 assert window.p95 is not None
                 # Doubling bounds the offers to a few per deadline.
@@ -720,6 +727,7 @@ class FanOut:
         if window is None:
             window = replica.window = LatencyWindow()
         window.add(elapsed)
+        self._all_answers.add(elapsed)
         self._record_success(replica, probe=attempt.probe)
         call.hits, call.outcome = hits, "ok"
         call.cut = decoded.get("cut") is True
@@ -750,7 +758,7 @@ class FanOut:
             for late in deferred:
                 if late.done or not late.attempts:
                     continue
-                window = _hedge_window(late.replicas, late.attempts[0].replica)
+                window = _hedge_window(late.replicas, late.attempts[0].replica, self._all_answers)
                 if window is None or window.p50 is None or window.p95 is None:
                     continue
                 when = now + window.p95 - window.p50
@@ -912,17 +920,24 @@ class FanOut:
         return self._ejected
 
 
-def _hedge_window(replicas: list[Replica], primary: Replica) -> LatencyWindow | None:
+def _hedge_window(
+    replicas: list[Replica], primary: Replica, everyone: LatencyWindow | None = None
+) -> LatencyWindow | None:
     """The latency window a request to ``primary`` is judged by: a shard's request out
     longer than its p95 is worth a hedge.
 
     The window of lowest p95 among ``replicas`` other than ``primary``; when none of
-    them has one yet, ``primary``'s own (None if it has none either). The fallback
-    matters because adaptive selection sends most of a shard's requests to its faster
-    replica: the other may have too few answers for a window, and without one a
-    replica that turned slow was never hedged, costing a timed-out shard per query
-    until it was ejected (the demo's slow-down phase, 6 to 10 partial answers of 73).
-    Its own p95 is what it answered in before it turned slow.
+    them has one yet, ``primary``'s own; when it has none either, ``everyone``'s (every
+    answer this fan-out got, whichever replica); None if that has none.
+
+    The fallbacks matter because adaptive selection sends most of a shard's requests to
+    its faster replica: the other may have too few answers for a window, and without
+    one a replica that turned slow was never hedged, costing a timed-out shard per
+    query until it was ejected (the demo's slow-down phase, 6 to 10 partial answers of
+    73). Its own p95 is what it answered in before it turned slow. And right after a
+    search server starts no replica has a window: a data-server process stalling then
+    cost every query its shards (the compose check's first queries after "up"), while
+    one query's answers already tell what a sub-request usually takes.
     """
     best: LatencyWindow | None = None
     best_p95 = math.inf
@@ -933,11 +948,14 @@ def _hedge_window(replicas: list[Replica], primary: Replica) -> LatencyWindow | 
         p95 = window.p95
         if p95 is not None and p95 < best_p95:
             best, best_p95 = window, p95
-    if best is None:
-        own = primary.window
-        if own is not None and own.p95 is not None:
-            return own
-    return best
+    if best is not None:
+        return best
+    own = primary.window
+    if own is not None and own.p95 is not None:
+        return own
+    if everyone is not None and everyone.p95 is not None:
+        return everyone
+    return None
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

@@ -590,3 +590,34 @@ async def test_a_replica_turned_slow_is_hedged_even_when_its_partner_has_few_ans
     assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
     assert took < 0.9  # answered by the hedge, not at the deadline
     assert _sample(registry, "hedges_total", result="won") == 1
+
+
+async def test_a_search_server_that_has_just_started_hedges_by_what_every_answer_took(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    """Right after a search server starts, no replica has the 16 answers of a latency
+    window, and a data-server process stalling then cost every query its shards (the
+    compose check's first queries after "up"). The answers of all shards together tell
+    what a sub-request usually takes, and a request out much longer is hedged."""
+    favourite, partner, *others = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-favourite"),
+        make_data_server(shard=0, replica=1, instance_id="ds-partner"),
+        *(make_data_server(shard=shard, instance_id=f"ds-{shard}") for shard in (1, 2, 3)),
+    )
+    servers = [instance_of(s) for s in (favourite, partner, *others)]
+    fanout = FanOut(client, registry=registry, picker=_Prefer("ds-favourite"))
+    for query in QUERIES[:8]:  # 8 answers each: no replica has a window yet
+        assert not (await fanout.search(servers, query, 10, 2000)).partial
+    favourite_replica = fanout.replica(instance_of(favourite))
+    assert favourite_replica is not None and favourite_replica.window is not None
+    assert favourite_replica.window.p95 is None
+
+    await _set_fault(http, favourite, mode="slow", delay_ms=3000)
+    result, took = await _timed(fanout, servers, 1000)
+
+    assert result.shards == {"total": 4, "ok": 4, "failed": 0, "timed_out": 0, "cut": 0}
+    assert took < 0.9  # answered by the hedge, not at the deadline
+    assert _sample(registry, "hedges_total", result="won") == 1
