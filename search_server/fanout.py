@@ -130,7 +130,7 @@ class HedgeBudget:
     """Allows hedges up to ``ratio`` of the sub-requests, plus a burst of ``burst``.
 
     Each sub-request deposits ``ratio`` of a token (up to ``burst`` tokens); a hedge
-    takes one; it starts full. Over any stretch, hedges ≤ ratio x sub-requests + burst.
+    takes one; it starts empty. Over any stretch, hedges ≤ ratio x sub-requests + burst.
     """
 
     __slots__ = ("_burst", "_ratio", "_tokens")
@@ -140,10 +140,10 @@ class HedgeBudget:
             raise ValueError(f"hedge ratio must be in 0..1, got {ratio}")
         self._ratio = ratio
         self._burst = burst
-        # Full at start: a search server that has just started has seen no traffic to
-        # earn tokens from, and that is when a stall of a data server is likeliest (its
-        # neighbours still starting) and hedges are what keeps answers complete.
-        self._tokens = burst
+        # Empty at start, earned by traffic: a search server that has just started pays
+        # for new connections everywhere, and a full budget then (tried) hedged that
+        # cold start into a storm that saturated a 2-core machine (the demo's recovery).
+        self._tokens = 0.0
 
     def deposit(self, requests: int) -> None:
         self._tokens = min(self._burst, self._tokens + self._ratio * requests)

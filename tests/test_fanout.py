@@ -612,7 +612,8 @@ async def test_a_search_server_that_has_just_started_hedges_by_what_every_answer
     for query in QUERIES[:8]:  # 8 answers each: no replica has a window yet
         assert not (await fanout.search(servers, query, 10, 2000)).partial
     favourite_replica = fanout.replica(instance_of(favourite))
-    assert favourite_replica is not None and favourite_replica.window is not None
+    assert favourite_replica is not None
+    assert favourite_replica.window is not None
     assert favourite_replica.window.p95 is None
 
     await _set_fault(http, favourite, mode="slow", delay_ms=3000)

@@ -304,10 +304,8 @@ async def test_a_late_shard_is_hedged_to_another_replica_within_the_budget(
         make_data_server(shard=0, replica=1, instance_id="ds-b-fast"),
     )
     servers = [instance_of(slow), instance_of(fast)]
-    # The budget starts full, at its burst: 2 hedges (the warm-up's deposits, 40 x
-    # 0.05, refill what its own hedges took).
-    fanout = FanOut(client, registry=registry, hedge_ratio=0.05, hedge_burst=2)
-    await _warm_up(fanout, servers, 40)
+    fanout = FanOut(client, registry=registry, hedge_ratio=0.05, hedge_burst=10)
+    await _warm_up(fanout, servers, 40)  # 40 x 0.05 = 2 hedges of budget
     sent = _sample(registry, "hedges_total", result="sent")
     # From now on ds-a-slow is always tried first: only a hedge reaches ds-b-fast.
     picker = fanout.picker = RecordingPicker()
