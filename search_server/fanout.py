@@ -247,6 +247,8 @@ _MAX_FIELD_NAME = 64
 _MAX_LOGGED_SKIPS = 1024
 # What an error message or log line shows of what a data server sent.
 _EXCERPT = 80
+# Seconds between two warnings that the ejection cap refused an ejection.
+_CAP_LOG_INTERVAL = 10.0
 
 
 def _excerpt(value: object) -> str:
@@ -397,6 +399,8 @@ class FanOut:
         self._eject_after = eject_after
         self._eject_cooldown = eject_cooldown
         self._max_ejected_share = max_ejected_share
+        self._cap_logged_at = -_CAP_LOG_INTERVAL
+        self._cap_refusals = 0
         self._probe_interval = probe_interval
         self._hedging = hedge_ratio > 0
         self._budget = HedgeBudget(hedge_ratio, hedge_burst)
@@ -879,12 +883,21 @@ class FanOut:
         # into empty answers. Discovery still removes servers that are really down.
         ejected = len(self._ejected_now(now))
         if ejected + 1 > max(1, int(self._max_ejected_share * self._routes.routable)):
-            log.warning(
-                "not ejecting more data servers: %d of %d already ejected (cap %.0f%%)",
-                ejected,
-                self._routes.routable,
-                self._max_ejected_share * 100,
-            )
+            # At the cap every further failure lands here, hundreds a second in a
+            # stall: one line per interval, with the count, keeps the log (and the CPU
+            # it costs, when the stall is CPU) bounded.
+            self._cap_refusals += 1
+            if now - self._cap_logged_at >= _CAP_LOG_INTERVAL:
+                log.warning(
+                    "not ejecting more data servers: %d of %d already ejected (cap "
+                    "%.0f%%); %d ejection(s) refused since the last such line",
+                    ejected,
+                    self._routes.routable,
+                    self._max_ejected_share * 100,
+                    self._cap_refusals,
+                )
+                self._cap_logged_at = now
+                self._cap_refusals = 0
             return True
         return False
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -449,16 +450,20 @@ async def test_a_shards_last_replica_is_probed_while_ejected(
 
 
 async def test_no_more_than_the_cap_is_ejected_at_once(
-    client: HttpClient, registry: CollectorRegistry
+    client: HttpClient, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Four servers failing together look like trouble on our side: half at most go.
     servers = [_stopped(f"ds-down-{i}", shard=i) for i in range(4)]
     fanout = FanOut(client, registry=registry, eject_after=1, max_ejected_share=0.5)
-    for _ in range(3):
-        result = await fanout.search(servers, QUERIES[0], 10, 2000)
-        assert result.shards["total"] == 4
+    with caplog.at_level(logging.WARNING, logger="search_server.fanout"):
+        for _ in range(5):
+            result = await fanout.search(servers, QUERIES[0], 10, 2000)
+            assert result.shards["total"] == 4
     assert len(fanout.ejected()) == 2
     assert _sample(registry, "ejections_total") == 2
+    # Every query refused ejections at the cap; one line says so, not one per refusal.
+    refusals = [r for r in caplog.records if "not ejecting more" in r.getMessage()]
+    assert len(refusals) == 1
 
 
 async def test_one_server_can_always_be_ejected(
