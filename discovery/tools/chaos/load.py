@@ -166,16 +166,32 @@ class LoadGenerator:
             if not targets:
                 continue
             member = self._rng.choice(targets)
-            query = " ".join(self._rng.sample(_WORDS, 2))
-            task = asyncio.create_task(self._query(member, query), name="chaos:query")
-            self._in_flight.add(task)
-            task.add_done_callback(self._in_flight.discard)
+            self._launch(member, " ".join(self._rng.sample(_WORDS, 2)))
 
-    async def _query(self, member: Member, query: str) -> None:
+    def _launch(self, member: Member, query: str) -> None:
+        """Send ``query`` to ``member`` in a task of its own.
+
+        The member's state is noted here, when it is chosen, not when the task first
+        runs: a pause or kill in between (a fault's step can run first) would otherwise
+        be part of the noted state, and a query held by a stopped search server judged
+        as the system's (the soak once counted a 6 s "query" that way).
+        """
+        task = asyncio.create_task(
+            self._query(member, query, member.disturbances, member.process), name="chaos:query"
+        )
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _query(
+        self,
+        member: Member,
+        query: str,
+        disturbances: int,
+        process: asyncio.subprocess.Process | None,
+    ) -> None:
         assert self._session is not None
         stats = self.stats
         stats.sent += 1
-        disturbances, process = member.disturbances, member.process
         fault = self._observer.fault
         # A query sent during a hostile fault is judged by that fault's invariants.
         watch = self._observer.hostile
