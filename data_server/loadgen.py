@@ -8,8 +8,10 @@ the connection (a search server that died) or answers 503 (not ready, or sheddin
 load) is skipped for that query and the next one is tried, as a load balancer would.
 
 Each outcome is ``ok`` (complete), ``partial``, ``overloaded`` (503) or ``error``.
-With ``--json`` every query is one JSON line on stdout (``{"t","outcome","ms"}``), for
-programs such as ``discovery demo``; otherwise a summary line per ``--report-interval``.
+With ``--json`` every query is one JSON line on stdout (``{"t","outcome","ms"}``; a
+partial answer adds the search server that gave it, ``target``, and its ``shards``
+counts, so that a check can say which shards were missing and why), for programs such
+as ``discovery demo``; otherwise a summary line per ``--report-interval``.
 
 ``--worst-case`` is a hostile client instead (the query storm of ``discovery chaos``
 and issue 21): ``--clients`` clients each send one query back to back, without pause
@@ -201,6 +203,7 @@ async def run_loadgen(config: LoadConfig, stop: asyncio.Event) -> dict[str, int]
     async def one(session: aiohttp.ClientSession, query: str) -> None:
         t0 = loop.time()
         outcome = "error"
+        where: dict[str, object] = {}
         for _ in range(len(config.targets)):
             target = next(targets)
             try:
@@ -211,6 +214,8 @@ async def run_loadgen(config: LoadConfig, stop: asyncio.Event) -> dict[str, int]
                     if response.status == 200:
                         body = await response.json()
                         outcome = "partial" if body.get("partial") else "ok"
+                        if outcome == "partial":
+                            where = {"target": target, "shards": body.get("shards")}
                     elif response.status == 503:
                         # Not ready (no live list yet) or shedding load: another search
                         # server may take it, as behind a load balancer.
@@ -226,10 +231,8 @@ async def run_loadgen(config: LoadConfig, stop: asyncio.Event) -> dict[str, int]
             w.outcomes[outcome] += 1
             w.latencies.append(ms)
         if config.json_lines:
-            print(
-                json.dumps({"t": round(time.time(), 3), "outcome": outcome, "ms": round(ms, 2)}),
-                flush=True,
-            )
+            line = {"t": round(time.time(), 3), "outcome": outcome, "ms": round(ms, 2)}
+            print(json.dumps({**line, **where}), flush=True)
 
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60), timeout=client_timeout

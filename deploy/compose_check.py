@@ -440,6 +440,8 @@ class Queries:
         self.outcomes: Counter[str] = Counter()
         # When (our monotonic clock) each answer that was not a complete one arrived.
         self.misses: list[float] = []
+        # Shards missing from the partial answers, by why (the search server's counts).
+        self.missing: Counter[str] = Counter()
         self._answered = threading.Condition()
         self._proc = subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
@@ -451,13 +453,19 @@ class Queries:
         assert self._proc.stdout is not None
         for line in self._proc.stdout:
             try:
-                outcome = json.loads(line)["outcome"]
-            except (ValueError, KeyError):
+                record = json.loads(line)
+                outcome = record["outcome"]
+            except (ValueError, KeyError, TypeError):
                 continue
+            shards = record.get("shards")
             with self._answered:
                 self.outcomes[outcome] += 1
                 if outcome != "ok":
                     self.misses.append(time.monotonic())
+                if isinstance(shards, dict):
+                    for why in ("failed", "timed_out", "cut"):
+                        if isinstance(shards.get(why), int):
+                            self.missing[why] += shards[why]
                 self._answered.notify_all()
 
     def wait_answered(self, count: int = 40, timeout: float = 30) -> None:
@@ -479,11 +487,13 @@ class Queries:
         return outcomes, total, total > 0 and outcomes.get("ok", 0) == total
 
     def misses_after(self, fault_at: float) -> str:
-        """When the incomplete answers came, relative to the fault: `` (+0.8..+1.3 s)``."""
+        """When the incomplete answers came, relative to the fault, and the shards they
+        missed: `` (+0.8..+1.3 s after the fault; shards timed_out 12)``."""
         if not self.misses:
             return ""
         first, last = self.misses[0] - fault_at, self.misses[-1] - fault_at
-        return f" ({first:+.1f}..{last:+.1f} s after the fault)"
+        why = " ".join(f"{k} {v}" for k, v in sorted(self.missing.items()) if v)
+        return f" ({first:+.1f}..{last:+.1f} s after the fault{'; shards ' + why if why else ''})"
 
 
 def wait_for(probe: Callable[[], Any], timeout: float, interval: float = 1.0) -> tuple[bool, Any]:

@@ -38,7 +38,6 @@ import asyncio
 import ipaddress
 import logging
 import re
-import socket
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol, cast, runtime_checkable
@@ -47,6 +46,8 @@ import httptools
 
 from discovery.address import NetworkPolicy
 from discovery.errors import DiscoveryError
+
+from .resolver import CachingResolver, Resolver
 
 __all__ = [
     "DEFAULT_MAX_BODY",
@@ -481,6 +482,9 @@ class HttpClient:
     multicast and unspecified ones, which a registration may not name either): a name
     is the one kind of address the routing table cannot judge before it is resolved,
     and one pointing at, say, a cloud's metadata service must not be sent queries.
+    Names are looked up through ``resolver`` (default: a :class:`~search_server.
+    resolver.CachingResolver`, answers kept 10 s; a failed connect forgets the name);
+    the policy judges every address each time, cached or not.
 
     Raises ``ValueError`` for a negative ``max_idle``, a ``max_body`` below 1 or a
     timeout that is not positive.
@@ -494,6 +498,7 @@ class HttpClient:
         connect_timeout: float = 5.0,
         max_body: int = DEFAULT_MAX_BODY,
         networks: NetworkPolicy | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
         if max_idle < 0:
             raise ValueError(f"max_idle must be >= 0, got {max_idle}")
@@ -505,6 +510,7 @@ class HttpClient:
             raise ValueError(f"max_body must be >= 1 byte, got {max_body}")
         self.max_body = max_body
         self._networks = networks if networks is not None else NetworkPolicy()
+        self._resolver: Resolver = resolver if resolver is not None else CachingResolver()
         self._max_idle = max_idle
         self._idle_timeout = idle_timeout
         self._connect_timeout = connect_timeout
@@ -662,7 +668,7 @@ class HttpClient:
 
     async def _open(self, endpoint: Endpoint) -> _Connection:
         """A new connection to ``endpoint``; a name is resolved first and connected to
-        at its first address the network policy admits.
+        at the first of its addresses the network policy admits that accepts.
 
         Raises:
             SubrequestError: the name resolves only to refused addresses.
@@ -682,18 +688,35 @@ class HttpClient:
             # The C resolver stops at a NUL ("127.0.0.1\x00.evil" would be 127.0.0.1);
             # the stdlib's own socket functions refuse it the same way.
             raise ValueError(f"embedded null character in host {excerpt(host)}")
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = await self._resolver.resolve(host)
         refused: list[str] = []
-        for family, _, proto, _, sockaddr in infos:
-            address = str(sockaddr[0])
-            problem = self._networks.resolved_problem(address)
-            if problem is not None:
-                refused.append(problem)
-                continue
-            _, connection = await loop.create_connection(
-                lambda: _Connection(self, endpoint), address, port, family=family, proto=proto
-            )
-            return connection
+        failed: OSError | None = None
+        try:
+            for family, _, proto, _, sockaddr in infos:
+                address = str(sockaddr[0])
+                problem = self._networks.resolved_problem(address)
+                if problem is not None:
+                    refused.append(problem)
+                    continue
+                try:
+                    _, connection = await loop.create_connection(
+                        lambda: _Connection(self, endpoint),
+                        address,
+                        port,
+                        family=family,
+                        proto=proto,
+                    )
+                except OSError as exc:
+                    failed = exc  # the next address, as the loop's own connect does
+                    continue
+                return connection
+        finally:
+            if failed is not None:
+                # The name may have moved (a container started again elsewhere): the
+                # next connection looks it up again rather than trust the cache.
+                self._resolver.forget(host)
+        if failed is not None:
+            raise failed
         why = "; ".join(refused) if refused else "no address"
         raise SubrequestError(f"{endpoint.where} resolves to no allowed address: {excerpt(why)}")
 
@@ -750,6 +773,7 @@ class HttpClient:
             task.cancel()
         if self._connecting:
             await asyncio.gather(*self._connecting, return_exceptions=True)
+        await self._resolver.aclose()
         for pool in list(self._idle.values()):
             for connection in list(pool):
                 connection.close()
