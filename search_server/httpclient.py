@@ -484,7 +484,8 @@ class HttpClient:
     and one pointing at, say, a cloud's metadata service must not be sent queries.
     Names are looked up through ``resolver`` (default: a :class:`~search_server.
     resolver.CachingResolver`, answers kept 10 s; a failed connect forgets the name);
-    the policy judges every address each time, cached or not.
+    the policy judges every address each time, cached or not. The client owns its
+    resolver: :meth:`aclose` closes it too.
 
     Raises ``ValueError`` for a negative ``max_idle``, a ``max_body`` below 1 or a
     timeout that is not positive.

@@ -7,9 +7,9 @@ threads) and a DNS round trip in front of the connect. Connections are opened ex
 when things go wrong: a request abandoned at its deadline closes its connection, so a
 moment of overload turns into a burst of connects, each behind a lookup, and a busy
 resolver (Docker's embedded one while it stops a container) kept whole fleets from
-answering in time for seconds after the overload itself was over (`make compose-check`,
-issue 21). aiohttp's client, which the fan-out used before, caches lookups for 10 s by
-default; :class:`CachingResolver` does the same.
+answering in time for seconds after the overload itself was over (``make
+compose-check``, issue 21). aiohttp's client, which the fan-out used before, caches
+lookups for 10 s by default; :class:`CachingResolver` does the same.
 
 * An answer is fresh for ``ttl`` seconds (10 s). After that it is still used, while
   one lookup in the background refreshes it (RFC 8767's serve-stale): after the first

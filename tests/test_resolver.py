@@ -221,8 +221,6 @@ async def _answering_server() -> tuple[asyncio.Server, int, list[int]]:
         try:
             while True:
                 await reader.readuntil(b"\r\n\r\n")
-                # Slow enough that concurrent requests need connections of their own.
-                await asyncio.sleep(0.05)
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
