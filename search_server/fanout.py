@@ -29,6 +29,11 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   whose p95 is above the time waited, and a refused one is offered again later.
 * **Retry on failure** (connection error, non-200, bad JSON) to another replica of the
   shard while time remains, each replica at most once per query.
+* **Draining replicas are a last resort.** A draining data server gets no query's first
+  request, but once every routable replica of a shard has been tried, a hedge or a retry
+  may go to one of the shard's draining replicas (:meth:`~search_server.routing.
+  RoutingTable.reserve`): it answers until its grace ends, and while one replica of a
+  pair drains, a slow answer from the other would otherwise cost the shard.
 * **Outlier ejection.** A data server that failed or timed out ``eject_after`` times in a
   row is skipped for ``eject_cooldown`` seconds, as long as no more than
   ``max_ejected_share`` of the servers (at least one) are ejected at once. This covers
@@ -464,11 +469,13 @@ class FanOut:
         """Search every shard of ``servers`` for ``query``; merge the top ``k`` hits.
 
         ``servers`` is the live list (instances, or a mapping of ids to instances);
-        instances that are not ``routable`` (draining, disabled, in maintenance) are
-        ignored. Passing the same object again (an unchanged live list) reuses the
-        routing table built for it, so do not mutate it in between. Returns within
-        ``timeout_ms`` (plus a loop iteration): shards that failed or had no answer by
-        then are counted in the result, which is then ``partial``; they never raise.
+        instances that are not ``routable`` (draining, disabled, in maintenance) get no
+        first request (a draining one may get a hedge or a retry once its shard's
+        routable replicas have all been tried: see the module's docstring). Passing the
+        same object again (an unchanged live list) reuses the routing table built for
+        it, so do not mutate it in between. Returns within ``timeout_ms`` (plus a loop
+        iteration): shards that failed or had no answer by then are counted in the
+        result, which is then ``partial``; they never raise.
 
         Raises:
             OverloadedError: ``max_in_flight`` queries are already running (raised before
@@ -571,9 +578,16 @@ class FanOut:
         self._flush_metrics()
         return self._merge(calls, k, (loop.time() - started) * 1000)
 
-    def _candidates(self, call: _ShardCall, now: float) -> list[Replica]:
+    def _candidates(
+        self, call: _ShardCall, now: float, *, last_resort: bool = False
+    ) -> list[Replica]:
+        """The shard's replicas a request may go to now; with ``last_resort`` (a hedge or
+        a retry), its draining ones once no routable one is left."""
         tried = call.tried
         usable = [r for r in call.replicas if r not in tried and not r.is_ejected(now)]
+        if not usable and last_resort:
+            reserve = self._routes.reserve(call.shard)
+            return [r for r in reserve if r not in tried and not r.is_ejected(now)]
         if len(usable) > 1:
             zone = self.zone
             if zone is not None:
@@ -594,7 +608,7 @@ class FanOut:
     def _next_attempt(self, q: _Query, call: _ShardCall) -> bool:
         """Send the shard's first request or a retry; False if no replica is left."""
         clock_now = self._clock()
-        candidates = self._candidates(call, clock_now)
+        candidates = self._candidates(call, clock_now, last_resort=bool(call.tried))
         if not candidates:
             probe = self._probe_target(call, clock_now)
             if probe is None:
@@ -604,8 +618,14 @@ class FanOut:
             return True
         now = q.loop.time()
         primary = self.picker.pick(candidates)
+        if call.tried and primary not in call.replicas:
+            self.metrics.last_resort.inc()
         self._send(q, call, primary, hedge=False)
-        if self._hedging and len(call.replicas) > 1 and call.hedge_timer is None:
+        if (
+            self._hedging
+            and call.hedge_timer is None
+            and (len(call.replicas) > 1 or self._routes.reserve(call.shard))
+        ):
             window = _hedge_window(call.replicas, primary, self._all_answers)
             if window is not None:
                 assert window.p95 is not None
@@ -671,7 +691,7 @@ class FanOut:
         # A replica whose p95 is above what we waited would not beat the request out.
         candidates = [
             r
-            for r in self._candidates(call, self._clock())
+            for r in self._candidates(call, self._clock(), last_resort=True)
             if r.window is None or r.window.p95 is None or r.window.p95 <= waited
         ]
         if not candidates:
@@ -687,7 +707,10 @@ class FanOut:
                 if when < q.deadline:
                     call.hedge_timer = q.loop.call_at(when, self._hedge, q, call)
             return
-        self._send(q, call, self.picker.pick(candidates), hedge=True)
+        hedge = self.picker.pick(candidates)
+        if hedge not in call.replicas:
+            self.metrics.last_resort.inc()
+        self._send(q, call, hedge, hedge=True)
         self.metrics.hedges.labels(result="sent").inc()
 
     def _on_answer(self, q: _Query, call: _ShardCall, attempt: _Attempt) -> None:

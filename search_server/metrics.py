@@ -65,6 +65,12 @@ class FanOutMetrics:
             ["result"],
             registry=registry,
         )
+        self.last_resort = Counter(
+            "search_server_fanout_last_resort",
+            "Hedges and retries sent to a draining replica, its shard's every routable "
+            "replica tried (it still answers during its grace).",
+            registry=registry,
+        )
         self.ejections = Counter(
             "search_server_fanout_ejections",
             "Times a data server was ejected for consecutive failures or timeouts.",

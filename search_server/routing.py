@@ -11,6 +11,14 @@ change costs the size of the shards it touches, tens of microseconds at 50,000 s
 as at 500. A reload from the list the table holds is a change like any other (the
 follower has already compared the two lists to make it).
 
+A draining data server is not routed to: "finish what you sent me, send nothing new".
+It is kept apart, in its shard's **reserve** (:meth:`RoutingTable.reserve`): a query may
+send it a hedge or a retry of last resort, once the shard's every routable replica has
+been tried, because it still answers during its grace and a shard left with one replica
+is one slow answer from missing. Its first requests always go elsewhere, so routing
+stops at the first write of ``draining`` all the same wherever the shard has a routable
+replica. Disabled servers and servers in maintenance are in neither list.
+
 A shard's replica list is replaced, never edited: a query in flight keeps the list it
 started with (it may still retry or hedge to a replica that has just left; that request
 fails or answers like any other). Replicas are kept by :func:`~search_server.picking.
@@ -29,7 +37,7 @@ import heapq
 from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
-from discovery.instance import ServiceInstance
+from discovery.instance import InstanceState, ServiceInstance
 from discovery.store import LiveListChange
 
 from .picking import Replica, target_key
@@ -66,6 +74,9 @@ class RoutingTable:
         self._table: list[tuple[int, list[Replica]]] = []
         # The replica routed to for each instance id in the list.
         self._by_id: dict[str, Replica] = {}
+        # Draining servers: by id, and by shard (the reserve), lists replaced, not edited.
+        self._reserve_by_id: dict[str, Replica] = {}
+        self._reserve: dict[int, list[Replica]] = {}
         # Every replica known by target: those in the list and those that left while
         # ejected (also in _departed, with the time their ejection ends).
         self._replicas: dict[str, Replica] = {}
@@ -81,8 +92,14 @@ class RoutingTable:
         """Routable data servers in the list (the base of the fan-out's ejection cap)."""
         return len(self._by_id)
 
+    def reserve(self, shard: int) -> list[Replica]:
+        """The draining replicas of ``shard``: for hedges and retries of last resort, once
+        every routable one has been tried. Empty for most shards; do not modify it."""
+        return self._reserve.get(shard, _NONE)
+
     def replica(self, key: str) -> Replica | None:
-        """The replica of target ``key``, in the list or departed while ejected."""
+        """The replica of target ``key``, in the list (routable or in reserve) or departed
+        while ejected."""
         return self._replicas.get(key)
 
     def load(self, servers: Servers) -> None:
@@ -90,17 +107,24 @@ class RoutingTable:
         replicas of targets already known; remember ``servers`` as the source."""
         instances = servers.values() if isinstance(servers, Mapping) else servers
         old = self._replicas
-        self._replicas, self._by_id = {}, {}
+        self._replicas, self._by_id, self._reserve_by_id = {}, {}, {}
         by_shard: dict[int, list[Replica]] = {}
+        reserve: dict[int, list[Replica]] = {}
         for instance in instances:
-            if not instance.routable:
+            routable = instance.routable
+            if not routable and not _draining(instance):
                 continue
             replica = self._replica_of(instance, old)
             if replica is None:
                 continue
             self._replicas[replica.key] = replica
-            self._by_id[instance.id] = replica
-            by_shard.setdefault(replica.shard, []).append(replica)
+            if routable:
+                self._by_id[instance.id] = replica
+                by_shard.setdefault(replica.shard, []).append(replica)
+            else:
+                self._reserve_by_id[instance.id] = replica
+                reserve.setdefault(replica.shard, []).append(replica)
+        self._reserve = reserve
         now = self._clock()
         departed: list[tuple[float, str]] = []
         for key, replica in old.items():
@@ -168,20 +192,33 @@ class RoutingTable:
         return None
 
     def _attach(self, instance: ServiceInstance) -> Replica | None:
-        if not instance.routable:
+        routable = instance.routable
+        if not routable and not _draining(instance):
             return None
         replica = self._replica_of(instance, self._replicas)
         if replica is None:
             return None
         self._replicas[replica.key] = replica
-        self._by_id[instance.id] = replica
-        self._replace_shard(replica.shard, lambda group: [*group, replica])
+        if routable:
+            self._by_id[instance.id] = replica
+            self._replace_shard(replica.shard, lambda group: [*group, replica])
+        else:
+            self._reserve_by_id[instance.id] = replica
+            self._reserve[replica.shard] = [*self._reserve.get(replica.shard, ()), replica]
         return replica
 
     def _detach(self, instance_id: str) -> Replica | None:
         replica = self._by_id.pop(instance_id, None)
         if replica is not None:
             self._replace_shard(replica.shard, lambda group: [r for r in group if r is not replica])
+            return replica
+        replica = self._reserve_by_id.pop(instance_id, None)
+        if replica is not None:
+            rest = [r for r in self._reserve[replica.shard] if r is not replica]
+            if rest:
+                self._reserve[replica.shard] = rest
+            else:
+                del self._reserve[replica.shard]
         return replica
 
     def _forget(self, replica: Replica | None) -> None:
@@ -200,7 +237,7 @@ class RoutingTable:
         while self._departed and self._departed[0][0] <= now:
             _, key = heapq.heappop(self._departed)
             replica = self._replicas.get(key)
-            if replica is None or self._by_id.get(replica.instance.id) is replica:
+            if replica is None or self._listed(replica):
                 continue  # back in the list since, or already gone
             until = _ejected_until(replica, now)
             if until is not None:
@@ -208,6 +245,13 @@ class RoutingTable:
                 heapq.heappush(self._departed, (until, key))
             else:
                 del self._replicas[key]
+
+    def _listed(self, replica: Replica) -> bool:
+        instance_id = replica.instance.id
+        return (
+            self._by_id.get(instance_id) is replica
+            or self._reserve_by_id.get(instance_id) is replica
+        )
 
     def _replace_shard(self, shard: int, edit: Callable[[list[Replica]], list[Replica]]) -> None:
         i = bisect.bisect_left(self._table, shard, key=_shard_of)
@@ -219,6 +263,14 @@ class RoutingTable:
             del self._table[i]
         elif group:
             self._table.insert(i, (shard, group))
+
+
+_NONE: list[Replica] = []
+
+
+def _draining(instance: ServiceInstance) -> bool:
+    """Listed as draining: not routable, but still answering during its grace."""
+    return instance.payload.state is InstanceState.DRAINING
 
 
 def _updated(replica: Replica | None, instance: ServiceInstance) -> Replica:

@@ -141,7 +141,7 @@ async def test_merges_the_top_k_of_one_replica_per_shard(
     assert _sample(registry, "in_flight") == 0
 
 
-async def test_draining_and_disabled_instances_are_not_queried(
+async def test_draining_instances_get_no_first_request_and_disabled_ones_none(
     make_data_server: DataServerFactory,
     http: aiohttp.ClientSession,
     client: HttpClient,
@@ -151,7 +151,8 @@ async def test_draining_and_disabled_instances_are_not_queried(
     live = instance_of(server)
     servers = [
         live,
-        # Same shard, draining, on a port that refuses: routing to it would fail.
+        # Same shard, draining, on a port that refuses: a request to it fails. Only a
+        # hedge of last resort may go there (if the live one is ever slower than usual).
         dataclasses.replace(live, id="ds-draining", port=free_port()).with_state("draining"),
         # Shards that only non-routable servers hold are not part of the query at all.
         _stopped("ds-drain-5", shard=5).with_state("draining"),
@@ -164,8 +165,68 @@ async def test_draining_and_disabled_instances_are_not_queried(
         assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
         assert not result.partial
 
-    assert _sample(registry, "shard_requests_total", result="error") == 0
+    assert _sample(registry, "shard_requests_total", result="error") == _sample(
+        registry, "last_resort_total"
+    )
+    last_resort = _sample(registry, "last_resort_total")
+    assert last_resort <= _sample(registry, "hedges_total", result="sent")
     assert _sample(registry, "retries_total") == 0
+
+
+async def test_a_draining_replica_takes_a_retry_of_last_resort(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    """While one replica of a pair drains, the other failing must not cost the shard:
+    the draining one still answers during its grace (compose check's drain: a shard
+    timed out on the replica left while its partner drained)."""
+    sick_server, leaving = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-sick"),
+        make_data_server(shard=0, replica=1, instance_id="ds-leaving"),
+    )
+    await _set_fault(http, sick_server, mode="error", rate=1.0)
+    servers = [instance_of(sick_server), instance_of(leaving).with_state("draining")]
+    fanout = FanOut(client, registry=registry, eject_after=1000)
+
+    for query in QUERIES:
+        result = await fanout.search(servers, query, 10, 5000)
+        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+
+    # Every query asked the routable replica first, and only then the draining one.
+    assert _sample(registry, "shard_requests_total", result="error") == len(QUERIES)
+    assert _sample(registry, "retries_total") == len(QUERIES)
+    assert _sample(registry, "last_resort_total") == len(QUERIES)
+
+
+async def test_a_draining_replica_takes_a_hedge_of_last_resort(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    """The shard's one routable replica turns slow while its partner drains: the hedge
+    goes to the draining one, which answers, instead of the shard timing out."""
+    staying, leaving = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-staying"),
+        make_data_server(shard=0, replica=1, instance_id="ds-leaving"),
+    )
+    servers = [instance_of(staying), instance_of(leaving).with_state("draining")]
+    fanout = FanOut(client, registry=registry, hedge_ratio=0.5)
+    for query in QUERIES * 2:  # 24 answers: the staying one's window knows its p95
+        assert not (await fanout.search(servers, query, 10, 2000)).partial
+    assert _sample(registry, "shard_requests_total", result="ok") >= len(QUERIES) * 2
+
+    await _set_fault(http, staying, mode="slow", delay_ms=3000)
+    result, took = await _timed(fanout, servers, 1000)
+
+    assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+    assert took < 0.9  # answered by the hedge, not at the deadline
+    assert _sample(registry, "hedges_total", result="won") >= 1
+    hedges = _sample(registry, "hedges_total", result="sent")
+    assert _sample(registry, "last_resort_total") == hedges
+    await _set_fault(http, staying, mode="none")
 
 
 @pytest.mark.parametrize("failure", ["error", "stopped"])

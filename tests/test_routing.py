@@ -29,6 +29,11 @@ def shape(table: RoutingTable) -> list[tuple[int, list[str]]]:
     return [(shard, sorted(r.key for r in group)) for shard, group in table.table]
 
 
+def reserves(table: RoutingTable) -> list[tuple[int, list[str]]]:
+    """The draining replicas by shard (the shards the script uses), as target keys."""
+    return [(shard, sorted(r.key for r in table.reserve(shard))) for shard in range(4)]
+
+
 def step(
     previous: LiveList,
     upserts: tuple[ServiceInstance, ...] = (),
@@ -132,19 +137,26 @@ def test_following_changes_gives_the_table_a_full_build_gives(
             )
             change = step(listed, upserts=(instance,))
         kept = {r.key: r for _, group in followed.table for r in group}
+        kept.update((r.key, r) for shard in range(4) for r in followed.reserve(shard))
         followed.follow(change)
         listed = change.current
         assert followed.source is listed.servers
         reference = RoutingTable(clock)
         reference.load(listed.servers)
         assert shape(followed) == shape(reference)
+        # Draining servers are kept apart, as last resorts, never in the table.
+        assert reserves(followed) == reserves(reference)
+        assert sorted(key for _, keys in reserves(followed) for key in keys) == sorted(
+            target_key(i) for i in listed.servers.values() if i.payload.state == "draining"
+        )
         assert (
             followed.routable
             == reference.routable
             == len([i for i in listed.servers.values() if i.routable])
         )
-        # The same object for every target that stayed: its statistics go on.
-        for _, group in followed.table:
+        # The same object for every target that stayed (draining or back): its
+        # statistics go on.
+        for group in [g for _, g in followed.table] + [followed.reserve(n) for n in range(4)]:
             for replica in group:
                 if replica.key in kept:
                     assert replica is kept[replica.key]
@@ -153,6 +165,7 @@ def test_following_changes_gives_the_table_a_full_build_gives(
                 assert replica.instance == listed.servers[replica.instance.id]
         # A replica that left is remembered while, and only while, it is ejected.
         in_table = {r.key for _, group in followed.table for r in group}
+        in_table.update(r.key for shard in range(4) for r in followed.reserve(shard))
         for key, replica in ejections.items():
             if key in in_table or replica.is_ejected(clock.now):
                 assert followed.replica(key) is replica
