@@ -4,7 +4,8 @@ Each simulated server is a full :class:`~data_server.server.DataServer` with its
 port, shard, ZooKeeper session and agent; the servers of one process share its event
 loop and one agent :class:`~discovery.loopthread.LoopThread`. The parent process starts
 P workers (``data-server fleet --worker I``), forwards SIGINT/SIGTERM to them, and
-exits non-zero if any worker failed.
+exits non-zero if any worker failed. On a signal a worker's servers begin their drains
+spread over 2 s, as independent machines would, not all in one burst.
 
 Caveat of sharing a loop: a ``hang`` fault with ``block_loop`` blocks every server of
 that worker process, not just one.
@@ -33,6 +34,14 @@ log = logging.getLogger(__name__)
 # Servers started at once per worker: enough to overlap ZooKeeper round trips, few
 # enough that index building does not starve the probes of servers already up.
 _START_CONCURRENCY = 8
+
+# Seconds over which a worker's servers begin their drains on SIGTERM, evenly spaced.
+# Fifty machines do not mark themselves draining in the same millisecond, nor end
+# their sessions in the next; fifty servers in one process did, and on a small machine
+# that burst (the process, and ZooKeeper taking each write) starved the servers still
+# answering for the shards (make compose-check's drain: a fleet's shards timed out at
+# the grace's end).
+_STOP_SPREAD = 2.0
 
 
 def run_fleet(config: FleetConfig, argv: Sequence[str]) -> int:
@@ -102,5 +111,15 @@ async def run_worker(config: FleetConfig, worker: int) -> None:
         for task in pending:
             task.cancel()
     finally:
-        await asyncio.gather(*(server.shutdown() for server in servers), return_exceptions=True)
+        await asyncio.gather(
+            *(_shutdown_after(i * _STOP_SPREAD / len(servers), s) for i, s in enumerate(servers)),
+            return_exceptions=True,
+        )
         loop_thread.stop()
+
+
+async def _shutdown_after(delay: float, server: DataServer) -> None:
+    """Drain and stop ``server`` ``delay`` seconds from now (pacing, see _STOP_SPREAD)."""
+    if delay > 0:
+        await asyncio.sleep(delay)
+    await server.shutdown()

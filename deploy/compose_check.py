@@ -27,6 +27,13 @@ Sentinel, read inside the load generator's container (on the compose network) by
 long-lived observer process; queries are ``data-server loadgen --json`` run there
 too, and each fault waits for 40 answered queries first. Nothing here sleeps to
 synchronise: every wait polls a condition against a deadline.
+
+Compose itself runs only ``up``, ``start`` (restore) and ``down``, with no queries being
+judged. Every fault, probe and ``exec`` under load goes through the ``docker`` CLI to
+the container compose created (found by compose's labels), because ``docker-compose``
+1.x is a Python program that takes about half a core for half a second per command:
+on a 2-core machine the check's own ``start`` of a Redis container starved the data
+servers under test and cost 40 queries their deadline.
 """
 
 from __future__ import annotations
@@ -174,6 +181,8 @@ class Check:
     observer: Observer | None = None
     # The search server whose container the leader-kill phase killed, until restored.
     killed: str | None = None
+    # Container id by service, read from compose's labels after ``up``.
+    containers: dict[str, str] = field(default_factory=dict)
 
     @property
     def running_search_servers(self) -> tuple[str, ...]:
@@ -190,10 +199,25 @@ class Check:
             raise RuntimeError(f"{shlex.join(command)} failed:\n{done.stderr.strip()[-2000:]}")
         return done.stdout
 
+    def container(self, service: str) -> str:
+        """The id of ``service``'s container (one ``docker ps`` for all, then kept)."""
+        if service not in self.containers:
+            listed = docker(
+                "ps",
+                "-a",
+                "--filter",
+                f"label=com.docker.compose.project={self.project}",
+                "--format",
+                '{{.ID}} {{.Label "com.docker.compose.service"}}',
+            )
+            self.containers = {
+                name: cid for cid, name in (line.split() for line in listed.splitlines() if line)
+            }
+        return self.containers[service]
+
     def views(self, names: tuple[str, ...] = SEARCH_SERVERS) -> dict[str, dict[str, Any]]:
         if self.observer is None:
-            (container,) = self.run("ps", "-q", "loadgen").split()
-            self.observer = Observer(container)
+            self.observer = Observer(self.container("loadgen"))
         views: dict[str, dict[str, Any]] = self.observer.ask({"op": "views", "names": names})
         return views
 
@@ -217,9 +241,9 @@ class Check:
 
     def start_queries(self, targets: tuple[str, ...], rate: float, duration: float) -> Queries:
         args = [
+            "docker",
             "exec",
-            "-T",
-            "loadgen",
+            self.container("loadgen"),
             "data-server",
             "loadgen",
             "--json",
@@ -230,13 +254,14 @@ class Check:
         ]
         for name in targets:
             args += ["--target", f"http://{name}:8080"]
-        return Queries([*self.compose, "-p", self.project, *args])
+        return Queries(args)
 
     # -- phases --------------------------------------------------------------------------
 
     def up(self) -> bool:
         started = time.monotonic()
         self.run("up", "-d", timeout=600)
+        self.containers = {}
         ok, views = wait_for(lambda: all_serving(self.views(), DATA_SERVERS), 240)
         return self.record(
             "up", ok, f"3 search servers list {describe_serving(views)} serving", started
@@ -255,7 +280,8 @@ class Check:
         q = self.start_queries(SEARCH_SERVERS, rate=20, duration=25)
         q.wait_answered()
         stop_started = time.monotonic()
-        self.run("stop", fleet, timeout=120)
+        # `docker stop` without --time waits the container's stop_grace_period.
+        docker("stop", self.container(fleet), timeout=120)
         stop_seconds = time.monotonic() - stop_started
         exit_code = self.container_exit_code(fleet)
 
@@ -295,7 +321,7 @@ class Check:
         q = self.start_queries(survivors, rate=20, duration=30)
         q.wait_answered()
         killed_at = time.monotonic()
-        self.run("kill", "-s", "SIGKILL", leader, timeout=60)
+        docker("kill", "--signal", "SIGKILL", self.container(leader))
         self.killed = leader
         ok, views = wait_for(lambda: agreed_new_leader(self.views(survivors), leader, epoch), 60)
         took = time.monotonic() - killed_at
@@ -322,7 +348,7 @@ class Check:
         q = self.start_queries(running, rate=20, duration=40)
         q.wait_answered()
         stopped_at = time.monotonic()
-        self.run("stop", primary, timeout=60)
+        docker("stop", self.container(primary))
 
         def promoted_replica() -> tuple[bool, str | None]:
             now = master()
@@ -346,7 +372,7 @@ class Check:
         outcomes, total, clean = q.settle()
         ages = "/".join(str(v.get("age_ms")) for v in views.values()) if views else "?"
         # The old primary comes back as a replica of the new one, not a second primary.
-        self.run("start", primary, timeout=60)
+        docker("start", self.container(primary))
         rejoined, _replicas = wait_for(lambda: (primary in self.replicas(), None), 60)
         return self.record(
             "redis failover",
@@ -426,10 +452,9 @@ class Check:
         )
 
     def container_exit_code(self, service: str) -> int | None:
-        ids = self.run("ps", "-q", service).split()
-        if not ids:
-            return None
-        state = json.loads(docker("inspect", "--format", "{{json .State}}", ids[0]))
+        state = json.loads(
+            docker("inspect", "--format", "{{json .State}}", self.container(service))
+        )
         return None if state.get("Running") else int(state["ExitCode"])
 
 
@@ -553,9 +578,9 @@ def prometheus_value(expr: str) -> float | None:
     return float(result[0]["value"][1]) if len(result) == 1 else None
 
 
-def docker(*args: str) -> str:
+def docker(*args: str, timeout: float = 60) -> str:
     return subprocess.run(
-        ["docker", *args], capture_output=True, text=True, check=True, timeout=60
+        ["docker", *args], capture_output=True, text=True, check=True, timeout=timeout
     ).stdout
 
 

@@ -43,7 +43,9 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   trouble on our side (a CPU stall) from ejecting everything at once. When every
   replica of a shard is ejected, one request still goes to one of them every
   ``probe_interval`` seconds (a half-open probe, as a circuit breaker sends): an answer
-  ends its ejection. So a stall of a shard's last replica costs the queries sent during
+  ends its ejection. A query that wakes more than ``stall_grace`` (0.1 s) after its
+  deadline charges no one with its timeouts: its own loop was stalled, and it cannot
+  tell whose lateness it saw. So a stall of a shard's last replica costs the queries sent during
   the stall and up to a probe interval, not every query of the whole cool-down; a dead
   one costs one query per interval its deadline on that shard.
 * **Admission control.** At most ``max_in_flight`` queries at once; the next one is
@@ -252,6 +254,13 @@ _MAX_FIELD_NAME = 64
 _MAX_LOGGED_SKIPS = 1024
 # What an error message or log line shows of what a data server sent.
 _EXCERPT = 80
+#: How late past its deadline a query may wake and still charge the replicas it waited
+#: for with a timeout (``FanOut(stall_grace=...)``). Later, the search server's own loop
+#: was stalled: on a busy 2-core machine the container runtime starves every container
+#: for 0.1-0.3 s when one stops, and the replicas of a whole fleet "timed out" together
+#: and were ejected, so their shards failed at once for a while after the stall passed.
+STALL_GRACE = 0.1
+
 # Seconds between two warnings that the ejection cap refused an ejection.
 _CAP_LOG_INTERVAL = 10.0
 
@@ -377,6 +386,7 @@ class FanOut:
         eject_cooldown: float = 10.0,
         max_ejected_share: float = 0.5,
         probe_interval: float = 1.0,
+        stall_grace: float = STALL_GRACE,
         hedge_ratio: float = 0.05,
         hedge_burst: float = 100.0,
         warmup_samples: int = 5,
@@ -398,6 +408,8 @@ class FanOut:
             raise ValueError(f"probe_interval must be > 0 seconds, got {probe_interval}")
         if warmup_samples < 0:
             raise ValueError(f"warmup_samples must be >= 0, got {warmup_samples}")
+        if not stall_grace > 0:
+            raise ValueError(f"stall_grace must be > 0 seconds, got {stall_grace}")
         self._owns_client = client is None
         self._client: SubrequestClient = client if client is not None else HttpClient()
         self._max_in_flight = max_in_flight
@@ -407,6 +419,7 @@ class FanOut:
         self._cap_logged_at = -_CAP_LOG_INTERVAL
         self._cap_refusals = 0
         self._probe_interval = probe_interval
+        self._stall_grace = stall_grace
         self._hedging = hedge_ratio > 0
         self._budget = HedgeBudget(hedge_ratio, hedge_burst)
         # Every answer's response time, whichever replica: the hedge delay of last
@@ -571,10 +584,14 @@ class FanOut:
             deadline_timer.cancel()
             # At the deadline (or when the query itself is cancelled, the client gone):
             # abandon what is still in flight.
-            timed_out = loop.time() >= q.deadline
+            now = loop.time()
+            timed_out = now >= q.deadline
+            # Woken this late, this search server was not running at its deadline (a
+            # CPU stall of its machine): what is still out says nothing of the replicas.
+            blame = now - q.deadline <= self._stall_grace
             for call in calls:
                 if not call.done:
-                    self._abandon(q, call, timed_out)
+                    self._abandon(q, call, timed_out, blame=blame)
         self._flush_metrics()
         return self._merge(calls, k, (loop.time() - started) * 1000)
 
@@ -792,8 +809,12 @@ class FanOut:
                 if when < q.deadline:
                     late.hedge_timer = q.loop.call_at(when, self._hedge, q, late)
 
-    def _abandon(self, q: _Query, call: _ShardCall, timed_out: bool) -> None:
-        """End a call still open at the deadline (``timed_out``) or at a cancellation."""
+    def _abandon(self, q: _Query, call: _ShardCall, timed_out: bool, *, blame: bool) -> None:
+        """End a call still open at the deadline (``timed_out``) or at a cancellation.
+
+        A timeout counts against its replicas (their latency, their run of failures
+        towards ejection) only with ``blame``: not when the query woke up too late to
+        tell their lateness from its own."""
         call.done = True
         if call.hedge_timer is not None:
             call.hedge_timer.cancel()
@@ -805,9 +826,11 @@ class FanOut:
             replica = attempt.replica
             replica.outstanding -= 1
             attempt.future.cancel()
-            if timed_out:
+            if timed_out and blame:
                 replica.penalize(now - attempt.started)
                 self._record_failure(replica, "timeout", "no answer by the query deadline")
+            elif timed_out:
+                self.metrics.shard_requests.labels(result="timeout").inc()
         call.attempts.clear()
 
     # -- merging ----------------------------------------------------------------------

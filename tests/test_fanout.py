@@ -319,7 +319,15 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
     )
     servers = [instance_of(hung), instance_of(healthy)]
     clock = FakeClock()
-    fanout = FanOut(client, registry=registry, eject_after=3, eject_cooldown=30, clock=clock)
+    # stall_grace: this shared test loop may wake late, and a late query charges no one.
+    fanout = FanOut(
+        client,
+        registry=registry,
+        eject_after=3,
+        eject_cooldown=30,
+        clock=clock,
+        stall_grace=SLACK,
+    )
     timeout_ms = 400
     await _set_fault(http, hung, mode="hang")
     try:
@@ -470,6 +478,7 @@ async def test_a_shards_last_replica_is_probed_while_ejected(
         eject_cooldown=30,
         probe_interval=1,
         clock=clock,
+        stall_grace=SLACK,
     )
     timeout_ms = 300
     await _set_fault(http, stalled, mode="hang")
@@ -508,6 +517,35 @@ async def test_a_shards_last_replica_is_probed_while_ejected(
     result, _elapsed = await _timed(fanout, servers, timeout_ms)
     assert not result.partial
     assert _sample(registry, "ejections_total") == 1
+
+
+async def test_a_query_woken_late_charges_no_replica_with_its_timeouts(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    """A search server stalled past a query's deadline cannot tell a late replica from
+    its own lateness: the shards still out are reported timed out, and no replica is
+    charged (the compose check's drain: the container runtime starved every container
+    for 0.1-0.3 s, and a whole fleet's replicas were ejected for it)."""
+    hung = await make_data_server(shard=0, instance_id="ds-hung")
+    servers = [instance_of(hung)]
+    fanout = FanOut(client, registry=registry, eject_after=1, stall_grace=0.1)
+    await _set_fault(http, hung, mode="hang")
+    try:
+        # The stall itself: this loop blocked from before the deadline to well after it.
+        asyncio.get_running_loop().call_later(0.2, time.sleep, 0.5)
+        result = await fanout.search(servers, QUERIES[0], 10, 300)
+
+        assert result.shards == {"total": 1, "ok": 0, "failed": 0, "timed_out": 1, "cut": 0}
+        assert fanout.ejected() == set()
+        replica = fanout.replica(servers[0])
+        assert replica is not None
+        assert replica.failures == 0
+        assert _sample(registry, "shard_requests_total", result="timeout") == 1
+    finally:
+        await _set_fault(http, hung, mode="none")
 
 
 async def test_no_more_than_the_cap_is_ejected_at_once(
