@@ -43,11 +43,12 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   trouble on our side (a CPU stall) from ejecting everything at once. When every
   replica of a shard is ejected, one request still goes to one of them every
   ``probe_interval`` seconds (a half-open probe, as a circuit breaker sends): an answer
-  ends its ejection. A query that wakes more than ``stall_grace`` (0.1 s) after its
-  deadline charges no one with its timeouts: its own loop was stalled, and it cannot
-  tell whose lateness it saw. So a stall of a shard's last replica costs the queries sent during
+  ends its ejection. So a stall of a shard's last replica costs the queries sent during
   the stall and up to a probe interval, not every query of the whole cool-down; a dead
-  one costs one query per interval its deadline on that shard.
+  one costs one query per interval its deadline on that shard. A query that wakes more
+  than ``stall_grace`` (0.1 s) after its deadline charges no one with its timeouts: its
+  own loop was stalled, and it cannot tell whose lateness it saw. A draining replica
+  is never ejected: it is on its way out, and would only take a place under the cap.
 * **Admission control.** At most ``max_in_flight`` queries at once; the next one is
   refused at once with :class:`OverloadedError` rather than queued, so that a slow cluster
   cannot make requests pile up on the search server (the original outage).
@@ -894,6 +895,7 @@ class FanOut:
         # Failures of requests sent before the ejection do not extend it.
         if (
             replica.failures >= self._eject_after
+            and instance.routable
             and not replica.is_ejected(now)
             and not self._ejection_cap_reached(now)
         ):

@@ -200,6 +200,33 @@ async def test_a_draining_replica_takes_a_retry_of_last_resort(
     assert _sample(registry, "last_resort_total") == len(QUERIES)
 
 
+async def test_a_draining_replica_is_never_ejected(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    """A draining replica that fails a request of last resort (it has exited at the
+    end of its grace) is on its way out: ejecting it would only take a place under the
+    ejection cap that a routable server may need."""
+    sick_server, *others = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-sick"),
+        *(make_data_server(shard=shard, instance_id=f"ds-{shard}") for shard in (1, 2)),
+    )
+    await _set_fault(http, sick_server, mode="error", rate=1.0)
+    gone = _stopped("ds-gone", shard=0, replica=1).with_state("draining")
+    servers = [instance_of(sick_server), gone, *(instance_of(s) for s in others)]
+    # No cap to speak of: only the rule keeps the draining one from being ejected.
+    fanout = FanOut(client, registry=registry, eject_after=1, max_ejected_share=1.0)
+
+    result = await fanout.search(servers, QUERIES[0], 10, 2000)
+
+    assert result.shards == {"total": 3, "ok": 2, "failed": 1, "timed_out": 0, "cut": 0}
+    assert _sample(registry, "last_resort_total") == 1
+    assert fanout.ejected() == {"ds-sick"}
+    await _set_fault(http, sick_server, mode="none")
+
+
 async def test_a_draining_replica_takes_a_hedge_of_last_resort(
     make_data_server: DataServerFactory,
     http: aiohttp.ClientSession,
