@@ -579,9 +579,14 @@ def prometheus_value(expr: str) -> float | None:
 
 
 def docker(*args: str, timeout: float = 60) -> str:
-    return subprocess.run(
-        ["docker", *args], capture_output=True, text=True, check=True, timeout=timeout
-    ).stdout
+    """``docker ARGS``'s output; RuntimeError with the command and its stderr if it fails."""
+    done = subprocess.run(
+        ["docker", *args], capture_output=True, text=True, check=False, timeout=timeout
+    )
+    if done.returncode != 0:
+        command = shlex.join(["docker", *args])
+        raise RuntimeError(f"{command} failed:\n{done.stderr.strip()[-2000:]}")
+    return done.stdout
 
 
 def default_compose() -> str:
