@@ -692,30 +692,24 @@ class HttpClient:
         infos = await self._resolver.resolve(host)
         refused: list[str] = []
         failed: OSError | None = None
-        try:
-            for family, _, proto, _, sockaddr in infos:
-                address = str(sockaddr[0])
-                problem = self._networks.resolved_problem(address)
-                if problem is not None:
-                    refused.append(problem)
-                    continue
-                try:
-                    _, connection = await loop.create_connection(
-                        lambda: _Connection(self, endpoint),
-                        address,
-                        port,
-                        family=family,
-                        proto=proto,
-                    )
-                except OSError as exc:
-                    failed = exc  # the next address, as the loop's own connect does
-                    continue
-                return connection
-        finally:
-            if failed is not None:
+        for family, _, proto, _, sockaddr in infos:
+            address = str(sockaddr[0])
+            problem = self._networks.resolved_problem(address)
+            if problem is not None:
+                refused.append(problem)
+                continue
+            try:
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(self, endpoint), address, port, family=family, proto=proto
+                )
+            except OSError as exc:
                 # The name may have moved (a container started again elsewhere): the
-                # next connection looks it up again rather than trust the cache.
+                # next connection looks it up again rather than trust the cache. This
+                # one tries the next address, as the loop's own connect does.
                 self._resolver.forget(host)
+                failed = exc
+                continue
+            return connection
         if failed is not None:
             raise failed
         why = "; ".join(refused) if refused else "no address"
