@@ -136,11 +136,12 @@ class InstanceState(StrEnum):
 
     ``DRAINING`` means "finish what you sent me, send nothing new": the node stays
     registered so operators can see it, but it is not routable. (The project's search
-    servers may still send it a hedge or a retry of last resort, when every routable
-    replica of its shard has been tried: it answers until its grace ends.) ``MAINTENANCE`` is
-    set by the leader, not by the data server: an operator's persistent marker
-    (``/maintenance/<id>``, :mod:`discovery.maintenance`) keeps the server listed
-    but unroutable, whatever its own node says, until the marker is cleared.
+    servers may still send it a request of last resort, when every routable replica
+    of its shard has been tried or is ejected: it answers until its grace ends.)
+    ``MAINTENANCE`` is set by the leader, not by the data server: an operator's
+    persistent marker (``/maintenance/<id>``, :mod:`discovery.maintenance`) keeps the
+    server listed but unroutable, whatever its own node says, until the marker is
+    cleared.
     """
 
     SERVING = "serving"

@@ -29,11 +29,13 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   whose p95 is above the time waited, and a refused one is offered again later.
 * **Retry on failure** (connection error, non-200, bad JSON) to another replica of the
   shard while time remains, each replica at most once per query.
-* **Draining replicas are a last resort.** A draining data server gets no query's first
-  request, but once every routable replica of a shard has been tried, a hedge or a retry
-  may go to one of the shard's draining replicas (:meth:`~search_server.routing.
-  RoutingTable.reserve`): it answers until its grace ends, and while one replica of a
-  pair drains, a slow answer from the other would otherwise cost the shard.
+* **Draining replicas are a last resort.** A draining data server gets no request while
+  a routable replica of its shard is left to try, but once every one has been tried
+  (a hedge or a retry) or is ejected (a first request too), a request may go to one of
+  the shard's draining replicas (:meth:`~search_server.routing.RoutingTable.reserve`),
+  before any half-open probe of an ejected one: it answers until its grace ends, and
+  while one replica of a pair drains, a slow answer from the other, or its ejection,
+  would otherwise cost the shard.
 * **Outlier ejection.** A data server that failed or timed out ``eject_after`` times in a
   row is skipped for ``eject_cooldown`` seconds, as long as no more than
   ``max_ejected_share`` of the servers (at least one) are ejected at once. This covers
@@ -484,12 +486,12 @@ class FanOut:
 
         ``servers`` is the live list (instances, or a mapping of ids to instances);
         instances that are not ``routable`` (draining, disabled, in maintenance) get no
-        first request (a draining one may get a hedge or a retry once its shard's
-        routable replicas have all been tried: see the module's docstring). Passing the
-        same object again (an unchanged live list) reuses the routing table built for
-        it, so do not mutate it in between. Returns within ``timeout_ms`` (plus a loop
-        iteration): shards that failed or had no answer by then are counted in the
-        result, which is then ``partial``; they never raise.
+        first request (a draining one may get a request of last resort once its shard's
+        routable replicas have all been tried or are ejected: see the module's
+        docstring). Passing the same object again (an unchanged live list) reuses the
+        routing table built for it, so do not mutate it in between. Returns within
+        ``timeout_ms`` (plus a loop iteration): shards that failed or had no answer by
+        then are counted in the result, which is then ``partial``; they never raise.
 
         Raises:
             OverloadedError: ``max_in_flight`` queries are already running (raised before
@@ -596,14 +598,12 @@ class FanOut:
         self._flush_metrics()
         return self._merge(calls, k, (loop.time() - started) * 1000)
 
-    def _candidates(
-        self, call: _ShardCall, now: float, *, last_resort: bool = False
-    ) -> list[Replica]:
-        """The shard's replicas a request may go to now; with ``last_resort`` (a hedge or
-        a retry), its draining ones once no routable one is left."""
+    def _candidates(self, call: _ShardCall, now: float) -> list[Replica]:
+        """The shard's replicas a request may go to now: its routable ones not yet
+        tried nor ejected, or, when none is left, its draining ones (a last resort)."""
         tried = call.tried
         usable = [r for r in call.replicas if r not in tried and not r.is_ejected(now)]
-        if not usable and last_resort:
+        if not usable:
             reserve = self._routes.reserve(call.shard)
             return [r for r in reserve if r not in tried and not r.is_ejected(now)]
         if len(usable) > 1:
@@ -626,7 +626,7 @@ class FanOut:
     def _next_attempt(self, q: _Query, call: _ShardCall) -> bool:
         """Send the shard's first request or a retry; False if no replica is left."""
         clock_now = self._clock()
-        candidates = self._candidates(call, clock_now, last_resort=bool(call.tried))
+        candidates = self._candidates(call, clock_now)
         if not candidates:
             probe = self._probe_target(call, clock_now)
             if probe is None:
@@ -636,7 +636,7 @@ class FanOut:
             return True
         now = q.loop.time()
         primary = self.picker.pick(candidates)
-        if call.tried and primary not in call.replicas:
+        if primary not in call.replicas:
             self.metrics.last_resort.inc()
         self._send(q, call, primary, hedge=False)
         if (
@@ -709,7 +709,7 @@ class FanOut:
         # A replica whose p95 is above what we waited would not beat the request out.
         candidates = [
             r
-            for r in self._candidates(call, self._clock(), last_resort=True)
+            for r in self._candidates(call, self._clock())
             if r.window is None or r.window.p95 is None or r.window.p95 <= waited
         ]
         if not candidates:

@@ -13,11 +13,12 @@ follower has already compared the two lists to make it).
 
 A draining data server is not routed to: "finish what you sent me, send nothing new".
 It is kept apart, in its shard's **reserve** (:meth:`RoutingTable.reserve`): a query may
-send it a hedge or a retry of last resort, once the shard's every routable replica has
-been tried, because it still answers during its grace and a shard left with one replica
-is one slow answer from missing. Its first requests always go elsewhere, so routing
-stops at the first write of ``draining`` all the same wherever the shard has a routable
-replica. Disabled servers and servers in maintenance are in neither list.
+send it a request of last resort once the shard's every routable replica has been tried
+or is ejected, because it still answers during its grace and a shard left with one
+replica is one slow answer (or one ejection) from missing. Its first requests go
+elsewhere wherever the shard has a routable replica in service, so routing stops at the
+first write of ``draining`` all the same. Disabled servers and servers in maintenance
+are in neither list.
 
 A shard's replica list is replaced, never edited: a query in flight keeps the list it
 started with (it may still retry or hedge to a replica that has just left; that request
@@ -93,8 +94,9 @@ class RoutingTable:
         return len(self._by_id)
 
     def reserve(self, shard: int) -> list[Replica]:
-        """The draining replicas of ``shard``: for hedges and retries of last resort, once
-        every routable one has been tried. Empty for most shards; do not modify it."""
+        """The draining replicas of ``shard``: for requests of last resort, once every
+        routable one has been tried or is ejected. Empty for most shards; do not modify
+        it."""
         return self._reserve.get(shard, _NONE)
 
     def replica(self, key: str) -> Replica | None:

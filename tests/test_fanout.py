@@ -200,6 +200,39 @@ async def test_a_draining_replica_takes_a_retry_of_last_resort(
     assert _sample(registry, "last_resort_total") == len(QUERIES)
 
 
+async def test_a_draining_replica_takes_the_first_request_while_the_routable_ones_are_ejected(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    """While a shard's partner drains, its one routable replica ejected must not fail
+    the shard at once between probes: the draining replica still answers during its
+    grace (compose check's drain: shards failed at once for seconds after the replica
+    left was ejected in a CPU stall)."""
+    sick_server, leaving = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-sick"),
+        make_data_server(shard=0, replica=1, instance_id="ds-leaving"),
+    )
+    await _set_fault(http, sick_server, mode="error", rate=1.0)
+    servers = [instance_of(sick_server), instance_of(leaving).with_state("draining")]
+    # Ejected after one failure; no half-open probe again within the test.
+    fanout = FanOut(
+        client, registry=registry, eject_after=1, max_ejected_share=1.0, probe_interval=600
+    )
+
+    for query in QUERIES:
+        result = await fanout.search(servers, query, 10, 5000)
+        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+
+    # The first query found the routable replica failing and retried on the draining
+    # one; every later one went to the draining one first, the ejected one untouched.
+    assert fanout.ejected() == {"ds-sick"}
+    assert _sample(registry, "shard_requests_total", result="error") == 1
+    assert _sample(registry, "last_resort_total") == len(QUERIES)
+    await _set_fault(http, sick_server, mode="none")
+
+
 async def test_a_draining_replica_is_never_ejected(
     make_data_server: DataServerFactory,
     http: aiohttp.ClientSession,
