@@ -216,9 +216,14 @@ async def test_a_draining_replica_takes_the_first_request_while_the_routable_one
     )
     await _set_fault(http, sick_server, mode="error", rate=1.0)
     servers = [instance_of(sick_server), instance_of(leaving).with_state("draining")]
-    # Ejected after one failure; no half-open probe again within the test.
+    # Ejected after one failure, for longer than the test; no half-open probe meanwhile.
     fanout = FanOut(
-        client, registry=registry, eject_after=1, max_ejected_share=1.0, probe_interval=600
+        client,
+        registry=registry,
+        eject_after=1,
+        eject_cooldown=600,
+        max_ejected_share=1.0,
+        probe_interval=600,
     )
 
     for query in QUERIES:
