@@ -41,6 +41,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from common import write_results
+from layout_v1 import LiveListReaderV1, RedisLiveStoreV1
 from prometheus_client import CollectorRegistry
 
 from discovery.config import ClusterConfig, ZkConfig
@@ -49,7 +50,6 @@ from discovery.instance import InstancePayload, ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
 from discovery.leader import LeaderDuty
 from discovery.livelist import LiveListReader
-from discovery.redis_v1 import LiveListReaderV1, RedisLiveStoreV1
 from discovery.redisstore import RedisLiveStore
 from discovery.testing import DevCluster
 from discovery.zk import ZkSession
@@ -198,8 +198,9 @@ async def _run_layout(
     registrars: list[ZkSession],
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    cluster = ClusterConfig(cluster=f"bench-scale-{size}", redis_layout=layout)
-    prefix = cluster.redis_prefix
+    cluster = ClusterConfig(cluster=f"bench-scale-{size}")
+    # Layout 1's prefix had no hash tag; it lives only here, as the baseline.
+    prefix = f"discovery:{cluster.cluster}" if layout == "v1" else cluster.redis_prefix
     closers: list[Callable[[], Any]] = []
     result: dict[str, Any] = {"servers": size, "layout": layout}
     try:

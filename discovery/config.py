@@ -18,7 +18,6 @@ from dataclasses import dataclass, fields
 from .errors import ConfigError
 
 __all__ = [
-    "REDIS_LAYOUTS",
     "AgentConfig",
     "ClusterConfig",
     "HttpEdgeConfig",
@@ -196,8 +195,6 @@ _REDIS_SCHEMES = (
     "redis+cluster",
     "rediss+cluster",
 )
-#: The live list's Redis layouts: 2 (the default) and 1, kept for one release.
-REDIS_LAYOUTS = ("v2", "v1")
 
 
 @dataclass(frozen=True)
@@ -299,7 +296,6 @@ class ClusterConfig:
     redis_url: str = "redis://127.0.0.1:6379/0"
     admin_token: str | None = None
     redis: RedisConfig = RedisConfig()
-    redis_layout: str = "v2"
 
     def __post_init__(self) -> None:
         if not self.cluster or any(c in self.cluster for c in " :/{}\n\t"):
@@ -316,30 +312,15 @@ class ClusterConfig:
                 "characters (no spaces, control or non-ASCII characters), as it is sent "
                 "in an HTTP header"
             )
-        if self.redis_layout not in REDIS_LAYOUTS:
-            raise ConfigError(
-                f"--redis-layout / DISCOVERY_REDIS_LAYOUT: {self.redis_layout!r} must be one "
-                f"of {', '.join(REDIS_LAYOUTS)}"
-            )
 
     def __repr__(self) -> str:
         token = None if self.admin_token is None else "***"
         return (
             f"ClusterConfig(cluster={self.cluster!r}, redis_url={redact_url(self.redis_url)!r}, "
-            f"admin_token={token!r}, redis={self.redis!r}, redis_layout={self.redis_layout!r})"
+            f"admin_token={token!r}, redis={self.redis!r})"
         )
 
     @property
     def redis_prefix(self) -> str:
-        """The key prefix of the configured layout (:attr:`redis_layout`)."""
-        return self.redis_prefix_v1 if self.redis_layout == "v1" else self.redis_prefix_v2
-
-    @property
-    def redis_prefix_v2(self) -> str:
-        """``discovery:{<cluster>}``: layout 2's prefix, a Redis Cluster hash tag."""
+        """``discovery:{<cluster>}``: the live list's key prefix, a Redis Cluster hash tag."""
         return "discovery:{" + self.cluster + "}"
-
-    @property
-    def redis_prefix_v1(self) -> str:
-        """``discovery:<cluster>``: layout 1's prefix."""
-        return f"discovery:{self.cluster}"

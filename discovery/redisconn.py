@@ -16,10 +16,6 @@ Every Redis client of the project is made by :func:`make_redis` from a
   checks the commands a script runs against the caller's ACL, key by key, so all of
   these are listed.
 
-Layout 1 (``--redis-layout v1``) has rules of its own:
-:func:`discovery.redis_v1.acl.reader_acl_rules_v1` and
-:func:`~discovery.redis_v1.acl.publisher_acl_rules_v1`.
-
 :func:`reader_acl_rules` and :func:`publisher_acl_rules` give exactly those
 permissions for one key prefix, in Redis 7 ACL syntax; :func:`acl_user_line` makes an
 ACL file line of them (the dev cluster's ``RedisServer(users=...)`` takes such lines,

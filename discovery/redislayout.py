@@ -48,9 +48,6 @@ Decoders (:func:`parse_number`, :func:`parse_meta`, :func:`parse_position`,
 whatever Redis returns and report what they cannot use as
 :class:`~discovery.errors.MalformedLiveListError` (or in the value), never another
 exception. redis-py errors become our tree through :func:`translate_redis_error`.
-
-Layout version 1 (``P:live`` + pub/sub ``P:events``) is :mod:`discovery.redis_v1`,
-kept for one release behind ``--redis-layout v1``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The clients may be plain, Sentinel-managed (``redis+sentinel://``: the store fol
 a failover, and the leader republishes in full when the new primary lacks its last
 write) or Redis Cluster clients (``redis+cluster://``: every key of a cluster shares
 one hash slot); :func:`~discovery.redisconn.make_redis` builds the right one from the
-URL. :class:`~discovery.redis_v1.RedisLiveStoreV1` is layout 1, for one release.
+URL.
 
 Two clients, two roles (:mod:`discovery.redisconn`): followers read with ``redis``,
 publishers write with ``publish_redis`` (default: the same client), so a cluster can

@@ -45,7 +45,6 @@ from discovery.layout import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.leader import LeaderDuty
 from discovery.maintenance import MaintenanceWatcher, overlay
 from discovery.membership import MembershipWatcher
-from discovery.redis_v1 import RedisLiveStoreV1
 from discovery.redisstore import RedisLiveStore
 from discovery.registration import Registration
 from discovery.store import LiveList, LiveListChange, LiveListFollower, LiveListStore
@@ -177,11 +176,7 @@ class SearchServer:
             # The leader publishes with credentials of its own (by default the reading
             # ones), so a cluster can give the other search servers a user that cannot
             # write. The publishing client connects only once we lead.
-            # Layout 1 stays selectable for one release (--redis-layout v1).
-            store_class = (
-                RedisLiveStoreV1 if config.cluster.redis_layout == "v1" else RedisLiveStore
-            )
-            store = store_class.from_config(
+            store = RedisLiveStore.from_config(
                 config.cluster,
                 read_only=not config.leader_eligible,
                 heartbeat_ttl=config.heartbeat_ttl,

@@ -28,7 +28,6 @@ from typing import Any
 
 from ..address import NetworkPolicy, parse_networks, validate_address
 from ..config import (
-    REDIS_LAYOUTS,
     AgentConfig,
     ClusterConfig,
     HttpEdgeConfig,
@@ -66,7 +65,6 @@ __all__ = [
     "positive_int",
     "readable_file",
     "redis_config",
-    "redis_layout",
     "zk_auth",
     "zk_config",
 ]
@@ -303,15 +301,6 @@ def log_level(text: str) -> str:
 
 
 #: Credentials and TLS for Redis (:class:`RedisConfig`); part of :data:`COMMON_OPTIONS`.
-def redis_layout(text: str) -> str:
-    """A layout name of :data:`~discovery.config.REDIS_LAYOUTS`."""
-    if text not in REDIS_LAYOUTS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a Redis layout; use one of {', '.join(REDIS_LAYOUTS)}"
-        )
-    return text
-
-
 REDIS_OPTIONS: tuple[Option, ...] = (
     Option(
         "--redis-username",
@@ -428,17 +417,8 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     Option(
         "--cluster",
         "DISCOVERY_CLUSTER",
-        "cluster name; the Redis key prefix is discovery:{<cluster>} "
-        "(discovery:<cluster> with --redis-layout v1)",
+        "cluster name; the Redis key prefix is discovery:{<cluster>}",
         default="default",
-    ),
-    Option(
-        "--redis-layout",
-        "DISCOVERY_REDIS_LAYOUT",
-        "the live list's Redis layout: v2 (hash + change stream) or v1 (one snapshot "
-        "key + pub/sub; kept for one release, to upgrade a cluster in steps)",
-        type=redis_layout,
-        default="v2",
     ),
     Option(
         "--admin-token",
@@ -700,7 +680,6 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig:
             args.admin_token, args.admin_token_file, "--admin-token", "DISCOVERY_ADMIN_TOKEN"
         ),
         redis=redis_config(args),
-        redis_layout=args.redis_layout,
     )
 
 

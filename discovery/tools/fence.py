@@ -82,7 +82,7 @@ REDIS_TIMEOUT: Final = 2.0
 #: ``check``: the fence is poisoned; ``repair``: refused, it is not.
 EXIT_POISONED: Final = 3
 # The settings that concern this command: ZooKeeper, Redis and the cluster name.
-_SKIPPED = frozenset({"--log-level", "--admin-token", "--redis-layout"})
+_SKIPPED = frozenset({"--log-level", "--admin-token"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,7 +321,7 @@ async def _run(args: argparse.Namespace, zk: ZkConfig, cluster: ClusterConfig) -
     reader = _client(cluster, RedisRole.READ)
     try:
         await session.start()
-        report = await collect(session, reader, cluster.redis_prefix_v2)
+        report = await collect(session, reader, cluster.redis_prefix)
         if args.fence_action == "check":
             _print(args, report, None)
             return EXIT_POISONED if report.poisoned else 0
@@ -337,7 +337,7 @@ async def _run(args: argparse.Namespace, zk: ZkConfig, cluster: ClusterConfig) -
         try:
             repaired = await repair_fence(
                 writer,
-                RedisKeys(cluster.redis_prefix_v2),
+                RedisKeys(cluster.redis_prefix),
                 report.stored,
                 epoch=report.repair_epoch(),
                 by=args.by if args.by is not None else default_by(),
@@ -347,7 +347,7 @@ async def _run(args: argparse.Namespace, zk: ZkConfig, cluster: ClusterConfig) -
         _print(args, report, repaired)
         if repaired is None:
             _err(
-                f"{RedisKeys(cluster.redis_prefix_v2).meta} changed since it was checked; "
+                f"{RedisKeys(cluster.redis_prefix).meta} changed since it was checked; "
                 "nothing was written: run the command again"
             )
             return 1

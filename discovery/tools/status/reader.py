@@ -12,8 +12,7 @@
   (:func:`~discovery.maintenance.read_markers`; an unreadable one is listed as such).
 * **Redis** (one MULTI/EXEC, so the keys are read at one instant): the published
   list (``P:meta`` and ``P:servers``) and the leader's heartbeat ``P:leader`` with its
-  remaining TTL, decoded by the contract module :mod:`discovery.redislayout` (or,
-  with ``--redis-layout v1``, ``P:live`` by :mod:`discovery.redis_v1.layout`).
+  remaining TTL, decoded by the contract module :mod:`discovery.redislayout`.
 
 The ZooKeeper and Redis reads are not one atomic snapshot: while the cluster changes
 (a server registers, a leader takes over) a difference may show for the moment the
@@ -49,7 +48,6 @@ from discovery.instance import ServiceInstance
 from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.maintenance import read_markers
 from discovery.membership import decode_child
-from discovery.redis_v1.layout import V1Keys, parse_snapshot
 from discovery.redisconn import RedisRole, make_redis
 from discovery.redislayout import (
     Heartbeat,
@@ -149,17 +147,7 @@ async def read_contenders(session: ZkSession, path: str = SEARCH_ELECTION_PATH) 
     ]
 
 
-def _parse_published(raw: bytes | str | None) -> Published:
-    if raw is None:
-        return Published(None, error="missing")
-    try:
-        live, problems = parse_snapshot(raw)
-    except MalformedLiveListError as exc:
-        return Published(None, error=f"invalid: {exc}")
-    return Published(live, skipped=tuple(problems))
-
-
-def _parse_published_v2(meta_fields: Any, server_fields: Any) -> Published:
+def _parse_published(meta_fields: Any, server_fields: Any) -> Published:
     try:
         meta = parse_meta(meta_fields)
     except MalformedLiveListError as exc:
@@ -171,36 +159,25 @@ def _parse_published_v2(meta_fields: Any, server_fields: Any) -> Published:
     return Published(live, skipped=tuple(problems))
 
 
-async def read_redis(
-    redis: aioredis.Redis, prefix: str, *, layout: str = "v2"
-) -> tuple[Heartbeat | None, Published]:
-    """Read the published list, ``P:leader`` and its TTL in one MULTI/EXEC.
-
-    ``layout`` is ``v2`` (``P:meta`` + ``P:servers``) or ``v1`` (``P:live``).
+async def read_redis(redis: aioredis.Redis, prefix: str) -> tuple[Heartbeat | None, Published]:
+    """Read the published list (``P:meta``, ``P:servers``), ``P:leader`` and its TTL in
+    one MULTI/EXEC.
 
     Raises:
         RedisOperationError: Redis failed (:class:`RedisUnavailableError` if unreachable).
     """
     try:
         async with redis.pipeline(transaction=True) as pipe:
-            if layout == "v1":
-                v1 = V1Keys(prefix)
-                pipe.get(v1.live)
-                leader = v1.leader
-            else:
-                keys = RedisKeys(prefix)
-                pipe.hgetall(keys.meta)
-                pipe.hgetall(keys.servers)
-                leader = keys.leader
-            pipe.get(leader)
-            pipe.pttl(leader)
-            *lists, raw_leader, ttl_ms = await pipe.execute()
+            keys = RedisKeys(prefix)
+            pipe.hgetall(keys.meta)
+            pipe.hgetall(keys.servers)
+            pipe.get(keys.leader)
+            pipe.pttl(keys.leader)
+            meta_fields, server_fields, raw_leader, ttl_ms = await pipe.execute()
     except (redis_errors.RedisError, OSError) as exc:
         raise translate_redis_error(exc) from exc
     heartbeat = None if raw_leader is None else parse_heartbeat(raw_leader, int(ttl_ms))
-    if layout == "v1":
-        return heartbeat, _parse_published(lists[0])
-    return heartbeat, _parse_published_v2(lists[0], lists[1])
+    return heartbeat, _parse_published(meta_fields, server_fields)
 
 
 def describe_redis(redis: aioredis.Redis) -> str:
@@ -226,13 +203,12 @@ async def collect_status(
     redis: aioredis.Redis,
     prefix: str,
     *,
-    layout: str = "v2",
     clock: Callable[[], float] = time.time,
 ) -> ClusterStatus:
     """Read the cluster's registrations, election and published list, and compare them.
 
     ``session`` must be started; ``prefix`` is the Redis key prefix
-    (``discovery:{<cluster>}``) of ``layout``. The ZooKeeper and Redis reads run
+    (``discovery:{<cluster>}``). The ZooKeeper and Redis reads run
     concurrently.
 
     Raises:
@@ -249,7 +225,7 @@ async def collect_status(
         read_contenders(session),
         read_directory(session, SEARCH_MEMBERS_PATH),
         read_directory(session, DATA_SERVERS_PATH),
-        read_redis(redis, prefix, layout=layout),
+        read_redis(redis, prefix),
         read_markers(session),
     )
     elected = tuple(contenders)
@@ -349,9 +325,7 @@ async def fetch_status(zk: ZkConfig, cluster: ClusterConfig) -> ClusterStatus:
         assert isinstance(zk_result, ZkSession)
         assert isinstance(redis_result, aioredis.Redis)
         try:
-            return await collect_status(
-                zk_result, redis_result, cluster.redis_prefix, layout=cluster.redis_layout
-            )
+            return await collect_status(zk_result, redis_result, cluster.redis_prefix)
         except ZkError as exc:
             raise StatusError(f"cannot read ZooKeeper at {zk.hosts}: {_one_line(exc)}") from exc
         except (RedisOperationError, RedisAccessError) as exc:

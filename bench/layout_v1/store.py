@@ -1,4 +1,4 @@
-"""The live-list store in Redis layout 1 (``--redis-layout v1``, kept for one release).
+"""The live-list store in Redis layout 1 (the benchmarks' baseline).
 
 :class:`RedisLiveStore` implements :class:`~discovery.store.LiveListStore` with the
 pieces that already speak that layout: each term's publisher is a
@@ -28,15 +28,15 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 
-from ..config import ClusterConfig
-from ..errors import ConfigError
-from ..metrics import LiveListMetrics, PublisherMetrics
-from ..redisconn import RedisRole, make_redis
-from ..redislayout import translate_redis_error
-from ..store import LiveList
-from .layout import V1Keys, parse_snapshot
-from .publisher import LivePublisherV1
-from .reader import LiveListReaderV1
+from discovery.config import ClusterConfig
+from discovery.errors import ConfigError
+from discovery.metrics import LiveListMetrics, PublisherMetrics
+from discovery.redisconn import RedisRole, make_redis
+from discovery.redislayout import translate_redis_error
+from discovery.store import LiveList
+from layout_v1.layout import V1Keys, parse_snapshot
+from layout_v1.publisher import LivePublisherV1
+from layout_v1.reader import LiveListReaderV1
 
 __all__ = ["RedisLiveStoreV1"]
 
@@ -114,7 +114,7 @@ class RedisLiveStoreV1:
         publish_redis = None if read_only else client(RedisRole.PUBLISH)
         store = cls(
             redis,
-            cluster.redis_prefix_v1,
+            f"discovery:{cluster.cluster}",
             publish_redis=publish_redis,
             read_only=read_only,
             heartbeat_ttl=heartbeat_ttl,

@@ -1,11 +1,8 @@
-"""Layout version 1 of the live list in Redis (kept for one release): keys and documents.
+"""Layout version 1 of the live list in Redis (the benchmarks' baseline): keys and documents.
 
-Superseded by layout 2 (:mod:`discovery.redislayout`), which writes only what changed;
-``--redis-layout v1`` keeps this one for a cluster that upgrades in steps (see
-``docs/ARCHITECTURE.md``, "Migrating from layout 1"). The writer is
-:mod:`discovery.redis_v1.publisher`, the reader :mod:`discovery.redis_v1.reader`.
-Under the key prefix ``P`` (``discovery:<cluster>``,
-:attr:`~discovery.config.ClusterConfig.redis_prefix_v1`):
+The product's layout writes only what changed; this one rewrites the whole list. The
+writer is :mod:`layout_v1.publisher`, the reader :mod:`layout_v1.reader`. Under the key
+prefix ``P`` (``discovery:<cluster>``, no hash tag):
 
 * ``P:live`` — the whole list, one JSON string:
   ``{"epoch":E,"version":V,"leader":"<id>","published_at":<ms>,"servers":[...]}``
@@ -22,9 +19,9 @@ Under the key prefix ``P`` (``discovery:<cluster>``,
 * ``P:leader`` — the heartbeat, ``{"leader":"<id>","epoch":E,"version":V,"at":<ms>}``,
   written with a TTL (``SET PX``), so readers can tell that nobody is publishing.
 * ``P:fence`` — **internal**: a hash ``{epoch, version, writer, leader}`` kept in step
-  with ``P:live`` by the fence script (:data:`discovery.redis_v1.publisher.FENCE_SCRIPT`), so
+  with ``P:live`` by the fence script (:data:`layout_v1.publisher.FENCE_SCRIPT`), so
   the fence check never decodes a multi-megabyte snapshot (:data:`FENCE_SCRIPT` of
-  :mod:`discovery.redis_v1.publisher`).
+  :mod:`layout_v1.publisher`).
 
 Documents are compact UTF-8 JSON (:func:`encode_json`); decoders
 (:func:`parse_snapshot`, :func:`parse_event`, :func:`parse_heartbeat`,
@@ -41,10 +38,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from ..errors import InvalidInstanceError, MalformedLiveListError
-from ..instance import ServiceInstance
-from ..redislayout import parse_position, short_repr
-from ..store import LiveList
+from discovery.errors import InvalidInstanceError, MalformedLiveListError
+from discovery.instance import ServiceInstance
+from discovery.redislayout import parse_position, short_repr
+from discovery.store import LiveList
 
 __all__ = ["ChangeEvent", "V1Keys", "parse_event", "parse_fence", "parse_snapshot"]
 

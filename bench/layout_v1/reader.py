@@ -1,9 +1,9 @@
-"""Following the live list in Redis layout 1 (``--redis-layout v1``, kept for one release).
+"""Following the live list in Redis layout 1 (the benchmarks' baseline).
 
 The :class:`~discovery.store.LiveListFollower` of layout 1, made by
-:meth:`discovery.redis_v1.store.RedisLiveStoreV1.follower`: the leader writes the list
-with :class:`~discovery.redis_v1.publisher.LivePublisherV1` in the layout of
-:mod:`discovery.redis_v1.layout`, and a :class:`LiveListReaderV1`:
+:meth:`layout_v1.store.RedisLiveStoreV1.follower`: the leader writes the list
+with :class:`~layout_v1.publisher.LivePublisherV1` in the layout of
+:mod:`layout_v1.layout`, and a :class:`LiveListReaderV1`:
 
 1. subscribes to ``P:events`` and, once subscribed, fetches the snapshot ``P:live``
    (subscribing first means no event can fall between the fetch and the
@@ -55,13 +55,13 @@ import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 from redis.asyncio.client import PubSub
 
-from ..aio import cancel_and_wait
-from ..errors import MalformedLiveListError
-from ..livefeed import ChangeFeed
-from ..metrics import LiveListMetrics
-from ..redislayout import short_repr, translate_redis_error
-from ..store import LiveList, LiveListChange
-from .layout import V1Keys, parse_event, parse_fence, parse_snapshot
+from discovery.aio import cancel_and_wait
+from discovery.errors import MalformedLiveListError
+from discovery.livefeed import ChangeFeed
+from discovery.metrics import LiveListMetrics
+from discovery.redislayout import short_repr, translate_redis_error
+from discovery.store import LiveList, LiveListChange
+from layout_v1.layout import V1Keys, parse_event, parse_fence, parse_snapshot
 
 __all__ = ["RECONNECT_BACKOFF_MAX", "LiveListReaderV1"]
 

@@ -1,9 +1,9 @@
-"""The leader's fenced writes of the live list in layout 1 (kept for one release).
+"""The leader's fenced writes of the live list in layout 1 (the benchmarks' baseline).
 
 Only the elected leader runs a :class:`LivePublisher`, obtained for its term from
-:meth:`discovery.redis_v1.store.RedisLiveStoreV1.publisher`. The keys and documents it writes
+:meth:`layout_v1.store.RedisLiveStoreV1.publisher`. The keys and documents it writes
 (``P:live``, ``P:events``, ``P:leader`` and the internal ``P:fence``) are the contract
-in :mod:`discovery.redis_v1.layout`; this module is how they are written. ``P:fence``'s
+in :mod:`layout_v1.layout`; this module is how they are written. ``P:fence``'s
 ``writer`` is a random token of one publisher object, which makes a retried write
 recognisable as our own.
 
@@ -60,11 +60,11 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 
-from ..errors import FencedError, RedisOperationError
-from ..instance import ServiceInstance
-from ..metrics import PublisherMetrics
-from ..redislayout import encode_json, reply_text, translate_redis_error
-from .layout import V1Keys
+from discovery.errors import FencedError, RedisOperationError
+from discovery.instance import ServiceInstance
+from discovery.metrics import PublisherMetrics
+from discovery.redislayout import encode_json, reply_text, translate_redis_error
+from layout_v1.layout import V1Keys
 
 __all__ = ["FENCE_SCRIPT", "HeartbeatStatus", "LivePublisherV1"]
 
