@@ -70,10 +70,10 @@ from common import CpuMeter, EventLog, free_port_block, machine, spawn_python, s
 from data_server.corpus import sample_queries
 from discovery.adminauth import admin_headers
 from discovery.config import ZkConfig
-from discovery.layout import DATA_SERVERS_PATH
 from discovery.testing import DevCluster
 from discovery.testing.process import terminate_all
-from discovery.zk import WatchEvent, ZkSession
+from discovery.zk.paths import DATA_SERVERS_PATH
+from discovery.zk.session import WatchEvent, ZkSession
 
 SCRIPT = Path(__file__).resolve()
 ROOT = SCRIPT.parent.parent

@@ -7,7 +7,7 @@ pub/sub) to timestamp every publish. A ``full`` event with a higher epoch than t
 previous leader's is the new leader's first publish.
 
 Three search-server equivalents contend, each with its own ``ZkSession`` (session
-timeout ``--session-timeout``), a :class:`~discovery.election.LeaderElection` and the real
+timeout ``--session-timeout``), a :class:`~discovery.zk.election.LeaderElection` and the real
 :class:`~discovery.leader.LeaderDuty` publishing under one prefix:
 
 * **graceful** (``--trials`` times): the three contenders run in this process. t0 = the
@@ -45,13 +45,13 @@ import redis.asyncio as aioredis
 from common import EventLog, machine, summary_ms
 
 from discovery.config import ZkConfig
-from discovery.election import LeaderElection
 from discovery.instance import InstancePayload, ServiceInstance
-from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
 from discovery.leader import LeaderDuty
-from discovery.redisstore import RedisLiveStore
+from discovery.livelist.redis.store import RedisLiveStore
 from discovery.testing import DevCluster
-from discovery.zk import ZkSession
+from discovery.zk.election import LeaderElection
+from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
+from discovery.zk.session import ZkSession
 
 log = logging.getLogger("bench_failover")
 RESULTS = Path(__file__).resolve().parent / "results" / "failover.json"

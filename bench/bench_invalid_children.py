@@ -9,9 +9,9 @@ other than the znode's name; a persistent node whose document says ``serviceType
 DYNAMIC``) beside 100 valid (ephemeral) registrations:
 
 * **read**: ZooKeeper's part alone, as the watcher's full read does it: the list of
-  children, then :func:`discovery.zkread.read_many` (multiRead) of every child; wall
+  children, then :func:`discovery.zk.multiread.read_many` (multiRead) of every child; wall
   time and this process's CPU time (kazoo's threads included);
-* **decode**: :func:`discovery.membership.decode_child` of every child read, CPU (what
+* **decode**: :func:`discovery.zk.membership.decode_child` of every child read, CPU (what
   every child costs, valid or not);
 * **full refresh**: a real ``MembershipWatcher`` started on the directory (list, read,
   decode, bookkeeping, first change set): wall, CPU, the longest stretch the event loop
@@ -31,7 +31,7 @@ DYNAMIC``) beside 100 valid (ephemeral) registrations:
   50,000 (the old one is quadratic: extrapolated there, as it would take many seconds
   per run), then of one more malformed child added and removed among 50,000.
 
-Log records are counted by a handler on ``discovery.membership`` (created, not written
+Log records are counted by a handler on ``discovery.zk.membership`` (created, not written
 out: the old code's 50,000 lines would also have cost their I/O). Prints the figures and
 writes ``bench/results/invalid_children.json``; about a minute and a half.
 
@@ -62,15 +62,15 @@ from prometheus_client import CollectorRegistry
 
 from discovery.config import ZkConfig
 from discovery.instance import InstancePayload, ServiceInstance
-from discovery.membership import (
+from discovery.testing import ZooKeeperEnsemble
+from discovery.zk.membership import (
     MembershipChange,
     MembershipSubscription,
     MembershipWatcher,
     decode_child,
 )
-from discovery.testing import ZooKeeperEnsemble
-from discovery.zk import ZkSession
-from discovery.zkread import read_many
+from discovery.zk.multiread import read_many
+from discovery.zk.session import ZkSession
 
 RESULTS = Path(__file__).resolve().parent / "results" / "invalid_children.json"
 SESSION_TIMEOUT = 30.0
@@ -152,7 +152,7 @@ def populate(hosts: str, path: str, count: int, valid: int) -> tuple[KazooClient
 
 
 class RecordCounter(logging.Handler):
-    """Counts the records of ``discovery.membership`` (never writes them out)."""
+    """Counts the records of ``discovery.zk.membership`` (never writes them out)."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -497,7 +497,7 @@ def main() -> int:
     old_sizes = [500, 1000, 2000] if args.quick else [500, 1000, 2000, 5000, 10_000, 20_000]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     records = RecordCounter()
-    membership_log = logging.getLogger("discovery.membership")
+    membership_log = logging.getLogger("discovery.zk.membership")
     membership_log.addHandler(records)
     membership_log.propagate = False
 
@@ -586,7 +586,7 @@ def main() -> int:
             "(kazoo threads included). decode_cpu_ms: decode_child of every child. "
             "full_refresh: MembershipWatcher.start() (list, multiRead, decode, "
             "bookkeeping, first change set); max_loop_stall_ms: a 5 ms heartbeat task's "
-            "largest lateness; log_records: records of discovery.membership created (not "
+            "largest lateness; log_records: records of discovery.zk.membership created (not "
             "written out). beyond_read: full_refresh minus read. single_changes: with the "
             "N malformed children present, wall from the write sent (another session, "
             "same process) to the change set in hand, and the watcher's "

@@ -3,7 +3,7 @@
 Runs a real ZooKeeper and a Redis primary with two replicas and three sentinels
 (``DevCluster(sentinels=3, redis_replicas=2)``, ``down-after-milliseconds`` =
 ``--down-after-ms``). ``--servers`` lightweight data servers are registered; one
-search server's real :class:`~discovery.election.LeaderElection` with
+search server's real :class:`~discovery.zk.election.LeaderElection` with
 :class:`~discovery.leader.LeaderDuty` publishes through a ``redis+sentinel://`` store,
 and ``--readers`` followers read through their own Sentinel clients, exactly as search
 servers do.
@@ -40,15 +40,15 @@ from common import write_results
 from prometheus_client import CollectorRegistry
 
 from discovery.config import ClusterConfig, ZkConfig
-from discovery.election import LeaderElection
 from discovery.instance import InstancePayload, ServiceInstance
-from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
 from discovery.leader import LeaderDuty
-from discovery.redisstore import RedisLiveStore
-from discovery.store import LiveListFollower
+from discovery.livelist.model import LiveListFollower
+from discovery.livelist.redis.store import RedisLiveStore
 from discovery.testing import DevCluster
 from discovery.testing.sentinel import DEFAULT_DOWN_AFTER_MS
-from discovery.zk import ZkSession
+from discovery.zk.election import LeaderElection
+from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
+from discovery.zk.session import ZkSession
 
 log = logging.getLogger("bench_redis_failover")
 RESULTS = Path(__file__).resolve().parent / "results" / "redis_failover.json"

@@ -31,8 +31,8 @@ from typing import Any
 from common import write_results
 
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
-from discovery.livefeed import ChangeFeed
-from discovery.store import LiveList, LiveListChange
+from discovery.livelist.feed import ChangeFeed
+from discovery.livelist.model import LiveList, LiveListChange
 from search_server.routing import RoutingTable
 
 RESULTS = Path(__file__).resolve().parent / "results" / "routing.json"

@@ -7,7 +7,7 @@ for each layout of ``--layouts`` on the same registrations:
 1. registers N lightweight data servers: EPHEMERAL ServiceInstance nodes under
    ``/data_servers``, created by a few ZooKeeper sessions in pipelined batches;
 2. starts ``--readers`` followers of the layout (each with its own Redis client), then
-   one search server's real :class:`~discovery.election.LeaderElection` with
+   one search server's real :class:`~discovery.zk.election.LeaderElection` with
    :class:`~discovery.leader.LeaderDuty`, and times the initial publish: from joining
    the election until every reader holds all N servers (``initial_total_s``, which
    includes the leader reading N nodes from ZooKeeper), and from the full write's
@@ -45,14 +45,14 @@ from layout_v1 import LiveListReaderV1, RedisLiveStoreV1
 from prometheus_client import CollectorRegistry
 
 from discovery.config import ClusterConfig, ZkConfig
-from discovery.election import LeaderElection
 from discovery.instance import InstancePayload, ServiceInstance
-from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
 from discovery.leader import LeaderDuty
-from discovery.livelist import LiveListReader
-from discovery.redisstore import RedisLiveStore
+from discovery.livelist.redis.follower import LiveListReader
+from discovery.livelist.redis.store import RedisLiveStore
 from discovery.testing import DevCluster
-from discovery.zk import ZkSession
+from discovery.zk.election import LeaderElection
+from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
+from discovery.zk.session import ZkSession
 
 log = logging.getLogger("bench_scale")
 RESULTS = Path(__file__).resolve().parent / "results" / "scale.json"

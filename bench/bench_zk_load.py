@@ -5,10 +5,10 @@ servers (EPHEMERAL ServiceInstance nodes under ``/data_servers``, from a few ses
 then for each S in ``--search`` runs two designs, one after the other, on the same
 ZooKeeper:
 
-* **ours**: S search-server sessions, all in :class:`~discovery.election.LeaderElection`
+* **ours**: S search-server sessions, all in :class:`~discovery.zk.election.LeaderElection`
   with the real :class:`~discovery.leader.LeaderDuty` (so only the leader runs a
-  :class:`~discovery.membership.MembershipWatcher` and publishes to Redis); a change
-  counts as applied when a :class:`~discovery.livelist.LiveListReader` shows it;
+  :class:`~discovery.zk.membership.MembershipWatcher` and publishes to Redis); a change
+  counts as applied when a :class:`~discovery.livelist.redis.LiveListReader` shows it;
 * **naive** (baseline): S sessions each running its own ``MembershipWatcher`` on
   ``/data_servers``; a change counts as applied when all S watchers show it.
 
@@ -47,16 +47,16 @@ import redis.asyncio as aioredis
 from common import write_results
 
 from discovery.config import ZkConfig
-from discovery.election import LeaderElection
 from discovery.instance import InstancePayload, ServiceInstance
-from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
 from discovery.leader import LeaderDuty
-from discovery.livelist import LiveListReader
-from discovery.membership import MembershipWatcher
-from discovery.redisstore import RedisLiveStore
+from discovery.livelist.redis.follower import LiveListReader
+from discovery.livelist.redis.store import RedisLiveStore
 from discovery.testing import DevCluster
 from discovery.testing.zookeeper import four_letter_word
-from discovery.zk import WatchEvent, ZkSession
+from discovery.zk.election import LeaderElection
+from discovery.zk.membership import MembershipWatcher
+from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
+from discovery.zk.session import WatchEvent, ZkSession
 
 log = logging.getLogger("bench_zk_load")
 RESULTS = Path(__file__).resolve().parent / "results" / "zk_load.json"

@@ -6,10 +6,10 @@ A *writer* subprocess owns the N EPHEMERAL children (one session, ServiceInstanc
 of about 350 bytes each, created with pipelined async creates) and makes the changes
 when told; this process only watches, so its CPU time is the watcher's alone:
 
-* **re-list** (the baseline, what :class:`~discovery.membership.MembershipWatcher`
+* **re-list** (the baseline, what :class:`~discovery.zk.membership.MembershipWatcher`
   does): a one-shot child watch; each event wakes one thread that re-lists with
   ``get_children`` (re-arming the watch) and diffs the names against the last list;
-* **persistent**: :class:`~discovery.zkwatch.PersistentRecursiveWatch`, whose events
+* **persistent**: :class:`~discovery.zk.watch.PersistentRecursiveWatch`, whose events
   name the child.
 
 For each N, ``--changes`` single deletions (each child is re-created afterwards,
@@ -49,10 +49,10 @@ from kazoo.client import KazooClient
 
 from discovery.config import ZkConfig
 from discovery.instance import InstancePayload, ServiceInstance
-from discovery.membership import MembershipChange, MembershipSubscription, MembershipWatcher
 from discovery.testing import ZooKeeperEnsemble
-from discovery.zk import ZkSession
-from discovery.zkwatch import DELETED, PersistentRecursiveWatch
+from discovery.zk.membership import MembershipChange, MembershipSubscription, MembershipWatcher
+from discovery.zk.session import ZkSession
+from discovery.zk.watch import DELETED, PersistentRecursiveWatch
 
 log = logging.getLogger("bench_zk_watch")
 RESULTS = Path(__file__).resolve().parent / "results" / "zk_watch.json"
@@ -850,7 +850,7 @@ def main() -> int:
         zookeeper="Debian 3.8.0, standalone, default jute.maxbuffer (0xfffff)",
         notes=(
             "relist: one-shot child watch + get_children (watch re-armed) + set diff per "
-            "wake-up, as MembershipWatcher; persistent: discovery.zkwatch "
+            "wake-up, as MembershipWatcher; persistent: discovery.zk.watch "
             "PersistentRecursiveWatch. wall_ms: from the writer subprocess sending the "
             "delete to the diff naming the child / the DELETED event in hand (same "
             "monotonic clock). cpu_ms: this (watcher-only) process's CPU time over that "

@@ -19,7 +19,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from discovery.redislayout import RedisKeys, parse_change
+from discovery.livelist.redis.layout import RedisKeys, parse_change
 
 #: The repository: the benchmarks' child processes run from it.
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,10 +21,10 @@ from typing import Any
 import immutables
 
 from discovery.instance import ServiceInstance
-from discovery.membership import _BULK_READ_MIN, MembershipChange, MembershipWatcher, _Read
+from discovery.zk.membership import _BULK_READ_MIN, MembershipChange, MembershipWatcher, _Read
 
 # The current watcher's logger: the bench counts the records of both the same way.
-log = logging.getLogger("discovery.membership")
+log = logging.getLogger("discovery.zk.membership")
 
 
 class LegacyMembershipWatcher(MembershipWatcher):

@@ -1,5 +1,5 @@
 """A data server: one shard of documents behind an HTTP API, kept registered in ZooKeeper
-by the embedded :class:`~discovery.agent.Agent` exactly while it answers.
+by the embedded :class:`~discovery.agent.agent.Agent` exactly while it answers.
 
 ``data-server`` runs one (:mod:`.server`: real BM25 search over an in-memory inverted
 index, :mod:`.index` and :mod:`.corpus`; health, readiness, metrics; admin drain,

@@ -2,7 +2,7 @@
 
 Each simulated server is a full :class:`~data_server.server.DataServer` with its own
 port, shard, ZooKeeper session and agent; the servers of one process share its event
-loop and one agent :class:`~discovery.loopthread.LoopThread`. The parent process starts
+loop and one agent :class:`~discovery.agent.loopthread.LoopThread`. The parent process starts
 P workers (``data-server fleet --worker I``), forwards SIGINT/SIGTERM to them, and
 exits non-zero if any worker failed. On a signal a worker's servers begin their drains
 spread over 2 s, as independent machines would, not all in one burst.
@@ -21,8 +21,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from discovery.agent.loopthread import LoopThread
 from discovery.cli.entrypoint import stop_on_signals
-from discovery.loopthread import LoopThread
 
 from .config import FleetConfig
 from .server import DataServer

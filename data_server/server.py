@@ -19,9 +19,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from discovery import __version__
 from discovery.adminauth import refuse_admin
-from discovery.agent import Agent, AgentState
-from discovery.errors import BadRequestError, ConfigError, DevClusterError
+from discovery.agent.agent import Agent, AgentState
+from discovery.agent.loopthread import LoopThread
+from discovery.agent.probes import SearchProbe
+from discovery.errors import BadRequestError, ConfigError, ZkConnectionError
 from discovery.http import (
     MAX_QUERY_LENGTH,
     json_app,
@@ -31,9 +34,7 @@ from discovery.http import (
 )
 from discovery.httpedge import KEEPALIVE_TIMEOUT, HeaderGuard
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
-from discovery.loopthread import LoopThread
-from discovery.probes import SearchProbe
-from discovery.testing import expire_session
+from discovery.zk.expiry import expire_session
 
 from .config import MAX_TIMEOUT_MS, DataServerConfig
 from .corpus import Document, generate_documents, load_jsonl, sample_queries
@@ -45,7 +46,6 @@ __all__ = ["MAX_K", "MAX_QUERY_LENGTH", "DataServer"]
 
 log = logging.getLogger(__name__)
 
-VERSION = "0.1.0"
 MAX_K = 1000
 
 
@@ -233,7 +233,7 @@ class DataServer:
                 shard=config.shard,
                 replica=config.replica,
                 docs=self.index.document_count,
-                version=VERSION,
+                version=__version__,
                 state=InstanceState.SERVING,
                 zone=config.zone,
                 weight=config.weight,
@@ -387,7 +387,7 @@ class DataServer:
         assert self.agent is not None
         session = self.agent.session
         if session is None:
-            raise DevClusterError("the agent has no ZooKeeper session to expire")
+            raise ZkConnectionError("the agent has no ZooKeeper session to expire")
         # On the agent's loop, which owns the session.
         new_session = await self.agent.call(expire_session(session))
         log.warning("%s: ZooKeeper session expired on request", self.instance_id)

@@ -23,11 +23,10 @@ injection), :mod:`discovery.tools` (the ``discovery`` command) and :mod:`discove
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
-from .agent import Agent, AgentState, AgentStatus
-from .brake import MassLossBrake, MassLossBrakeConfig
-from .config import AgentConfig, ClusterConfig, RedisConfig, ZkConfig
-from .election import LeaderElection, Leadership
-from .errors import (
+from discovery.agent.agent import Agent, AgentState, AgentStatus
+from discovery.agent.probes import CallableProbe, HttpProbe, Probe, SearchProbe
+from discovery.config import AgentConfig, ClusterConfig, RedisConfig, ZkConfig
+from discovery.errors import (
     BadRequestError,
     ConfigError,
     DiscoveryError,
@@ -53,17 +52,24 @@ from .errors import (
     ZkSessionExpiredError,
     ZkUnsupportedError,
 )
-from .instance import MAX_INSTANCE_BYTES, InstancePayload, InstanceState, ServiceInstance
-from .layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
-from .leader import LeaderDuty
-from .livelist import LiveListReader
-from .membership import MembershipChange, MembershipWatcher
-from .probes import CallableProbe, HttpProbe, Probe, SearchProbe
-from .publisher import LivePublisher
-from .redisstore import RedisLiveStore
-from .registration import Registration, Removal
-from .store import LiveList, LiveListChange, LiveListFollower, LiveListPublisher, LiveListStore
-from .zk import SessionEvent, SessionState, ZkSession
+from discovery.instance import MAX_INSTANCE_BYTES, InstancePayload, InstanceState, ServiceInstance
+from discovery.leader import LeaderDuty
+from discovery.livelist.brake import MassLossBrake, MassLossBrakeConfig
+from discovery.livelist.model import (
+    LiveList,
+    LiveListChange,
+    LiveListFollower,
+    LiveListPublisher,
+    LiveListStore,
+)
+from discovery.livelist.redis.follower import LiveListReader
+from discovery.livelist.redis.publisher import LivePublisher
+from discovery.livelist.redis.store import RedisLiveStore
+from discovery.zk.election import LeaderElection, Leadership
+from discovery.zk.membership import MembershipChange, MembershipWatcher
+from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
+from discovery.zk.registration import Registration, Removal
+from discovery.zk.session import SessionEvent, SessionState, ZkSession
 
 try:
     # The version is written once, in pyproject.toml; the installed metadata carries it.

@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from .errors import ConfigError, InvalidInstanceError
+from discovery.errors import ConfigError, InvalidInstanceError
 
 __all__ = [
     "MAX_NAME_LENGTH",

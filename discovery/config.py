@@ -15,7 +15,7 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass, fields
 
-from .errors import ConfigError
+from discovery.errors import ConfigError
 
 __all__ = [
     "AgentConfig",
@@ -52,7 +52,7 @@ class AgentConfig:
             still exists and belongs to our session (one ZooKeeper read). Events
             cannot be relied on alone: a client can stay connected to a session the
             ensemble has closed, and then no watch fires for the node that went with
-            it (see :class:`~discovery.zk.ZkSession`). This bounds how long such a
+            it (see :class:`~discovery.zk.session.ZkSession`). This bounds how long such a
             lost registration can go unnoticed; 50,000 servers at 10 s cost 5,000
             reads a second across the ensemble.
     """
@@ -206,7 +206,7 @@ class RedisConfig:
     *publishes* it (the fenced publish script) with
     ``publish_username``/``publish_password``, each of which defaults to its reading
     counterpart. So a cluster can give non-leaders a user that
-    cannot write (see :mod:`discovery.redisconn` for the ACL rules of both roles).
+    cannot write (see :mod:`discovery.livelist.redis.conn` for the ACL rules of both roles).
     Reading credentials may instead be in the URL (``redis://user:pw@host``), but not
     in both places.
 
@@ -287,7 +287,7 @@ class ClusterConfig:
     """Cluster-wide names: the cluster, the Redis URL and key prefix, the admin token.
 
     ``redis`` holds the Redis credentials and TLS settings that go with ``redis_url``;
-    :func:`discovery.redisconn.make_redis` builds clients from both. The repr hides
+    :func:`discovery.livelist.redis.conn.make_redis` builds clients from both. The repr hides
     the URL's password and the admin token. The admin token is sent by clients in an
     HTTP header, so it must be visible ASCII (no spaces or control characters).
     """

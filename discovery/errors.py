@@ -3,8 +3,8 @@
 Every error raised by our code derives from :class:`DiscoveryError`, so an
 embedding application can catch one type, and every public one is defined here. kazoo
 and redis-py errors are translated where they enter our code
-(:func:`discovery.zk.translate_kazoo_error`,
-:func:`discovery.redislayout.translate_redis_error`); the original exception is always
+(:func:`discovery.zk.session.translate_kazoo_error`,
+:func:`discovery.livelist.redis.layout.translate_redis_error`); the original exception is always
 kept as ``__cause__``.
 
 ::
@@ -89,7 +89,7 @@ class PayloadTooLargeError(InvalidInstanceError):
 class InvalidMarkerError(DiscoveryError, ValueError):
     """A maintenance marker (``/maintenance/<id>``) to write is unusable: a bad instance
     id, a blank or over-long reason. Markers *read* are never refused this way: an
-    unreadable one still puts its server in maintenance (:mod:`discovery.maintenance`)."""
+    unreadable one still puts its server in maintenance (:mod:`discovery.zk.maintenance`)."""
 
 
 class BadRequestError(DiscoveryError, ValueError):
@@ -189,7 +189,7 @@ class FencedError(DiscoveryError):
     Another leader (a newer epoch) or another writer in our epoch has published. The
     publisher has been deposed and must stop leading; retrying cannot succeed. (Unless
     ``stored_epoch`` is one no leader can hold, which the leader checks against
-    ZooKeeper, :mod:`discovery.epochs`: then the fence is poisoned, not taken over.)
+    ZooKeeper, :mod:`discovery.zk.epochs`: then the fence is poisoned, not taken over.)
     ``reason`` is ``"epoch"`` or ``"version"``; ``stored_epoch`` and ``stored_version``
     are what Redis holds.
     """
@@ -215,7 +215,7 @@ class FencedError(DiscoveryError):
 
 
 class StoreError(DiscoveryError):
-    """The live-list store (:class:`~discovery.store.LiveListStore`) failed for now.
+    """The live-list store (:class:`~discovery.livelist.LiveListStore`) failed for now.
 
     Transient by nature: a publisher's caller keeps its view and publishes in full later,
     a follower keeps its last list. A write that failed this way may have been applied.
@@ -227,7 +227,7 @@ class RedisOperationError(StoreError):
     """A Redis command failed with an error reply or an unexpected answer.
 
     redis-py errors are translated where they enter our code
-    (:func:`discovery.redislayout.translate_redis_error`); the original is ``__cause__``.
+    (:func:`discovery.livelist.redis.layout.translate_redis_error`); the original is ``__cause__``.
     """
 
 
@@ -246,7 +246,7 @@ class RedisAccessError(DiscoveryError):
     passes), but waiting does not fix a wrong password or a missing permission. An
     operator has to change the configuration or the server's ACL, so whoever meets
     this error should stop what needs the permission and say so loudly. Translated
-    from redis-py by :func:`discovery.redislayout.translate_redis_error`; the original
+    from redis-py by :func:`discovery.livelist.redis.layout.translate_redis_error`; the original
     is ``__cause__``.
     """
 

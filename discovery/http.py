@@ -31,8 +31,8 @@ from typing import Any, Final, NoReturn
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from .errors import BadRequestError
-from .metrics import HttpMetrics
+from discovery.errors import BadRequestError
+from discovery.metrics import HttpMetrics
 
 __all__ = [
     "HTTP_METRICS",
@@ -40,7 +40,6 @@ __all__ = [
     "MAX_QUERY_BYTES",
     "MAX_QUERY_LENGTH",
     "SearchParams",
-    "int_param",
     "json_app",
     "json_error",
     "json_errors",
@@ -48,7 +47,6 @@ __all__ = [
     "parse_json_body",
     "parse_query_text",
     "parse_search_params",
-    "query_text",
     "read_json_body",
 ]
 
@@ -254,16 +252,6 @@ def parse_search_params(
         default = max_timeout_ms if default_timeout_ms is None else default_timeout_ms
         timeout_ms = parse_int("timeout_ms", params.get("timeout_ms"), default, 1, max_timeout_ms)
     return SearchParams(q, k, timeout_ms)
-
-
-def int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
-    """Query parameter ``name`` of ``request``: see :func:`parse_int`."""
-    return parse_int(name, request.query.get(name), default, low, high)
-
-
-def query_text(request: web.Request, max_length: int = MAX_QUERY_LENGTH) -> str:
-    """The ``q`` parameter of ``request``: see :func:`parse_query_text`."""
-    return parse_query_text(request.query.get("q"), max_length=max_length)
 
 
 # -- JSON bodies --------------------------------------------------------------------

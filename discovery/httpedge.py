@@ -46,8 +46,8 @@ from typing import Final, cast
 from aiohttp import StreamReader, web
 from prometheus_client import CollectorRegistry
 
-from .config import HttpEdgeConfig
-from .metrics import HttpEdgeMetrics
+from discovery.config import HttpEdgeConfig
+from discovery.metrics import HttpEdgeMetrics
 
 __all__ = ["KEEPALIVE_TIMEOUT", "HeaderGuard"]
 

@@ -70,8 +70,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final, NoReturn
 
-from .address import validate_address
-from .errors import InvalidInstanceError, PayloadTooLargeError
+from discovery.address import validate_address
+from discovery.errors import InvalidInstanceError, PayloadTooLargeError
 
 __all__ = [
     "DEFAULT_SERVICE_TYPE",
@@ -139,7 +139,7 @@ class InstanceState(StrEnum):
     servers may still send it a request of last resort, when every routable replica
     of its shard has been tried or is ejected: it answers until its grace ends.)
     ``MAINTENANCE`` is set by the leader, not by the data server: an operator's
-    persistent marker (``/maintenance/<id>``, :mod:`discovery.maintenance`) keeps the
+    persistent marker (``/maintenance/<id>``, :mod:`discovery.zk.maintenance`) keeps the
     server listed but unroutable, whatever its own node says, until the marker is
     cleared.
     """

@@ -2,10 +2,10 @@
 
 Only the leader watches ZooKeeper's membership (one watcher for the cluster, not one
 per search server) and writes the live list, through the fenced
-:class:`~discovery.store.LiveListPublisher` its :class:`~discovery.store.LiveListStore`
-gives it for the term (by default :class:`~discovery.redisstore.RedisLiveStore`: Redis).
+:class:`~discovery.livelist.LiveListPublisher` its :class:`~discovery.livelist.LiveListStore`
+gives it for the term (by default :class:`~discovery.livelist.redis.RedisLiveStore`: Redis).
 A term of leadership is one call of :class:`LeaderDuty`; it runs as a task of
-:class:`~discovery.election.LeaderElection` until cancelled.
+:class:`~discovery.zk.election.LeaderElection` until cancelled.
 
 Within a term:
 
@@ -23,7 +23,7 @@ Within a term:
 * a write refused by the fence (:class:`~discovery.errors.FencedError`) means a newer
   leader exists: the term ends and the election contends again. Unless the stored
   epoch is one no leader can hold: above the election directory's pzxid, read after
-  a ``sync`` (:mod:`discovery.epochs`). Resigning for such an epoch would hand it from
+  a ``sync`` (:mod:`discovery.zk.epochs`). Resigning for such an epoch would hand it from
   search server to search server for ever, so the leader keeps its term, publishes
   nothing (search servers route with the list they hold), sets
   ``discovery_leader_fence_poisoned`` and logs an error naming ``discovery fence
@@ -37,7 +37,7 @@ Within a term:
   before the server can expire its session, whatever kazoo believes of the connection;
 * if that read finds our election node gone or not ours, the term ends. No event
   may ever say so: a client can stay connected to a session the ensemble has closed
-  (see :class:`~discovery.zk.ZkSession`), and a leader in that state would otherwise
+  (see :class:`~discovery.zk.session.ZkSession`), and a leader in that state would otherwise
   publish until a successor's epoch fences it;
 * store errors (a Redis outage, a Sentinel failover, error replies) are logged; the
   store is then probed with a heartbeat every 0.2 s, and the first that succeeds
@@ -49,12 +49,12 @@ Within a term:
   leadership rotates, harmlessly). A store that refuses our credentials
   (:class:`~discovery.errors.RedisAccessError`) ends the term, for the caller to handle;
 * every publish decision goes through the term's
-  :class:`~discovery.brake.MassLossBrake`: when many data servers vanish at once
+  :class:`~discovery.livelist.brake.MassLossBrake`: when many data servers vanish at once
   without announcing it, their removals are held (they stay in what we publish,
   full snapshots included) for at most ``mass_loss.hold`` seconds. The loop wakes at
   the end of a hold to publish the release even if nothing else happens;
 * operators' maintenance markers (``/maintenance/<id>``, followed by a
-  :class:`~discovery.maintenance.MaintenanceWatcher` for the term, read before the
+  :class:`~discovery.zk.maintenance.MaintenanceWatcher` for the term, read before the
   first publish) are laid over what is published: a marked server that is registered
   (or held by the brake) is published with state ``maintenance``, the marker's reason
   and ``enabled: false``, through its re-registrations and restarts, until the marker
@@ -77,23 +77,28 @@ from dataclasses import dataclass
 import immutables
 from prometheus_client import CollectorRegistry
 
-from .brake import BrakeStatus, MassLossBrake, MassLossBrakeConfig
-from .election import Leadership
-from .epochs import EpochVerdict, FenceCheck, check_epoch
-from .errors import FencedError, StoreError, ZkError
-from .instance import InstanceState, ServiceInstance
-from .layout import DATA_SERVERS_PATH, MAINTENANCE_PATH
-from .maintenance import (
+from discovery.errors import FencedError, StoreError, ZkError
+from discovery.instance import InstanceState, ServiceInstance
+from discovery.livelist.brake import BrakeStatus, MassLossBrake, MassLossBrakeConfig
+from discovery.livelist.model import LiveListPublisher, LiveListStore
+from discovery.metrics import (
+    FenceMetrics,
+    MaintenanceMetrics,
+    MassLossBrakeMetrics,
+    MembershipMetrics,
+)
+from discovery.zk.election import Leadership
+from discovery.zk.epochs import EpochVerdict, FenceCheck, check_epoch
+from discovery.zk.maintenance import (
     MaintenanceMarker,
     MaintenanceView,
     MaintenanceWatcher,
     apply_marker,
     overlay,
 )
-from .membership import MembershipSubscription, MembershipWatcher
-from .metrics import FenceMetrics, MaintenanceMetrics, MassLossBrakeMetrics, MembershipMetrics
-from .store import LiveListPublisher, LiveListStore
-from .zk import SessionEvent, SessionState, ZkSession
+from discovery.zk.membership import MembershipSubscription, MembershipWatcher
+from discovery.zk.paths import DATA_SERVERS_PATH, MAINTENANCE_PATH
+from discovery.zk.session import SessionEvent, SessionState, ZkSession
 
 __all__ = ["LeaderDuty"]
 
@@ -147,14 +152,14 @@ class LeaderDuty:
     ``store`` is where the list is published (a new publisher per term); ``leader_id``
     names this leader in what it publishes. ``mass_loss`` configures each term's
     mass-loss brake
-    (:class:`~discovery.brake.MassLossBrake`; default ``MassLossBrakeConfig()``,
+    (:class:`~discovery.livelist.brake.MassLossBrake`; default ``MassLossBrakeConfig()``,
     which is on); ``clock`` (monotonic seconds) is the brake's. ``store_grace``: a term
     whose writes have all failed for that many seconds ends (None: never), so that a
     leader cut from the store alone hands over to one that may reach it.
     ``maintenance_path``: where operators' maintenance markers live (None: no
     maintenance overlay, for tests of other things). ``admit``: the deployment's own
     rule on registrations (``--allowed-networks``), see
-    :class:`~discovery.membership.MembershipWatcher`. ``fence_recheck_max``: the
+    :class:`~discovery.zk.membership.MembershipWatcher`. ``fence_recheck_max``: the
     longest pause between tries of a fence holding an impossible epoch (the first is
     ``heartbeat_interval``, doubling).
     """

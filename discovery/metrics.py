@@ -25,7 +25,7 @@ __all__ = [
 
 
 class SessionMetrics:
-    """ZooKeeper connection state of one :class:`~discovery.zk.ZkSession`."""
+    """ZooKeeper connection state of one :class:`~discovery.zk.session.ZkSession`."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.connected = Gauge(
@@ -187,7 +187,7 @@ class AgentMetrics:
 
 
 class PublisherMetrics:
-    """The leader's writes of the live list (:class:`~discovery.publisher.LivePublisher`)."""
+    """The leader's writes of the live list (:class:`~discovery.livelist.redis.LivePublisher`)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.publishes = Counter(
@@ -228,7 +228,8 @@ class PublisherMetrics:
 
 
 class LiveListMetrics:
-    """The live list a search server routes with (:class:`~discovery.livelist.LiveListReader`)."""
+    """The live list a search server routes with
+    (:class:`~discovery.livelist.redis.LiveListReader`)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.age_seconds = Gauge(
@@ -344,7 +345,7 @@ class HttpEdgeMetrics:
 
 
 class MassLossBrakeMetrics:
-    """The leader's mass-loss brake (:class:`~discovery.brake.MassLossBrake`)."""
+    """The leader's mass-loss brake (:class:`~discovery.livelist.brake.MassLossBrake`)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.engaged = Gauge(

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 from discovery import __version__
 from discovery.address import NetworkPolicy
-from discovery.brake import MassLossBrakeConfig
 from discovery.cli.options import (
     COMMON_OPTIONS,
     HTTP_EDGE_OPTIONS,
@@ -35,6 +34,7 @@ from discovery.cli.options import (
 from discovery.config import ClusterConfig, HttpEdgeConfig, ZkConfig
 from discovery.errors import ConfigError
 from discovery.instance import validate_zone
+from discovery.livelist.brake import MassLossBrakeConfig
 
 from .httpclient import DEFAULT_MAX_BODY
 from .querydeath import QueryOfDeathConfig
@@ -275,7 +275,7 @@ SEARCH_OPTIONS = (
         default=30.0,
         metavar="SECONDS",
     ),
-    # The leader's mass-loss brake (discovery/brake.py).
+    # The leader's mass-loss brake (discovery/livelist/brake.py).
     Option(
         "--mass-loss-fraction",
         "DISCOVERY_MASS_LOSS_FRACTION",

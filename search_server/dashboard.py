@@ -41,8 +41,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from discovery.errors import DiscoveryError
 from discovery.http import json_error
 from discovery.instance import ServiceInstance
-from discovery.layout import SEARCH_MEMBERS_PATH
-from discovery.zk import ZkSession
+from discovery.zk.paths import SEARCH_MEMBERS_PATH
+from discovery.zk.session import ZkSession
 
 __all__ = ["EventStream", "MemberCache", "QueryStats"]
 

@@ -85,7 +85,7 @@ from prometheus_client import CollectorRegistry
 from discovery.address import NetworkPolicy
 from discovery.errors import OverloadedError
 from discovery.instance import ServiceInstance
-from discovery.store import LiveListChange
+from discovery.livelist.model import LiveListChange
 
 from .httpclient import HttpClient, Response, SubrequestClient, SubrequestError
 from .metrics import FanOutMetrics

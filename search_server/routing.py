@@ -6,7 +6,7 @@ A query fans out to every shard, so it needs the replicas grouped by shard; grou
 ``bench/bench_routing.py``), and doing it for every version of the list stalled every
 query once per change at that size. :class:`RoutingTable` is built in full once (a
 follower's first list, a list it did not follow) and then updated from each
-:class:`~discovery.store.LiveListChange`'s ``added``, ``changed`` and ``removed``: a
+:class:`~discovery.livelist.LiveListChange`'s ``added``, ``changed`` and ``removed``: a
 change costs the size of the shards it touches, tens of microseconds at 50,000 servers
 as at 500. A reload from the list the table holds is a change like any other (the
 follower has already compared the two lists to make it).
@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 from discovery.instance import InstanceState, ServiceInstance
-from discovery.store import LiveListChange
+from discovery.livelist.model import LiveListChange
 
 from .picking import Replica, target_key
 

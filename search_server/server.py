@@ -6,10 +6,10 @@ Every search server
 * joins the election (unless ``--no-leader-eligible``); while it leads, it watches
   ``/data_servers`` and publishes the live list (:class:`~discovery.leader.LeaderDuty`)
   to its live-list store, by default Redis with the publishing credentials
-  (:class:`~discovery.redisstore.RedisLiveStore`); a leader that Redis refuses
+  (:class:`~discovery.livelist.redis.RedisLiveStore`); a leader that Redis refuses
   (credentials, ACL) resigns and stays out of the election for
   ``--leader-retry-pause`` seconds;
-* follows the live list in the store (a :class:`~discovery.store.LiveListFollower`),
+* follows the live list in the store (a :class:`~discovery.livelist.LiveListFollower`),
   the leader included, and routes queries with it;
 * fans ``GET /search`` out to one live replica per shard under a deadline
   (:class:`~search_server.fanout.FanOut`).
@@ -33,22 +33,23 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from discovery.acl import SEARCH_SERVER_ACCESS, check_access
+from discovery import __version__
 from discovery.address import NetworkPolicy
 from discovery.aio import cancel_and_wait, log_crash
-from discovery.election import LeaderElection, Leadership
 from discovery.errors import OverloadedError, RedisAccessError, ZkError
 from discovery.http import MAX_QUERY_LENGTH, json_app, json_error, parse_search_params
 from discovery.httpedge import KEEPALIVE_TIMEOUT, HeaderGuard
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
-from discovery.layout import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.leader import LeaderDuty
-from discovery.maintenance import MaintenanceWatcher, overlay
-from discovery.membership import MembershipWatcher
-from discovery.redisstore import RedisLiveStore
-from discovery.registration import Registration
-from discovery.store import LiveList, LiveListChange, LiveListFollower, LiveListStore
-from discovery.zk import ZkSession
+from discovery.livelist.model import LiveList, LiveListChange, LiveListFollower, LiveListStore
+from discovery.livelist.redis.store import RedisLiveStore
+from discovery.zk.acl import SEARCH_SERVER_ACCESS, check_access
+from discovery.zk.election import LeaderElection, Leadership
+from discovery.zk.maintenance import MaintenanceWatcher, overlay
+from discovery.zk.membership import MembershipWatcher
+from discovery.zk.paths import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
+from discovery.zk.registration import Registration
+from discovery.zk.session import ZkSession
 
 from .config import SearchServerConfig
 from .dashboard import EventStream, MemberCache, QueryStats
@@ -62,7 +63,6 @@ __all__ = ["MAX_K", "MAX_QUERY_LENGTH", "SearchServer"]
 
 log = logging.getLogger(__name__)
 
-VERSION = "0.1.0"
 MAX_K = 1000
 
 
@@ -70,7 +70,7 @@ class SearchServer:
     """A search server. ``await start()``, later ``await shutdown()``.
 
     ``store`` is where the live list is published and read; by default a
-    :class:`~discovery.redisstore.RedisLiveStore` on ``config.cluster`` that the server
+    :class:`~discovery.livelist.redis.RedisLiveStore` on ``config.cluster`` that the server
     opens and closes itself, with the heartbeat TTL and reconcile interval of ``config``
     (a store passed in brings its own and stays the caller's to close). ``picker``
     chooses a replica per shard for the fan-out (default
@@ -321,7 +321,7 @@ class SearchServer:
             self.config.advertise,
             self.port,
             InstancePayload(
-                shard=0, replica=0, docs=0, version=VERSION, state=InstanceState.SERVING
+                shard=0, replica=0, docs=0, version=__version__, state=InstanceState.SERVING
             ),
         )
 

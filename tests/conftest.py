@@ -24,10 +24,10 @@ from redis.backoff import ExponentialBackoff
 from data_server.config import DataServerConfig
 from data_server.server import DataServer
 from discovery.config import AgentConfig, ClusterConfig, RedisConfig, ZkConfig
-from discovery.store import LiveListStore
+from discovery.livelist.model import LiveListStore
 from discovery.testing import RedisServer, ZooKeeperEnsemble
 from discovery.testing.netns import NetworkLab, netns_available
-from discovery.zk import ZkSession
+from discovery.zk.session import ZkSession
 from search_server.config import SearchServerConfig
 from search_server.picking import ReplicaPicker
 from search_server.server import SearchServer

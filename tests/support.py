@@ -17,12 +17,12 @@ from prometheus_client import CollectorRegistry
 
 from data_server.index import InvertedIndex
 from data_server.server import DataServer
-from discovery.agent import Agent
+from discovery.agent.agent import Agent
+from discovery.agent.loopthread import LoopThread
 from discovery.config import AgentConfig, ZkConfig
-from discovery.election import Leadership
 from discovery.instance import InstancePayload, ServiceInstance
-from discovery.loopthread import LoopThread
-from discovery.zk import ZkSession
+from discovery.zk.election import Leadership
+from discovery.zk.session import ZkSession
 from search_server.server import SearchServer
 
 #: Agent settings that make tests quick: a probe every 0.1 s, offline after two failures.

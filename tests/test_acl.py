@@ -21,18 +21,27 @@ from prometheus_client import CollectorRegistry
 
 from data_server.config import DataServerConfig
 from data_server.server import DataServer
-from discovery.acl import ALL, CREATE, DATA_SERVER_ACCESS, DELETE, READ, check_access, describe_acl
-from discovery.agent import Agent, AgentState
+from discovery.agent.agent import Agent, AgentState
+from discovery.agent.probes import CallableProbe
 from discovery.config import ClusterConfig, ZkConfig
 from discovery.errors import ConfigError, ZkAuthError, ZkNoNodeError
 from discovery.instance import InstanceState, ServiceInstance
-from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
-from discovery.probes import CallableProbe
-from discovery.registration import Registration, Removal
-from discovery.testing import ZooKeeperEnsemble, expire_session
+from discovery.testing import ZooKeeperEnsemble
 from discovery.tools import main as cli
 from discovery.tools.zkinit import AclLayout, DigestId, bootstrap, split_chroot
-from discovery.zk import ZkSession
+from discovery.zk.acl import (
+    ALL,
+    CREATE,
+    DATA_SERVER_ACCESS,
+    DELETE,
+    READ,
+    check_access,
+    describe_acl,
+)
+from discovery.zk.expiry import expire_session
+from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
+from discovery.zk.registration import Registration, Removal
+from discovery.zk.session import ZkSession
 from tests.support import (
     FAST_AGENT,
     DataServerFactory,

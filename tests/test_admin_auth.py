@@ -18,7 +18,7 @@ import pytest
 
 from data_server.server import DataServer
 from discovery.adminauth import ADMIN_HEADER, admin_headers
-from discovery.agent import AgentState
+from discovery.agent.agent import AgentState
 from tests.support import DataServerFactory, sample
 
 TOKEN = "s3cret-token"

@@ -20,13 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from discovery.brake import MassLossBrake, MassLossBrakeConfig
 from discovery.errors import ConfigError
 from discovery.instance import InstanceState, ServiceInstance
-from discovery.layout import DATA_SERVERS_PATH
+from discovery.livelist.brake import MassLossBrake, MassLossBrakeConfig
+from discovery.livelist.redis.layout import ChangeEntry, RedisKeys, load, parse_change
 from discovery.metrics import MassLossBrakeMetrics
-from discovery.redislayout import ChangeEntry, RedisKeys, load, parse_change
-from discovery.zk import ZkSession
+from discovery.zk.paths import DATA_SERVERS_PATH
+from discovery.zk.session import ZkSession
 from search_server.config import SearchServerConfig, build_parser
 from search_server.server import SearchServer
 from tests.support import (

@@ -25,8 +25,7 @@ from data_server.corpus import generate_documents
 from data_server.index import InvertedIndex
 from data_server.loadgen import LoadConfig, run_worst_case, worst_case_query
 from discovery.http import MAX_QUERY_LENGTH
-from discovery.membership import PERSISTENT_DYNAMIC, decode_child
-from discovery.redislayout import RedisKeys, parse_servers
+from discovery.livelist.redis.layout import RedisKeys, parse_servers
 from discovery.testing.redis import RedisServer
 from discovery.tools.chaos.hostile import (
     hostile_fields,
@@ -47,7 +46,8 @@ from discovery.tools.chaos.watch import (
     HostileWatch,
     missing_shards,
 )
-from discovery.zk import NodeStat
+from discovery.zk.membership import PERSISTENT_DYNAMIC, decode_child
+from discovery.zk.session import NodeStat
 from search_server.httpclient import Endpoint, HttpClient, SubrequestError
 from tests.conftest import fast_redis_client
 from tests.support import frequent_terms

@@ -11,17 +11,18 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
+import discovery
 from data_server.config import DataServerConfig, build_parser
 from data_server.corpus import sample_queries
 from data_server.server import MAX_QUERY_LENGTH, DataServer
 from discovery.adminauth import admin_headers
-from discovery.agent import AgentState
+from discovery.agent.agent import AgentState
 from discovery.config import AgentConfig, ClusterConfig, ZkConfig
 from discovery.errors import ConfigError
 from discovery.instance import InstanceState
-from discovery.layout import DATA_SERVERS_PATH
-from discovery.membership import MembershipWatcher
-from discovery.testing import expire_session
+from discovery.zk.expiry import expire_session
+from discovery.zk.membership import MembershipWatcher
+from discovery.zk.paths import DATA_SERVERS_PATH
 from tests.support import (
     FAST_AGENT,
     DataServerFactory,
@@ -84,7 +85,7 @@ async def test_registers_only_when_ready_with_the_brief_payload(
         payload = instance.payload
         assert (payload.shard, payload.replica, payload.docs) == (5, 1, 400)
         assert payload.state is InstanceState.SERVING
-        assert payload.version
+        assert payload.version == discovery.__version__  # one version, the package's
         assert instance.enabled
         status, body = await _get(server, "/readyz")
         assert status == 200

@@ -15,8 +15,8 @@ from data_server.corpus import sample_queries
 from discovery.adminauth import admin_headers
 from discovery.errors import ZkNoNodeError
 from discovery.instance import InstanceState, ServiceInstance
-from discovery.layout import DATA_SERVERS_PATH
-from discovery.membership import MembershipWatcher
+from discovery.zk.membership import MembershipWatcher
+from discovery.zk.paths import DATA_SERVERS_PATH
 from tests.support import SessionFactory, absent, eventually, next_change, reap, waited
 
 # Probe every 0.1 s, offline after 2 failures; a short drain grace.

@@ -18,8 +18,8 @@ from discovery import (
     ServiceInstance,
     ZkConfig,
 )
-from discovery.layout import DATA_SERVERS_PATH
-from discovery.membership import MembershipWatcher
+from discovery.zk.membership import MembershipWatcher
+from discovery.zk.paths import DATA_SERVERS_PATH
 from tests.support import FAST_AGENT, SessionFactory, eventually, waited
 
 

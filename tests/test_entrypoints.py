@@ -15,8 +15,8 @@ import pytest
 
 from data_server import cli as data_server_cli
 from discovery.instance import ServiceInstance
-from discovery.layout import DATA_SERVERS_PATH
 from discovery.tools import main as discovery_cli
+from discovery.zk.paths import DATA_SERVERS_PATH
 from search_server import cli as search_server_cli
 from tests.support import DataServerFactory, SessionFactory, eventually, reap, waited
 

@@ -16,12 +16,13 @@ import dataclasses
 import random
 from collections.abc import Callable
 
-from discovery.agent import Agent
+from discovery.agent.agent import Agent
 from discovery.config import ZkConfig
-from discovery.errors import DevClusterError
-from discovery.layout import DATA_SERVERS_PATH
-from discovery.testing import ZooKeeperEnsemble, expire_session
-from discovery.zk import ZkSession
+from discovery.errors import ZkError
+from discovery.testing import ZooKeeperEnsemble
+from discovery.zk.expiry import expire_session
+from discovery.zk.paths import DATA_SERVERS_PATH
+from discovery.zk.session import ZkSession
 from tests.conftest import SESSION_TIMEOUT
 from tests.support import FAST_AGENT, SessionFactory, agent_fleet, eventually
 
@@ -67,7 +68,7 @@ async def test_every_forced_expiry_is_followed_by_a_new_registration(
             # The intruder may fail to take the session (the victim reconnects first)
             # or the victim be slow to see its new session: the verdict is the check
             # below, which reads the node's owner from another session.
-            with contextlib.suppress(DevClusterError, TimeoutError):
+            with contextlib.suppress(ZkError, TimeoutError):
                 await agent.call(expire_session(session, timeout=REREGISTERED_WITHIN))
             try:
                 await eventually(

@@ -21,8 +21,8 @@ from discovery.address import NetworkPolicy, parse_networks
 from discovery.errors import ZkConnectionError
 from discovery.http import MAX_QUERY_BYTES
 from discovery.instance import MAX_INSTANCE_BYTES
-from discovery.layout import DATA_SERVERS_PATH
-from discovery.redislayout import RedisKeys, load
+from discovery.livelist.redis.layout import RedisKeys, load
+from discovery.zk.paths import DATA_SERVERS_PATH
 from tests.support import (
     DataServerFactory,
     SearchServerFactory,

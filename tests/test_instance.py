@@ -40,7 +40,7 @@ from discovery.instance import (
     validate_weight,
     validate_zone,
 )
-from discovery.membership import MembershipWatcher
+from discovery.zk.membership import MembershipWatcher
 from tests.support import CURATOR_FIELD_ORDER
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -11,10 +11,10 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from discovery.instance import ServiceInstance
-from discovery.livelist import LiveListReader
-from discovery.publisher import LivePublisher
-from discovery.redislayout import RedisKeys
-from discovery.store import LiveList, LiveListChange
+from discovery.livelist.model import LiveList, LiveListChange
+from discovery.livelist.redis.follower import LiveListReader
+from discovery.livelist.redis.layout import RedisKeys
+from discovery.livelist.redis.publisher import LivePublisher
 from discovery.testing import RedisServer
 from tests.support import eventually, make_instance, sample, view, waited
 
@@ -76,7 +76,8 @@ async def test_loads_then_applies_changes_sharing_what_did_not_change(
         assert dict(current.servers) == view(a, b2, d)
         # Unchanged servers are the very objects loaded first: nothing re-decoded or copied.
         assert current.servers["ds-a"] is first.servers["ds-a"]
-        assert reader.routable_count == 2 == len(current.routable)
+        # The routable count is kept per change, not recounted: it must still agree.
+        assert sample(registry, "discovery_livelist_routable") == 2 == len(current.routable)
         assert loads(registry, "start") == 1
         assert sum(loads(registry, cause) for cause in ("gap", "full", "epoch")) == 0
         assert sample(registry, "discovery_livelist_diffs_applied_total") == 3

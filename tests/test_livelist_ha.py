@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry
 
 from discovery.config import ClusterConfig
 from discovery.errors import ConfigError, RedisUnavailableError
-from discovery.redisconn import make_redis
-from discovery.redisstore import RedisLiveStore
-from discovery.store import LiveList, LiveListChange, LiveListPublisher
+from discovery.livelist.model import LiveList, LiveListChange, LiveListPublisher
+from discovery.livelist.redis.conn import make_redis
+from discovery.livelist.redis.store import RedisLiveStore
 from discovery.testing.redis import redis_command
 from discovery.testing.rediscluster import RedisClusterServers
 from discovery.testing.sentinel import DEFAULT_DOWN_AFTER_MS, RedisSentinelGroup

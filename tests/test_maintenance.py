@@ -17,8 +17,11 @@ import redis.asyncio as aioredis
 from data_server.corpus import sample_queries
 from discovery.errors import InvalidMarkerError, ZkAuthError
 from discovery.instance import InstanceState, ServiceInstance
-from discovery.layout import DATA_SERVERS_PATH, MAINTENANCE_PATH
-from discovery.maintenance import (
+from discovery.testing import RedisServer
+from discovery.tools import main as cli
+from discovery.tools.status import collect_status, format_text
+from discovery.zk.expiry import expire_session
+from discovery.zk.maintenance import (
     MAX_MARKER_BYTES,
     MaintenanceMarker,
     MaintenanceView,
@@ -26,10 +29,8 @@ from discovery.maintenance import (
     apply_marker,
     overlay,
 )
-from discovery.testing import RedisServer, expire_session
-from discovery.tools import main as cli
-from discovery.tools.status import collect_status, format_text
-from discovery.zk import ZkSession
+from discovery.zk.paths import DATA_SERVERS_PATH, MAINTENANCE_PATH
+from discovery.zk.session import ZkSession
 from search_server.server import SearchServer
 from tests.support import (
     DataServerFactory,

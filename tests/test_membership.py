@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from discovery import membership
-from discovery.layout import DATA_SERVERS_PATH
-from discovery.membership import LOGGED_SKIPS, MembershipWatcher
-from discovery.registration import Registration
 from discovery.testing import ZooKeeperEnsemble
-from discovery.zk import SessionState
+from discovery.zk import membership
+from discovery.zk.membership import LOGGED_SKIPS, MembershipWatcher
+from discovery.zk.paths import DATA_SERVERS_PATH
+from discovery.zk.registration import Registration
+from discovery.zk.session import SessionState
 from tests.support import (
     SessionFactory,
     eventually,
@@ -379,10 +379,10 @@ async def test_thousands_of_invalid_children_cost_only_what_changes(
                 for i in range(first, first + 1000)
             )
         )
-    caplog.set_level(logging.WARNING, logger="discovery.membership")
+    caplog.set_level(logging.WARNING, logger="discovery.zk.membership")
 
     def warnings() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if r.name == "discovery.membership"]
+        return [r for r in caplog.records if r.name == "discovery.zk.membership"]
 
     async with MembershipWatcher(
         session, coalesce_window=0, registry=registry, persistent_watch=persistent

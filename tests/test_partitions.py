@@ -25,12 +25,12 @@ import redis.asyncio as aioredis
 
 from data_server.corpus import sample_queries
 from discovery.config import ZkConfig
-from discovery.layout import DATA_SERVERS_PATH
-from discovery.redislayout import Heartbeat, RedisKeys, parse_heartbeat
+from discovery.livelist.redis.layout import Heartbeat, RedisKeys, parse_heartbeat
 from discovery.testing import RedisServer, ZooKeeperEnsemble, ZooKeeperServer, free_port
 from discovery.testing.netns import Host, NetworkLab, netns_available, remove_tagged
 from discovery.testing.zookeeper import four_letter_word
-from discovery.zk import ZkSession
+from discovery.zk.paths import DATA_SERVERS_PATH
+from discovery.zk.session import ZkSession
 from search_server.server import SearchServer
 from tests.conftest import SESSION_TIMEOUT, TICK_TIME_MS
 from tests.support import (

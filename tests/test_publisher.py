@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from discovery.errors import FencedError
 from discovery.instance import ServiceInstance
-from discovery.publisher import PUBLISH_SCRIPT, HeartbeatStatus, LivePublisher
-from discovery.redislayout import RedisKeys, load, parse_change
+from discovery.livelist.redis.layout import RedisKeys, load, parse_change
+from discovery.livelist.redis.publisher import PUBLISH_SCRIPT, HeartbeatStatus, LivePublisher
 from tests.support import make_instance, sample, view
 
 

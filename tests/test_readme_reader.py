@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from discovery.config import ClusterConfig
-from discovery.publisher import LivePublisher
+from discovery.livelist.redis.publisher import LivePublisher
 from discovery.testing import RedisServer
 from tests.support import cluster_of, eventually, make_instance, view
 

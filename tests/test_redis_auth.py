@@ -1,7 +1,7 @@
 """Redis authentication, ACL users and TLS, against real redis-server processes.
 
 Each integration test starts a Redis of its own (password for the ``default`` user, the
-reader and publisher ACL users of :mod:`discovery.redisconn` for this test's prefix, or
+reader and publisher ACL users of :mod:`discovery.livelist.redis.conn` for this test's prefix, or
 TLS with a throwaway CA) and real search servers in this test's ZooKeeper chroot.
 """
 
@@ -21,8 +21,7 @@ import redis.exceptions as redis_errors
 
 from discovery.config import ClusterConfig, RedisConfig, ZkConfig
 from discovery.errors import ConfigError, RedisAuthError, RedisPermissionError
-from discovery.publisher import LivePublisher
-from discovery.redisconn import (
+from discovery.livelist.redis.conn import (
     RedisRole,
     acl_user_line,
     credentials_for,
@@ -30,7 +29,8 @@ from discovery.redisconn import (
     publisher_acl_rules,
     reader_acl_rules,
 )
-from discovery.redislayout import RedisKeys
+from discovery.livelist.redis.layout import RedisKeys
+from discovery.livelist.redis.publisher import LivePublisher
 from discovery.testing import RedisServer
 from discovery.tools.status import fetch_status
 from search_server.config import SearchServerConfig, build_parser
@@ -190,7 +190,7 @@ async def test_refused_credentials_are_reported_and_retried_until_fixed(
     make_data_server: DataServerFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="discovery.livelist")
+    caplog.set_level(logging.WARNING, logger="discovery.livelist.redis.follower")
     await make_data_server(shard=0, instance_id="ds-a0")
     leader = await make_search_server(server_id="ss-pub", redis_url=acl_redis.url, redis=PUBLISHER)
     await eventually(lambda: live_ids(leader) == {"ds-a0"}, message="the leader publishes")
@@ -213,7 +213,8 @@ async def test_refused_credentials_are_reported_and_retried_until_fixed(
         lambda: _load_errors(wrong) >= 2 and _load_errors(missing) >= 2,
         message="both keep trying",
     )
-    refusals = [r.getMessage() for r in caplog.records if r.name == "discovery.livelist"]
+    follower = "discovery.livelist.redis.follower"
+    refusals = [r.getMessage() for r in caplog.records if r.name == follower]
     assert any(
         "refused our credentials" in m and "invalid username-password" in m for m in refusals
     )

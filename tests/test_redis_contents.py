@@ -22,13 +22,10 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from discovery.epochs import highest_possible_epoch
 from discovery.errors import MalformedLiveListError, MalformedMetaError
-from discovery.layout import SEARCH_ELECTION_PATH
-from discovery.livelist import LiveListReader
-from discovery.publisher import LivePublisher
-from discovery.redisfence import StoredFence, read_fence, repair_fence
-from discovery.redislayout import (
+from discovery.livelist.redis.fence import StoredFence, read_fence, repair_fence
+from discovery.livelist.redis.follower import LiveListReader
+from discovery.livelist.redis.layout import (
     MAX_NUMBER,
     RedisKeys,
     load,
@@ -37,11 +34,14 @@ from discovery.redislayout import (
     parse_meta,
     parse_position,
 )
+from discovery.livelist.redis.publisher import LivePublisher
 from discovery.testing import RedisServer, free_port
 from discovery.tools.fence import FenceReport, describe
 from discovery.tools.status.model import Contender
 from discovery.tools.status.reader import read_redis
-from discovery.zk import ZkSession
+from discovery.zk.epochs import highest_possible_epoch
+from discovery.zk.paths import SEARCH_ELECTION_PATH
+from discovery.zk.session import ZkSession
 from search_server.server import SearchServer
 from tests.support import (
     DataServerFactory,

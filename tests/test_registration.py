@@ -11,11 +11,12 @@ from prometheus_client import CollectorRegistry
 
 from discovery.errors import RegistrationConflictError, ZkConnectionError
 from discovery.instance import InstanceState, ServiceInstance
-from discovery.layout import DATA_SERVERS_PATH
-from discovery.membership import MembershipWatcher
-from discovery.registration import Registration
-from discovery.testing import ZooKeeperEnsemble, expire_session
-from discovery.zk import SessionState
+from discovery.testing import ZooKeeperEnsemble
+from discovery.zk.expiry import expire_session
+from discovery.zk.membership import MembershipWatcher
+from discovery.zk.paths import DATA_SERVERS_PATH
+from discovery.zk.registration import Registration
+from discovery.zk.session import SessionState
 from tests.support import (
     FakeClock,
     SessionFactory,
@@ -132,7 +133,7 @@ async def test_a_conflict_is_reported_again_while_it_lasts_never_waited_out_in_s
         conflict_recheck=0.1,
         clock=clock,
     )
-    caplog.set_level(logging.ERROR, logger="discovery.registration")
+    caplog.set_level(logging.ERROR, logger="discovery.zk.registration")
     with pytest.raises(RegistrationConflictError, match="squatting"):
         await registration.register()
     assert registry.get_sample_value("discovery_registration_conflicted") == 1.0

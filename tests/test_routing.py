@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from discovery.instance import ServiceInstance
-from discovery.livefeed import ChangeFeed, diff_lists
-from discovery.store import LiveList, LiveListChange
+from discovery.livelist.feed import ChangeFeed, diff_lists
+from discovery.livelist.model import LiveList, LiveListChange
 from search_server.fanout import FanOut
 from search_server.picking import Replica, target_key
 from search_server.routing import RoutingTable

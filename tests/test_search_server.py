@@ -17,10 +17,11 @@ from data_server.server import DataServer
 from discovery.adminauth import admin_headers
 from discovery.errors import FencedError
 from discovery.instance import InstanceState
-from discovery.layout import MAINTENANCE_PATH, SEARCH_ELECTION_PATH
-from discovery.maintenance import MaintenanceMarker
-from discovery.publisher import LivePublisher
-from discovery.testing import RedisServer, ZooKeeperEnsemble, expire_session
+from discovery.livelist.redis.publisher import LivePublisher
+from discovery.testing import RedisServer, ZooKeeperEnsemble
+from discovery.zk.expiry import expire_session
+from discovery.zk.maintenance import MaintenanceMarker
+from discovery.zk.paths import MAINTENANCE_PATH, SEARCH_ELECTION_PATH
 from search_server.server import SearchServer
 from tests.support import (
     DataServerFactory,

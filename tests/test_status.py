@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
-from discovery.publisher import LivePublisher
-from discovery.redislayout import RedisKeys
+from discovery.livelist.redis.layout import RedisKeys
+from discovery.livelist.redis.publisher import LivePublisher
 from discovery.testing import RedisServer, free_port
 from discovery.tools.main import build_parser
 from discovery.tools.status import collect_status, format_text
+from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from tests.support import (
     DataServerFactory,
     SearchServerFactory,

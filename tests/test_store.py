@@ -11,7 +11,6 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from discovery.config import ClusterConfig
-from discovery.election import LeaderElection
 from discovery.errors import (
     ConfigError,
     FencedError,
@@ -20,15 +19,16 @@ from discovery.errors import (
     StoreError,
 )
 from discovery.instance import ServiceInstance
-from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
 from discovery.leader import LeaderDuty
-from discovery.membership import MembershipChange, MembershipSubscription
-from discovery.redislayout import RedisKeys
-from discovery.redisstore import RedisLiveStore
-from discovery.registration import Registration
-from discovery.store import LiveList, LiveListFollower, LiveListPublisher, LiveListStore
+from discovery.livelist.model import LiveList, LiveListFollower, LiveListPublisher, LiveListStore
+from discovery.livelist.redis.layout import RedisKeys
+from discovery.livelist.redis.store import RedisLiveStore
 from discovery.testing import RedisServer
-from discovery.zk import ZkSession
+from discovery.zk.election import LeaderElection
+from discovery.zk.membership import MembershipChange, MembershipSubscription
+from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH
+from discovery.zk.registration import Registration
+from discovery.zk.session import ZkSession
 from tests.conftest import fast_redis_client
 from tests.support import (
     DataServerFactory,

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from discovery.agent import Agent
+from discovery.agent.agent import Agent
 from discovery.config import ZkConfig
-from discovery.layout import DATA_SERVERS_PATH
-from discovery.registration import Registration
 from discovery.testing import TcpProxy, ZooKeeperEnsemble
-from discovery.zk import SessionState
+from discovery.zk.paths import DATA_SERVERS_PATH
+from discovery.zk.registration import Registration
+from discovery.zk.session import SessionState
 from tests.conftest import SESSION_TIMEOUT
 from tests.support import (
     FAST_AGENT,

@@ -17,8 +17,9 @@ from discovery.errors import (
     ZkNodeExistsError,
     ZkNoNodeError,
 )
-from discovery.testing import expire_session, free_port
-from discovery.zk import SessionState, WatchEvent, ZkSession
+from discovery.testing import free_port
+from discovery.zk.expiry import expire_session
+from discovery.zk.session import SessionState, WatchEvent, ZkSession
 from tests.support import SessionFactory, waited, within
 
 

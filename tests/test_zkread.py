@@ -1,4 +1,4 @@
-"""Bulk reads by ``multiRead`` (``discovery.zkread``) against a real ZooKeeper 3.8.
+"""Bulk reads by ``multiRead`` (``discovery.zk.multiread``) against a real ZooKeeper 3.8.
 
 Each test runs in a ZooKeeper chroot of its own. What a real server cannot be made to
 do (lack ``multiRead``, refuse one, drop the connection after a given answer) is done
@@ -25,8 +25,8 @@ from kazoo.security import make_digest_acl
 
 from discovery.errors import ZkAuthError, ZkConnectionError
 from discovery.testing import ZooKeeperEnsemble
-from discovery.zk import ZkSession
-from discovery.zkread import ReadResult, multi_read_available, read_many
+from discovery.zk.multiread import ReadResult, multi_read_available, read_many
+from discovery.zk.session import ZkSession
 from tests.support import SessionFactory
 
 TIMEOUT = 20.0
@@ -173,7 +173,7 @@ async def test_answers_over_the_budget_shrink_the_batches(
     await create_nodes(session, nodes)
     paths = list(nodes)
 
-    with caplog.at_level(logging.INFO, logger="discovery.zkread"):
+    with caplog.at_level(logging.INFO, logger="discovery.zk.multiread"):
         results = await read_within(session, paths, response_budget=100_000)
 
     assert [r[0] if r else None for r in results] == list(nodes.values())
@@ -380,7 +380,7 @@ async def test_a_server_without_multi_read_is_read_node_by_node_from_then_on(
     session = await make_session(old_server.address + suffix(zk_hosts))
     assert multi_read_available(session)
 
-    with caplog.at_level(logging.WARNING, logger="discovery.zkread"):
+    with caplog.at_level(logging.WARNING, logger="discovery.zk.multiread"):
         started = time.monotonic()
         assert await read_within(session, paths) == expected
         assert time.monotonic() - started < TIMEOUT / 2  # an answer, not a timeout
@@ -390,7 +390,7 @@ async def test_a_server_without_multi_read_is_read_node_by_node_from_then_on(
         assert await read_within(session, paths[:50]) == expected[:50]
         assert old_server.multi_reads == 1
 
-    warnings = [r.getMessage() for r in caplog.records if r.name == "discovery.zkread"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "discovery.zk.multiread"]
     assert len(warnings) == 1, warnings
     assert "does not implement multiRead" in warnings[0]
     assert multi_read_available(zk_session)  # a property of the session, not global

@@ -1,4 +1,4 @@
-"""Persistent recursive watches (``discovery.zkwatch``) against a real ZooKeeper 3.8.
+"""Persistent recursive watches (``discovery.zk.watch``) against a real ZooKeeper 3.8.
 
 Every test but the last runs on the project's ZooKeeper fixtures, in a chroot of its
 own; events are waited for with deadlines, never with sleeps. "Exactly" means: after
@@ -29,9 +29,10 @@ from kazoo.client import KazooClient
 from kazoo.protocol.states import EventType, WatchedEvent
 from kazoo.retry import KazooRetry
 
-from discovery.testing import TcpProxy, ZooKeeperEnsemble, expire_session
-from discovery.zk import WatchEvent
-from discovery.zkwatch import (
+from discovery.testing import TcpProxy, ZooKeeperEnsemble
+from discovery.zk.expiry import expire_session
+from discovery.zk.session import WatchEvent
+from discovery.zk.watch import (
     CHANGED,
     CREATED,
     DELETED,
@@ -298,7 +299,7 @@ def test_stop_stops_delivery_and_removes_the_watch(
     other.create("/ds/while-watched", b"")
     recorder.wait_for((CREATED, "/ds/while-watched"))
 
-    with caplog.at_level(logging.WARNING, logger="discovery.zkwatch"):
+    with caplog.at_level(logging.WARNING, logger="discovery.zk.watch"):
         watch.stop()
         watch.stop()  # idempotent
     assert not caplog.records  # removeWatches was accepted

@@ -28,7 +28,7 @@ Documents are compact UTF-8 JSON (:func:`encode_json`); decoders
 :func:`parse_fence`) accept any bytes and report what they cannot use as
 :class:`~discovery.errors.MalformedLiveListError`, never another exception. The
 heartbeat's document, error translation and JSON encoding are layout 2's
-(:mod:`discovery.redislayout`).
+(:mod:`discovery.livelist.redis.layout`).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Any, NoReturn
 
 from discovery.errors import InvalidInstanceError, MalformedLiveListError
 from discovery.instance import ServiceInstance
-from discovery.redislayout import parse_position, short_repr
-from discovery.store import LiveList
+from discovery.livelist.model import LiveList
+from discovery.livelist.redis.layout import parse_position, short_repr
 
 __all__ = ["ChangeEvent", "V1Keys", "parse_event", "parse_fence", "parse_snapshot"]
 

@@ -62,8 +62,8 @@ from prometheus_client import CollectorRegistry
 
 from discovery.errors import FencedError, RedisOperationError
 from discovery.instance import ServiceInstance
+from discovery.livelist.redis.layout import encode_json, reply_text, translate_redis_error
 from discovery.metrics import PublisherMetrics
-from discovery.redislayout import encode_json, reply_text, translate_redis_error
 from layout_v1.layout import V1Keys
 
 __all__ = ["FENCE_SCRIPT", "HeartbeatStatus", "LivePublisherV1"]
@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 _MAX_NUMBER: Final = 2**63 - 1
 
 FENCE_SCRIPT: Final = """
--- Fenced write of the live list (see discovery/publisher.py for the contract).
+-- Fenced write of the live list (see discovery/livelist/redis/publisher.py for the contract).
 -- KEYS: 1 live, 2 fence, 3 leader
 -- ARGV: 1 mode ('publish' | 'heartbeat'), 2 epoch, 3 version (decimal strings),
 --       4 writer token, 5 leader id, 6 heartbeat document, 7 heartbeat TTL (ms);

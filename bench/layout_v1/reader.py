@@ -1,6 +1,6 @@
 """Following the live list in Redis layout 1 (the benchmarks' baseline).
 
-The :class:`~discovery.store.LiveListFollower` of layout 1, made by
+The :class:`~discovery.livelist.LiveListFollower` of layout 1, made by
 :meth:`layout_v1.store.RedisLiveStoreV1.follower`: the leader writes the list
 with :class:`~layout_v1.publisher.LivePublisherV1` in the layout of
 :mod:`layout_v1.layout`, and a :class:`LiveListReaderV1`:
@@ -57,10 +57,10 @@ from redis.asyncio.client import PubSub
 
 from discovery.aio import cancel_and_wait
 from discovery.errors import MalformedLiveListError
-from discovery.livefeed import ChangeFeed
+from discovery.livelist.feed import ChangeFeed
+from discovery.livelist.model import LiveList, LiveListChange
+from discovery.livelist.redis.layout import short_repr, translate_redis_error
 from discovery.metrics import LiveListMetrics
-from discovery.redislayout import short_repr, translate_redis_error
-from discovery.store import LiveList, LiveListChange
 from layout_v1.layout import V1Keys, parse_event, parse_fence, parse_snapshot
 
 __all__ = ["RECONNECT_BACKOFF_MAX", "LiveListReaderV1"]

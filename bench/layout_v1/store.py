@@ -1,15 +1,15 @@
 """The live-list store in Redis layout 1 (the benchmarks' baseline).
 
-:class:`RedisLiveStore` implements :class:`~discovery.store.LiveListStore` with the
+:class:`RedisLiveStore` implements :class:`~discovery.livelist.LiveListStore` with the
 pieces that already speak that layout: each term's publisher is a
-:class:`~discovery.publisher.LivePublisher` (one Lua script fences every write), each
-follower a :class:`~discovery.livelist.LiveListReader` (pub/sub events, snapshot
+:class:`~discovery.livelist.redis.LivePublisher` (one Lua script fences every write), each
+follower a :class:`~discovery.livelist.redis.LiveListReader` (pub/sub events, snapshot
 refetches, reconciliation). The store holds what those share for the life of a
 process: the clients, the key prefix, the heartbeat TTL and reconcile interval, and one
 set of metrics on the registry given (a registry refuses a second registration, and a
 search server leads many terms).
 
-Two clients, two roles (:mod:`discovery.redisconn`): followers read with ``redis``,
+Two clients, two roles (:mod:`discovery.livelist.redis.conn`): followers read with ``redis``,
 publishers write with ``publish_redis`` (default: the same client), so a cluster can
 give the search servers that never lead a Redis user that cannot write. A store built
 with ``read_only=True`` has no publisher at all.
@@ -30,10 +30,10 @@ from prometheus_client import CollectorRegistry
 
 from discovery.config import ClusterConfig
 from discovery.errors import ConfigError
+from discovery.livelist.model import LiveList
+from discovery.livelist.redis.conn import RedisRole, make_redis
+from discovery.livelist.redis.layout import translate_redis_error
 from discovery.metrics import LiveListMetrics, PublisherMetrics
-from discovery.redisconn import RedisRole, make_redis
-from discovery.redislayout import translate_redis_error
-from discovery.store import LiveList
 from layout_v1.layout import V1Keys, parse_snapshot
 from layout_v1.publisher import LivePublisherV1
 from layout_v1.reader import LiveListReaderV1
@@ -129,7 +129,7 @@ class RedisLiveStoreV1:
         return self.keys.prefix
 
     def publisher(self, *, leader_id: str, epoch: int) -> LivePublisherV1:
-        """A fenced :class:`~discovery.publisher.LivePublisher` for one term.
+        """A fenced :class:`~discovery.livelist.redis.LivePublisher` for one term.
 
         Raises:
             ConfigError: the store is read-only.
@@ -167,7 +167,7 @@ class RedisLiveStoreV1:
         return live
 
     def follower(self) -> LiveListReaderV1:
-        """A new :class:`~discovery.livelist.LiveListReader` (start it, or ``async with``)."""
+        """A new :class:`~discovery.livelist.redis.LiveListReader` (start it, or ``async with``)."""
         return LiveListReaderV1(
             self._redis,
             self.keys.prefix,

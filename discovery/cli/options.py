@@ -26,16 +26,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..address import NetworkPolicy, parse_networks, validate_address
-from ..config import (
+from discovery.address import NetworkPolicy, parse_networks, validate_address
+from discovery.config import (
     AgentConfig,
     ClusterConfig,
     HttpEdgeConfig,
     RedisConfig,
     ZkConfig,
 )
-from ..errors import ConfigError, InvalidInstanceError
-from ..instance import MAX_ZONE_LENGTH, validate_instance_id, validate_zone
+from discovery.errors import ConfigError, InvalidInstanceError
+from discovery.instance import MAX_ZONE_LENGTH, validate_instance_id, validate_zone
 
 __all__ = [
     "AGENT_OPTIONS",

@@ -12,9 +12,9 @@ sits beside ``kazoo.client``: nothing here is imported by the library.
   clients use its ``redis+sentinel://`` URL. ``DevCluster(sentinels=3, redis_replicas=2)``
   uses one instead of the single Redis server.
 * :class:`RedisClusterServers` forms a real Redis Cluster (``redis+cluster://`` URL).
-* :func:`expire_session` makes ZooKeeper expire a live session on demand (fault
-  injection: the victim sees LOST and a new session, everyone sees its ephemeral nodes
-  go).
+* Expiring a ZooKeeper session on demand is in the core,
+  :func:`discovery.zk.expiry.expire_session`, since the data server's loopback admin
+  endpoint uses it too.
 * :class:`TcpProxy` forwards one TCP link and can drop everything on it
   (``blackhole``), the way a partition does, until ``heal``.
 * :mod:`discovery.testing.netns` (imported by name: it needs root) runs processes in
@@ -24,7 +24,6 @@ sits beside ``kazoo.client``: nothing here is imported by the library.
 """
 
 from .cluster import DevCluster
-from .faults import expire_session
 from .ports import free_port, free_ports
 from .proxy import TcpProxy
 from .redis import RedisServer
@@ -42,7 +41,6 @@ __all__ = [
     "TcpProxy",
     "ZooKeeperEnsemble",
     "ZooKeeperServer",
-    "expire_session",
     "free_port",
     "free_ports",
 ]

@@ -12,7 +12,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ..errors import DevClusterError
+from discovery.errors import DevClusterError
+
 from .ports import LOOPBACK
 from .redis import RedisServer
 from .sentinel import DEFAULT_DOWN_AFTER_MS, RedisSentinelGroup

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ..errors import DevClusterError
+from discovery.errors import DevClusterError
 
 __all__ = ["ManagedProcess", "log_tail", "log_tails", "remaining", "terminate_all"]
 

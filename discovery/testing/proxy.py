@@ -6,7 +6,7 @@ packet: connections stay open, new ones are accepted, and no byte gets through i
 either direction, so the client learns nothing until its own timeouts fire. That is
 the one fault a client library cannot tell from a slow server, and the one kazoo's
 reconnection never recovers from by itself (it is still trying when the server has
-long expired the session); the session watchdog of :class:`discovery.zk.ZkSession`
+long expired the session); the session watchdog of :class:`discovery.zk.session.ZkSession`
 exists for it. :meth:`~TcpProxy.heal` lets traffic through again, :meth:`~TcpProxy.reset`
 closes every connection (a crashed peer).
 

@@ -6,7 +6,7 @@ holds is republished by the leader, so a dev server never needs its data on disk
 
 By default there is no authentication and no TLS. Optionally the ``default`` user gets a
 password, further ACL users are defined (lines of an ACL file, e.g. from
-:func:`discovery.redisconn.acl_user_line`), and the server speaks only TLS, with a
+:func:`discovery.livelist.redis.conn.acl_user_line`), and the server speaks only TLS, with a
 throwaway CA and certificate made in its directory (:func:`~discovery.testing.tls.make_dev_pki`).
 
 For replication (:mod:`discovery.testing.sentinel`) and Redis Cluster
@@ -29,7 +29,8 @@ from typing import Any
 
 import redis
 
-from ..errors import DevClusterError
+from discovery.errors import DevClusterError
+
 from .ports import LOOPBACK, free_port
 from .process import ManagedProcess
 from .tls import DevPki, make_dev_pki

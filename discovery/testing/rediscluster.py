@@ -28,7 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ..errors import DevClusterError
+from discovery.errors import DevClusterError
+
 from .ports import LOOPBACK
 from .process import log_tail, log_tails, remaining
 from .redis import RedisServer, config_quote, redis_query

@@ -33,7 +33,8 @@ from typing import Any
 
 import redis
 
-from ..errors import DevClusterError
+from discovery.errors import DevClusterError
+
 from .ports import LOOPBACK, free_port, free_ports
 from .process import ManagedProcess, log_tails, remaining
 from .redis import (

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DevClusterError
+from discovery.errors import DevClusterError
 
 __all__ = ["DevPki", "make_dev_pki"]
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from ..errors import DevClusterError
+from discovery.errors import DevClusterError
+
 from .ports import LOOPBACK, free_port, free_ports
 from .process import ManagedProcess
 

@@ -1,8 +1,8 @@
 """``discovery fence``: check the live list's fence against ZooKeeper, and repair it.
 
-The fence is ``P:meta``'s epoch (:mod:`discovery.redisfence`). A leader's epoch is
+The fence is ``P:meta``'s epoch (:mod:`discovery.livelist.redis.fence`). A leader's epoch is
 the czxid of its election node, so no leader can hold an epoch above the election
-directory's pzxid (:mod:`discovery.epochs`). An epoch above it, once stored, refuses
+directory's pzxid (:mod:`discovery.zk.epochs`). An epoch above it, once stored, refuses
 every real leader and pins every reader: the leader then holds its term without
 publishing and raises ``discovery_leader_fence_poisoned`` (alert
 ``DiscoveryFencePoisoned``).
@@ -15,7 +15,7 @@ publishing and raises ``discovery_leader_fence_poisoned`` (alert
   publish writes ``P:meta`` anew). Read-only; the reading credentials suffice.
 * ``discovery fence repair`` checks the same way and, if the stored epoch is
   impossible, resets the fence in one Lua script
-  (:func:`~discovery.redisfence.repair_fence`): epoch one below the leader's (0
+  (:func:`~discovery.livelist.redis.fence.repair_fence`): epoch one below the leader's (0
   without a leader), version 1, a new fence generation that releases the pinned
   readers, and only if ``P:meta`` still holds what was checked. The leader publishes
   again at its next try of the fence (within the search servers'
@@ -55,18 +55,18 @@ from discovery.cli.options import (
     zk_config,
 )
 from discovery.config import ClusterConfig, ZkConfig, redact_url
-from discovery.epochs import EpochVerdict, FenceCheck, highest_possible_epoch
 from discovery.errors import (
     DiscoveryError,
     RedisAccessError,
     RedisOperationError,
     ZkError,
 )
-from discovery.layout import SEARCH_ELECTION_PATH
-from discovery.redisconn import RedisRole, make_redis
-from discovery.redisfence import Repaired, StoredFence, read_fence, repair_fence
-from discovery.redislayout import RedisKeys
-from discovery.zk import ZkSession
+from discovery.livelist.redis.conn import RedisRole, make_redis
+from discovery.livelist.redis.fence import Repaired, StoredFence, read_fence, repair_fence
+from discovery.livelist.redis.layout import RedisKeys
+from discovery.zk.epochs import EpochVerdict, FenceCheck, highest_possible_epoch
+from discovery.zk.paths import SEARCH_ELECTION_PATH
+from discovery.zk.session import ZkSession
 
 from .maint import default_by
 from .status.model import Contender

@@ -1,7 +1,7 @@
 """``discovery maint``: operator maintenance that a restart cannot undo.
 
 ``discovery maint set ID --reason TEXT`` writes the PERSISTENT marker
-``/maintenance/ID`` (:class:`~discovery.maintenance.MaintenanceMarker`: the reason,
+``/maintenance/ID`` (:class:`~discovery.zk.maintenance.MaintenanceMarker`: the reason,
 when, and by whom); the leader then publishes that data server as ``maintenance``
 (not routable) through its restarts and re-registrations, until
 ``discovery maint clear ID`` deletes the marker. ``discovery maint list`` shows the
@@ -52,14 +52,14 @@ from discovery.errors import (
     ZkNoNodeError,
 )
 from discovery.instance import ServiceInstance, validate_instance_id
-from discovery.layout import DATA_SERVERS_PATH, MAINTENANCE_PATH
-from discovery.maintenance import (
+from discovery.zk.maintenance import (
     MAX_REASON_LENGTH,
     MaintenanceMarker,
     read_markers,
 )
-from discovery.membership import decode_child
-from discovery.zk import ZkSession
+from discovery.zk.membership import decode_child
+from discovery.zk.paths import DATA_SERVERS_PATH, MAINTENANCE_PATH
+from discovery.zk.session import ZkSession
 
 __all__ = ["add_parser", "clear_marker", "list_markers", "run", "set_marker"]
 

@@ -3,8 +3,8 @@
 :func:`bootstrap` creates ``/data_servers``, ``/search_servers/{election,members}`` and
 ``/maintenance`` (under the cluster's chroot) with the ACLs of three roles, or puts
 those ACLs back where they differ; :class:`AclLayout` says who gets which rights (the
-table and the reasons are in :mod:`discovery.acl`, whose
-:func:`~discovery.acl.check_access` every server runs at start-up against this tree).
+table and the reasons are in :mod:`discovery.zk.acl`, whose
+:func:`~discovery.zk.acl.check_access` every server runs at start-up against this tree).
 :class:`DigestId` is a digest identity, given as ``USER:PASSWORD`` or, so that an
 operator can grant a role without its password, as ``digest:USER:HASH`` (what
 ``zk-digest`` prints).
@@ -26,18 +26,18 @@ from typing import Any, Final
 
 from kazoo.security import ACL, Id
 
-from discovery.acl import ADMIN, ALL, CREATE, DELETE, READ, describe_acl
 from discovery.cli.entrypoint import add_verbose_flag
 from discovery.cli.options import ZK_OPTIONS, Option, add_options
 from discovery.config import ZkConfig
 from discovery.errors import ConfigError, DiscoveryError, ZkAuthError, ZkError, ZkNodeExistsError
-from discovery.layout import (
+from discovery.zk.acl import ADMIN, ALL, CREATE, DELETE, READ, describe_acl
+from discovery.zk.paths import (
     DATA_SERVERS_PATH,
     MAINTENANCE_PATH,
     SEARCH_ELECTION_PATH,
     SEARCH_MEMBERS_PATH,
 )
-from discovery.zk import ZkSession
+from discovery.zk.session import ZkSession
 
 __all__ = [
     "ZK_INIT_OPTIONS",

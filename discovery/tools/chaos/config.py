@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from discovery.errors import ConfigError
-from discovery.livelist import RECONNECT_BACKOFF_MAX
+from discovery.livelist.redis.follower import RECONNECT_BACKOFF_MAX
 from discovery.testing.netns import netns_available
 from discovery.testing.sentinel import DEFAULT_DOWN_AFTER_MS
 
@@ -141,7 +141,7 @@ class ChaosConfig:
         2.1-3.2 s from the kill by ``bench/bench_redis_failover.py``, 12 failovers),
         plus a slack for the two periodic loops a recovery waits on once the new
         primary answers: a reader may be sleeping its longest reconnect back-off
-        (:data:`~discovery.livelist.RECONNECT_BACKOFF_MAX`, 0.5 s) and the leader
+        (:data:`~discovery.livelist.redis.follower.RECONNECT_BACKOFF_MAX`, 0.5 s) and the leader
         probes a failing store at its heartbeat (``heartbeat_interval``, 0.5 s),
         republishing in full on its first success. 6 s with the defaults (the chaos
         runs of seed 7 with 1 s down-after converged in 2.55-2.75 s after the kill).

@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from discovery.livelist import RECONNECT_BACKOFF_MAX
+from discovery.livelist.redis.follower import RECONNECT_BACKOFF_MAX
 
 from .cluster import ChaosCluster, Member
 from .config import ChaosConfig

@@ -104,7 +104,7 @@ async def agent_session_expiry(ctx: FaultContext) -> None:
     # The endpoint answers once the victim is connected in a new session. That can take
     # an operation timeout longer than the expiry itself: when the victim's reconnection
     # races the close, a server may take it back into the closing session (a zombie,
-    # see discovery.zk), and only a write that goes unanswered reveals it (seen: 6 s).
+    # see discovery.zk.session), and only a write that goes unanswered reveals it (seen: 6 s).
     expired = await ctx.cluster.admin(
         victim, "expire-session", timeout=3 * ctx.config.session_timeout + 5.0
     )

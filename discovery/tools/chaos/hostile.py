@@ -51,10 +51,10 @@ import redis as sync_redis
 from discovery.config import ZkConfig
 from discovery.errors import DiscoveryError
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
-from discovery.layout import DATA_SERVERS_PATH
-from discovery.redislayout import RedisKeys
+from discovery.livelist.redis.layout import RedisKeys
 from discovery.testing.ports import LOOPBACK, free_ports
-from discovery.zk import ZkSession
+from discovery.zk.paths import DATA_SERVERS_PATH
+from discovery.zk.session import ZkSession
 
 from .cluster import DATA_DOCS, ChaosCluster, Member
 from .context import START_BOUND, FaultContext, redis_bound

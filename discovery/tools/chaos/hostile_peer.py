@@ -2,7 +2,7 @@
 
 ``python -m discovery.tools.chaos.hostile_peer --mode MODE --zk HOSTS --id ID --shard S
 --replica R --host ADDR --port P`` registers a valid ephemeral registration (through
-:class:`~discovery.registration.Registration`, as a data server's agent does) for an
+:class:`~discovery.zk.registration.Registration`, as a data server's agent does) for an
 extra replica of shard ``S``, and answers every request on ``ADDR:P`` according to
 ``MODE``:
 
@@ -42,8 +42,8 @@ from discovery.cli.entrypoint import configure_logging, stop_on_signals
 from discovery.config import ZkConfig
 from discovery.errors import DiscoveryError
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
-from discovery.registration import Registration
-from discovery.zk import ZkSession
+from discovery.zk.registration import Registration
+from discovery.zk.session import ZkSession
 
 __all__ = ["MODES", "HostilePeer", "PeerConfig", "main"]
 

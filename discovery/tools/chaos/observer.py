@@ -5,10 +5,10 @@ The observer keeps four views of the data servers, refreshed every ``interval``:
 * the **model**: the servers the harness expects registered and serving (all of them,
   minus those it killed or faulted and has not healed yet), kept by the fault runner;
 * **ZooKeeper**: the serving nodes under ``/data_servers``, from a
-  :class:`~discovery.membership.MembershipWatcher` on a session of our own;
+  :class:`~discovery.zk.membership.MembershipWatcher` on a session of our own;
 * **Redis**: the serving servers of ``P:live``, read directly and decoded as the
-  contract (:mod:`discovery.redislayout`) says, with a client made like the search
-  servers' (:func:`~discovery.redisconn.make_redis`): behind Sentinel it asks the
+  contract (:mod:`discovery.livelist.redis.layout`) says, with a client made like the search
+  servers' (:func:`~discovery.livelist.redis.conn.make_redis`): behind Sentinel it asks the
   sentinels for the primary at each new connection, so it follows a failover;
 * each running search server's list (``GET /cluster``).
 
@@ -34,10 +34,16 @@ import redis.exceptions as redis_errors
 
 from discovery.config import ClusterConfig, ZkConfig
 from discovery.errors import DiscoveryError, MalformedLiveListError
-from discovery.membership import MembershipWatcher
-from discovery.redisconn import make_redis
-from discovery.redislayout import RedisKeys, load, parse_change, parse_heartbeat, reply_text
-from discovery.zk import ZkSession
+from discovery.livelist.redis.conn import make_redis
+from discovery.livelist.redis.layout import (
+    RedisKeys,
+    load,
+    parse_change,
+    parse_heartbeat,
+    reply_text,
+)
+from discovery.zk.membership import MembershipWatcher
+from discovery.zk.session import ZkSession
 
 from .cluster import CLUSTER_NAME, ChaosCluster
 from .memory import read_memory

@@ -242,6 +242,6 @@ def _count_fenced_writes(cluster: ChaosCluster) -> int:
         count += sum(
             1
             for line in text.splitlines()
-            if "discovery.publisher" in line and " fence): Redis holds" in line
+            if "discovery.livelist.redis.publisher" in line and " fence): Redis holds" in line
         )
     return count

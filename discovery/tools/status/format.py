@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime
 
 from discovery.instance import DEFAULT_WEIGHT, ServiceInstance
-from discovery.maintenance import apply_marker
+from discovery.zk.maintenance import apply_marker
 
 from .model import ClusterStatus, by_id
 

@@ -2,7 +2,7 @@
 
 :class:`ClusterStatus` is what was read (:mod:`discovery.tools.status.reader` reads it):
 the election's :class:`Contender` nodes, the registered search and data servers, the
-leader's heartbeat (:class:`~discovery.redislayout.Heartbeat`) and the published list
+leader's heartbeat (:class:`~discovery.livelist.redis.layout.Heartbeat`) and the published list
 (:class:`Published`). :func:`compare` finds the :class:`Differences` between what is
 registered (and elected) and what is published; it does no I/O. Operators'
 maintenance markers (``/maintenance``) are part of what is registered: a marked server
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from discovery.instance import ServiceInstance
-from discovery.maintenance import MaintenanceMarker, overlay
-from discovery.redislayout import Heartbeat
-from discovery.store import LiveList
+from discovery.livelist.model import LiveList
+from discovery.livelist.redis.layout import Heartbeat
+from discovery.zk.maintenance import MaintenanceMarker, overlay
 
 __all__ = [
     "ClusterStatus",

@@ -1,18 +1,18 @@
 """Reading a cluster's status: ZooKeeper and Redis, read once, never written.
 
-* **ZooKeeper** (through :class:`~discovery.zk.ZkSession`'s asynchronous reads, never a
+* **ZooKeeper** (through :class:`~discovery.zk.session.ZkSession`'s asynchronous reads, never a
   blocking kazoo call on the loop): the election's contenders under
   ``/search_servers/election`` (the leader holds the lowest sequence node, and that
-  node's czxid is its epoch, exactly as :mod:`discovery.election` computes it), the
+  node's czxid is its epoch, exactly as :mod:`discovery.zk.election` computes it), the
   search servers under ``/search_servers/members`` and the data servers under
-  ``/data_servers``. A child that :class:`~discovery.membership.MembershipWatcher`
+  ``/data_servers``. A child that :class:`~discovery.zk.membership.MembershipWatcher`
   skips (not a valid ServiceInstance, an id other than its name, a persistent node
   claiming to be an ephemeral registration) is listed as invalid with the same reason.
   And the operators' maintenance markers under ``/maintenance``
-  (:func:`~discovery.maintenance.read_markers`; an unreadable one is listed as such).
+  (:func:`~discovery.zk.maintenance.read_markers`; an unreadable one is listed as such).
 * **Redis** (one MULTI/EXEC, so the keys are read at one instant): the published
   list (``P:meta`` and ``P:servers``) and the leader's heartbeat ``P:leader`` with its
-  remaining TTL, decoded by the contract module :mod:`discovery.redislayout`.
+  remaining TTL, decoded by the contract module :mod:`discovery.livelist.redis.layout`.
 
 The ZooKeeper and Redis reads are not one atomic snapshot: while the cluster changes
 (a server registers, a leader takes over) a difference may show for the moment the
@@ -45,11 +45,9 @@ from discovery.errors import (
     ZkNoNodeError,
 )
 from discovery.instance import ServiceInstance
-from discovery.layout import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
-from discovery.maintenance import read_markers
-from discovery.membership import decode_child
-from discovery.redisconn import RedisRole, make_redis
-from discovery.redislayout import (
+from discovery.livelist.model import LiveList
+from discovery.livelist.redis.conn import RedisRole, make_redis
+from discovery.livelist.redis.layout import (
     Heartbeat,
     RedisKeys,
     parse_heartbeat,
@@ -57,8 +55,10 @@ from discovery.redislayout import (
     parse_servers,
     translate_redis_error,
 )
-from discovery.store import LiveList
-from discovery.zk import NodeStat, ZkSession
+from discovery.zk.maintenance import read_markers
+from discovery.zk.membership import decode_child
+from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
+from discovery.zk.session import NodeStat, ZkSession
 
 from .model import ClusterStatus, Contender, Published, compare
 
@@ -117,7 +117,7 @@ async def read_directory(
     """Decode the ServiceInstances under ``path``: ``(valid by id, invalid id -> reason)``.
 
     A child is invalid exactly when the membership watcher skips it (the same
-    :func:`~discovery.membership.decode_child`): too large, not a valid
+    :func:`~discovery.zk.membership.decode_child`): too large, not a valid
     ServiceInstance, an ``id`` other than its znode name, or a persistent node whose
     document says it is an ephemeral (``DYNAMIC``) registration.
     """

@@ -5,11 +5,11 @@ Every Redis client of the project is made by :func:`make_redis` from a
 :class:`~discovery.config.RedisConfig` (credentials, TLS), for one of two roles:
 
 * :attr:`RedisRole.READ` — every search server's
-  :class:`~discovery.livelist.LiveListReader` and ``discovery status``: the
+  :class:`~discovery.livelist.redis.LiveListReader` and ``discovery status``: the
   consistent load (MULTI, HGETALL of ``P:meta`` and ``P:servers``, XREVRANGE of
   ``P:changes``, EXEC), XREAD (BLOCK) and XRANGE of the stream, HMGET of ``P:meta``,
   GET and PTTL of the heartbeat, PING. No writes.
-* :attr:`RedisRole.PUBLISH` — the leader's :class:`~discovery.publisher.LivePublisher`:
+* :attr:`RedisRole.PUBLISH` — the leader's :class:`~discovery.livelist.redis.LivePublisher`:
   EVALSHA of the publish script (SCRIPT LOAD when Redis does not know it yet, e.g.
   after a restart or a failover), and, inside the script, HMGET to check the fence,
   DEL/HSET/HDEL/HLEN on the hashes, SET of the heartbeat and XADD to the stream. Redis
@@ -39,7 +39,7 @@ Three deployments, told apart by the URL's scheme (:func:`make_redis`):
 Clients connect lazily (on their first command), so building one never fails for an
 unreachable Redis; refused credentials then surface on the first command as
 ``redis.exceptions.AuthenticationError``, which
-:func:`~discovery.redislayout.translate_redis_error` turns into
+:func:`~discovery.livelist.redis.layout.translate_redis_error` turns into
 :class:`~discovery.errors.RedisAuthError`, and an ACL refusal into
 :class:`~discovery.errors.RedisPermissionError`.
 """
@@ -60,9 +60,9 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 
-from .config import ClusterConfig
-from .errors import ConfigError
-from .redislayout import RedisKeys
+from discovery.config import ClusterConfig
+from discovery.errors import ConfigError
+from discovery.livelist.redis.layout import RedisKeys
 
 __all__ = [
     "PUBLISHER_COMMANDS",

@@ -4,8 +4,8 @@ kazoo is threaded: its connection thread reports state changes to listeners and 
 callback thread runs watch functions and completes asynchronous results. This module
 is the bridge between those threads and the event loop for every ZooKeeper operation,
 watch and state change (the other two bridges of the project are the election's
-thread, :mod:`discovery.election`, and the agent's own loop,
-:mod:`discovery.loopthread`):
+thread, :mod:`discovery.zk.election`, and the agent's own loop,
+:mod:`discovery.agent.loopthread`):
 
 * state changes are handed to the loop with ``loop.call_soon_threadsafe`` and fanned
   out to :meth:`ZkSession.subscribe` subscribers as :class:`SessionEvent` values; the
@@ -40,7 +40,7 @@ configured identity and, in addition, as an *owner* identity invented for this o
 get "all rights for the configured identity, read for everyone"; ephemeral nodes get
 "all rights for the owner identity, read for everyone", so no other process, not even
 one holding the same credentials, can rewrite them. Deleting a node is a right on its
-*parent* in ZooKeeper; see :mod:`discovery.acl` for the tree that makes use of this.
+*parent* in ZooKeeper; see :mod:`discovery.zk.acl` for the tree that makes use of this.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ from kazoo.security import (
 )
 from prometheus_client import CollectorRegistry
 
-from .config import ZkConfig
-from .errors import (
+from discovery.config import ZkConfig
+from discovery.errors import (
     ZkAuthError,
     ZkBadVersionError,
     ZkConnectionError,
@@ -81,7 +81,7 @@ from .errors import (
     ZkNoNodeError,
     ZkSessionExpiredError,
 )
-from .metrics import SessionMetrics
+from discovery.metrics import SessionMetrics
 
 __all__ = [
     "NodeStat",
@@ -123,7 +123,7 @@ class WatchEvent:
 
     ``kind`` is one of ``created``, ``deleted``, ``changed``, ``child`` or ``none``
     (a session event kazoo passes to watchers); a persistent recursive watch
-    (:mod:`discovery.zkwatch`) also reports ``resync`` (events may have been missed:
+    (:mod:`discovery.zk.watch`) also reports ``resync`` (events may have been missed:
     re-read) and ``failed`` (the watch is gone).
     """
 
@@ -372,7 +372,7 @@ class ZkSession:
         With ``config.auth`` the session authenticates with the digest scheme. ZooKeeper
         accepts any digest credentials when they are presented (a wrong password is
         only a different identity), so a wrong password shows up as refused operations;
-        :func:`discovery.acl.check_access` turns that into a clear start-up error.
+        :func:`discovery.zk.acl.check_access` turns that into a clear start-up error.
         """
         auth_data: list[tuple[str, str]] = []
         acl: list[ACL] | None = None

@@ -49,9 +49,9 @@ from dataclasses import dataclass
 
 import immutables
 
-from .errors import ConfigError
-from .instance import ServiceInstance
-from .metrics import MassLossBrakeMetrics
+from discovery.errors import ConfigError
+from discovery.instance import ServiceInstance
+from discovery.metrics import MassLossBrakeMetrics
 
 __all__ = ["BrakeDecision", "BrakeStatus", "MassLossBrake", "MassLossBrakeConfig"]
 

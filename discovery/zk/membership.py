@@ -1,7 +1,7 @@
 """An up-to-date, decoded view of a membership directory such as ``/data_servers``.
 
 :class:`MembershipWatcher` keeps one *persistent recursive* watch on the directory
-(ZooKeeper 3.6+ ``addWatch``, :mod:`discovery.zkwatch`): the server names each child
+(ZooKeeper 3.6+ ``addWatch``, :mod:`discovery.zk.watch`): the server names each child
 created, changed or deleted, so a change costs one read of that child, never a
 re-list of all of them (at 50,000 data servers a re-list is 2 MB and tens of
 milliseconds of CPU on both sides). On a server without ``addWatch`` (or with
@@ -19,7 +19,7 @@ plus the re-list of the children's names that a child watch requires).
 
 A full read (start, reconnect, resync) reads every child. With the persistent watch,
 whenever more than a handful of children are to be read, it uses ZooKeeper's
-``multiRead`` (:func:`discovery.zkread.read_many`: up to 500 children per request; on
+``multiRead`` (:func:`discovery.zk.multiread.read_many`: up to 500 children per request; on
 a local ZooKeeper 50,000 children take about 0.4 s to read instead of 15 s with one
 ``get`` each, and 0.7 s more to decode). The child-watch fallback needs a data watch
 on each child, which only a ``get`` can set, so it reads them one by one.
@@ -66,19 +66,19 @@ from typing import Final
 import immutables
 from prometheus_client import CollectorRegistry
 
-from .errors import (
+from discovery.errors import (
     InvalidInstanceError,
     PayloadTooLargeError,
     ZkError,
     ZkNoNodeError,
     ZkUnsupportedError,
 )
-from .instance import MAX_INSTANCE_BYTES, ServiceInstance
-from .layout import DATA_SERVERS_PATH
-from .metrics import MembershipMetrics
-from .zk import NodeStat, SessionEvent, SessionState, WatchEvent, ZkSession
-from .zkread import read_many
-from .zkwatch import SessionRecursiveWatch
+from discovery.instance import MAX_INSTANCE_BYTES, ServiceInstance
+from discovery.metrics import MembershipMetrics
+from discovery.zk.multiread import read_many
+from discovery.zk.paths import DATA_SERVERS_PATH
+from discovery.zk.session import NodeStat, SessionEvent, SessionState, WatchEvent, ZkSession
+from discovery.zk.watch import SessionRecursiveWatch
 
 __all__ = [
     "LOGGED_SKIPS",
@@ -127,7 +127,7 @@ def decode_child(
     ``malformed`` (not a valid ServiceInstance), ``id_mismatch`` (the document's ``id``
     is not the znode's name) or :data:`PERSISTENT_DYNAMIC`: the document's
     ``serviceType`` is ``DYNAMIC`` or ``DYNAMIC_SEQUENTIAL``, which Curator (and our
-    :class:`~discovery.registration.Registration`) only ever write as an ephemeral
+    :class:`~discovery.zk.registration.Registration`) only ever write as an ephemeral
     node, but the node has no owning session (``ephemeralOwner`` 0). Such a node
     would outlive whatever wrote it, so a server that is gone, or anyone allowed to
     create a node, could stand in for a live registration for ever; it is refused.

@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 import aiohttp
 from yarl import URL
 
-from .errors import ProbeFailed
+from discovery.errors import ProbeFailed
 
 __all__ = [
     "CallableProbe",

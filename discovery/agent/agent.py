@@ -1,8 +1,8 @@
 """The data-server agent: register when ready, probe, go offline when unhealthy, drain.
 
 An :class:`Agent` is embedded in a data server. It owns the server's ZooKeeper
-session and its :class:`~discovery.registration.Registration`, and it runs on a
-:class:`~discovery.loopthread.LoopThread`, never on the server's own event loop: the
+session and its :class:`~discovery.zk.registration.Registration`, and it runs on a
+:class:`~discovery.agent.loopthread.LoopThread`, never on the server's own event loop: the
 case we exist for is a server whose ZooKeeper session is alive (kazoo's threads keep
 pinging) while the server itself cannot answer, and an agent on a blocked loop could
 not take it offline.
@@ -19,9 +19,9 @@ Life of a server, as the agent sees it::
 
 "Offline" always means our node is deleted, so search servers stop routing to us;
 the ZooKeeper session stays open, so coming back is one create. Where the ACL
-refuses data servers deletes (``discovery zk-init``, see :mod:`discovery.acl`), the
+refuses data servers deletes (``discovery zk-init``, see :mod:`discovery.zk.acl`), the
 node goes by ending the session instead, and a new session is opened at once
-(:class:`~discovery.registration.Removal`). After a session
+(:class:`~discovery.zk.registration.Removal`). After a session
 expiry the registration re-creates the node by itself if, and only if, the agent
 still wants to be online.
 
@@ -46,16 +46,16 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
-from .acl import CREATE, Access, check_access
-from .config import AgentConfig, ZkConfig
-from .errors import DiscoveryError, ProbeFailed, ZkError
-from .instance import InstanceState, ServiceInstance
-from .layout import DATA_SERVERS_PATH
-from .loopthread import LoopThread
-from .metrics import AgentMetrics
-from .probes import Probe
-from .registration import Registration, Removal
-from .zk import ZkSession
+from discovery.agent.loopthread import LoopThread
+from discovery.agent.probes import Probe
+from discovery.config import AgentConfig, ZkConfig
+from discovery.errors import DiscoveryError, ProbeFailed, ZkError
+from discovery.instance import InstanceState, ServiceInstance
+from discovery.metrics import AgentMetrics
+from discovery.zk.acl import CREATE, Access, check_access
+from discovery.zk.paths import DATA_SERVERS_PATH
+from discovery.zk.registration import Registration, Removal
+from discovery.zk.session import ZkSession
 
 __all__ = ["Agent", "AgentState", "AgentStatus", "ProbeResult"]
 
@@ -129,7 +129,7 @@ class Agent:
 
     Args:
         instance: what to register (its id is the znode name).
-        probe: the health check, e.g. :class:`~discovery.probes.SearchProbe`.
+        probe: the health check, e.g. :class:`~discovery.agent.probes.SearchProbe`.
         zk: how to reach ZooKeeper; the agent opens its own session.
         config: probe schedule, thresholds, flap damping, drain grace.
         registry: where the agent's, registration's and session's metrics go.
@@ -190,7 +190,7 @@ class Agent:
     @property
     def session(self) -> ZkSession | None:
         """The agent's ZooKeeper session (None before :meth:`start`), for diagnostics and
-        fault injection (:func:`discovery.testing.expire_session`).
+        fault injection (:func:`discovery.zk.expiry.expire_session`).
 
         It lives on the agent's loop thread: read its properties, but await its
         methods only through :meth:`call`.

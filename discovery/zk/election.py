@@ -38,8 +38,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionClosedError, KazooException, SessionExpiredError
 from kazoo.recipe.election import Election
 
-from .errors import DiscoveryError
-from .zk import SessionEvent, SessionState, ZkSession
+from discovery.errors import DiscoveryError
+from discovery.zk.session import SessionEvent, SessionState, ZkSession
 
 __all__ = ["LeaderElection", "Leadership"]
 

@@ -1,9 +1,9 @@
 """The leader's fenced writes of the live list to Redis (layout 2).
 
 Only the elected leader runs a :class:`LivePublisher`, obtained for its term from
-:meth:`discovery.redisstore.RedisLiveStore.publisher`. The keys and records it writes
+:meth:`discovery.livelist.redis.RedisLiveStore.publisher`. The keys and records it writes
 (``P:servers``, ``P:meta``, ``P:changes``, ``P:leader``) are the contract in
-:mod:`discovery.redislayout`; this module is how they are written.
+:mod:`discovery.livelist.redis.layout`; this module is how they are written.
 
 **A change writes only what changed.** :meth:`LivePublisher.publish_change` sends the
 added and changed instances (each encoded once) and the removed ids: the script
@@ -38,13 +38,13 @@ leader checks that against ZooKeeper before it resigns, see
 :class:`~discovery.leader.LeaderDuty`.)
 
 What the script counts as stored is what readers can decode
-(:mod:`discovery.redislayout`): an ``epoch`` or ``version`` that is not a number of
+(:mod:`discovery.livelist.redis.layout`): an ``epoch`` or ``version`` that is not a number of
 the layout (canonical decimal, at most ``2**63 - 1``) fences nobody, as if ``P:meta``
 were missing, and a heartbeat reports ``P:meta`` as not ours (so the leader publishes
 in full, rewriting every field) while ``published_at``, ``count`` or ``fence`` is
 malformed. Every write keeps ``P:meta``'s ``fence`` generation (a malformed one
 becomes 0) and stamps it on its stream entry; only ``discovery fence repair``
-(:mod:`discovery.redisfence`) changes it.
+(:mod:`discovery.livelist.redis.fence`) changes it.
 
 Versions start at 1 with the first publish of a publisher (a new epoch) and each
 publish *attempt* takes the next number, so a number is never reused: a write whose
@@ -75,10 +75,9 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 
-from .errors import FencedError, MalformedLiveListError, RedisOperationError
-from .instance import ServiceInstance
-from .metrics import PublisherMetrics
-from .redislayout import (
+from discovery.errors import FencedError, MalformedLiveListError, RedisOperationError
+from discovery.instance import ServiceInstance
+from discovery.livelist.redis.layout import (
     MAX_NUMBER,
     RedisKeys,
     encode_json,
@@ -86,6 +85,7 @@ from .redislayout import (
     reply_text,
     translate_redis_error,
 )
+from discovery.metrics import PublisherMetrics
 
 __all__ = ["DEFAULT_STREAM_LENGTH", "PUBLISH_SCRIPT", "HeartbeatStatus", "LivePublisher"]
 
@@ -104,7 +104,7 @@ loads the whole list again (it sees the gap), so it bounds Redis's memory, not s
 _SLICE: Final = 2000
 
 PUBLISH_SCRIPT: Final = """
--- Fenced write of the live list, layout 2 (see discovery/publisher.py).
+-- Fenced write of the live list, layout 2 (see discovery/livelist/redis/publisher.py).
 -- KEYS: 1 servers, 2 meta, 3 changes, 4 leader
 -- ARGV: 1 mode ('full' | 'delta' | 'heartbeat'), 2 epoch, 3 version, 4 prev
 --       (decimal strings), 5 writer token, 6 leader id, 7 published_at (ms),
@@ -134,7 +134,7 @@ local function cmp(a, b)
 end
 
 -- A number of the layout: canonical decimal digits, 0 .. 2^63-1 (a Java long, as
--- ZooKeeper's zxids). Readers refuse anything else (discovery/redislayout.py), and so
+-- ZooKeeper's zxids). Readers refuse anything else (discovery/livelist/redis/layout.py), and so
 -- does the fence: a stored value that is no such number fences nobody.
 local function number(s)
   if type(s) ~= 'string' then return false end

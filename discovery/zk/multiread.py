@@ -6,7 +6,7 @@ wake-up byte through its socket pair, a completion on its callback thread) and o
 hand-over to the loop, about 0.4 ms of Python per node. ``multiRead`` puts hundreds of
 ``getData`` operations in one request with one answer, so that cost is paid once per
 batch. kazoo 2.11, the latest release, cannot send it; this module adds the request,
-as :mod:`discovery.zkwatch` adds ``addWatch``.
+as :mod:`discovery.zk.watch` adds ``addWatch``.
 
 The wire format (``MultiOperationRecord`` and ``MultiResponse`` in ZooKeeper's
 ``org.apache.zookeeper``, records from ``zookeeper.jute``; the same framing as a
@@ -24,7 +24,7 @@ The wire format (``MultiOperationRecord`` and ``MultiResponse`` in ZooKeeper's
 
 No watch can be set through ``multiRead`` (the server reads each op with
 ``watch=false``): callers that need a data watch per node use
-:meth:`ZkSession.get <discovery.zk.ZkSession.get>`.
+:meth:`ZkSession.get <discovery.zk.session.ZkSession.get>`.
 
 Sizes. ZooKeeper refuses *requests* larger than ``jute.maxbuffer`` (1 MiB by default)
 by closing the connection, and the Java client refuses *answers* larger than its own
@@ -54,9 +54,9 @@ Failure and session behaviour:
   connection: the call reads every node with ``get`` instead (tried a second time if
   the first ``get`` requests went with that connection: kazoo sends the next ones once
   it has reconnected), and so does every later call on the same
-  :class:`~discovery.zk.ZkSession`, which is logged once.
+  :class:`~discovery.zk.session.ZkSession`, which is logged once.
 
-Batches go through :meth:`ZkSession._call <discovery.zk.ZkSession>`, the session's
+Batches go through :meth:`ZkSession._call <discovery.zk.session.ZkSession>`, the session's
 own bridge from kazoo's threads to the loop (results handed over with
 ``call_soon_threadsafe``; the loop never blocks), so they share its timeout, error
 translation, expiry detection and metrics.
@@ -77,8 +77,8 @@ from kazoo import exceptions as kz
 from kazoo.client import KazooClient
 from kazoo.protocol.paths import _prefix_root
 
-from .errors import ZkConnectionError, ZkError, ZkNoNodeError, ZkUnsupportedError
-from .zk import NodeStat, ZkSession, translate_kazoo_error
+from discovery.errors import ZkConnectionError, ZkError, ZkNoNodeError, ZkUnsupportedError
+from discovery.zk.session import NodeStat, ZkSession, translate_kazoo_error
 
 __all__ = [
     "DEFAULT_BATCH",
@@ -142,7 +142,7 @@ class MultiRead:
     and completes the async result with ``deserialize(buffer, offset)``, on its
     connection thread. ``paths`` are the server-side (chrooted) paths, UTF-8 encoded.
     No ``path`` or ``watcher`` attribute on purpose: kazoo (and the hook of
-    :mod:`discovery.zkwatch`) would take this for a one-node request.
+    :mod:`discovery.zk.watch`) would take this for a one-node request.
     """
 
     paths: tuple[bytes, ...]

@@ -1,8 +1,8 @@
 """Fan a follower's list changes out to any number of async iterators.
 
-A :class:`~discovery.store.LiveListFollower` keeps one list current; code that wants
+A :class:`~discovery.livelist.LiveListFollower` keeps one list current; code that wants
 to *react* to it (another Python service keeping its own routing table, a dashboard)
-iterates :meth:`~discovery.store.LiveListFollower.changes`. :class:`ChangeFeed` is that
+iterates :meth:`~discovery.livelist.model.LiveListFollower.changes`. :class:`ChangeFeed` is that
 part of a follower, shared by every implementation: each subscriber gets its own
 unbounded queue (a slow consumer delays only itself and never loses a step), its first
 item is the list held at subscription, and every queue ends when the feed closes.
@@ -17,8 +17,8 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from types import MappingProxyType
 
-from .instance import ServiceInstance
-from .store import LiveList, LiveListChange
+from discovery.instance import ServiceInstance
+from discovery.livelist.model import LiveList, LiveListChange
 
 __all__ = ["ChangeFeed", "diff_lists"]
 

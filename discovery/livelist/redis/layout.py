@@ -1,9 +1,10 @@
 """The Redis contract of the live list, layout version 2: key names, records, errors.
 
 Everything that writes or reads the list in Redis spells it through this module: the
-writer (:mod:`discovery.publisher`), the follower (:mod:`discovery.livelist`),
-:meth:`~discovery.redisstore.RedisLiveStore.read`, ``discovery status`` and the chaos
-run. Under the key prefix ``P`` (``discovery:{<cluster>}``,
+writer (:mod:`~discovery.livelist.redis.publisher`), the follower
+(:mod:`~discovery.livelist.redis.follower`),
+:meth:`~discovery.livelist.redis.RedisLiveStore.read`, ``discovery status`` and the
+chaos run. Under the key prefix ``P`` (``discovery:{<cluster>}``,
 :attr:`~discovery.config.ClusterConfig.redis_prefix`; the braces are a Redis Cluster
 hash tag, so every key of one cluster lives in one slot and one script may touch them
 all, on a single Redis, behind Sentinel or on Redis Cluster):
@@ -18,7 +19,7 @@ all, on a single Redis, behind Sentinel or on Redis Cluster):
   ``fence``, the fence's generation (absent: 0), which only ``discovery fence
   repair`` changes: a reader that sees a generation other than the one of the list
   it holds takes the stored list whatever its ``(epoch, version)``
-  (:mod:`discovery.redisfence`).
+  (:mod:`discovery.livelist.redis.fence`).
 * ``P:changes`` — a STREAM, one entry per accepted publish, with the fields
   ``epoch``, ``version``, ``prev`` (the version of the same epoch this entry follows;
   0 for a full publish), ``kind`` (``full`` | ``delta``), ``leader``,
@@ -30,7 +31,7 @@ all, on a single Redis, behind Sentinel or on Redis Cluster):
 * ``P:leader`` — the heartbeat, ``{"leader","epoch","version","at"}`` JSON written
   with a TTL (``SET PX``), so readers can tell that nobody is publishing.
 
-Every write is one fenced Lua call (:data:`discovery.publisher.PUBLISH_SCRIPT`):
+Every write is one fenced Lua call (:data:`discovery.livelist.redis.publisher.PUBLISH_SCRIPT`):
 refused when its epoch is lower than ``P:meta``'s, or its version does not advance
 within the epoch. Readers load ``P:servers``, ``P:meta`` and the last stream id in
 one MULTI/EXEC (:func:`load`), then follow ``P:changes`` from that id; an
@@ -60,7 +61,7 @@ from typing import Any, Final, NoReturn
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
-from .errors import (
+from discovery.errors import (
     InvalidInstanceError,
     MalformedLiveListError,
     MalformedMetaError,
@@ -71,7 +72,7 @@ from .errors import (
     RedisPermissionError,
     RedisUnavailableError,
 )
-from .instance import ServiceInstance
+from discovery.instance import ServiceInstance
 
 __all__ = [
     "FIRST_STREAM_ID",

@@ -37,7 +37,7 @@ view at its next admission, which is exactly Eureka's OUT_OF_SERVICE problem
 * :func:`read_markers` reads them once (``discovery status``, ``discovery maint list``).
 
 Failure and session behaviour of the watcher: watch callbacks run on the event loop
-(:class:`~discovery.zk.ZkSession` hands them over with ``call_soon_threadsafe``) and
+(:class:`~discovery.zk.session.ZkSession` hands them over with ``call_soon_threadsafe``) and
 only mark what is dirty and wake one refresh task; every ZooKeeper call is an
 asynchronous one. While SUSPENDED the last markers are kept; on every CONNECTED (the
 same session again, or a new one after an expiry, whose watches are gone) everything
@@ -60,11 +60,11 @@ from typing import Any, Final
 import immutables
 from prometheus_client import CollectorRegistry
 
-from .errors import InvalidInstanceError, InvalidMarkerError, ZkError, ZkNoNodeError
-from .instance import InstanceState, ServiceInstance, validate_instance_id
-from .layout import MAINTENANCE_PATH
-from .metrics import MaintenanceMetrics
-from .zk import NodeStat, SessionEvent, SessionState, WatchEvent, ZkSession
+from discovery.errors import InvalidInstanceError, InvalidMarkerError, ZkError, ZkNoNodeError
+from discovery.instance import InstanceState, ServiceInstance, validate_instance_id
+from discovery.metrics import MaintenanceMetrics
+from discovery.zk.paths import MAINTENANCE_PATH
+from discovery.zk.session import NodeStat, SessionEvent, SessionState, WatchEvent, ZkSession
 
 __all__ = [
     "MAX_MARKER_BYTES",

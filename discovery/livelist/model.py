@@ -17,7 +17,7 @@ depend on one: the :class:`LiveList` value and three protocols.
 
 :class:`~discovery.leader.LeaderDuty` takes a store and asks it for a publisher at the
 start of each term; ``search_server`` takes one and routes with its follower. The
-default implementation is :class:`~discovery.redisstore.RedisLiveStore` (Redis layout 2:
+default implementation is :class:`~discovery.livelist.redis.RedisLiveStore` (Redis layout 2:
 a hash of servers, a meta hash, a stream of changes, a heartbeat key and one Lua script
 that fences every write). A second backend is a new class implementing these protocols,
 not an edit of the leader or the search server.
@@ -32,7 +32,7 @@ from typing import ClassVar, Protocol, Self, runtime_checkable
 
 import immutables
 
-from .instance import ServiceInstance
+from discovery.instance import ServiceInstance
 
 __all__ = [
     "LiveList",
@@ -147,7 +147,7 @@ class LiveListPublisher(Protocol):
     are serialised by the implementation. Every method raises
     :class:`~discovery.errors.FencedError` once a newer epoch or version is stored (the
     caller must stop leading, unless no leader can hold the stored epoch:
-    :mod:`discovery.epochs`; it then asks a new publisher of its term later),
+    :mod:`discovery.zk.epochs`; it then asks a new publisher of its term later),
     :class:`~discovery.errors.StoreError` when the backend
     failed for now (the caller keeps its view and publishes in full later), and an
     access error (:class:`~discovery.errors.RedisAccessError` for Redis) when it refused
@@ -203,7 +203,7 @@ class LiveListFollower(Protocol):
     follower starts with :attr:`LiveList.EMPTY` and keeps trying; nothing the backend
     holds (a malformed record) stops it. The list never moves backwards in
     ``(epoch, version)``, except after an operator repaired the backend's fence (a new
-    fence generation, :mod:`discovery.redisfence`).
+    fence generation, :mod:`discovery.livelist.redis.fence`).
     """
 
     @property

@@ -1,9 +1,9 @@
-"""The default live-list store: Redis, in layout 2 (:mod:`discovery.redislayout`).
+"""The default live-list store: Redis, in layout 2 (:mod:`discovery.livelist.redis.layout`).
 
-:class:`RedisLiveStore` implements :class:`~discovery.store.LiveListStore` with the
+:class:`RedisLiveStore` implements :class:`~discovery.livelist.LiveListStore` with the
 pieces that speak that layout: each term's publisher is a
-:class:`~discovery.publisher.LivePublisher` (one Lua script fences every write and
-writes only what changed), each follower a :class:`~discovery.livelist.LiveListReader`
+:class:`~discovery.livelist.redis.LivePublisher` (one Lua script fences every write and
+writes only what changed), each follower a :class:`~discovery.livelist.redis.LiveListReader`
 (a consistent load, then the change stream). The store holds what those share for the
 life of a process: the clients, the key prefix, the heartbeat TTL, the stream length
 and reconcile interval, and one set of metrics on the registry given (a registry
@@ -12,10 +12,10 @@ refuses a second registration, and a search server leads many terms).
 The clients may be plain, Sentinel-managed (``redis+sentinel://``: the store follows
 a failover, and the leader republishes in full when the new primary lacks its last
 write) or Redis Cluster clients (``redis+cluster://``: every key of a cluster shares
-one hash slot); :func:`~discovery.redisconn.make_redis` builds the right one from the
+one hash slot); :func:`~discovery.livelist.redis.conn.make_redis` builds the right one from the
 URL.
 
-Two clients, two roles (:mod:`discovery.redisconn`): followers read with ``redis``,
+Two clients, two roles (:mod:`discovery.livelist.redis.conn`): followers read with ``redis``,
 publishers write with ``publish_redis`` (default: the same client), so a cluster can
 give the search servers that never lead a Redis user that cannot write. A store built
 with ``read_only=True`` has no publisher at all.
@@ -34,14 +34,14 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 
-from .config import ClusterConfig
-from .errors import ConfigError
-from .livelist import LiveListReader
-from .metrics import LiveListMetrics, PublisherMetrics
-from .publisher import DEFAULT_STREAM_LENGTH, LivePublisher
-from .redisconn import RedisRole, make_redis
-from .redislayout import RedisKeys, load, translate_redis_error
-from .store import LiveList
+from discovery.config import ClusterConfig
+from discovery.errors import ConfigError
+from discovery.livelist.model import LiveList
+from discovery.livelist.redis.conn import RedisRole, make_redis
+from discovery.livelist.redis.follower import LiveListReader
+from discovery.livelist.redis.layout import RedisKeys, load, translate_redis_error
+from discovery.livelist.redis.publisher import DEFAULT_STREAM_LENGTH, LivePublisher
+from discovery.metrics import LiveListMetrics, PublisherMetrics
 
 __all__ = ["RedisLiveStore"]
 
@@ -140,7 +140,7 @@ class RedisLiveStore:
         return self.keys.prefix
 
     def publisher(self, *, leader_id: str, epoch: int) -> LivePublisher:
-        """A fenced :class:`~discovery.publisher.LivePublisher` for one term.
+        """A fenced :class:`~discovery.livelist.redis.LivePublisher` for one term.
 
         Raises:
             ConfigError: the store is read-only.
@@ -180,7 +180,7 @@ class RedisLiveStore:
         return LiveList(meta.epoch, meta.version, meta.leader, meta.published_at, loaded.servers)
 
     def follower(self) -> LiveListReader:
-        """A new :class:`~discovery.livelist.LiveListReader` (start it, or ``async with``)."""
+        """A new :class:`~discovery.livelist.redis.LiveListReader` (start it, or ``async with``)."""
         return LiveListReader(
             self._redis,
             self.keys.prefix,

@@ -1,17 +1,17 @@
 """The live list every search server routes with, read from Redis (layout 2) and kept current.
 
-The default :class:`~discovery.store.LiveListFollower`, made by
-:meth:`discovery.redisstore.RedisLiveStore.follower`. The leader writes the list with
-:class:`~discovery.publisher.LivePublisher` in the layout of :mod:`discovery.redislayout`;
-a :class:`LiveListReader`:
+The default :class:`~discovery.livelist.LiveListFollower`, made by
+:meth:`discovery.livelist.redis.RedisLiveStore.follower`. The leader writes the list
+with :class:`~discovery.livelist.redis.LivePublisher` in the layout of
+:mod:`discovery.livelist.redis.layout`; a :class:`LiveListReader`:
 
 1. **loads** ``P:meta``, ``P:servers`` and the id of the last ``P:changes`` entry in
-   one MULTI/EXEC (:func:`~discovery.redislayout.load`), so the list and the point to
+   one MULTI/EXEC (:func:`~discovery.livelist.redis.layout.load`), so the list and the point to
    follow from agree;
 2. **follows** ``P:changes`` with ``XREAD BLOCK`` from that id, and applies each
    ``delta`` whose ``prev`` is exactly the version it holds in its epoch, in stream
-   order. Applying one is O(changed): the next :class:`~discovery.store.LiveList`
-   shares its map of servers with the last one (:meth:`~discovery.store.LiveList.apply`);
+   order. Applying one is O(changed): the next :class:`~discovery.livelist.LiveList`
+   shares its map of servers with the last one (:meth:`~discovery.livelist.model.LiveList.apply`);
 3. **loads again** when an entry does not follow: a ``full`` entry (a new term, or a
    leader that found Redis without its last write), a new epoch, or a gap (``prev``
    is not our version: entries were trimmed away, or Redis lost some);
@@ -36,7 +36,7 @@ mark starts again from there. Anyone who can write Redis can damage the list any
 the generation makes that damage recoverable rather than permanent.
 
 :meth:`LiveListReader.changes` is the API for other services: after a consistent load,
-an async iterator of :class:`~discovery.store.LiveListChange` (what was added, changed
+an async iterator of :class:`~discovery.livelist.LiveListChange` (what was added, changed
 and removed, and why).
 
 Failure behaviour:
@@ -75,11 +75,11 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 
-from .aio import cancel_and_wait
-from .errors import MalformedLiveListError, MalformedMetaError
-from .livefeed import ChangeFeed
-from .metrics import LiveListMetrics
-from .redislayout import (
+from discovery.aio import cancel_and_wait
+from discovery.errors import MalformedLiveListError, MalformedMetaError
+from discovery.livelist.feed import ChangeFeed
+from discovery.livelist.model import LiveList, LiveListChange
+from discovery.livelist.redis.layout import (
     FIRST_STREAM_ID,
     META_NUMBERS,
     ChangeEntry,
@@ -92,7 +92,7 @@ from .redislayout import (
     short_repr,
     translate_redis_error,
 )
-from .store import LiveList, LiveListChange
+from discovery.metrics import LiveListMetrics
 
 __all__ = ["RECONNECT_BACKOFF_MAX", "LiveListReader"]
 
@@ -265,11 +265,6 @@ class LiveListReader:
     def connected(self) -> bool:
         """True while following the change stream (so changes arrive as they happen)."""
         return self._connected
-
-    @property
-    def routable_count(self) -> int:
-        """How many servers of :attr:`current` are routable (kept up to date per change)."""
-        return self._routable
 
     def age(self) -> float:
         """Seconds since the list was last confirmed current against Redis.

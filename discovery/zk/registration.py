@@ -13,7 +13,7 @@ say), deletes it when asked to deregister, and reconciles on every reconnect:
   wanted, and re-created if it is missing or not ours: a client can stay connected
   to a session the ensemble has closed, and then no event ever tells us that the
   node went with it (the write that re-creates it makes the session find out that it
-  is gone, see :class:`~discovery.zk.ZkSession`).
+  is gone, see :class:`~discovery.zk.session.ZkSession`).
 
 Ownership is decided by the node's ``ephemeralOwner``. A node owned by our current
 session is ours. A node owned by a session this object held before, or one that
@@ -36,7 +36,7 @@ predict (a per-start random suffix, or ZooKeeper ACLs per identity) make squatti
 impossible; see ``docs/ARCHITECTURE.md``.
 
 How the node is removed is a :class:`Removal`. Deleting it needs DELETE on the
-*parent* in ZooKeeper, which the access-controlled tree of :mod:`discovery.acl`
+*parent* in ZooKeeper, which the access-controlled tree of :mod:`discovery.zk.acl`
 does not give data servers (it would let one delete every other's node). Such a
 registration removes its node by ending its session instead: ZooKeeper deletes the
 session's ephemeral nodes, and only those, without an ACL check, and a new session is
@@ -56,7 +56,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from .errors import (
+from discovery.errors import (
     InvalidInstanceError,
     RegistrationConflictError,
     ZkAuthError,
@@ -66,10 +66,10 @@ from .errors import (
     ZkNodeExistsError,
     ZkNoNodeError,
 )
-from .instance import ServiceInstance
-from .layout import DATA_SERVERS_PATH
-from .metrics import RegistrationMetrics
-from .zk import SessionEvent, SessionState, WatchEvent, ZkSession
+from discovery.instance import ServiceInstance
+from discovery.metrics import RegistrationMetrics
+from discovery.zk.paths import DATA_SERVERS_PATH
+from discovery.zk.session import SessionEvent, SessionState, WatchEvent, ZkSession
 
 __all__ = ["Registration", "Removal"]
 

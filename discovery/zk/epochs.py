@@ -1,6 +1,6 @@
 """Which fencing epochs a leader can hold: the bound ZooKeeper sets on them.
 
-A leader's epoch is the ``czxid`` of its election node (:mod:`discovery.election`),
+A leader's epoch is the ``czxid`` of its election node (:mod:`discovery.zk.election`),
 a child of the election directory. Creating a child sets the directory's ``pzxid``
 to the zxid of that create, and later creates and deletes only raise it, so **every
 epoch any leader has held, or holds now, is at most the election directory's
@@ -15,7 +15,7 @@ epoch fences every real leader off for good, so the leader does not resign for i
 (that would hand the problem from search server to search server); it holds its
 term, publishes nothing and alerts (:class:`~discovery.leader.LeaderDuty`), and an
 operator repairs the fence (``discovery fence repair``,
-:mod:`discovery.redisfence`).
+:mod:`discovery.livelist.redis.fence`).
 
 The pzxid is read, not written: the check needs no ZooKeeper right beyond reading
 the election directory, which every search server has. (The other bound, the mzxid
@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .layout import SEARCH_ELECTION_PATH
-from .zk import ZkSession
+from discovery.zk.paths import SEARCH_ELECTION_PATH
+from discovery.zk.session import ZkSession
 
 __all__ = ["EpochVerdict", "FenceCheck", "check_epoch", "highest_possible_epoch"]
 

@@ -10,7 +10,7 @@ the path, for as long as the connection lasts: no re-arming and no re-listing
 send the request nor deliver such events; this module adds both.
 
 :class:`PersistentRecursiveWatch` is the watch on one kazoo client (threads);
-:class:`SessionRecursiveWatch` follows a :class:`~discovery.zk.ZkSession` on the event
+:class:`SessionRecursiveWatch` follows a :class:`~discovery.zk.session.ZkSession` on the event
 loop, across the client replacements the session makes.
 
 How events reach us. kazoo's connection thread reads every notification in
@@ -71,8 +71,14 @@ from kazoo.protocol.paths import _prefix_root
 from kazoo.protocol.serialization import Exists, GetData, Watch
 from kazoo.protocol.states import Callback, EventType, KazooState, WatchedEvent
 
-from .errors import ZkConnectionError, ZkError, ZkUnsupportedError
-from .zk import SessionEvent, SessionState, WatchEvent, ZkSession, translate_kazoo_error
+from discovery.errors import ZkConnectionError, ZkError, ZkUnsupportedError
+from discovery.zk.session import (
+    SessionEvent,
+    SessionState,
+    WatchEvent,
+    ZkSession,
+    translate_kazoo_error,
+)
 
 __all__ = [
     "ADD_WATCH_PERSISTENT",
@@ -584,9 +590,9 @@ class PersistentRecursiveWatch:
 
 
 class SessionRecursiveWatch:
-    """A persistent recursive watch on ``path`` of a :class:`~discovery.zk.ZkSession`.
+    """A persistent recursive watch on ``path`` of a :class:`~discovery.zk.session.ZkSession`.
 
-    ``callback(event)`` runs on the event loop with a :class:`~discovery.zk.WatchEvent`
+    ``callback(event)`` runs on the event loop with a :class:`~discovery.zk.session.WatchEvent`
     whose ``kind`` is ``created``, ``deleted``, ``changed`` (``path`` relative to the
     session's chroot), ``resync`` (re-read: events may have been missed) or ``failed``
     (the watch is gone; fall back to re-listing). It must not block.

@@ -20,18 +20,18 @@ chroot node (``/``)         admin ALL, world READ
 =========================== ===============================================================
 
 * A data server creates its ephemeral node with "all rights for this process's own
-  owner identity, read for everyone" (see :class:`~discovery.zk.ZkSession`): only it
+  owner identity, read for everyone" (see :class:`~discovery.zk.session.ZkSession`): only it
   can rewrite its payload (``state: draining``), even if all data servers share one
   credential. It removes its node by **ending its session**: ZooKeeper deletes a
   session's ephemeral nodes when the session closes, with no ACL check, and only that
   session's. "A data server deletes only its own node" holds by construction
-  (:class:`~discovery.registration.Removal`).
+  (:class:`~discovery.zk.registration.Removal`).
 * Search servers may create and delete under the election and members directories:
   kazoo's election recipe deletes its own node to resign, and a search server removes
   a stale member node of its previous incarnation. The search role is trusted not to
   remove another search server's election node; there are a handful of them, run by
   the same operators as ZooKeeper.
-* Maintenance markers (``/maintenance/<id>``, :mod:`discovery.maintenance`) are
+* Maintenance markers (``/maintenance/<id>``, :mod:`discovery.zk.maintenance`) are
   written by operators with the admin identity (``discovery maint --zk-auth``); the
   leader only reads them. Neither data nor search servers may create or delete one:
   a data server must not be able to take itself (or another) out of maintenance,
@@ -57,18 +57,18 @@ from typing import Final
 
 from kazoo.security import ACL, Permissions
 
-from .errors import (
+from discovery.errors import (
     ZkAuthError,
     ZkError,
     ZkNoNodeError,
 )
-from .layout import (
+from discovery.zk.paths import (
     DATA_SERVERS_PATH,
     MAINTENANCE_PATH,
     SEARCH_ELECTION_PATH,
     SEARCH_MEMBERS_PATH,
 )
-from .zk import ZkSession
+from discovery.zk.session import ZkSession
 
 __all__ = [
     "ADMIN",

@@ -1,10 +1,10 @@
 """Reading and repairing the live list's fence in Redis (layout 2).
 
 The fence is ``P:meta``'s ``(epoch, version)``: the publish script
-(:data:`~discovery.publisher.PUBLISH_SCRIPT`) refuses a write of a lower epoch, and
-readers (:class:`~discovery.livelist.LiveListReader`) never take a lower position
+(:data:`~discovery.livelist.redis.publisher.PUBLISH_SCRIPT`) refuses a write of a lower epoch, and
+readers (:class:`~discovery.livelist.redis.LiveListReader`) never take a lower position
 than one they hold. So an epoch that no leader can hold (above ZooKeeper's bound,
-:mod:`discovery.epochs`), once written to ``P:meta``, pins every reader on that
+:mod:`discovery.zk.epochs`), once written to ``P:meta``, pins every reader on that
 list and refuses every real leader, for good. The leader notices, holds its term
 without publishing and alerts (:class:`~discovery.leader.LeaderDuty`); nothing
 overrides the fence by itself. An operator repairs it (``discovery fence repair``,
@@ -31,7 +31,7 @@ only the fence. The leader resumes within ``--fence-recheck-max`` of the repair.
 
 Threat model: whoever can write these keys can damage the list in many ways (write
 ``P:servers``, publish a higher version in the current epoch, set the generation
-too); Redis's ACL (:mod:`discovery.redisconn`) is what keeps them out. What this adds
+too); Redis's ACL (:mod:`discovery.livelist.redis.conn`) is what keeps them out. What this adds
 is that the one damage that used to be permanent, an impossible epoch, is detected
 (the leader's metric and alert) and repaired by one command, and that a reader
 released by a generation change is back under the normal fence from the next
@@ -48,9 +48,8 @@ from typing import Any, Final
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
-from .errors import MalformedLiveListError, RedisOperationError
-from .publisher import DEFAULT_STREAM_LENGTH
-from .redislayout import (
+from discovery.errors import MalformedLiveListError, RedisOperationError
+from discovery.livelist.redis.layout import (
     MAX_NUMBER,
     Meta,
     RedisKeys,
@@ -59,6 +58,7 @@ from .redislayout import (
     reply_text,
     translate_redis_error,
 )
+from discovery.livelist.redis.publisher import DEFAULT_STREAM_LENGTH
 
 __all__ = [
     "REPAIR_SCRIPT",
@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 REPAIR_SCRIPT: Final = """
--- Repair of the live list's fence (discovery/redisfence.py).
+-- Repair of the live list's fence (discovery/livelist/redis/fence.py).
 -- KEYS: 1 servers, 2 meta, 3 changes
 -- ARGV: 1..3 the epoch, version and fence read by the check ('' for absent),
 --       4 new epoch, 5 new fence generation, 6 leader text, 7 published_at (ms),

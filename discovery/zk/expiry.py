@@ -1,0 +1,88 @@
+"""Closing a ZooKeeper session from outside it, by its id and password.
+
+ZooKeeper deletes a session's ephemeral nodes when the session is closed or expires.
+A client that has lost its connection cannot close its own session, and the server
+keeps it, with its nodes, for up to a session timeout. Another connection that
+attaches with the session's id and password takes the session over (the server drops
+the old connection) and can close it at once: that is :func:`close_session`.
+
+:func:`expire_session` uses it against a live session, the way ZooKeeper's own tests
+inject an expiry: the server deletes the session's ephemeral nodes at once, other
+clients really see them go, and the victim's kazoo client learns of the expiry on its
+next reconnect (LOST, then a new session). Tests, the chaos run and the data server's
+loopback ``/admin/expire-session`` use it as fault injection; the ZooKeeper Java
+client has the same hook in its core (``Testable.injectSessionExpiration``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
+
+from discovery.errors import ZkConnectionError, ZkError
+from discovery.zk.session import SessionState, ZkSession
+
+__all__ = ["close_session", "expire_session"]
+
+log = logging.getLogger(__name__)
+
+
+def close_session(hosts: str, session_id: int, password: bytes, timeout: float) -> None:
+    """Attach to session ``session_id`` on ``hosts`` and close it. Blocking: run it in a
+    thread (``asyncio.to_thread``), never on the event loop.
+
+    ``hosts`` may name a chroot; it is ignored, since closing needs none.
+
+    Raises:
+        ZkError: the session could not be attached to (unreachable, or already gone).
+    """
+    # No chroot: kazoo would check it with a read, a round trip during which the victim
+    # can reconnect and take its session back.
+    servers = hosts.split("/", 1)[0]
+    intruder = KazooClient(hosts=servers, client_id=(session_id, password), timeout=timeout)
+    try:
+        try:
+            intruder.start(timeout=timeout)
+        except KazooException as exc:
+            raise ZkError(f"could not attach to session 0x{session_id:x}: {exc!r}") from exc
+        if intruder.client_id is None or intruder.client_id[0] != session_id:
+            raise ZkError(f"could not attach to session 0x{session_id:x} (already expired?)")
+    finally:
+        # stop() sends closeSession for the shared session: the server expires it.
+        intruder.stop()
+        intruder.close()
+
+
+async def expire_session(session: ZkSession, timeout: float = 30.0) -> int:
+    """Expire ``session`` on the server and wait until it is connected on a new one.
+
+    Run it on the loop that owns ``session`` (``agent.call(expire_session(s))`` for an
+    agent's). Returns the new session id.
+
+    Raises:
+        ZkConnectionError: the session is not connected, so there is nothing to expire,
+            or it was closed while waiting for its expiry.
+        ZkError: the session could not be attached to.
+        TimeoutError: the victim did not see LOST and a new session within ``timeout``.
+    """
+    client_id = session.client.client_id
+    if client_id is None or not session.connected:
+        raise ZkConnectionError("the session is not connected; nothing to expire")
+    old_id, password = client_id
+    events = session.subscribe()
+    try:
+        log.info("expiring ZooKeeper session 0x%x", old_id)
+        await asyncio.to_thread(close_session, session.hosts, old_id, password, timeout)
+        async with asyncio.timeout(timeout):
+            async for event in events:
+                if event.state is SessionState.CONNECTED and event.session_id != old_id:
+                    assert event.session_id is not None
+                    return event.session_id
+                if event.state is SessionState.CLOSED:
+                    break
+        raise ZkConnectionError("the session was closed while waiting for its expiry")
+    finally:
+        events.close()
