@@ -61,7 +61,7 @@ client's future for each one ends in a callback (:meth:`_on_answer`) that record
 answer and, for the last shard, wakes the query; the query's request line is encoded
 once; the routing table (replicas by shard) follows the live list change by change
 (:mod:`.routing`); hits are validated in place and only the merged top ``k`` are copied
-with their shard.
+with their shard (:mod:`.merging`).
 
 Everything here runs on the caller's event loop and is not thread-safe.
 """
@@ -69,14 +69,11 @@ Everything here runs on the caller's event loop and is not thread-safe.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
 from urllib.parse import urlencode
 
 import orjson
@@ -88,6 +85,7 @@ from discovery.instance import ServiceInstance
 from discovery.store import LiveListChange
 
 from .httpclient import HttpClient, Response, SubrequestClient, SubrequestError
+from .merging import BadAnswer, FanOutResult, Ranked, ShardOutcome, feedback, merge, ranked_hits
 from .metrics import FanOutMetrics
 from .picking import (
     AdaptiveReplicaSelection,
@@ -98,42 +96,10 @@ from .picking import (
 )
 from .routing import RoutingTable
 
+# FanOutResult is what FanOut.search returns: importable with it.
 __all__ = ["FanOut", "FanOutResult", "HedgeBudget"]
 
 log = logging.getLogger(__name__)
-
-_ShardOutcome = Literal["ok", "failed", "timed_out"]
-
-
-class _BadAnswer(ValueError):
-    """A data server answered, but not with a usable search result."""
-
-
-@dataclass(frozen=True, slots=True)
-class FanOutResult:
-    """The merged answer of one query, in the shape of the search server's ``/search``.
-
-    ``shards`` has the integer keys ``total``, ``ok``, ``failed``, ``timed_out`` and
-    ``cut``: ``ok`` counts the shards that answered, ``cut`` those of them whose data
-    server stopped its search at the request's budget and sent the best hits it had
-    found (so ``cut <= ok``). ``partial`` is true when any shard failed, timed out or
-    was cut, i.e. ``hits`` may miss documents of those shards. ``took_ms`` is the
-    fan-out's wall time.
-    """
-
-    hits: list[dict[str, Any]]
-    shards: dict[str, int]
-    partial: bool
-    took_ms: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """The brief's response body, as fresh JSON-ready objects."""
-        return {
-            "hits": [dict(hit) for hit in self.hits],
-            "shards": dict(self.shards),
-            "partial": self.partial,
-            "took_ms": self.took_ms,
-        }
 
 
 class HedgeBudget:
@@ -209,11 +175,11 @@ class _ShardCall:
         self.replicas = replicas
         self.tried: list[Replica] = []
         self.attempts: list[_Attempt] = []
-        self.hits: list[_Ranked] | None = None
+        self.hits: list[Ranked] | None = None
         # The answer was cut short by the data server at the request's budget.
         self.cut = False
         # Until a replica answers: what the last attempt did ("failed" if none could be made).
-        self.outcome: _ShardOutcome = "failed"
+        self.outcome: ShardOutcome = "failed"
         self.done = False
         self.hedge_timer: asyncio.TimerHandle | None = None
         # How long to wait before offering a hedge refused for the budget again.
@@ -243,20 +209,8 @@ class _Query:
         self.waiter: asyncio.Future[None] = loop.create_future()
 
 
-#: A hit as the merge ranks it: (-score, id, shard, the data server's hit object).
-_Ranked = tuple[float, str, int, dict[str, Any]]
-
-
-#: Most fields one hit may carry (``id``, ``score``, ``title``... are a handful).
-MAX_HIT_FIELDS = 32
-#: Longest hit ``id`` and longest text field of a hit, in characters.
-MAX_HIT_ID = 1024
-MAX_HIT_TEXT = 8192
-_MAX_FIELD_NAME = 64
 # Distinct unroutable targets whose exclusion is remembered as logged.
 _MAX_LOGGED_SKIPS = 1024
-# What an error message or log line shows of what a data server sent.
-_EXCERPT = 80
 #: How late past its deadline a query may wake and still charge the replicas it waited
 #: for with a timeout (``FanOut(stall_grace=...)``). Later, the search server's own loop
 #: was stalled: on a busy 2-core machine the container runtime starves every container
@@ -266,96 +220,6 @@ STALL_GRACE = 0.1
 
 # Seconds between two warnings that the ejection cap refused an ejection.
 _CAP_LOG_INTERVAL = 10.0
-
-
-def _excerpt(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= _EXCERPT else text[: _EXCERPT - 3] + "..."
-
-
-def _flat_field(key: object, value: object) -> str | None:
-    """Why a hit's field is not a flat, bounded JSON scalar, or None if it is."""
-    if type(key) is not str or len(key) > _MAX_FIELD_NAME:
-        return f"a hit has a field name that is not a short string: {_excerpt(key)}"
-    kind = type(value)
-    if kind is str:
-        if len(value) > MAX_HIT_TEXT:  # type: ignore[arg-type]
-            return f"a hit's {_excerpt(key)} is longer than {MAX_HIT_TEXT} characters"
-        return None
-    if kind is float:
-        return None if math.isfinite(value) else f"a hit's {_excerpt(key)} is not finite"  # type: ignore[arg-type]
-    if kind is int or kind is bool or value is None:
-        return None
-    return f"a hit's {_excerpt(key)} is not a flat JSON value: {_excerpt(value)}"
-
-
-def _ranked_hits(body: Any, shard: int, k: int) -> list[_Ranked]:
-    """Validate a data server's answer; its first ``k`` hits, ready for the merge.
-
-    A hit is a flat record: a string ``id`` (at most :data:`MAX_HIT_ID` characters), a
-    finite number ``score`` and at most :data:`MAX_HIT_FIELDS` fields in all, each a
-    string (at most :data:`MAX_HIT_TEXT` characters), a finite number, a boolean or
-    null. So no answer can make the search server's own response fail to encode (a
-    nested hit a thousand levels deep did) or grow past what ``k`` hits should weigh.
-    The hit objects are the decoded ones, not copied: only the merged top ``k`` are.
-
-    Raises:
-        _BadAnswer: not the data server's ``{"hits":[{"id","score",…}],"shard":n}``;
-            the message quotes at most a short excerpt of what was sent.
-    """
-    if type(body) is not dict:
-        raise _BadAnswer(f"answer is not a JSON object: {_excerpt(body)}")
-    raw_hits = body.get("hits")
-    if type(raw_hits) is not list:
-        raise _BadAnswer(f"answer has no 'hits' list: {_excerpt(raw_hits)}")
-    answered_shard = body.get("shard", shard)
-    if answered_shard != shard:
-        # A stale registration whose port now belongs to a server of another shard:
-        # merging its hits would return another shard's documents twice.
-        raise _BadAnswer(
-            f"answered for shard {_excerpt(answered_shard)}, registered for shard {shard}"
-        )
-    ranked: list[_Ranked] = []
-    isfinite = math.isfinite
-    for hit in raw_hits[:k]:
-        if type(hit) is not dict:
-            raise _BadAnswer(f"a hit is not a JSON object: {_excerpt(hit)}")
-        hit_id, score = hit.get("id"), hit.get("score")
-        if type(hit_id) is not str or len(hit_id) > MAX_HIT_ID:
-            raise _BadAnswer(
-                f"a hit's 'id' is not a string of at most {MAX_HIT_ID}: {_excerpt(hit_id)}"
-            )
-        if (type(score) is not float and type(score) is not int) or not isfinite(score):
-            raise _BadAnswer(f"hit {_excerpt(hit_id)} has no finite 'score': {_excerpt(score)}")
-        if len(hit) > MAX_HIT_FIELDS:
-            raise _BadAnswer(
-                f"hit {_excerpt(hit_id)} has {len(hit)} fields, more than {MAX_HIT_FIELDS}"
-            )
-        for key, value in hit.items():
-            # Inline for the common fields (this runs for every hit of every answer);
-            # _flat_field says what is wrong with one that is not fine.
-            kind = type(value)
-            if (
-                (kind is str and len(value) <= MAX_HIT_TEXT)
-                or (kind is float and isfinite(value))
-                or kind is int
-                or kind is bool
-                or value is None
-            ) and len(key) <= _MAX_FIELD_NAME:
-                continue
-            raise _BadAnswer(_flat_field(key, value) or "a hit has an unusable field")
-        ranked.append((-score, hit_id, shard, hit))
-    return ranked
-
-
-def _feedback(body: dict[str, Any]) -> tuple[float | None, float | None]:
-    """The data server's reported search time (seconds) and requests in flight, if sane."""
-    took, queue = body.get("took_ms"), body.get("queue")
-    service = None
-    if (type(took) is float or type(took) is int) and 0 <= took < 3.6e6:
-        service = took / 1000
-    reported = float(queue) if type(queue) is int and 0 <= queue < 1_000_000 else None
-    return service, reported
 
 
 class FanOut:
@@ -596,7 +460,10 @@ class FanOut:
                 if not call.done:
                     self._abandon(q, call, timed_out, blame=blame)
         self._flush_metrics()
-        return self._merge(calls, k, (loop.time() - started) * 1000)
+        took_ms = (loop.time() - started) * 1000
+        result = merge(calls, k, took_ms)
+        self._count_query(result, took_ms)
+        return result
 
     def _candidates(self, call: _ShardCall, now: float) -> list[Replica]:
         """The shard's replicas a request may go to now: its routable ones not yet
@@ -745,11 +612,11 @@ class FanOut:
                 raise exc
             status, body = future.result()
             if status != 200:
-                raise _BadAnswer(f"HTTP {status}")
+                raise BadAnswer(f"HTTP {status}")
             decoded = orjson.loads(body)
-            hits = _ranked_hits(decoded, call.shard, q.k)
+            hits = ranked_hits(decoded, call.shard, q.k)
         except (SubrequestError, ValueError) as error:
-            # ValueError: a _BadAnswer or undecodable JSON (orjson.JSONDecodeError).
+            # ValueError: a BadAnswer or undecodable JSON (orjson.JSONDecodeError).
             replica.penalize(elapsed)
             self._record_failure(replica, "error", _describe(error))
             call.outcome = "failed"
@@ -766,7 +633,7 @@ class FanOut:
             if not call.attempts:
                 self._finish(q, call)
             return
-        service, queue = _feedback(decoded)
+        service, queue = feedback(decoded)
         replica.observe(elapsed, service, queue)
         window = replica.window
         if window is None:
@@ -834,57 +701,25 @@ class FanOut:
                 self.metrics.shard_requests.labels(result="timeout").inc()
         call.attempts.clear()
 
-    # -- merging ----------------------------------------------------------------------
-
-    def _merge(self, calls: list[_ShardCall], k: int, took_ms: float) -> FanOutResult:
-        answered = 0
-        timed_out = 0
-        cut = 0
-        candidates: list[_Ranked] = []
-        for call in calls:
-            hits = call.hits
-            if hits is None:
-                if call.outcome == "timed_out":
-                    timed_out += 1
-                continue
-            answered += 1
-            cut += call.cut
-            candidates.extend(hits)
-        failed = len(calls) - answered - timed_out
-        # Each shard's hits are already its top k: the top k overall are among them.
-        # Ties of score and id are broken by shard, so the hit objects are never compared.
-        top = heapq.nsmallest(k, candidates)
-        merged = [{**hit, "shard": shard} for _, _, shard, hit in top]
-        partial = failed + timed_out + cut > 0
-        self.metrics.queries.labels(outcome="partial" if partial else "complete").inc()
-        self.metrics.query_seconds.observe(took_ms / 1000)
-        if partial:
-            log.debug(
-                "partial answer: %d of %d shards failed, %d timed out, %d cut",
-                failed,
-                len(calls),
-                timed_out,
-                cut,
-            )
-        return FanOutResult(
-            hits=merged,
-            shards={
-                "total": len(calls),
-                "ok": answered,
-                "failed": failed,
-                "timed_out": timed_out,
-                "cut": cut,
-            },
-            partial=partial,
-            took_ms=round(took_ms, 3),
-        )
-
-    # -- health -----------------------------------------------------------------------
+    # -- health and metrics -----------------------------------------------------------
 
     def _flush_metrics(self) -> None:
         if self._pending_ok:
             self.metrics.shard_requests.labels(result="ok").inc(self._pending_ok)
             self._pending_ok = 0
+
+    def _count_query(self, result: FanOutResult, took_ms: float) -> None:
+        self.metrics.queries.labels(outcome="partial" if result.partial else "complete").inc()
+        self.metrics.query_seconds.observe(took_ms / 1000)
+        if result.partial:
+            shards = result.shards
+            log.debug(
+                "partial answer: %d of %d shards failed, %d timed out, %d cut",
+                shards["failed"],
+                shards["total"],
+                shards["timed_out"],
+                shards["cut"],
+            )
 
     def _record_failure(self, replica: Replica, result: str, detail: str) -> None:
         self.metrics.shard_requests.labels(result=result).inc()
