@@ -18,15 +18,12 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   ``warmup_samples`` answers from this search server gets one request at a time, as
   Finagle's probation does, so that a replica that has just joined (and ranks first
   for lack of samples) is not sent a flood before anyone knows its speed.
-* **Hedged requests** ("The Tail at Scale", Dean and Barroso): when a shard's request
-  is out longer than the recent 95th percentile of the fastest other replica of the
-  shard (or, while no other has enough answers to tell, of the replica asked itself),
-  one more request goes to another replica; the first answer wins and the other
-  is abandoned. A budget caps hedges at ``hedge_ratio`` of the sub-requests (plus a
-  burst), so that a slow cluster is not sent more load (Finagle's BackupRequestFilter
-  does the same). The budget is kept for stragglers (see :meth:`FanOut._hedge`): no
-  hedge while fewer than half of the query's shards have answered, none to a replica
-  whose p95 is above the time waited, and a refused one is offered again later.
+* **Hedged requests**: one more request to another replica when a shard's request is
+  out longer than its replicas' recent p95, within a budget of ``hedge_ratio`` of the
+  sub-requests (:mod:`.hedging` says when, and keeps the budget). The budget is kept
+  for stragglers (see :meth:`FanOut._hedge`): no hedge while fewer than half of the
+  query's shards have answered, none to a replica whose p95 is above the time waited,
+  and a refused one is offered again later.
 * **Retry on failure** (connection error, non-200, bad JSON) to another replica of the
   shard while time remains, each replica at most once per query.
 * **Draining replicas are a last resort.** A draining data server gets no request while
@@ -70,7 +67,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -84,6 +80,7 @@ from discovery.errors import OverloadedError
 from discovery.instance import ServiceInstance
 from discovery.store import LiveListChange
 
+from .hedging import HedgePolicy
 from .httpclient import HttpClient, Response, SubrequestClient, SubrequestError
 from .merging import BadAnswer, FanOutResult, Ranked, ShardOutcome, feedback, merge, ranked_hits
 from .metrics import FanOutMetrics
@@ -97,38 +94,9 @@ from .picking import (
 from .routing import RoutingTable
 
 # FanOutResult is what FanOut.search returns: importable with it.
-__all__ = ["FanOut", "FanOutResult", "HedgeBudget"]
+__all__ = ["FanOut", "FanOutResult"]
 
 log = logging.getLogger(__name__)
-
-
-class HedgeBudget:
-    """Allows hedges up to ``ratio`` of the sub-requests, plus a burst of ``burst``.
-
-    Each sub-request deposits ``ratio`` of a token (up to ``burst`` tokens); a hedge
-    takes one; it starts empty. Over any stretch, hedges ≤ ratio x sub-requests + burst.
-    """
-
-    __slots__ = ("_burst", "_ratio", "_tokens")
-
-    def __init__(self, ratio: float = 0.05, burst: float = 100.0) -> None:
-        if not 0 <= ratio <= 1:
-            raise ValueError(f"hedge ratio must be in 0..1, got {ratio}")
-        self._ratio = ratio
-        self._burst = burst
-        # Empty at start, earned by traffic: a search server that has just started pays
-        # for new connections everywhere, and a full budget then (tried) hedged that
-        # cold start into a storm that saturated a 2-core machine (the demo's recovery).
-        self._tokens = 0.0
-
-    def deposit(self, requests: int) -> None:
-        self._tokens = min(self._burst, self._tokens + self._ratio * requests)
-
-    def withdraw(self) -> bool:
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        return False
 
 
 class _Attempt:
@@ -287,12 +255,7 @@ class FanOut:
         self._cap_refusals = 0
         self._probe_interval = probe_interval
         self._stall_grace = stall_grace
-        self._hedging = hedge_ratio > 0
-        self._budget = HedgeBudget(hedge_ratio, hedge_burst)
-        # Every answer's response time, whichever replica: the hedge delay of last
-        # resort, while a shard's own replicas have too few answers to tell (a search
-        # server that has just started, a shard whose replicas are new).
-        self._all_answers = LatencyWindow(size=256)
+        self._hedging = HedgePolicy(hedge_ratio, hedge_burst)
         self._warmup = warmup_samples
         self.zone = zone
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -438,7 +401,7 @@ class FanOut:
         target = ("/search?" + urlencode({"q": query, "k": k}) + "&timeout_ms=").encode("ascii")
         q = _Query(loop, target, k, started + timeout_ms / 1000)
         calls = [_ShardCall(shard, replicas) for shard, replicas in table]
-        self._budget.deposit(len(calls))
+        self._hedging.budget.deposit(len(calls))
         q.open_calls = q.total = len(calls)
         for call in calls:
             if not self._next_attempt(q, call):
@@ -507,17 +470,18 @@ class FanOut:
             self.metrics.last_resort.inc()
         self._send(q, call, primary, hedge=False)
         if (
-            self._hedging
+            self._hedging.enabled
             and call.hedge_timer is None
             and (len(call.replicas) > 1 or self._routes.reserve(call.shard))
         ):
-            window = _hedge_window(call.replicas, primary, self._all_answers)
-            if window is not None:
-                assert window.p95 is not None
-                when = now + window.p95
-                if when < q.deadline:
-                    call.hedge_timer = q.loop.call_at(when, self._hedge, q, call)
+            self._hedge_in(q, call, now, self._hedging.delay(call.replicas, primary))
         return True
+
+    def _hedge_in(self, q: _Query, call: _ShardCall, now: float, delay: float | None) -> None:
+        """Offer the shard a hedge ``delay`` after ``now``, if that is before the deadline
+        (never when no latency window tells a ``delay``)."""
+        if delay is not None and now + delay < q.deadline:
+            call.hedge_timer = q.loop.call_at(now + delay, self._hedge, q, call)
 
     def _probe_target(self, call: _ShardCall, now: float) -> Replica | None:
         """The shard's every untried replica is ejected: the one to probe now, if any.
@@ -581,16 +545,14 @@ class FanOut:
         ]
         if not candidates:
             return
-        if not self._budget.withdraw():
+        if not self._hedging.budget.withdraw():
             self.metrics.hedges.labels(result="over_budget").inc()
-            window = _hedge_window(call.replicas, call.attempts[0].replica, self._all_answers)
-            if window is not None:
-                assert window.p95 is not None
-                # Doubling bounds the offers to a few per deadline.
-                call.hedge_backoff = max(2 * call.hedge_backoff, window.p95)
-                when = now + call.hedge_backoff
-                if when < q.deadline:
-                    call.hedge_timer = q.loop.call_at(when, self._hedge, q, call)
+            backoff = self._hedging.backoff(
+                call.replicas, call.attempts[0].replica, call.hedge_backoff
+            )
+            if backoff is not None:
+                call.hedge_backoff = backoff
+                self._hedge_in(q, call, now, backoff)
             return
         hedge = self.picker.pick(candidates)
         if hedge not in call.replicas:
@@ -639,7 +601,7 @@ class FanOut:
         if window is None:
             window = replica.window = LatencyWindow()
         window.add(elapsed)
-        self._all_answers.add(elapsed)
+        self._hedging.observe(elapsed)
         self._record_success(replica, probe=attempt.probe)
         call.hits, call.outcome = hits, "ok"
         call.cut = decoded.get("cut") is True
@@ -670,12 +632,8 @@ class FanOut:
             for late in deferred:
                 if late.done or not late.attempts:
                     continue
-                window = _hedge_window(late.replicas, late.attempts[0].replica, self._all_answers)
-                if window is None or window.p50 is None or window.p95 is None:
-                    continue
-                when = now + window.p95 - window.p50
-                if when < q.deadline:
-                    late.hedge_timer = q.loop.call_at(when, self._hedge, q, late)
+                spread = self._hedging.spread(late.replicas, late.attempts[0].replica)
+                self._hedge_in(q, late, now, spread)
 
     def _abandon(self, q: _Query, call: _ShardCall, timed_out: bool, *, blame: bool) -> None:
         """End a call still open at the deadline (``timed_out``) or at a cancellation.
@@ -814,44 +772,6 @@ class FanOut:
         expired = [r for r in self._ejected if not r.is_ejected(now)]
         self._ejected.difference_update(expired)
         return self._ejected
-
-
-def _hedge_window(
-    replicas: list[Replica], primary: Replica, everyone: LatencyWindow | None = None
-) -> LatencyWindow | None:
-    """The latency window a request to ``primary`` is judged by: a shard's request out
-    longer than its p95 is worth a hedge.
-
-    The window of lowest p95 among ``replicas`` other than ``primary``; when none of
-    them has one yet, ``primary``'s own; when it has none either, ``everyone``'s (every
-    answer this fan-out got, whichever replica); None if that has none.
-
-    The fallbacks matter because adaptive selection sends most of a shard's requests to
-    its faster replica: the other may have too few answers for a window, and without
-    one a replica that turned slow was never hedged, costing a timed-out shard per
-    query until it was ejected (the demo's slow-down phase, 6 to 10 partial answers of
-    73). Its own p95 is what it answered in before it turned slow. And right after a
-    search server starts no replica has a window: a data-server process stalling then
-    cost every query its shards (the compose check's first queries after "up"), while
-    one query's answers already tell what a sub-request usually takes.
-    """
-    best: LatencyWindow | None = None
-    best_p95 = math.inf
-    for replica in replicas:
-        window = replica.window
-        if replica is primary or window is None:
-            continue
-        p95 = window.p95
-        if p95 is not None and p95 < best_p95:
-            best, best_p95 = window, p95
-    if best is not None:
-        return best
-    own = primary.window
-    if own is not None and own.p95 is not None:
-        return own
-    if everyone is not None and everyone.p95 is not None:
-        return everyone
-    return None
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
