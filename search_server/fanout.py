@@ -1,4 +1,5 @@
-"""Fan a query out to one replica of every shard, under one deadline, and merge the hits.
+"""Fan a query out to one replica of every shard, under one deadline: one query's
+orchestration.
 
 This is the part of the search server the whole product exists for: with a static list,
 one dead or hung data server made every query wait for it, requests piled up and the
@@ -34,20 +35,11 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   while one replica of a pair drains, a slow answer from the other, or its ejection,
   would otherwise cost the shard.
 * **Outlier ejection.** A data server that failed or timed out ``eject_after`` times in a
-  row is skipped for ``eject_cooldown`` seconds, as long as no more than
-  ``max_ejected_share`` of the servers (at least one) are ejected at once. This covers
-  the seconds before its agent takes it offline, and failures the agent cannot see (a
-  network partition between search and data servers only); without it every query
-  would pay a full timeout for that server in the meantime. The cap keeps a moment of
-  trouble on our side (a CPU stall) from ejecting everything at once. When every
-  replica of a shard is ejected, one request still goes to one of them every
-  ``probe_interval`` seconds (a half-open probe, as a circuit breaker sends): an answer
-  ends its ejection. So a stall of a shard's last replica costs the queries sent during
-  the stall and up to a probe interval, not every query of the whole cool-down; a dead
-  one costs one query per interval its deadline on that shard. A query that wakes more
+  row is skipped for ``eject_cooldown`` seconds, under a cap of ``max_ejected_share``;
+  when every replica of a shard is ejected, one of them gets a half-open probe every
+  ``probe_interval`` seconds (:mod:`.ejection` decides both). A query that wakes more
   than ``stall_grace`` (0.1 s) after its deadline charges no one with its timeouts: its
-  own loop was stalled, and it cannot tell whose lateness it saw. A draining replica
-  is never ejected: it is on its way out, and would only take a place under the cap.
+  own loop was stalled, and it cannot tell whose lateness it saw.
 * **Admission control.** At most ``max_in_flight`` queries at once; the next one is
   refused at once with :class:`OverloadedError` rather than queued, so that a slow cluster
   cannot make requests pile up on the search server (the original outage).
@@ -80,6 +72,7 @@ from discovery.errors import OverloadedError
 from discovery.instance import ServiceInstance
 from discovery.store import LiveListChange
 
+from .ejection import OutlierEjection
 from .hedging import HedgePolicy
 from .httpclient import HttpClient, Response, SubrequestClient, SubrequestError
 from .merging import BadAnswer, FanOutResult, Ranked, ShardOutcome, feedback, merge, ranked_hits
@@ -186,9 +179,6 @@ _MAX_LOGGED_SKIPS = 1024
 #: and were ejected, so their shards failed at once for a while after the stall passed.
 STALL_GRACE = 0.1
 
-# Seconds between two warnings that the ejection cap refused an ejection.
-_CAP_LOG_INTERVAL = 10.0
-
 
 class FanOut:
     """Fans queries out to the data servers and merges their hits.
@@ -233,14 +223,12 @@ class FanOut:
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
-        if eject_after < 1:
-            raise ValueError(f"eject_after must be >= 1, got {eject_after}")
-        if not eject_cooldown >= 0:
-            raise ValueError(f"eject_cooldown must be >= 0 seconds, got {eject_cooldown}")
-        if not 0 <= max_ejected_share <= 1:
-            raise ValueError(f"max_ejected_share must be in 0..1, got {max_ejected_share}")
-        if not probe_interval > 0:
-            raise ValueError(f"probe_interval must be > 0 seconds, got {probe_interval}")
+        self._ejection = OutlierEjection(
+            eject_after=eject_after,
+            eject_cooldown=eject_cooldown,
+            max_ejected_share=max_ejected_share,
+            probe_interval=probe_interval,
+        )
         if warmup_samples < 0:
             raise ValueError(f"warmup_samples must be >= 0, got {warmup_samples}")
         if not stall_grace > 0:
@@ -248,12 +236,6 @@ class FanOut:
         self._owns_client = client is None
         self._client: SubrequestClient = client if client is not None else HttpClient()
         self._max_in_flight = max_in_flight
-        self._eject_after = eject_after
-        self._eject_cooldown = eject_cooldown
-        self._max_ejected_share = max_ejected_share
-        self._cap_logged_at = -_CAP_LOG_INTERVAL
-        self._cap_refusals = 0
-        self._probe_interval = probe_interval
         self._stall_grace = stall_grace
         self._hedging = HedgePolicy(hedge_ratio, hedge_burst)
         self._warmup = warmup_samples
@@ -272,9 +254,6 @@ class FanOut:
         )
         # Targets whose exclusion was logged (bounded): one line each, not one per list.
         self._logged_skips: OrderedDict[str, None] = OrderedDict()
-        # The replicas ejected at some point and not yet seen expired: the ejection cap
-        # and ejected() look at these, never at every replica routed to.
-        self._ejected: set[Replica] = set()
         # Counts of shard-request results since the last flush into the metrics:
         # a prometheus counter increment takes a lock, once per query is plenty.
         self._pending_ok = 0
@@ -299,8 +278,7 @@ class FanOut:
 
     def ejected(self) -> set[str]:
         """Instance ids of the data servers currently ejected (skipped) by this fan-out."""
-        now = self._clock()
-        return {r.instance.id for r in self._ejected_now(now)}
+        return {r.instance.id for r in self._ejection.ejected(self._clock())}
 
     async def search(
         self,
@@ -458,10 +436,9 @@ class FanOut:
         clock_now = self._clock()
         candidates = self._candidates(call, clock_now)
         if not candidates:
-            probe = self._probe_target(call, clock_now)
+            probe = self._ejection.probe(call.replicas, call.tried, clock_now)
             if probe is None:
                 return False
-            probe.next_probe = clock_now + self._probe_interval
             self._send(q, call, probe, hedge=False, probe=True)
             return True
         now = q.loop.time()
@@ -482,24 +459,6 @@ class FanOut:
         (never when no latency window tells a ``delay``)."""
         if delay is not None and now + delay < q.deadline:
             call.hedge_timer = q.loop.call_at(now + delay, self._hedge, q, call)
-
-    def _probe_target(self, call: _ShardCall, now: float) -> Replica | None:
-        """The shard's every untried replica is ejected: the one to probe now, if any.
-
-        The one whose cool-down ends first, among those with nothing in flight from us
-        and whose last probe is ``probe_interval`` ago: at most one probe at a time per
-        replica, and a hung one costs one query per interval its deadline.
-        """
-        best: Replica | None = None
-        for replica in call.replicas:
-            if (
-                replica.outstanding == 0
-                and replica not in call.tried
-                and replica.next_probe <= now
-                and (best is None or (replica.ejected_until or 0) < (best.ejected_until or 0))
-            ):
-                best = replica
-        return best
 
     def _send(
         self, q: _Query, call: _ShardCall, replica: Replica, *, hedge: bool, probe: bool = False
@@ -602,7 +561,8 @@ class FanOut:
             window = replica.window = LatencyWindow()
         window.add(elapsed)
         self._hedging.observe(elapsed)
-        self._record_success(replica, probe=attempt.probe)
+        self._pending_ok += 1
+        self._ejection.record_success(replica, self._clock(), probe=attempt.probe)
         call.hits, call.outcome = hits, "ok"
         call.cut = decoded.get("cut") is True
         if attempt.hedge:
@@ -681,97 +641,19 @@ class FanOut:
 
     def _record_failure(self, replica: Replica, result: str, detail: str) -> None:
         self.metrics.shard_requests.labels(result=result).inc()
-        replica.failures += 1
-        now = self._clock()
-        instance = replica.instance
-        # After a cool-down the count is still at the limit: one more failure re-ejects.
-        # Failures of requests sent before the ejection do not extend it.
-        if (
-            replica.failures >= self._eject_after
-            and instance.routable
-            and not replica.is_ejected(now)
-            and not self._ejection_cap_reached(now)
-        ):
-            replica.ejected_until = now + self._eject_cooldown
-            # No probe before an interval: the failures were just seen.
-            replica.next_probe = now + self._probe_interval
-            self._ejected.add(replica)
+        routable = self._routes.routable
+        if self._ejection.record_failure(replica, self._clock(), routable=routable, detail=detail):
             self.metrics.ejections.inc()
-            log.warning(
-                "ejecting data server %s (%s:%d, shard %d) for %.1fs after %d consecutive "
-                "failures; last: %s",
-                instance.id,
-                instance.address,
-                instance.port,
-                replica.shard,
-                self._eject_cooldown,
-                replica.failures,
-                detail,
-            )
-        else:
-            log.debug(
-                "data server %s (%s:%d) %s: %s",
-                instance.id,
-                instance.address,
-                instance.port,
-                result,
-                detail,
-            )
-
-    def _ejection_cap_reached(self, now: float) -> bool:
-        # When many servers fail at once the cause is more likely on our side (a CPU
-        # stall, a network blip) than theirs; ejecting them all would turn a slow moment
-        # into empty answers. Discovery still removes servers that are really down.
-        ejected = len(self._ejected_now(now))
-        if ejected + 1 > max(1, int(self._max_ejected_share * self._routes.routable)):
-            # At the cap every further failure lands here, hundreds a second in a
-            # stall: one line per interval, with the count, keeps the log (and the CPU
-            # it costs, when the stall is CPU) bounded.
-            self._cap_refusals += 1
-            if now - self._cap_logged_at >= _CAP_LOG_INTERVAL:
-                log.warning(
-                    "not ejecting more data servers: %d of %d already ejected (cap "
-                    "%.0f%%); %d ejection(s) refused since the last such line",
-                    ejected,
-                    self._routes.routable,
-                    self._max_ejected_share * 100,
-                    self._cap_refusals,
-                )
-                self._cap_logged_at = now
-                self._cap_refusals = 0
-            return True
-        return False
-
-    def _record_success(self, replica: Replica, *, probe: bool = False) -> None:
-        self._pending_ok += 1
-        ejected = replica.is_ejected(self._clock())
-        if probe and ejected:
-            # Its count may already be 0 (an answer to a request sent before the
-            # ejection): the probe's answer ends the ejection all the same.
-            log.info(
-                "data server %s answered a probe: its ejection ends early (its shard had "
-                "no other usable replica)",
-                replica.instance.id,
-            )
-        elif replica.failures == 0:
             return
-        elif ejected:
-            # A request sent before the ejection: it resets the count but the ejection
-            # runs its course, so that a flapping server does not bounce straight back
-            # (its shard's other replicas take its share meanwhile).
-            replica.failures = 0
-            return
-        elif replica.ejected_until is not None:
-            log.info("data server %s answers again after its ejection", replica.instance.id)
-        replica.failures = 0
-        replica.ejected_until = None
-        self._ejected.discard(replica)
-
-    def _ejected_now(self, now: float) -> set[Replica]:
-        """The replicas ejected at ``now`` (forgetting those whose cool-down ran out)."""
-        expired = [r for r in self._ejected if not r.is_ejected(now)]
-        self._ejected.difference_update(expired)
-        return self._ejected
+        instance = replica.instance
+        log.debug(
+            "data server %s (%s:%d) %s: %s",
+            instance.id,
+            instance.address,
+            instance.port,
+            result,
+            detail,
+        )
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
