@@ -1,4 +1,5 @@
-"""Fan a query out to one replica of every shard, under one deadline, and merge the hits.
+"""Fan a query out to one replica of every shard, under one deadline: one query's
+orchestration.
 
 This is the part of the search server the whole product exists for: with a static list,
 one dead or hung data server made every query wait for it, requests piled up and the
@@ -18,15 +19,12 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   ``warmup_samples`` answers from this search server gets one request at a time, as
   Finagle's probation does, so that a replica that has just joined (and ranks first
   for lack of samples) is not sent a flood before anyone knows its speed.
-* **Hedged requests** ("The Tail at Scale", Dean and Barroso): when a shard's request
-  is out longer than the recent 95th percentile of the fastest other replica of the
-  shard (or, while no other has enough answers to tell, of the replica asked itself),
-  one more request goes to another replica; the first answer wins and the other
-  is abandoned. A budget caps hedges at ``hedge_ratio`` of the sub-requests (plus a
-  burst), so that a slow cluster is not sent more load (Finagle's BackupRequestFilter
-  does the same). The budget is kept for stragglers (see :meth:`FanOut._hedge`): no
-  hedge while fewer than half of the query's shards have answered, none to a replica
-  whose p95 is above the time waited, and a refused one is offered again later.
+* **Hedged requests**: one more request to another replica when a shard's request is
+  out longer than its replicas' recent p95, within a budget of ``hedge_ratio`` of the
+  sub-requests (:mod:`.hedging` says when, and keeps the budget). The budget is kept
+  for stragglers (see :meth:`FanOut._hedge`): no hedge while fewer than half of the
+  query's shards have answered, none to a replica whose p95 is above the time waited,
+  and a refused one is offered again later.
 * **Retry on failure** (connection error, non-200, bad JSON) to another replica of the
   shard while time remains, each replica at most once per query.
 * **Draining replicas are a last resort.** A draining data server gets no request while
@@ -37,20 +35,11 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   while one replica of a pair drains, a slow answer from the other, or its ejection,
   would otherwise cost the shard.
 * **Outlier ejection.** A data server that failed or timed out ``eject_after`` times in a
-  row is skipped for ``eject_cooldown`` seconds, as long as no more than
-  ``max_ejected_share`` of the servers (at least one) are ejected at once. This covers
-  the seconds before its agent takes it offline, and failures the agent cannot see (a
-  network partition between search and data servers only); without it every query
-  would pay a full timeout for that server in the meantime. The cap keeps a moment of
-  trouble on our side (a CPU stall) from ejecting everything at once. When every
-  replica of a shard is ejected, one request still goes to one of them every
-  ``probe_interval`` seconds (a half-open probe, as a circuit breaker sends): an answer
-  ends its ejection. So a stall of a shard's last replica costs the queries sent during
-  the stall and up to a probe interval, not every query of the whole cool-down; a dead
-  one costs one query per interval its deadline on that shard. A query that wakes more
+  row is skipped for ``eject_cooldown`` seconds, under a cap of ``max_ejected_share``;
+  when every replica of a shard is ejected, one of them gets a half-open probe every
+  ``probe_interval`` seconds (:mod:`.ejection` decides both). A query that wakes more
   than ``stall_grace`` (0.1 s) after its deadline charges no one with its timeouts: its
-  own loop was stalled, and it cannot tell whose lateness it saw. A draining replica
-  is never ejected: it is on its way out, and would only take a place under the cap.
+  own loop was stalled, and it cannot tell whose lateness it saw.
 * **Admission control.** At most ``max_in_flight`` queries at once; the next one is
   refused at once with :class:`OverloadedError` rather than queued, so that a slow cluster
   cannot make requests pile up on the search server (the original outage).
@@ -61,7 +50,7 @@ client's future for each one ends in a callback (:meth:`_on_answer`) that record
 answer and, for the last shard, wakes the query; the query's request line is encoded
 once; the routing table (replicas by shard) follows the live list change by change
 (:mod:`.routing`); hits are validated in place and only the merged top ``k`` are copied
-with their shard.
+with their shard (:mod:`.merging`).
 
 Everything here runs on the caller's event loop and is not thread-safe.
 """
@@ -69,14 +58,10 @@ Everything here runs on the caller's event loop and is not thread-safe.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
 from urllib.parse import urlencode
 
 import orjson
@@ -87,7 +72,10 @@ from discovery.errors import OverloadedError
 from discovery.instance import ServiceInstance
 from discovery.livelist.model import LiveListChange
 
+from .ejection import OutlierEjection
+from .hedging import HedgePolicy
 from .httpclient import HttpClient, Response, SubrequestClient, SubrequestError
+from .merging import BadAnswer, FanOutResult, Ranked, ShardOutcome, feedback, merge, ranked_hits
 from .metrics import FanOutMetrics
 from .picking import (
     AdaptiveReplicaSelection,
@@ -98,71 +86,10 @@ from .picking import (
 )
 from .routing import RoutingTable
 
-__all__ = ["FanOut", "FanOutResult", "HedgeBudget"]
+# FanOutResult is what FanOut.search returns: importable with it.
+__all__ = ["FanOut", "FanOutResult"]
 
 log = logging.getLogger(__name__)
-
-_ShardOutcome = Literal["ok", "failed", "timed_out"]
-
-
-class _BadAnswer(ValueError):
-    """A data server answered, but not with a usable search result."""
-
-
-@dataclass(frozen=True, slots=True)
-class FanOutResult:
-    """The merged answer of one query, in the shape of the search server's ``/search``.
-
-    ``shards`` has the integer keys ``total``, ``ok``, ``failed``, ``timed_out`` and
-    ``cut``: ``ok`` counts the shards that answered, ``cut`` those of them whose data
-    server stopped its search at the request's budget and sent the best hits it had
-    found (so ``cut <= ok``). ``partial`` is true when any shard failed, timed out or
-    was cut, i.e. ``hits`` may miss documents of those shards. ``took_ms`` is the
-    fan-out's wall time.
-    """
-
-    hits: list[dict[str, Any]]
-    shards: dict[str, int]
-    partial: bool
-    took_ms: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """The brief's response body, as fresh JSON-ready objects."""
-        return {
-            "hits": [dict(hit) for hit in self.hits],
-            "shards": dict(self.shards),
-            "partial": self.partial,
-            "took_ms": self.took_ms,
-        }
-
-
-class HedgeBudget:
-    """Allows hedges up to ``ratio`` of the sub-requests, plus a burst of ``burst``.
-
-    Each sub-request deposits ``ratio`` of a token (up to ``burst`` tokens); a hedge
-    takes one; it starts empty. Over any stretch, hedges ≤ ratio x sub-requests + burst.
-    """
-
-    __slots__ = ("_burst", "_ratio", "_tokens")
-
-    def __init__(self, ratio: float = 0.05, burst: float = 100.0) -> None:
-        if not 0 <= ratio <= 1:
-            raise ValueError(f"hedge ratio must be in 0..1, got {ratio}")
-        self._ratio = ratio
-        self._burst = burst
-        # Empty at start, earned by traffic: a search server that has just started pays
-        # for new connections everywhere, and a full budget then (tried) hedged that
-        # cold start into a storm that saturated a 2-core machine (the demo's recovery).
-        self._tokens = 0.0
-
-    def deposit(self, requests: int) -> None:
-        self._tokens = min(self._burst, self._tokens + self._ratio * requests)
-
-    def withdraw(self) -> bool:
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        return False
 
 
 class _Attempt:
@@ -209,11 +136,11 @@ class _ShardCall:
         self.replicas = replicas
         self.tried: list[Replica] = []
         self.attempts: list[_Attempt] = []
-        self.hits: list[_Ranked] | None = None
+        self.hits: list[Ranked] | None = None
         # The answer was cut short by the data server at the request's budget.
         self.cut = False
         # Until a replica answers: what the last attempt did ("failed" if none could be made).
-        self.outcome: _ShardOutcome = "failed"
+        self.outcome: ShardOutcome = "failed"
         self.done = False
         self.hedge_timer: asyncio.TimerHandle | None = None
         # How long to wait before offering a hedge refused for the budget again.
@@ -243,119 +170,14 @@ class _Query:
         self.waiter: asyncio.Future[None] = loop.create_future()
 
 
-#: A hit as the merge ranks it: (-score, id, shard, the data server's hit object).
-_Ranked = tuple[float, str, int, dict[str, Any]]
-
-
-#: Most fields one hit may carry (``id``, ``score``, ``title``... are a handful).
-MAX_HIT_FIELDS = 32
-#: Longest hit ``id`` and longest text field of a hit, in characters.
-MAX_HIT_ID = 1024
-MAX_HIT_TEXT = 8192
-_MAX_FIELD_NAME = 64
 # Distinct unroutable targets whose exclusion is remembered as logged.
 _MAX_LOGGED_SKIPS = 1024
-# What an error message or log line shows of what a data server sent.
-_EXCERPT = 80
 #: How late past its deadline a query may wake and still charge the replicas it waited
 #: for with a timeout (``FanOut(stall_grace=...)``). Later, the search server's own loop
 #: was stalled: on a busy 2-core machine the container runtime starves every container
 #: for 0.1-0.3 s when one stops, and the replicas of a whole fleet "timed out" together
 #: and were ejected, so their shards failed at once for a while after the stall passed.
 STALL_GRACE = 0.1
-
-# Seconds between two warnings that the ejection cap refused an ejection.
-_CAP_LOG_INTERVAL = 10.0
-
-
-def _excerpt(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= _EXCERPT else text[: _EXCERPT - 3] + "..."
-
-
-def _flat_field(key: object, value: object) -> str | None:
-    """Why a hit's field is not a flat, bounded JSON scalar, or None if it is."""
-    if type(key) is not str or len(key) > _MAX_FIELD_NAME:
-        return f"a hit has a field name that is not a short string: {_excerpt(key)}"
-    kind = type(value)
-    if kind is str:
-        if len(value) > MAX_HIT_TEXT:  # type: ignore[arg-type]
-            return f"a hit's {_excerpt(key)} is longer than {MAX_HIT_TEXT} characters"
-        return None
-    if kind is float:
-        return None if math.isfinite(value) else f"a hit's {_excerpt(key)} is not finite"  # type: ignore[arg-type]
-    if kind is int or kind is bool or value is None:
-        return None
-    return f"a hit's {_excerpt(key)} is not a flat JSON value: {_excerpt(value)}"
-
-
-def _ranked_hits(body: Any, shard: int, k: int) -> list[_Ranked]:
-    """Validate a data server's answer; its first ``k`` hits, ready for the merge.
-
-    A hit is a flat record: a string ``id`` (at most :data:`MAX_HIT_ID` characters), a
-    finite number ``score`` and at most :data:`MAX_HIT_FIELDS` fields in all, each a
-    string (at most :data:`MAX_HIT_TEXT` characters), a finite number, a boolean or
-    null. So no answer can make the search server's own response fail to encode (a
-    nested hit a thousand levels deep did) or grow past what ``k`` hits should weigh.
-    The hit objects are the decoded ones, not copied: only the merged top ``k`` are.
-
-    Raises:
-        _BadAnswer: not the data server's ``{"hits":[{"id","score",…}],"shard":n}``;
-            the message quotes at most a short excerpt of what was sent.
-    """
-    if type(body) is not dict:
-        raise _BadAnswer(f"answer is not a JSON object: {_excerpt(body)}")
-    raw_hits = body.get("hits")
-    if type(raw_hits) is not list:
-        raise _BadAnswer(f"answer has no 'hits' list: {_excerpt(raw_hits)}")
-    answered_shard = body.get("shard", shard)
-    if answered_shard != shard:
-        # A stale registration whose port now belongs to a server of another shard:
-        # merging its hits would return another shard's documents twice.
-        raise _BadAnswer(
-            f"answered for shard {_excerpt(answered_shard)}, registered for shard {shard}"
-        )
-    ranked: list[_Ranked] = []
-    isfinite = math.isfinite
-    for hit in raw_hits[:k]:
-        if type(hit) is not dict:
-            raise _BadAnswer(f"a hit is not a JSON object: {_excerpt(hit)}")
-        hit_id, score = hit.get("id"), hit.get("score")
-        if type(hit_id) is not str or len(hit_id) > MAX_HIT_ID:
-            raise _BadAnswer(
-                f"a hit's 'id' is not a string of at most {MAX_HIT_ID}: {_excerpt(hit_id)}"
-            )
-        if (type(score) is not float and type(score) is not int) or not isfinite(score):
-            raise _BadAnswer(f"hit {_excerpt(hit_id)} has no finite 'score': {_excerpt(score)}")
-        if len(hit) > MAX_HIT_FIELDS:
-            raise _BadAnswer(
-                f"hit {_excerpt(hit_id)} has {len(hit)} fields, more than {MAX_HIT_FIELDS}"
-            )
-        for key, value in hit.items():
-            # Inline for the common fields (this runs for every hit of every answer);
-            # _flat_field says what is wrong with one that is not fine.
-            kind = type(value)
-            if (
-                (kind is str and len(value) <= MAX_HIT_TEXT)
-                or (kind is float and isfinite(value))
-                or kind is int
-                or kind is bool
-                or value is None
-            ) and len(key) <= _MAX_FIELD_NAME:
-                continue
-            raise _BadAnswer(_flat_field(key, value) or "a hit has an unusable field")
-        ranked.append((-score, hit_id, shard, hit))
-    return ranked
-
-
-def _feedback(body: dict[str, Any]) -> tuple[float | None, float | None]:
-    """The data server's reported search time (seconds) and requests in flight, if sane."""
-    took, queue = body.get("took_ms"), body.get("queue")
-    service = None
-    if (type(took) is float or type(took) is int) and 0 <= took < 3.6e6:
-        service = took / 1000
-    reported = float(queue) if type(queue) is int and 0 <= queue < 1_000_000 else None
-    return service, reported
 
 
 class FanOut:
@@ -401,14 +223,12 @@ class FanOut:
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
-        if eject_after < 1:
-            raise ValueError(f"eject_after must be >= 1, got {eject_after}")
-        if not eject_cooldown >= 0:
-            raise ValueError(f"eject_cooldown must be >= 0 seconds, got {eject_cooldown}")
-        if not 0 <= max_ejected_share <= 1:
-            raise ValueError(f"max_ejected_share must be in 0..1, got {max_ejected_share}")
-        if not probe_interval > 0:
-            raise ValueError(f"probe_interval must be > 0 seconds, got {probe_interval}")
+        self._ejection = OutlierEjection(
+            eject_after=eject_after,
+            eject_cooldown=eject_cooldown,
+            max_ejected_share=max_ejected_share,
+            probe_interval=probe_interval,
+        )
         if warmup_samples < 0:
             raise ValueError(f"warmup_samples must be >= 0, got {warmup_samples}")
         if not stall_grace > 0:
@@ -416,19 +236,8 @@ class FanOut:
         self._owns_client = client is None
         self._client: SubrequestClient = client if client is not None else HttpClient()
         self._max_in_flight = max_in_flight
-        self._eject_after = eject_after
-        self._eject_cooldown = eject_cooldown
-        self._max_ejected_share = max_ejected_share
-        self._cap_logged_at = -_CAP_LOG_INTERVAL
-        self._cap_refusals = 0
-        self._probe_interval = probe_interval
         self._stall_grace = stall_grace
-        self._hedging = hedge_ratio > 0
-        self._budget = HedgeBudget(hedge_ratio, hedge_burst)
-        # Every answer's response time, whichever replica: the hedge delay of last
-        # resort, while a shard's own replicas have too few answers to tell (a search
-        # server that has just started, a shard whose replicas are new).
-        self._all_answers = LatencyWindow(size=256)
+        self._hedging = HedgePolicy(hedge_ratio, hedge_burst)
         self._warmup = warmup_samples
         self.zone = zone
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -445,9 +254,6 @@ class FanOut:
         )
         # Targets whose exclusion was logged (bounded): one line each, not one per list.
         self._logged_skips: OrderedDict[str, None] = OrderedDict()
-        # The replicas ejected at some point and not yet seen expired: the ejection cap
-        # and ejected() look at these, never at every replica routed to.
-        self._ejected: set[Replica] = set()
         # Counts of shard-request results since the last flush into the metrics:
         # a prometheus counter increment takes a lock, once per query is plenty.
         self._pending_ok = 0
@@ -472,8 +278,7 @@ class FanOut:
 
     def ejected(self) -> set[str]:
         """Instance ids of the data servers currently ejected (skipped) by this fan-out."""
-        now = self._clock()
-        return {r.instance.id for r in self._ejected_now(now)}
+        return {r.instance.id for r in self._ejection.ejected(self._clock())}
 
     async def search(
         self,
@@ -574,7 +379,7 @@ class FanOut:
         target = ("/search?" + urlencode({"q": query, "k": k}) + "&timeout_ms=").encode("ascii")
         q = _Query(loop, target, k, started + timeout_ms / 1000)
         calls = [_ShardCall(shard, replicas) for shard, replicas in table]
-        self._budget.deposit(len(calls))
+        self._hedging.budget.deposit(len(calls))
         q.open_calls = q.total = len(calls)
         for call in calls:
             if not self._next_attempt(q, call):
@@ -596,7 +401,10 @@ class FanOut:
                 if not call.done:
                     self._abandon(q, call, timed_out, blame=blame)
         self._flush_metrics()
-        return self._merge(calls, k, (loop.time() - started) * 1000)
+        took_ms = (loop.time() - started) * 1000
+        result = merge(calls, k, took_ms)
+        self._count_query(result, took_ms)
+        return result
 
     def _candidates(self, call: _ShardCall, now: float) -> list[Replica]:
         """The shard's replicas a request may go to now: its routable ones not yet
@@ -628,10 +436,9 @@ class FanOut:
         clock_now = self._clock()
         candidates = self._candidates(call, clock_now)
         if not candidates:
-            probe = self._probe_target(call, clock_now)
+            probe = self._ejection.probe(call.replicas, call.tried, clock_now)
             if probe is None:
                 return False
-            probe.next_probe = clock_now + self._probe_interval
             self._send(q, call, probe, hedge=False, probe=True)
             return True
         now = q.loop.time()
@@ -640,35 +447,18 @@ class FanOut:
             self.metrics.last_resort.inc()
         self._send(q, call, primary, hedge=False)
         if (
-            self._hedging
+            self._hedging.enabled
             and call.hedge_timer is None
             and (len(call.replicas) > 1 or self._routes.reserve(call.shard))
         ):
-            window = _hedge_window(call.replicas, primary, self._all_answers)
-            if window is not None:
-                assert window.p95 is not None
-                when = now + window.p95
-                if when < q.deadline:
-                    call.hedge_timer = q.loop.call_at(when, self._hedge, q, call)
+            self._hedge_in(q, call, now, self._hedging.delay(call.replicas, primary))
         return True
 
-    def _probe_target(self, call: _ShardCall, now: float) -> Replica | None:
-        """The shard's every untried replica is ejected: the one to probe now, if any.
-
-        The one whose cool-down ends first, among those with nothing in flight from us
-        and whose last probe is ``probe_interval`` ago: at most one probe at a time per
-        replica, and a hung one costs one query per interval its deadline.
-        """
-        best: Replica | None = None
-        for replica in call.replicas:
-            if (
-                replica.outstanding == 0
-                and replica not in call.tried
-                and replica.next_probe <= now
-                and (best is None or (replica.ejected_until or 0) < (best.ejected_until or 0))
-            ):
-                best = replica
-        return best
+    def _hedge_in(self, q: _Query, call: _ShardCall, now: float, delay: float | None) -> None:
+        """Offer the shard a hedge ``delay`` after ``now``, if that is before the deadline
+        (never when no latency window tells a ``delay``)."""
+        if delay is not None and now + delay < q.deadline:
+            call.hedge_timer = q.loop.call_at(now + delay, self._hedge, q, call)
 
     def _send(
         self, q: _Query, call: _ShardCall, replica: Replica, *, hedge: bool, probe: bool = False
@@ -714,16 +504,14 @@ class FanOut:
         ]
         if not candidates:
             return
-        if not self._budget.withdraw():
+        if not self._hedging.budget.withdraw():
             self.metrics.hedges.labels(result="over_budget").inc()
-            window = _hedge_window(call.replicas, call.attempts[0].replica, self._all_answers)
-            if window is not None:
-                assert window.p95 is not None
-                # Doubling bounds the offers to a few per deadline.
-                call.hedge_backoff = max(2 * call.hedge_backoff, window.p95)
-                when = now + call.hedge_backoff
-                if when < q.deadline:
-                    call.hedge_timer = q.loop.call_at(when, self._hedge, q, call)
+            backoff = self._hedging.backoff(
+                call.replicas, call.attempts[0].replica, call.hedge_backoff
+            )
+            if backoff is not None:
+                call.hedge_backoff = backoff
+                self._hedge_in(q, call, now, backoff)
             return
         hedge = self.picker.pick(candidates)
         if hedge not in call.replicas:
@@ -745,11 +533,11 @@ class FanOut:
                 raise exc
             status, body = future.result()
             if status != 200:
-                raise _BadAnswer(f"HTTP {status}")
+                raise BadAnswer(f"HTTP {status}")
             decoded = orjson.loads(body)
-            hits = _ranked_hits(decoded, call.shard, q.k)
+            hits = ranked_hits(decoded, call.shard, q.k)
         except (SubrequestError, ValueError) as error:
-            # ValueError: a _BadAnswer or undecodable JSON (orjson.JSONDecodeError).
+            # ValueError: a BadAnswer or undecodable JSON (orjson.JSONDecodeError).
             replica.penalize(elapsed)
             self._record_failure(replica, "error", _describe(error))
             call.outcome = "failed"
@@ -766,14 +554,15 @@ class FanOut:
             if not call.attempts:
                 self._finish(q, call)
             return
-        service, queue = _feedback(decoded)
+        service, queue = feedback(decoded)
         replica.observe(elapsed, service, queue)
         window = replica.window
         if window is None:
             window = replica.window = LatencyWindow()
         window.add(elapsed)
-        self._all_answers.add(elapsed)
-        self._record_success(replica, probe=attempt.probe)
+        self._hedging.observe(elapsed)
+        self._pending_ok += 1
+        self._ejection.record_success(replica, self._clock(), probe=attempt.probe)
         call.hits, call.outcome = hits, "ok"
         call.cut = decoded.get("cut") is True
         if attempt.hedge:
@@ -803,12 +592,8 @@ class FanOut:
             for late in deferred:
                 if late.done or not late.attempts:
                     continue
-                window = _hedge_window(late.replicas, late.attempts[0].replica, self._all_answers)
-                if window is None or window.p50 is None or window.p95 is None:
-                    continue
-                when = now + window.p95 - window.p50
-                if when < q.deadline:
-                    late.hedge_timer = q.loop.call_at(when, self._hedge, q, late)
+                spread = self._hedging.spread(late.replicas, late.attempts[0].replica)
+                self._hedge_in(q, late, now, spread)
 
     def _abandon(self, q: _Query, call: _ShardCall, timed_out: bool, *, blame: bool) -> None:
         """End a call still open at the deadline (``timed_out``) or at a cancellation.
@@ -834,189 +619,41 @@ class FanOut:
                 self.metrics.shard_requests.labels(result="timeout").inc()
         call.attempts.clear()
 
-    # -- merging ----------------------------------------------------------------------
-
-    def _merge(self, calls: list[_ShardCall], k: int, took_ms: float) -> FanOutResult:
-        answered = 0
-        timed_out = 0
-        cut = 0
-        candidates: list[_Ranked] = []
-        for call in calls:
-            hits = call.hits
-            if hits is None:
-                if call.outcome == "timed_out":
-                    timed_out += 1
-                continue
-            answered += 1
-            cut += call.cut
-            candidates.extend(hits)
-        failed = len(calls) - answered - timed_out
-        # Each shard's hits are already its top k: the top k overall are among them.
-        # Ties of score and id are broken by shard, so the hit objects are never compared.
-        top = heapq.nsmallest(k, candidates)
-        merged = [{**hit, "shard": shard} for _, _, shard, hit in top]
-        partial = failed + timed_out + cut > 0
-        self.metrics.queries.labels(outcome="partial" if partial else "complete").inc()
-        self.metrics.query_seconds.observe(took_ms / 1000)
-        if partial:
-            log.debug(
-                "partial answer: %d of %d shards failed, %d timed out, %d cut",
-                failed,
-                len(calls),
-                timed_out,
-                cut,
-            )
-        return FanOutResult(
-            hits=merged,
-            shards={
-                "total": len(calls),
-                "ok": answered,
-                "failed": failed,
-                "timed_out": timed_out,
-                "cut": cut,
-            },
-            partial=partial,
-            took_ms=round(took_ms, 3),
-        )
-
-    # -- health -----------------------------------------------------------------------
+    # -- health and metrics -----------------------------------------------------------
 
     def _flush_metrics(self) -> None:
         if self._pending_ok:
             self.metrics.shard_requests.labels(result="ok").inc(self._pending_ok)
             self._pending_ok = 0
 
+    def _count_query(self, result: FanOutResult, took_ms: float) -> None:
+        self.metrics.queries.labels(outcome="partial" if result.partial else "complete").inc()
+        self.metrics.query_seconds.observe(took_ms / 1000)
+        if result.partial:
+            shards = result.shards
+            log.debug(
+                "partial answer: %d of %d shards failed, %d timed out, %d cut",
+                shards["failed"],
+                shards["total"],
+                shards["timed_out"],
+                shards["cut"],
+            )
+
     def _record_failure(self, replica: Replica, result: str, detail: str) -> None:
         self.metrics.shard_requests.labels(result=result).inc()
-        replica.failures += 1
-        now = self._clock()
-        instance = replica.instance
-        # After a cool-down the count is still at the limit: one more failure re-ejects.
-        # Failures of requests sent before the ejection do not extend it.
-        if (
-            replica.failures >= self._eject_after
-            and instance.routable
-            and not replica.is_ejected(now)
-            and not self._ejection_cap_reached(now)
-        ):
-            replica.ejected_until = now + self._eject_cooldown
-            # No probe before an interval: the failures were just seen.
-            replica.next_probe = now + self._probe_interval
-            self._ejected.add(replica)
+        routable = self._routes.routable
+        if self._ejection.record_failure(replica, self._clock(), routable=routable, detail=detail):
             self.metrics.ejections.inc()
-            log.warning(
-                "ejecting data server %s (%s:%d, shard %d) for %.1fs after %d consecutive "
-                "failures; last: %s",
-                instance.id,
-                instance.address,
-                instance.port,
-                replica.shard,
-                self._eject_cooldown,
-                replica.failures,
-                detail,
-            )
-        else:
-            log.debug(
-                "data server %s (%s:%d) %s: %s",
-                instance.id,
-                instance.address,
-                instance.port,
-                result,
-                detail,
-            )
-
-    def _ejection_cap_reached(self, now: float) -> bool:
-        # When many servers fail at once the cause is more likely on our side (a CPU
-        # stall, a network blip) than theirs; ejecting them all would turn a slow moment
-        # into empty answers. Discovery still removes servers that are really down.
-        ejected = len(self._ejected_now(now))
-        if ejected + 1 > max(1, int(self._max_ejected_share * self._routes.routable)):
-            # At the cap every further failure lands here, hundreds a second in a
-            # stall: one line per interval, with the count, keeps the log (and the CPU
-            # it costs, when the stall is CPU) bounded.
-            self._cap_refusals += 1
-            if now - self._cap_logged_at >= _CAP_LOG_INTERVAL:
-                log.warning(
-                    "not ejecting more data servers: %d of %d already ejected (cap "
-                    "%.0f%%); %d ejection(s) refused since the last such line",
-                    ejected,
-                    self._routes.routable,
-                    self._max_ejected_share * 100,
-                    self._cap_refusals,
-                )
-                self._cap_logged_at = now
-                self._cap_refusals = 0
-            return True
-        return False
-
-    def _record_success(self, replica: Replica, *, probe: bool = False) -> None:
-        self._pending_ok += 1
-        ejected = replica.is_ejected(self._clock())
-        if probe and ejected:
-            # Its count may already be 0 (an answer to a request sent before the
-            # ejection): the probe's answer ends the ejection all the same.
-            log.info(
-                "data server %s answered a probe: its ejection ends early (its shard had "
-                "no other usable replica)",
-                replica.instance.id,
-            )
-        elif replica.failures == 0:
             return
-        elif ejected:
-            # A request sent before the ejection: it resets the count but the ejection
-            # runs its course, so that a flapping server does not bounce straight back
-            # (its shard's other replicas take its share meanwhile).
-            replica.failures = 0
-            return
-        elif replica.ejected_until is not None:
-            log.info("data server %s answers again after its ejection", replica.instance.id)
-        replica.failures = 0
-        replica.ejected_until = None
-        self._ejected.discard(replica)
-
-    def _ejected_now(self, now: float) -> set[Replica]:
-        """The replicas ejected at ``now`` (forgetting those whose cool-down ran out)."""
-        expired = [r for r in self._ejected if not r.is_ejected(now)]
-        self._ejected.difference_update(expired)
-        return self._ejected
-
-
-def _hedge_window(
-    replicas: list[Replica], primary: Replica, everyone: LatencyWindow | None = None
-) -> LatencyWindow | None:
-    """The latency window a request to ``primary`` is judged by: a shard's request out
-    longer than its p95 is worth a hedge.
-
-    The window of lowest p95 among ``replicas`` other than ``primary``; when none of
-    them has one yet, ``primary``'s own; when it has none either, ``everyone``'s (every
-    answer this fan-out got, whichever replica); None if that has none.
-
-    The fallbacks matter because adaptive selection sends most of a shard's requests to
-    its faster replica: the other may have too few answers for a window, and without
-    one a replica that turned slow was never hedged, costing a timed-out shard per
-    query until it was ejected (the demo's slow-down phase, 6 to 10 partial answers of
-    73). Its own p95 is what it answered in before it turned slow. And right after a
-    search server starts no replica has a window: a data-server process stalling then
-    cost every query its shards (the compose check's first queries after "up"), while
-    one query's answers already tell what a sub-request usually takes.
-    """
-    best: LatencyWindow | None = None
-    best_p95 = math.inf
-    for replica in replicas:
-        window = replica.window
-        if replica is primary or window is None:
-            continue
-        p95 = window.p95
-        if p95 is not None and p95 < best_p95:
-            best, best_p95 = window, p95
-    if best is not None:
-        return best
-    own = primary.window
-    if own is not None and own.p95 is not None:
-        return own
-    if everyone is not None and everyone.p95 is not None:
-        return everyone
-    return None
+        instance = replica.instance
+        log.debug(
+            "data server %s (%s:%d) %s: %s",
+            instance.id,
+            instance.address,
+            instance.port,
+            result,
+            detail,
+        )
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

@@ -89,7 +89,7 @@ class Replica:
     failures: int = 0
     ejected_until: float | None = None
     # While ejected with no other usable replica in its shard: no probe before this
-    # (the fan-out's clock; see FanOut._probe_target).
+    # (the fan-out's clock; see OutlierEjection.probe).
     next_probe: float = 0.0
     # Adaptive selection's discount of this replica's rank, for the picks it lost since
     # its last answer (see AdaptiveReplicaSelection); the EWMAs themselves stay true.

@@ -619,7 +619,7 @@ async def test_no_more_than_the_cap_is_ejected_at_once(
     # Four servers failing together look like trouble on our side: half at most go.
     servers = [_stopped(f"ds-down-{i}", shard=i) for i in range(4)]
     fanout = FanOut(client, registry=registry, eject_after=1, max_ejected_share=0.5)
-    with caplog.at_level(logging.WARNING, logger="search_server.fanout"):
+    with caplog.at_level(logging.WARNING, logger="search_server.ejection"):
         for _ in range(5):
             result = await fanout.search(servers, QUERIES[0], 10, 2000)
             assert result.shards["total"] == 4

@@ -18,8 +18,9 @@ from data_server.corpus import sample_queries
 from discovery.address import NetworkPolicy, parse_networks
 from discovery.instance import ServiceInstance
 from search_server import picking
-from search_server.fanout import MAX_HIT_FIELDS, MAX_HIT_TEXT, FanOut
+from search_server.fanout import FanOut
 from search_server.httpclient import HttpClient
+from search_server.merging import MAX_HIT_FIELDS, MAX_HIT_TEXT
 from search_server.routing import RoutingTable
 from tests.support import DataServerFactory, FakeClock, instance_of, make_instance, sample
 

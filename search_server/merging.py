@@ -1,0 +1,232 @@
+"""Turn the shards' answers to one query into its ranked, bounded result.
+
+A data server's answer is validated before anything of it is used (:func:`ranked_hits`):
+a hit is a flat, bounded record, so that no answer can make the search server's own
+response fail to encode (a hit nested 900 levels deep did) or weigh more than ``k``
+hits should; error messages quote at most a short excerpt of what was sent. Hits are
+validated in place and only the merged top ``k`` are copied with their shard
+(:func:`merge`), because a 100-shard query validates 100 answers on the search
+server's CPU.
+
+Pure functions: no I/O, no clock, no metrics (the fan-out counts what :func:`merge`
+returns).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+__all__ = [
+    "MAX_HIT_FIELDS",
+    "MAX_HIT_ID",
+    "MAX_HIT_TEXT",
+    "BadAnswer",
+    "FanOutResult",
+    "Ranked",
+    "ShardAnswer",
+    "ShardOutcome",
+    "feedback",
+    "merge",
+    "ranked_hits",
+]
+
+#: Most fields one hit may carry (``id``, ``score``, ``title``... are a handful).
+MAX_HIT_FIELDS = 32
+#: Longest hit ``id`` and longest text field of a hit, in characters.
+MAX_HIT_ID = 1024
+MAX_HIT_TEXT = 8192
+_MAX_FIELD_NAME = 64
+# What an error message or log line shows of what a data server sent.
+_EXCERPT = 80
+
+#: How a shard's part of a query ended.
+ShardOutcome = Literal["ok", "failed", "timed_out"]
+
+#: A hit as the merge ranks it: (-score, id, shard, the data server's hit object).
+Ranked = tuple[float, str, int, dict[str, Any]]
+
+
+class BadAnswer(ValueError):
+    """A data server answered, but not with a usable search result."""
+
+
+@dataclass(frozen=True, slots=True)
+class FanOutResult:
+    """The merged answer of one query, in the shape of the search server's ``/search``.
+
+    ``shards`` has the integer keys ``total``, ``ok``, ``failed``, ``timed_out`` and
+    ``cut``: ``ok`` counts the shards that answered, ``cut`` those of them whose data
+    server stopped its search at the request's budget and sent the best hits it had
+    found (so ``cut <= ok``). ``partial`` is true when any shard failed, timed out or
+    was cut, i.e. ``hits`` may miss documents of those shards. ``took_ms`` is the
+    fan-out's wall time.
+    """
+
+    hits: list[dict[str, Any]]
+    shards: dict[str, int]
+    partial: bool
+    took_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The brief's response body, as fresh JSON-ready objects."""
+        return {
+            "hits": [dict(hit) for hit in self.hits],
+            "shards": dict(self.shards),
+            "partial": self.partial,
+            "took_ms": self.took_ms,
+        }
+
+
+class ShardAnswer(Protocol):
+    """What :func:`merge` reads of one shard's part of a query, once it has ended.
+
+    ``hits`` is the shard's answer as :func:`ranked_hits` returned it, ``None`` if it
+    gave none; ``outcome`` tells a timeout from a failure then; ``cut`` says the data
+    server stopped its search at the request's budget.
+    """
+
+    @property
+    def hits(self) -> list[Ranked] | None: ...
+
+    @property
+    def outcome(self) -> ShardOutcome: ...
+
+    @property
+    def cut(self) -> bool: ...
+
+
+def _excerpt(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _EXCERPT else text[: _EXCERPT - 3] + "..."
+
+
+def _flat_field(key: object, value: object) -> str | None:
+    """Why a hit's field is not a flat, bounded JSON scalar, or None if it is."""
+    if type(key) is not str or len(key) > _MAX_FIELD_NAME:
+        return f"a hit has a field name that is not a short string: {_excerpt(key)}"
+    kind = type(value)
+    if kind is str:
+        if len(value) > MAX_HIT_TEXT:  # type: ignore[arg-type]
+            return f"a hit's {_excerpt(key)} is longer than {MAX_HIT_TEXT} characters"
+        return None
+    if kind is float:
+        return None if math.isfinite(value) else f"a hit's {_excerpt(key)} is not finite"  # type: ignore[arg-type]
+    if kind is int or kind is bool or value is None:
+        return None
+    return f"a hit's {_excerpt(key)} is not a flat JSON value: {_excerpt(value)}"
+
+
+def ranked_hits(body: Any, shard: int, k: int) -> list[Ranked]:
+    """Validate a data server's answer; its first ``k`` hits, ready for the merge.
+
+    A hit is a flat record: a string ``id`` (at most :data:`MAX_HIT_ID` characters), a
+    finite number ``score`` and at most :data:`MAX_HIT_FIELDS` fields in all, each a
+    string (at most :data:`MAX_HIT_TEXT` characters), a finite number, a boolean or
+    null. So no answer can make the search server's own response fail to encode (a
+    nested hit a thousand levels deep did) or grow past what ``k`` hits should weigh.
+    The hit objects are the decoded ones, not copied: only the merged top ``k`` are.
+
+    Raises:
+        BadAnswer: not the data server's ``{"hits":[{"id","score",…}],"shard":n}``;
+            the message quotes at most a short excerpt of what was sent.
+    """
+    if type(body) is not dict:
+        raise BadAnswer(f"answer is not a JSON object: {_excerpt(body)}")
+    raw_hits = body.get("hits")
+    if type(raw_hits) is not list:
+        raise BadAnswer(f"answer has no 'hits' list: {_excerpt(raw_hits)}")
+    answered_shard = body.get("shard", shard)
+    if answered_shard != shard:
+        # A stale registration whose port now belongs to a server of another shard:
+        # merging its hits would return another shard's documents twice.
+        raise BadAnswer(
+            f"answered for shard {_excerpt(answered_shard)}, registered for shard {shard}"
+        )
+    ranked: list[Ranked] = []
+    isfinite = math.isfinite
+    for hit in raw_hits[:k]:
+        if type(hit) is not dict:
+            raise BadAnswer(f"a hit is not a JSON object: {_excerpt(hit)}")
+        hit_id, score = hit.get("id"), hit.get("score")
+        if type(hit_id) is not str or len(hit_id) > MAX_HIT_ID:
+            raise BadAnswer(
+                f"a hit's 'id' is not a string of at most {MAX_HIT_ID}: {_excerpt(hit_id)}"
+            )
+        if (type(score) is not float and type(score) is not int) or not isfinite(score):
+            raise BadAnswer(f"hit {_excerpt(hit_id)} has no finite 'score': {_excerpt(score)}")
+        if len(hit) > MAX_HIT_FIELDS:
+            raise BadAnswer(
+                f"hit {_excerpt(hit_id)} has {len(hit)} fields, more than {MAX_HIT_FIELDS}"
+            )
+        for key, value in hit.items():
+            # Inline for the common fields (this runs for every hit of every answer);
+            # _flat_field says what is wrong with one that is not fine.
+            kind = type(value)
+            if (
+                (kind is str and len(value) <= MAX_HIT_TEXT)
+                or (kind is float and isfinite(value))
+                or kind is int
+                or kind is bool
+                or value is None
+            ) and len(key) <= _MAX_FIELD_NAME:
+                continue
+            raise BadAnswer(_flat_field(key, value) or "a hit has an unusable field")
+        ranked.append((-score, hit_id, shard, hit))
+    return ranked
+
+
+def feedback(body: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The data server's reported search time (seconds) and requests in flight, if sane.
+
+    Either is ``None`` when missing, of another type or out of range: the answer's hits
+    may still be used, only the picker's feedback is left out.
+    """
+    took, queue = body.get("took_ms"), body.get("queue")
+    service = None
+    if (type(took) is float or type(took) is int) and 0 <= took < 3.6e6:
+        service = took / 1000
+    reported = float(queue) if type(queue) is int and 0 <= queue < 1_000_000 else None
+    return service, reported
+
+
+def merge(shards: Sequence[ShardAnswer], k: int, took_ms: float) -> FanOutResult:
+    """The top ``k`` hits of the shards that answered, each marked with its shard, and
+    the count of shards by outcome.
+
+    A shard without hits counts as ``timed_out`` or ``failed`` by its ``outcome``;
+    one that answered ``cut`` counts as ``ok`` and in ``cut``. Hits of equal score and
+    id rank by shard. Never raises for answers :func:`ranked_hits` returned.
+    """
+    answered = 0
+    timed_out = 0
+    cut = 0
+    candidates: list[Ranked] = []
+    for answer in shards:
+        hits = answer.hits
+        if hits is None:
+            if answer.outcome == "timed_out":
+                timed_out += 1
+            continue
+        answered += 1
+        cut += answer.cut
+        candidates.extend(hits)
+    failed = len(shards) - answered - timed_out
+    # Each shard's hits are already its top k: the top k overall are among them.
+    # Ties of score and id are broken by shard, so the hit objects are never compared.
+    top = heapq.nsmallest(k, candidates)
+    return FanOutResult(
+        hits=[{**hit, "shard": shard} for _, _, shard, hit in top],
+        shards={
+            "total": len(shards),
+            "ok": answered,
+            "failed": failed,
+            "timed_out": timed_out,
+            "cut": cut,
+        },
+        partial=failed + timed_out + cut > 0,
+        took_ms=round(took_ms, 3),
+    )

@@ -1,0 +1,163 @@
+"""The merge of the shards' answers as pure functions: decoded answers in, the ranked,
+bounded result out."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from search_server.merging import (
+    MAX_HIT_FIELDS,
+    MAX_HIT_ID,
+    MAX_HIT_TEXT,
+    BadAnswer,
+    Ranked,
+    ShardOutcome,
+    feedback,
+    merge,
+    ranked_hits,
+)
+
+
+@dataclass
+class Shard:
+    """One shard's end of a query, as the fan-out's call holds it."""
+
+    hits: list[Ranked] | None
+    outcome: ShardOutcome = "ok"
+    cut: bool = False
+
+
+def answered(shard: int, *hits: tuple[str, float], k: int = 10, cut: bool = False) -> Shard:
+    body = {"hits": [{"id": i, "score": s} for i, s in hits], "shard": shard}
+    return Shard(ranked_hits(body, shard, k), cut=cut)
+
+
+def test_the_top_k_across_shards_each_with_its_shard() -> None:
+    shards = [
+        answered(0, ("a", 9.0), ("b", 3.0)),
+        answered(1, ("c", 7.0), ("d", 5.0)),
+        answered(2, ("e", 8.0)),
+    ]
+    result = merge(shards, 3, 12.3456)
+
+    assert result.hits == [
+        {"id": "a", "score": 9.0, "shard": 0},
+        {"id": "e", "score": 8.0, "shard": 2},
+        {"id": "c", "score": 7.0, "shard": 1},
+    ]
+    assert result.shards == {"total": 3, "ok": 3, "failed": 0, "timed_out": 0, "cut": 0}
+    assert not result.partial
+    assert result.took_ms == 12.346
+
+
+def test_ties_rank_by_id_then_shard() -> None:
+    shards = [answered(1, ("x", 1.0), ("a", 1.0)), answered(0, ("x", 1.0))]
+    hits = merge(shards, 10, 1.0).hits
+    assert [(h["id"], h["shard"]) for h in hits] == [("a", 1), ("x", 0), ("x", 1)]
+
+
+def test_shards_are_counted_by_outcome_and_any_miss_is_partial() -> None:
+    shards = [
+        answered(0, ("a", 1.0)),
+        answered(1, ("b", 2.0), cut=True),
+        Shard(None, "failed"),
+        Shard(None, "timed_out"),
+        Shard(None, "timed_out"),
+    ]
+    result = merge(shards, 10, 500.0)
+    assert result.shards == {"total": 5, "ok": 2, "failed": 1, "timed_out": 2, "cut": 1}
+    assert result.partial
+    assert [h["id"] for h in result.hits] == ["b", "a"]
+
+
+def test_a_cut_answer_alone_makes_the_result_partial() -> None:
+    result = merge([answered(0, ("a", 1.0), cut=True)], 10, 1.0)
+    assert result.shards["ok"] == 1
+    assert result.partial
+
+
+def test_only_the_merged_hits_are_copied() -> None:
+    body = {"hits": [{"id": "a", "score": 1.0, "title": "t"}], "shard": 0}
+    ranked = ranked_hits(body, 0, 10)
+    assert ranked[0][3] is body["hits"][0]
+    result = merge([Shard(ranked)], 10, 1.0)
+    assert result.hits == [{"id": "a", "score": 1.0, "title": "t", "shard": 0}]
+    assert "shard" not in body["hits"][0]
+    # The result's dict form is fresh objects again.
+    assert result.to_dict()["hits"][0] is not result.hits[0]
+
+
+def test_an_answer_gives_at_most_k_hits() -> None:
+    body = {"hits": [{"id": f"d{i}", "score": float(i)} for i in range(5)], "shard": 3}
+    assert [(hit_id, shard) for _, hit_id, shard, _ in ranked_hits(body, 3, 2)] == [
+        ("d0", 3),
+        ("d1", 3),
+    ]
+
+
+def test_hits_at_the_bounds_are_accepted() -> None:
+    hit: dict[str, Any] = {"id": "i" * MAX_HIT_ID, "score": 1, "title": "x" * MAX_HIT_TEXT}
+    hit.update(flag=True, rank=1.5, **{f"f{i}": None for i in range(MAX_HIT_FIELDS - 5)})
+    assert len(hit) == MAX_HIT_FIELDS
+    assert len(ranked_hits({"hits": [hit]}, 0, 10)) == 1
+
+
+def _hit(**fields: object) -> dict[str, object]:
+    return {"hits": [{"id": "d1", "score": 1.0, **fields}], "shard": 0}
+
+
+@pytest.mark.parametrize(
+    ("body", "complaint"),
+    [
+        ([], "not a JSON object"),
+        ({"shard": 0}, "no 'hits' list"),
+        ({"hits": [], "shard": 1}, "answered for shard 1, registered for shard 0"),
+        ({"hits": ["d1"]}, "a hit is not a JSON object"),
+        ({"hits": [{"id": 1, "score": 1.0}]}, "'id' is not a string"),
+        ({"hits": [{"id": "i" * (MAX_HIT_ID + 1), "score": 1.0}]}, "'id' is not a string"),
+        ({"hits": [{"id": "d1", "score": math.nan}]}, "no finite 'score'"),
+        ({"hits": [{"id": "d1", "score": "1"}]}, "no finite 'score'"),
+        ({"hits": [{"id": "d1", "score": True}]}, "no finite 'score'"),
+        (_hit(**{f"f{i}": i for i in range(MAX_HIT_FIELDS - 1)}), "33 fields, more than 32"),
+        (_hit(title="x" * (MAX_HIT_TEXT + 1)), "longer than"),
+        (_hit(rank=math.inf), "not finite"),
+        (_hit(nested={"a": [1]}), "not a flat JSON value"),
+        (_hit(**{"n" * 65: 1}), "field name that is not a short string"),
+    ],
+)
+def test_a_malformed_answer_is_refused(body: object, complaint: str) -> None:
+    with pytest.raises(BadAnswer, match=complaint):
+        ranked_hits(body, 0, 10)
+
+
+def test_a_refusal_quotes_a_bounded_excerpt() -> None:
+    with pytest.raises(BadAnswer) as refused:
+        ranked_hits(_hit(nested=["y" * 10_000]), 0, 10)
+    assert len(str(refused.value)) < 250
+    assert str(refused.value).endswith("...")
+
+
+def test_a_bad_answer_is_a_value_error() -> None:
+    # The fan-out counts it as it counts undecodable JSON: a failed sub-request.
+    assert issubclass(BadAnswer, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"took_ms": 12, "queue": 3}, (0.012, 3.0)),
+        ({"took_ms": 1.5}, (0.0015, None)),
+        ({"took_ms": -1, "queue": -1}, (None, None)),
+        ({"took_ms": 4e6, "queue": 10**6}, (None, None)),
+        ({"took_ms": "12", "queue": 2.0}, (None, None)),
+        ({}, (None, None)),
+    ],
+)
+def test_feedback_is_taken_only_when_sane(
+    body: dict[str, Any], expected: tuple[float | None, float | None]
+) -> None:
+    assert feedback(body) == expected
