@@ -46,6 +46,7 @@ __all__ = [
     "FencedError",
     "InvalidInstanceError",
     "InvalidMarkerError",
+    "KazooIncompatibleError",
     "MalformedLiveListError",
     "MalformedMetaError",
     "OverloadedError",
@@ -171,6 +172,11 @@ class RegistrationConflictError(ZkError):
         self.path = path
         self.owner_session = owner_session
         self.impersonated = impersonated
+
+
+class KazooIncompatibleError(DiscoveryError, ImportError):
+    """The installed kazoo lacks an internal that :mod:`discovery.zk` relies on (raised
+    when :mod:`discovery.zk` is imported; the message names the kazoo version)."""
 
 
 class DevClusterError(DiscoveryError):

@@ -75,9 +75,9 @@ from typing import Any, ClassVar, Final
 
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient
-from kazoo.protocol.paths import _prefix_root
 
 from discovery.errors import ZkConnectionError, ZkError, ZkNoNodeError, ZkUnsupportedError
+from discovery.zk import _kazoo
 from discovery.zk.session import NodeStat, ZkSession, translate_kazoo_error
 
 __all__ = [
@@ -209,7 +209,7 @@ class _Sender:
 
     def multi_read_async(self, request: MultiRead) -> Any:
         result = self.client.handler.async_result()
-        self.client._call(request, result)
+        _kazoo.submit(self.client, request, result)
         return result
 
 
@@ -287,7 +287,7 @@ async def read_many(
     if session in _unsupported:
         return await _read_singly(session, wanted)
     chroot = session.client.chroot or ""
-    encoded = [_prefix_root(chroot, path).encode("utf-8") for path in wanted]
+    encoded = [_kazoo.prefix_root(chroot, path).encode("utf-8") for path in wanted]
     results: list[ReadResult | None] = [None] * len(wanted)
     plan = _Plan(encoded, batch, response_budget)
     started = time.monotonic()

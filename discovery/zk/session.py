@@ -82,6 +82,7 @@ from discovery.errors import (
     ZkSessionExpiredError,
 )
 from discovery.metrics import SessionMetrics
+from discovery.zk import _kazoo
 
 __all__ = [
     "NodeStat",
@@ -327,8 +328,7 @@ class ZkSession:
     ) -> None:
         self._client = client
         self._client_factory = client_factory
-        # kazoo keeps the requested timeout in milliseconds; it has no public accessor.
-        requested = getattr(client, "_session_timeout", 10_000) / 1000.0
+        requested = _kazoo.requested_session_timeout(client)
         self._lost_after = lost_after if lost_after is not None else requested
         # The watchdog: armed while disconnected, fired lost_after later.
         self._watchdog: asyncio.TimerHandle | None = None

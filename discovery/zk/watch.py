@@ -22,7 +22,8 @@ of its methods; the class and other clients are untouched): the original method 
 first, unchanged, then events under a watched path are dispatched to our watches on
 kazoo's own callback thread, in wire order, with the chroot stripped as kazoo does.
 The hook never lets an error of ours into kazoo's connection loop, and it is removed
-when the client's last watch stops.
+when the client's last watch stops. Every private name of kazoo used here is reached
+through :mod:`discovery.zk._kazoo`, which checks them all when it is imported.
 
 Connections, sessions and the ``resync`` event. A ZooKeeper server keeps watches per
 *connection*: the Java client re-registers them after a reconnect with SetWatches2
@@ -67,11 +68,11 @@ from typing import Any, ClassVar, Final
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.protocol.paths import _prefix_root
 from kazoo.protocol.serialization import Exists, GetData, Watch
 from kazoo.protocol.states import Callback, EventType, KazooState, WatchedEvent
 
 from discovery.errors import ZkConnectionError, ZkError, ZkUnsupportedError
+from discovery.zk import _kazoo
 from discovery.zk.session import (
     SessionEvent,
     SessionState,
@@ -179,9 +180,9 @@ class _OwnedAddWatch(AddWatch):
 class _Hook:
     """What one kazoo client's connection runs for our watches (one per client).
 
-    Installed as instance attributes of ``client._connection`` shadowing
-    ``_read_watch_event`` and ``_read_response``; both run on the connection thread and
-    call kazoo's own method first. ``_roots`` (chrooted path -> prefix and watches) is
+    Installed on the client's connection by :func:`discovery.zk._kazoo.shadow_readers`
+    (kazoo's internals stay there); both readers run on the connection thread and call
+    kazoo's own first. ``_roots`` (chrooted path -> prefix and watches) is
     replaced, never mutated, so the connection thread reads it without a lock.
     """
 
@@ -190,7 +191,7 @@ class _Hook:
 
     def __init__(self, client: KazooClient) -> None:
         self._client = client
-        self._connection = client._connection
+        self._connection = _kazoo.connection(client)
         self._roots: dict[str, tuple[str, tuple[PersistentRecursiveWatch, ...]]] = {}
         self._original_event: Callable[[bytes, int], None] | None = None
         self._original_response: Callable[[Any, bytes, int], Any] | None = None
@@ -224,24 +225,17 @@ class _Hook:
     def _install(self) -> None:
         if self._installed:
             return
-        connection = self._connection
-        self._original_event = connection._read_watch_event
-        self._original_response = connection._read_response
-        connection._read_watch_event = self._read_watch_event
-        connection._read_response = self._read_response
+        self._original_event, self._original_response = _kazoo.shadow_readers(
+            self._connection, self._read_watch_event, self._read_response
+        )
         self._installed = True
 
     def _uninstall(self) -> None:
-        # Only if nobody shadowed the methods after us; else we stay in their chain,
+        # Only if nobody shadowed the readers after us; else we stay in their chain,
         # delivering nothing, and are not installed a second time.
-        connection = self._connection
-        if (
-            self._installed
-            and connection.__dict__.get("_read_watch_event") == self._read_watch_event
-            and connection.__dict__.get("_read_response") == self._read_response
+        if self._installed and _kazoo.restore_readers(
+            self._connection, self._read_watch_event, self._read_response
         ):
-            del connection._read_watch_event
-            del connection._read_response
             self._installed = False
 
     # -- on kazoo's connection thread ---------------------------------------------
@@ -256,7 +250,7 @@ class _Hook:
             event, _ = Watch.deserialize(buffer, offset)
             kind = _KINDS.get(event.type)
             client = self._client
-            if kind is None or client._stopped.is_set():
+            if kind is None or _kazoo.is_stopped(client):
                 return
             path: str = event.path
             for root, (prefix, watches) in roots.items():
@@ -269,10 +263,7 @@ class _Hook:
 
     def _read_response(self, header: Any, buffer: bytes, offset: int) -> Any:
         assert self._original_response is not None
-        try:
-            request = self._client._pending[0][0]
-        except IndexError:
-            request = None
+        request = _kazoo.oldest_pending_request(self._client)
         result = self._original_response(header, buffer, offset)
         if request is not None and self._roots:
             try:
@@ -298,7 +289,7 @@ class _Hook:
 
     def _orphaned_child_watchers(self, path: str) -> None:
         client = self._client
-        watchers = client._child_watchers.pop(path, None)
+        watchers = _kazoo.pop_child_watchers(client, path)
         if not watchers:
             return
         log.info(
@@ -307,7 +298,7 @@ class _Hook:
             path,
             len(watchers),
         )
-        event = WatchedEvent(EventType.CHILD, client._state, client.unchroot(path))
+        event = WatchedEvent(EventType.CHILD, _kazoo.client_state(client), client.unchroot(path))
         for watcher in watchers:
             client.handler.dispatch_callback(Callback("watch", watcher, (event,)))
 
@@ -342,7 +333,7 @@ class PersistentRecursiveWatch:
             raise ValueError(f"the watched path must be absolute, got {path!r}")
         self._client = client
         self._path = path
-        self._server_path: str = _prefix_root(client.chroot or "", path)
+        self._server_path: str = _kazoo.prefix_root(client.chroot or "", path)
         self._callback = callback
         self._lock = threading.Lock()
         self._state = _NEW
@@ -404,7 +395,7 @@ class PersistentRecursiveWatch:
         try:
             while True:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not client._live.wait(remaining):
+                if remaining <= 0 or not _kazoo.wait_live(client, remaining):
                     hint = (
                         f"; the connection was lost {losses} time(s) in answer to addWatch "
                         "(a ZooKeeper before 3.6 closes it)"
@@ -418,7 +409,7 @@ class PersistentRecursiveWatch:
                 with self._lock:
                     connections = self._connections
                 result = client.handler.async_result()
-                client._call(_OwnedAddWatch(self._server_path, owner=self), result)
+                _kazoo.submit(client, _OwnedAddWatch(self._server_path, owner=self), result)
                 try:
                     result.get(timeout=max(0.0, deadline - time.monotonic()))
                 except (kz.ConnectionLoss, kz.SessionExpiredError) as exc:
@@ -476,7 +467,7 @@ class PersistentRecursiveWatch:
             )
             return
         result = client.handler.async_result()
-        client._call(RemoveWatches(self._server_path), result)
+        _kazoo.submit(client, RemoveWatches(self._server_path), result)
         try:
             result.get(timeout=timeout)
         except (kz.NoWatcherError, kz.ConnectionLoss, kz.SessionExpiredError):
@@ -506,9 +497,9 @@ class PersistentRecursiveWatch:
     def _kazoo_watches_path(self) -> bool:
         client = self._client
         path = self._server_path
-        if client._data_watchers.get(path) or client._child_watchers.get(path):
+        if _kazoo.has_one_shot_watch(client, path):
             return True
-        in_flight = [entry[0] for entry in list(client._pending) + list(client._queue)]
+        in_flight = _kazoo.in_flight_requests(client)
         return any(
             getattr(r, "path", None) == path and getattr(r, "watcher", None) for r in in_flight
         )
@@ -532,7 +523,9 @@ class PersistentRecursiveWatch:
         log.info("re-adding the persistent watch on %s: %s", self._server_path, why)
         result = self._client.handler.async_result()
         result.rawlink(self._readd_done)
-        self._client._call(_OwnedAddWatch(self._server_path, owner=self, resync=True), result)
+        _kazoo.submit(
+            self._client, _OwnedAddWatch(self._server_path, owner=self, resync=True), result
+        )
 
     def _readd_done(self, result: Any) -> None:
         """Completion thread: only failures matter here (success is seen by the hook)."""
