@@ -18,8 +18,8 @@ from data_server.server import MAX_QUERY_LENGTH, DataServer
 from discovery.adminauth import admin_headers
 from discovery.agent.agent import AgentState
 from discovery.config import AgentConfig, ClusterConfig, ZkConfig
-from discovery.errors import ConfigError
-from discovery.instance import InstanceState
+from discovery.errors import ConfigError, InvalidInstanceError
+from discovery.instance import InstanceState, ServiceInstance
 from discovery.zk.expiry import expire_session
 from discovery.zk.membership import MembershipWatcher
 from discovery.zk.paths import DATA_SERVERS_PATH
@@ -407,6 +407,68 @@ async def test_flap_damping_holds_a_flapping_server_out(
     # After the cool-down it comes back by itself.
     await eventually(lambda: _state(server) is AgentState.SERVING, message="after cool-down")
     await eventually(lambda: observer.exists(path), message="re-registered")
+
+
+async def test_update_instance_rewrites_the_node_and_survives_offline_and_online(
+    make_session: SessionFactory, make_data_server: DataServerFactory
+) -> None:
+    """A server whose index grew publishes its new ``docs`` count through the agent: the
+    registered node is rewritten in place, and the next registration carries it."""
+    observer = await make_session()
+    server = await make_data_server(instance_id="ds-update", docs=300)
+    agent = server.agent
+    assert agent is not None
+    path = f"{DATA_SERVERS_PATH}/ds-update"
+    await eventually(lambda: observer.exists(path), message="registered")
+    raw, created = await observer.get(path)
+    created_instance = ServiceInstance.from_json(raw)
+
+    def with_docs(docs: int) -> ServiceInstance:
+        # Derived from the agent's instance, so its state and registration time stay.
+        current = agent.instance
+        return dataclasses.replace(current, payload=dataclasses.replace(current.payload, docs=docs))
+
+    # The blocking flavour, as a threaded server would call it...
+    await asyncio.to_thread(agent.update_instance, with_docs(600))
+    data, stat = await observer.get(path)
+    assert ServiceInstance.from_json(data).payload.docs == 600
+    # ...in place: the same node of the same session, one more version.
+    assert (stat.czxid, stat.ephemeral_owner) == (created.czxid, created.ephemeral_owner)
+    assert stat.version == created.version + 1
+    # ...and the awaitable one.
+    grown = with_docs(900)
+    await agent.aupdate_instance(grown)
+    data, _ = await observer.get(path)
+    assert ServiceInstance.from_json(data) == grown
+    assert agent.instance == grown
+
+    await agent.atake_offline("reindex")
+    assert await observer.exists(path) is None
+    # What the agent owns is not the caller's to change: an update built from a stale
+    # copy (serving, an old registration time) while offline brings nothing back.
+    stale = dataclasses.replace(
+        created_instance, payload=dataclasses.replace(created_instance.payload, docs=950)
+    )
+    await agent.aupdate_instance(stale)
+    assert await observer.exists(path) is None
+    assert agent.status().state is AgentState.ADMIN_OFFLINE
+    assert agent.instance.payload.docs == 950
+    assert agent.instance.registration_time_utc == grown.registration_time_utc
+    with pytest.raises(InvalidInstanceError, match="ds-other"):
+        await agent.aupdate_instance(dataclasses.replace(stale, id="ds-other"))
+    await agent.abring_online()
+    await eventually(lambda: observer.exists(path), message="registered again")
+    data, stat = await observer.get(path)
+    again = ServiceInstance.from_json(data)
+    # A new registration (new node, new registration time, serving again), with the
+    # updated count.
+    assert again.payload.docs == 950
+    assert again.payload.state is InstanceState.SERVING
+    assert again.payload.reason is None
+    assert again.enabled
+    assert again.registration_time_utc >= grown.registration_time_utc
+    assert stat.czxid != created.czxid
+    assert agent.status().state is AgentState.SERVING
 
 
 async def test_session_expiry_reregisters_without_operator(

@@ -25,6 +25,10 @@ node goes by ending the session instead, and a new session is opened at once
 expiry the registration re-creates the node by itself if, and only if, the agent
 still wants to be online.
 
+What to do when is decided by a :class:`~discovery.agent.policy.HealthPolicy`, a plain
+object fed the probes' results and a clock (its module spells the rules out); the
+agent carries its decisions out with ZooKeeper calls, metrics and logs.
+
 The public methods are thread-safe and come in two flavours: blocking ones for
 threaded servers (``start``, ``drain``, ``stop``...) and awaitable ones for asyncio
 servers (``astart``, ``adrain``, ``astop``...), which wait without blocking the
@@ -36,10 +40,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -47,9 +49,10 @@ from typing import Any, TypeVar
 from prometheus_client import CollectorRegistry
 
 from discovery.agent.loopthread import LoopThread
+from discovery.agent.policy import Action, AgentState, HealthPolicy, ProbeResult
 from discovery.agent.probes import Probe
 from discovery.config import AgentConfig, ZkConfig
-from discovery.errors import DiscoveryError, ProbeFailed, ZkError
+from discovery.errors import DiscoveryError, InvalidInstanceError, ProbeFailed, ZkError
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.metrics import AgentMetrics
 from discovery.zk.acl import CREATE, Access, check_access
@@ -62,26 +65,6 @@ __all__ = ["Agent", "AgentState", "AgentStatus", "ProbeResult"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class AgentState(enum.StrEnum):
-    STARTING = "starting"
-    SERVING = "serving"
-    OFFLINE = "offline"
-    DAMPED = "damped"
-    ADMIN_OFFLINE = "admin_offline"
-    DRAINING = "draining"
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    """One probe's outcome. ``kind`` is ok, error, timeout or slow."""
-
-    ok: bool
-    kind: str
-    latency: float
-    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -162,19 +145,14 @@ class Agent:
         self._metrics = AgentMetrics(self._registry, [s.value for s in AgentState])
         # Everything below is touched only on the agent's loop, except the immutable
         # status snapshot, which other threads read.
+        self._policy = HealthPolicy(self._config, clock=clock)
         self._session: ZkSession | None = None
         self._registration: Registration | None = None
         self._task: asyncio.Task[None] | None = None
-        # asyncio primitives bind to a loop on first use, which is the agent's.
+        # asyncio primitives bind to a loop on first use, which is the agent's. The
+        # ready event only starts the probe loop; the policy's flag is the one shown.
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
-        self._state = AgentState.STARTING
-        self._reason: str | None = None
-        self._failures = 0
-        self._successes = 0
-        self._last_probe: ProbeResult | None = None
-        self._readmissions: deque[float] = deque()
-        self._damped_until: float | None = None
         self._status = self._snapshot()
 
     # -- public, thread-safe --------------------------------------------------
@@ -256,11 +234,20 @@ class Agent:
         await self._on_agent_loop(self._bring_online())
 
     def update_instance(self, instance: ServiceInstance) -> None:
-        """Publish a new version of our instance (same id), in place if registered."""
-        self._thread.run(self._update_instance(instance))
+        """Publish a new version of our instance, in place if registered (for example a
+        new ``docs`` count after the index grew).
+
+        The caller's address, ports, payload and the rest are taken; what the agent owns
+        is kept: the state and its reason (with ``enabled``) and the registration time.
+        So an update never brings a draining or offline server back, nor revives an old
+        registration time. Raises :class:`~discovery.errors.InvalidInstanceError` if
+        ``instance`` has another id: the id is the node's name.
+        """
+        self._thread.run(self._accept_update(instance))
 
     async def aupdate_instance(self, instance: ServiceInstance) -> None:
-        await self._on_agent_loop(self._update_instance(instance))
+        """The awaitable :meth:`update_instance`."""
+        await self._on_agent_loop(self._accept_update(instance))
 
     def drain(self, grace: float | None = None) -> None:
         """Mark our node draining, keep serving for ``grace`` seconds, then remove it.
@@ -344,16 +331,17 @@ class Agent:
             log.error("agent %s probe loop crashed", self._instance.id, exc_info=task.exception())
 
     def _set_ready(self) -> None:
+        self._policy.set_ready()
         self._ready.set()
         self._wake.set()
         self._publish()
 
     async def _probe_loop(self) -> None:
         await self._ready.wait()
-        while self._state not in (AgentState.DRAINING, AgentState.STOPPED):
+        while not self._policy.finished:
             started = self._clock()
             result = await self._probe_once()
-            if self._state in (AgentState.DRAINING, AgentState.STOPPED):
+            if self._policy.finished:
                 return
             await self._decide(result)
             # The next probe is due one interval after this one started; an admin
@@ -402,58 +390,29 @@ class Agent:
         return result
 
     async def _decide(self, result: ProbeResult) -> None:
-        config = self._config
-        self._last_probe = result
-        if result.ok:
-            self._successes += 1
-            self._failures = 0
-        else:
-            self._failures += 1
-            self._successes = 0
-        state = self._state
-        now = self._clock()
-        if state is AgentState.STARTING and result.ok:
+        """Carry out the policy's decision on ``result`` (the policy is already in its
+        new state)."""
+        decision = self._policy.observe(result)
+        action = decision.action
+        if action is Action.ADMIT:
             await self._admit("ready")
-        elif state is AgentState.SERVING and self._failures >= config.fall:
-            reason = f"{self._failures} failed probes, last: {result.reason}"
+        elif action is Action.LEAVE:
             self._metrics.forced_offline.labels(reason=result.kind).inc()
-            log.warning("taking %s offline: %s", self._instance.id, reason)
-            await self._leave(AgentState.OFFLINE, reason)
-        elif state is AgentState.OFFLINE and self._successes >= config.rise:
-            while self._readmissions and now - self._readmissions[0] > config.flap_window:
-                self._readmissions.popleft()
-            if len(self._readmissions) >= config.flap_max:
-                self._damped_until = now + config.flap_cooldown
-                self._metrics.damped.inc()
-                reason = (
-                    f"flapping: re-admitted {len(self._readmissions)} times in "
-                    f"{config.flap_window:g}s; held out for {config.flap_cooldown:g}s"
-                )
-                log.warning("%s is %s", self._instance.id, reason)
-                self._set_state(AgentState.DAMPED, reason)
-            else:
-                await self._readmit(now)
-        elif (
-            state is AgentState.DAMPED
-            and self._damped_until is not None
-            and now >= self._damped_until
-            and self._successes >= config.rise
-        ):
-            # A fresh start: the cool-down is the penalty for the old flaps.
-            self._readmissions.clear()
-            self._damped_until = None
-            await self._readmit(now)
+            log.warning("taking %s offline: %s", self._instance.id, decision.reason)
+            await self._leave(decision.reason)
+        elif action is Action.DAMP:
+            self._metrics.damped.inc()
+            log.warning("%s is %s", self._instance.id, decision.reason)
+            self._show_state()
+        elif action is Action.READMIT:
+            self._metrics.readmissions.inc()
+            log.info("%s is healthy again; re-registering", self._instance.id)
+            await self._admit(None)
         self._publish()
-
-    async def _readmit(self, now: float) -> None:
-        self._readmissions.append(now)
-        self._metrics.readmissions.inc()
-        log.info("%s is healthy again; re-registering", self._instance.id)
-        await self._admit(None)
 
     async def _admit(self, why: str | None) -> None:
         assert self._registration is not None
-        self._set_state(AgentState.SERVING, None)
+        self._show_state()
         # Every admission is a new registration: serving again (an announced departure
         # left "draining" behind) and stamped now, so that search servers treat the
         # server as a fresh target rather than as the one they ejected before it left.
@@ -475,9 +434,10 @@ class Agent:
             if why:
                 log.info("%s registered (%s)", self._instance.id, why)
 
-    async def _leave(self, state: AgentState, reason: str) -> None:
+    async def _leave(self, reason: str | None) -> None:
+        """Announce the departure the policy decided and delete our node."""
         assert self._registration is not None
-        self._set_state(state, reason)
+        self._show_state()
         if self._registration.registered:
             # Announce the departure before the node goes: readers stop routing at the
             # first write, and the leader knows this removal is deliberate, not one of
@@ -493,19 +453,36 @@ class Agent:
             log.error("deregistering %s failed for now: %s", self._instance.id, exc)
 
     async def _take_offline_admin(self, reason: str) -> None:
-        if self._state in (AgentState.DRAINING, AgentState.STOPPED):
+        if not self._policy.take_offline(reason):
             return
         log.info("taking %s offline on request: %s", self._instance.id, reason)
-        await self._leave(AgentState.ADMIN_OFFLINE, reason)
+        await self._leave(reason)
         self._publish()
 
     async def _bring_online(self) -> None:
-        if self._state is not AgentState.ADMIN_OFFLINE:
+        if not self._policy.bring_online():
             return
-        self._successes = self._failures = 0
-        self._set_state(AgentState.STARTING, None)
+        self._show_state()
         self._wake.set()
         self._publish()
+
+    async def _accept_update(self, instance: ServiceInstance) -> None:
+        current = self._instance
+        if instance.id != current.id:
+            raise InvalidInstanceError(
+                f"update_instance: id {instance.id!r} is not this agent's ({current.id!r})"
+            )
+        payload = dataclasses.replace(
+            instance.payload, state=current.payload.state, reason=current.payload.reason
+        )
+        await self._update_instance(
+            dataclasses.replace(
+                instance,
+                payload=payload,
+                enabled=current.enabled,
+                registration_time_utc=current.registration_time_utc,
+            )
+        )
 
     async def _update_instance(self, instance: ServiceInstance) -> None:
         assert self._registration is not None
@@ -514,11 +491,11 @@ class Agent:
 
     async def _drain(self, grace: float | None) -> None:
         assert self._registration is not None
-        if self._state in (AgentState.DRAINING, AgentState.STOPPED):
+        if not self._policy.drain():
             return
         grace = self._config.drain_grace if grace is None else grace
         was_registered = self._registration.registered
-        self._set_state(AgentState.DRAINING, "draining")
+        self._show_state()
         self._publish()
         log.info("draining %s (grace %gs)", self._instance.id, grace)
         if was_registered:
@@ -541,7 +518,8 @@ class Agent:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._set_state(AgentState.STOPPED, None)
+        self._policy.stop()
+        self._show_state()
         if self._registration is not None:
             await self._registration.aclose(session_closing=self._session is not None)
         closer = getattr(self._probe, "aclose", None)
@@ -551,25 +529,23 @@ class Agent:
             await self._session.aclose()
         self._publish()
 
-    def _set_state(self, state: AgentState, reason: str | None) -> None:
-        self._state = state
-        self._reason = reason
-        self._metrics.state.state(state.value)
+    def _show_state(self) -> None:
+        """The state metric follows the policy's state (after every change of it)."""
+        self._metrics.state.state(self._policy.state.value)
 
     def _publish(self) -> None:
         self._status = self._snapshot()
 
     def _snapshot(self) -> AgentStatus:
-        damped_for = None
-        if self._state is AgentState.DAMPED and self._damped_until is not None:
-            damped_for = max(0.0, round(self._damped_until - self._clock(), 3))
+        policy = self._policy
+        damped_for = policy.damped_for()
         return AgentStatus(
-            state=self._state,
-            reason=self._reason,
-            ready=self._ready.is_set(),
+            state=policy.state,
+            reason=policy.reason,
+            ready=policy.ready,
             registered=self._registration is not None and self._registration.registered,
-            consecutive_failures=self._failures,
-            consecutive_successes=self._successes,
-            last_probe=self._last_probe,
-            damped_for=damped_for,
+            consecutive_failures=policy.consecutive_failures,
+            consecutive_successes=policy.consecutive_successes,
+            last_probe=policy.last_probe,
+            damped_for=None if damped_for is None else round(damped_for, 3),
         )

@@ -1,0 +1,243 @@
+"""The agent's health policy: when a data server is admitted, taken offline or held out.
+
+:class:`HealthPolicy` decides every transition of the state diagram in
+:mod:`discovery.agent.agent`, and does nothing else: no ZooKeeper, no metrics, no
+logging, and its clock passed in, so that the rules below are unit-tested with a fake
+clock rather than end to end in real time. The :class:`~discovery.agent.agent.Agent`
+feeds it each probe's result (:meth:`HealthPolicy.observe`) and the operator's
+requests (:meth:`~HealthPolicy.take_offline`, :meth:`~HealthPolicy.bring_online`,
+:meth:`~HealthPolicy.drain`, :meth:`~HealthPolicy.stop`), and carries out what it
+decides: registering, deregistering, counting and logging.
+
+The rules (``rise``, ``fall`` and ``flap_*`` from :class:`~discovery.config.AgentConfig`):
+
+* Probes count once the server is ready (:meth:`~HealthPolicy.set_ready`) and until
+  it drains or stops; before and after, a result changes nothing, not even the counts.
+* A good probe resets the count of consecutive failures, a failed one the count of
+  consecutive successes. The counts go on in every state (the status shows them);
+  only :meth:`~HealthPolicy.bring_online` resets both.
+* STARTING: one good probe admits the server (:attr:`Action.ADMIT`).
+* SERVING: ``fall`` consecutive failures take it offline (:attr:`Action.LEAVE`).
+* OFFLINE: ``rise`` consecutive good probes re-admit it (:attr:`Action.READMIT`),
+  unless it was already re-admitted ``flap_max`` times within the last
+  ``flap_window`` seconds (a re-admission exactly ``flap_window`` ago still counts):
+  then it is held out (:attr:`Action.DAMP`) for ``flap_cooldown`` seconds.
+* DAMPED: once the cool-down is over (at its last instant too) and the last ``rise``
+  probes were good, it is re-admitted with its flap history forgotten: the cool-down
+  was the penalty. Failures while damped change nothing but the counts.
+* ADMIN_OFFLINE: probes change nothing until :meth:`~HealthPolicy.bring_online`,
+  which starts over in STARTING (one good probe, no flap check).
+* Re-admissions are remembered across an administrative offline/online cycle; the
+  first admission and admissions out of STARTING do not count as flaps.
+
+Failure behaviour: none of its own; it never raises and does no I/O. A decision
+takes effect in the policy at once, before the agent's ZooKeeper work for it has
+begun or returned. Not thread-safe: the agent uses it only on its own loop.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from discovery.config import AgentConfig
+
+__all__ = ["Action", "AgentState", "Decision", "HealthPolicy", "ProbeResult"]
+
+
+class AgentState(enum.StrEnum):
+    """Where the agent is in the diagram of :mod:`discovery.agent.agent`."""
+
+    STARTING = "starting"
+    SERVING = "serving"
+    OFFLINE = "offline"
+    DAMPED = "damped"
+    ADMIN_OFFLINE = "admin_offline"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+# Probes change nothing any more in these states: the server is on its way out.
+_FINISHED = (AgentState.DRAINING, AgentState.STOPPED)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe's outcome. ``kind`` is ok, error, timeout or slow."""
+
+    ok: bool
+    kind: str
+    latency: float
+    reason: str | None = None
+
+
+class Action(enum.Enum):
+    """What the agent must carry out after a probe."""
+
+    STAY = "stay"  # nothing: the state did not change
+    ADMIT = "admit"  # register, out of STARTING
+    READMIT = "readmit"  # register again after an outage; counts towards flapping
+    LEAVE = "leave"  # announce the departure and delete the node: OFFLINE
+    DAMP = "damp"  # the node is already gone; held out for flapping: DAMPED
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The policy's answer to a probe: the ``action`` to carry out, and the ``state``
+    the policy is in from now on, with its ``reason`` (:attr:`HealthPolicy.reason`)."""
+
+    action: Action
+    state: AgentState
+    reason: str | None = None
+
+
+class HealthPolicy:
+    """The policy; see the module docstring.
+
+    Args:
+        config: the thresholds (``fall``, ``rise``) and flap damping (``flap_max``,
+            ``flap_window``, ``flap_cooldown``); the other fields are not its business.
+        clock: monotonic seconds, for the flap window and the cool-down.
+    """
+
+    def __init__(
+        self, config: AgentConfig | None = None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.config = config or AgentConfig()
+        self._clock = clock
+        self._state = AgentState.STARTING
+        self._reason: str | None = None
+        self._ready = False
+        self._failures = 0
+        self._successes = 0
+        self._last_probe: ProbeResult | None = None
+        # When the server was re-admitted after an outage, oldest first; pruned to the
+        # flap window when the next re-admission is due.
+        self._readmissions: deque[float] = deque()
+        self._damped_until: float | None = None
+
+    @property
+    def state(self) -> AgentState:
+        return self._state
+
+    @property
+    def reason(self) -> str | None:
+        """Why the server is offline, damped or draining; None otherwise."""
+        return self._reason
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @property
+    def finished(self) -> bool:
+        """Draining or stopped: probes no longer change anything."""
+        return self._state in _FINISHED
+
+    @property
+    def consecutive_failures(self) -> int:
+        return self._failures
+
+    @property
+    def consecutive_successes(self) -> int:
+        return self._successes
+
+    @property
+    def last_probe(self) -> ProbeResult | None:
+        """The last result that counted (see :meth:`observe`)."""
+        return self._last_probe
+
+    def damped_for(self) -> float | None:
+        """Seconds of cool-down left while DAMPED (0 once it is over); None otherwise."""
+        if self._state is not AgentState.DAMPED or self._damped_until is None:
+            return None
+        return max(0.0, self._damped_until - self._clock())
+
+    def set_ready(self) -> None:
+        """The server is ready: probes count from now on."""
+        self._ready = True
+
+    def observe(self, result: ProbeResult) -> Decision:
+        """Count ``result`` and decide what follows from it (see the module docstring)."""
+        if not self._ready or self.finished:
+            return Decision(Action.STAY, self._state, self._reason)
+        config = self.config
+        self._last_probe = result
+        if result.ok:
+            self._successes += 1
+            self._failures = 0
+        else:
+            self._failures += 1
+            self._successes = 0
+        state = self._state
+        now = self._clock()
+        if state is AgentState.STARTING and result.ok:
+            return self._move(Action.ADMIT, AgentState.SERVING, None)
+        if state is AgentState.SERVING and self._failures >= config.fall:
+            reason = f"{self._failures} failed probes, last: {result.reason}"
+            return self._move(Action.LEAVE, AgentState.OFFLINE, reason)
+        if state is AgentState.OFFLINE and self._successes >= config.rise:
+            while self._readmissions and now - self._readmissions[0] > config.flap_window:
+                self._readmissions.popleft()
+            if len(self._readmissions) >= config.flap_max:
+                self._damped_until = now + config.flap_cooldown
+                reason = (
+                    f"flapping: re-admitted {len(self._readmissions)} times in "
+                    f"{config.flap_window:g}s; held out for {config.flap_cooldown:g}s"
+                )
+                return self._move(Action.DAMP, AgentState.DAMPED, reason)
+            return self._readmit(now)
+        if (
+            state is AgentState.DAMPED
+            and self._damped_until is not None
+            and now >= self._damped_until
+            and self._successes >= config.rise
+        ):
+            # A fresh start: the cool-down is the penalty for the old flaps.
+            self._readmissions.clear()
+            self._damped_until = None
+            return self._readmit(now)
+        return Decision(Action.STAY, state, self._reason)
+
+    def take_offline(self, reason: str) -> bool:
+        """Go ADMIN_OFFLINE (again, with a new reason, if already there) until
+        :meth:`bring_online`. False, changing nothing, once draining or stopped."""
+        if self.finished:
+            return False
+        self._set(AgentState.ADMIN_OFFLINE, reason)
+        return True
+
+    def bring_online(self) -> bool:
+        """Undo :meth:`take_offline`: back to STARTING with fresh counts, so the next
+        good probe admits the server. False, changing nothing, unless ADMIN_OFFLINE."""
+        if self._state is not AgentState.ADMIN_OFFLINE:
+            return False
+        self._successes = self._failures = 0
+        self._set(AgentState.STARTING, None)
+        return True
+
+    def drain(self) -> bool:
+        """Go DRAINING for good. False, changing nothing, if already draining or stopped."""
+        if self.finished:
+            return False
+        self._set(AgentState.DRAINING, "draining")
+        return True
+
+    def stop(self) -> None:
+        """Go STOPPED, from any state."""
+        self._set(AgentState.STOPPED, None)
+
+    def _readmit(self, now: float) -> Decision:
+        self._readmissions.append(now)
+        return self._move(Action.READMIT, AgentState.SERVING, None)
+
+    def _move(self, action: Action, state: AgentState, reason: str | None) -> Decision:
+        self._set(state, reason)
+        return Decision(action, state, reason)
+
+    def _set(self, state: AgentState, reason: str | None) -> None:
+        self._state = state
+        self._reason = reason
