@@ -30,9 +30,10 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 SECTION = "## Embedding the agent"
 WAIT = 15.0  # seconds for any one thing to be observed
 #: The watchers' session timeout. A draining node exists only for the drain grace; with
-#: the fixtures' 2 s sessions, a stall of a loaded machine (parallel test workers) could
-#: cost the watcher its connection (kazoo gives up after 2/3 of the timeout), and its
-#: re-read after the reconnect then came after the node had gone: "draining not observed".
+#: the fixtures' 2 s sessions, a stall of a loaded machine (parallel test workers) can
+#: cost the watcher its connection (kazoo gives up after 2/3 of the timeout), and a
+#: re-read after the reconnect may come after the node has gone. "Draining not observed"
+#: failed that way, most likely, on a loaded machine.
 WATCHER_SESSION_TIMEOUT = 10.0
 
 Members = Mapping[str, ServiceInstance]
