@@ -41,6 +41,43 @@ from tests.support import (
     eventually,
 )
 
+#: Fixtures that start a real server, network namespaces or a subprocess of one, by the
+#: marker a test using any of them (through any chain of fixtures) gets. A new fixture
+#: that starts a server belongs here unless it uses one of these already. Names are
+#: matched in the test's fixture closure, so a module's own fixture of the same name as
+#: one here (``client``) is told apart by what it depends on, not by its name.
+TIER_FIXTURES: dict[str, frozenset[str]] = {
+    "integration": frozenset(
+        {
+            # conftest.py: the session servers and the servers of a test's own
+            "zk_server",
+            "redis_server",
+            "own_zk_server",
+            "zk_ensemble",
+            "own_redis",
+            "lab",  # network namespaces (root, iptables); lab_zk and lab_redis use it
+            # modules' own servers
+            "sentinel_group",  # test_livelist_ha.py
+            "acl_redis",  # test_redis_auth.py
+            "tls_redis",  # test_redis_auth.py
+            "dist",  # test_package.py: `python -m build`, then pip into an empty venv
+        }
+    ),
+    # test_compose.py: `docker-compose config` (the binary, not an engine)
+    "docker": frozenset({"compose"}),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with the tier of the fixtures it uses (see :data:`TIER_FIXTURES`),
+    so that no test file has to repeat what its fixtures already say."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for marker, fixtures in TIER_FIXTURES.items():
+            if used & fixtures:
+                item.add_marker(marker)
+
+
 # Fast enough to expire a session in ~1 s, slow enough for a loaded 2-core CI box.
 TICK_TIME_MS = 100
 SESSION_TIMEOUT = 2.0

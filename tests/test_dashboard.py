@@ -210,6 +210,7 @@ def _playwright() -> Any:
     return async_playwright
 
 
+@pytest.mark.browser
 async def test_dashboard_in_chromium_shows_a_server_going_offline_without_reload(
     make_search_server: SearchServerFactory, make_data_server: DataServerFactory
 ) -> None:

@@ -1,7 +1,9 @@
 """The dev cluster runs real ZooKeeper and redis-server processes and never leaves one behind.
 
 Every test starts its own servers in ``tmp_path`` and checks, by pid, that they are gone
-afterwards. Waiting is always a poll of a condition with a deadline.
+afterwards. Waiting is always a poll of a condition with a deadline. The tests that start
+ZooKeeper or Redis are marked ``integration``; the others (arguments, ports, a stand-in
+process) are in ``make test-fast``.
 """
 
 from __future__ import annotations
@@ -161,6 +163,7 @@ def test_start_that_times_out_stops_the_process(tmp_path: Path) -> None:
     assert process.pid is None
 
 
+@pytest.mark.integration
 def test_standalone_server_serves_a_kazoo_client(tmp_path: Path) -> None:
     server = ZooKeeperServer(tmp_path / "zk")
     try:
@@ -182,6 +185,7 @@ def test_standalone_server_serves_a_kazoo_client(tmp_path: Path) -> None:
     server.stop()  # idempotent
 
 
+@pytest.mark.integration
 def test_restart_keeps_data_and_address(tmp_path: Path) -> None:
     server = ZooKeeperServer(tmp_path / "zk")
     try:
@@ -206,6 +210,7 @@ def test_restart_keeps_data_and_address(tmp_path: Path) -> None:
     assert_gone([first_pid, second_pid])
 
 
+@pytest.mark.integration
 def test_ensemble_keeps_serving_with_one_server_down(tmp_path: Path) -> None:
     ensemble = ZooKeeperEnsemble(3, tmp_path / "ensemble")
     pids: list[int] = []
@@ -252,6 +257,7 @@ def test_ensemble_rejects_two_servers(tmp_path: Path) -> None:
         ZooKeeperEnsemble(2, tmp_path)
 
 
+@pytest.mark.integration
 def test_server_that_cannot_run_reports_its_log_and_is_reaped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -271,6 +277,7 @@ def test_missing_java_names_make_setup(tmp_path: Path, monkeypatch: pytest.Monke
         ZooKeeperServer(tmp_path / "zk").start()
 
 
+@pytest.mark.integration
 def test_redis_server_ping_and_restart(tmp_path: Path) -> None:
     server = RedisServer(tmp_path / "redis")
     try:
@@ -307,6 +314,7 @@ def _ping(client: redis.Redis) -> bool:
         return False
 
 
+@pytest.mark.integration
 def test_dev_cluster_context_manager_cleans_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -331,6 +339,7 @@ def test_dev_cluster_context_manager_cleans_up(
     cluster.stop()  # idempotent
 
 
+@pytest.mark.integration
 def test_dev_cluster_keeps_a_given_workdir(tmp_path: Path) -> None:
     workdir = tmp_path / "kept"
     with DevCluster(workdir) as cluster:
@@ -340,6 +349,7 @@ def test_dev_cluster_keeps_a_given_workdir(tmp_path: Path) -> None:
     assert_gone(pids)
 
 
+@pytest.mark.integration
 def test_dev_cluster_failed_start_stops_what_had_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -414,6 +424,7 @@ def read_line(proc: subprocess.Popen[str], tmp_path: Path, timeout: float = 60.0
     return line
 
 
+@pytest.mark.integration
 def test_cli_json_serves_until_sigterm(tmp_path: Path) -> None:
     with devcluster_process(tmp_path, "--json") as proc:
         info = json.loads(read_line(proc, tmp_path))
@@ -435,6 +446,7 @@ def test_cli_json_serves_until_sigterm(tmp_path: Path) -> None:
     assert not redis_ping(redis_port)
 
 
+@pytest.mark.integration
 def test_cli_human_output_and_sigint_keep_given_dir(tmp_path: Path) -> None:
     workdir = tmp_path / "dev"
     # A relative --dir (the command runs in tmp_path) must work despite the servers' own cwd.
@@ -488,6 +500,7 @@ def test_cli_rejects_bad_values(
     assert flag in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_cli_startup_failure_exits_1_and_cleans_up(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "discovery.tools.main", "devcluster", "--json"],

@@ -111,6 +111,7 @@ async def test_data_server_process_registers_when_listening_and_leaves_on_sigter
         await reap(process)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_demo_plays_the_whole_scenario_at_small_scale(tmp_path: Path) -> None:
     # What `make demo` runs, with 12 data servers instead of 100: every phase must

@@ -174,6 +174,7 @@ async def test_writes_a_promoted_replica_never_got_are_republished(
     await asyncio.to_thread(sentinel_group.restart, killed)
 
 
+@pytest.mark.integration
 async def test_publishing_and_reading_on_redis_cluster(tmp_path: Path) -> None:
     servers = RedisClusterServers(tmp_path / "cluster", primaries=3)
     await asyncio.to_thread(servers.start)

@@ -10,10 +10,15 @@ only network), as a user's ``pip install`` does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import os
+import shutil
 import subprocess
 import sys
 import tomllib
 import venv
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -26,35 +31,72 @@ ROOT = Path(__file__).resolve().parent.parent
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
+def _shared(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A directory of this run that every pytest-xdist worker sees (the workers' base
+    temporary directories are subdirectories of the run's)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    path = base / name
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def _once(shared: Path, what: str) -> Iterator[bool]:
+    """Hold ``shared``'s lock for ``what``; yield whether it still has to be made (the
+    caller makes it, and it counts as made if the block ends without an error)."""
+    done = shared / f"{what}.done"
+    with (shared / "lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            todo = not done.exists()
+            yield todo
+            if todo:
+                done.touch()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel and sdist of this tree, built once for the module."""
-    out = tmp_path_factory.mktemp("dist")
-    result = subprocess.run(
-        [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    """The wheel and sdist of this tree, built once for the run: with parallel workers
+    the first that needs them builds them and the others wait, since two builds at once
+    write the same egg-info in the source tree (one failed with ENOENT)."""
+    shared = _shared(tmp_path_factory, "package")
+    out = shared / "dist"
+    with _once(shared, "dist") as todo:
+        if todo:
+            shutil.rmtree(out, ignore_errors=True)
+            result = subprocess.run(
+                [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out
 
 
 @pytest.fixture(scope="module")
 def installed(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty venv with only the wheel (and its dependencies) installed: its bin dir."""
-    env_dir = tmp_path_factory.mktemp("venv")
-    venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
-    wheel = next(dist.glob("*.whl"))
-    result = subprocess.run(
-        [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    """An empty venv with only the wheel (and its dependencies) installed: its bin dir.
+    Made once for the run, as ``dist`` is; the tests only run its commands."""
+    shared = _shared(tmp_path_factory, "package")
+    env_dir = shared / "venv"
+    with _once(shared, "venv") as todo:
+        if todo:
+            venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+            wheel = next(dist.glob("*.whl"))
+            result = subprocess.run(
+                [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return env_dir / "bin"
 
 

@@ -43,7 +43,11 @@ from tests.support import (
     repeat_host,
 )
 
-pytestmark = pytest.mark.skipif(netns_available() is not None, reason=str(netns_available()))
+# Every test here makes network namespaces (root, iptables), some without the ``lab`` fixture.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(netns_available() is not None, reason=str(netns_available())),
+]
 
 
 @pytest.fixture
@@ -94,6 +98,9 @@ class _DataServerProcess(_ServerProcess):
             *("--id", instance_id, "--host", address, "--advertise", address),
             *("--port", str(self.port), "--shard", "0", "--docs", "300"),
             *("--probe-interval", "0.1", "--verify-interval", "1"),
+            # Stopped only at the end of a test: the default 5 s of draining each would
+            # be most of the test's time.
+            *("--drain-grace", "0.5"),
         ]
         super().__init__(argv, host if isinstance(host, Host) else None, workdir / instance_id)
 

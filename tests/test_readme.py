@@ -29,6 +29,12 @@ from tests.support import FAST_AGENT, SessionFactory, eventually, within
 README = Path(__file__).resolve().parents[1] / "README.md"
 SECTION = "## Embedding the agent"
 WAIT = 15.0  # seconds for any one thing to be observed
+#: The watchers' session timeout. A draining node exists only for the drain grace; with
+#: the fixtures' 2 s sessions, a stall of a loaded machine (parallel test workers) can
+#: cost the watcher its connection (kazoo gives up after 2/3 of the timeout), and a
+#: re-read after the reconnect may come after the node has gone. "Draining not observed"
+#: failed that way, most likely, on a loaded machine.
+WATCHER_SESSION_TIMEOUT = 10.0
 
 Members = Mapping[str, ServiceInstance]
 
@@ -126,11 +132,13 @@ async def test_example_main_registers_then_drains_on_sigterm_while_answering(
         INSTANCE_ID="readme-main",
         SHARD=3,
         # Quick probes; a grace long enough to query the server while it drains.
-        AGENT_CONFIG=dataclasses.replace(FAST_AGENT, drain_grace=2.0),
+        AGENT_CONFIG=dataclasses.replace(FAST_AGENT, drain_grace=3.0),
     )
     loop = asyncio.get_running_loop()
     default_sigterm = signal.getsignal(signal.SIGTERM)
-    watcher = MembershipWatcher(await make_session(), coalesce_window=0)
+    watcher = MembershipWatcher(
+        await make_session(session_timeout=WATCHER_SESSION_TIMEOUT), coalesce_window=0
+    )
     await watcher.start()
     main = asyncio.create_task(example["main"]())
     try:
@@ -192,7 +200,9 @@ async def test_example_cleanup_ctx_alone_drains_and_removes(
     app = example["app"]
     runner = web.AppRunner(app)
     cleanup: asyncio.Task[None] | None = None
-    async with MembershipWatcher(await make_session(), coalesce_window=0) as watcher:
+    async with MembershipWatcher(
+        await make_session(session_timeout=WATCHER_SESSION_TIMEOUT), coalesce_window=0
+    ) as watcher:
         await runner.setup()
         try:
             await web.TCPSite(runner, "127.0.0.1", port).start()

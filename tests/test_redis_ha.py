@@ -155,6 +155,7 @@ def test_sentinel_group_rejects_bad_arguments(tmp_path: Path) -> None:
         RedisServer(tmp_path, config=["save ''\nappendonly yes"])
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_failed_start_stops_the_data_servers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -176,6 +177,7 @@ def test_failed_start_stops_the_data_servers(
     assert_gone(pids)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(90)
 async def test_sentinel_group_replicates_and_fails_over(tmp_path: Path) -> None:
     group = RedisSentinelGroup(tmp_path / "ha", down_after_ms=DOWN_AFTER_MS)
@@ -226,6 +228,7 @@ async def test_sentinel_group_replicates_and_fails_over(tmp_path: Path) -> None:
     assert_gone(pids)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(90)
 async def test_killed_primary_is_replaced_and_rejoins_as_a_replica(tmp_path: Path) -> None:
     group = RedisSentinelGroup(tmp_path / "ha", down_after_ms=DOWN_AFTER_MS)
@@ -271,6 +274,7 @@ async def test_killed_primary_is_replaced_and_rejoins_as_a_replica(tmp_path: Pat
     assert_gone(pids)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 async def test_sentinel_group_with_a_password(tmp_path: Path) -> None:
     # Replicas authenticate to the primary and sentinels to every data server.
@@ -308,6 +312,7 @@ def test_cluster_ports_have_free_bus_ports() -> None:
         RedisClusterServers(Path("unused"), primaries=2)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(90)
 async def test_redis_cluster_forms_and_serves_keys_in_every_slot_range(tmp_path: Path) -> None:
     cluster = RedisClusterServers(tmp_path / "cluster", primaries=3)
@@ -365,6 +370,7 @@ def test_dev_cluster_rejects_replicas_without_sentinels(tmp_path: Path) -> None:
         _ = DevCluster(tmp_path).redis_group
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(90)
 def test_dev_cluster_with_sentinels_starts_and_stops_everything(tmp_path: Path) -> None:
     with DevCluster(tmp_path / "dev", tick_time_ms=200, sentinels=3, redis_replicas=2) as cluster:
@@ -415,6 +421,7 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(90)
 def test_cli_prints_a_sentinel_url_that_redis_accepts(tmp_path: Path) -> None:
     stderr = tmp_path / "cli.stderr"

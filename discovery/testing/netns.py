@@ -25,11 +25,15 @@ Cleanup is certain. Every name carries the creating process's id; a **reaper**
 process, started with the lab, deletes everything carrying it as soon as its pipe from
 us closes, which happens however we end (a SIGKILL included). At start-up, leftovers of
 labs whose creator is gone are swept as well. Root is required (``ip netns``).
+
+Labs of several processes coexist (parallel test workers, concurrent test runs, a chaos
+run): their names differ by process id, and each picks its /24 under a machine-wide lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import itertools
 import logging
@@ -38,7 +42,8 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from discovery.errors import DevClusterError
@@ -52,6 +57,11 @@ _TEST_RANGE = ipaddress.IPv4Network("198.18.0.0/15")
 _PREFIX = "dl"  # interface names are limited to 15 characters: dl<pid>b, dl<pid>h<n>
 _NAME = re.compile(rf"^{_PREFIX}(\d+)")
 _counter = itertools.count()
+#: Held while a lab picks its /24 and puts the bridge's address on it. The root namespace
+#: is the machine's, so labs of parallel test workers, of concurrent test runs and of a
+#: chaos run all pick from the same addresses; between ``ip addr show`` and ``ip addr
+#: add`` another lab could take the same /24 (Linux accepts one address on two bridges).
+_SUBNET_LOCK = "discovery-netns.lock"  # in /run/lock, else the temporary directory
 
 
 def netns_available() -> str | None:
@@ -142,7 +152,6 @@ class NetworkLab:
 
     def start(self) -> NetworkLab:
         sweep_stale()
-        self._network = _free_subnet()
         if self._reap:
             self._reaper = subprocess.Popen(
                 [sys.executable, "-m", "discovery.testing.netns", self.tag],
@@ -151,8 +160,10 @@ class NetworkLab:
                 start_new_session=True,  # a Ctrl-C meant for us must not kill it first
             )
         try:
-            _run("ip", "link", "add", self.bridge, "type", "bridge")
-            _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+            with _subnet_lock():
+                self._network = _free_subnet()
+                _run("ip", "link", "add", self.bridge, "type", "bridge")
+                _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
             _run("ip", "link", "set", self.bridge, "up")
             _run("iptables", "-w", "-I", "FORWARD", *_forward_rule(self.bridge, self.tag))
         except BaseException:
@@ -237,6 +248,18 @@ class NetworkLab:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _subnet_lock() -> Iterator[None]:
+    """Hold :data:`_SUBNET_LOCK` (an exclusive ``flock``, released if we die)."""
+    directory = "/run/lock" if os.path.isdir("/run/lock") else tempfile.gettempdir()
+    with open(os.path.join(directory, _SUBNET_LOCK), "a") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
