@@ -468,7 +468,10 @@ async def test_update_instance_rewrites_the_node_and_survives_offline_and_online
     assert again.enabled
     assert again.registration_time_utc >= grown.registration_time_utc
     assert stat.czxid != created.czxid
-    assert agent.status().state is AgentState.SERVING
+    # The status is published once the admission is done, just after the node appears.
+    await eventually(
+        lambda: agent.status().state is AgentState.SERVING, message="serving in the status"
+    )
 
 
 async def test_session_expiry_reregisters_without_operator(

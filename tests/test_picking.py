@@ -306,31 +306,36 @@ async def test_a_late_shard_is_hedged_to_another_replica_within_the_budget(
     servers = [instance_of(slow), instance_of(fast)]
     fanout = FanOut(client, registry=registry, hedge_ratio=0.05, hedge_burst=10)
     await _warm_up(fanout, servers, 40)  # 40 x 0.05 = 2 hedges of budget
-    sent = _sample(registry, "hedges_total", result="sent")
+    # On a loaded machine an answer of the warm-up may have been late enough to be
+    # hedged already: what the budget holds is 2 less those.
+    warm = _sample(registry, "hedges_total", result="sent")
+    assert warm <= 2
     # From now on ds-a-slow is always tried first: only a hedge reaches ds-b-fast.
     picker = fanout.picker = RecordingPicker()
 
     await _fault(http, slow, mode="slow", delay_ms=1500)
     result = await fanout.search(servers, "probe", 5, 3000)
     assert not result.partial
-    assert result.took_ms < 1000  # the hedge answered, not the slowed replica
-    assert picker.offered[-1] == ["ds-b-fast"]
-    assert _sample(registry, "hedges_total", result="sent") == sent + 1
-    assert _sample(registry, "hedges_total", result="won") >= 1
-    slow_stats = fanout.replica(servers[0])
-    assert slow_stats is not None
-    assert slow_stats.outstanding == 0  # the loser was abandoned
+    if warm < 2:  # a token is left for it
+        assert result.took_ms < 1000  # the hedge answered, not the slowed replica
+        assert picker.offered[-1] == ["ds-b-fast"]
+        assert _sample(registry, "hedges_total", result="sent") == warm + 1
+        assert _sample(registry, "hedges_total", result="won") >= 1
+        slow_stats = fanout.replica(servers[0])
+        assert slow_stats is not None
+        assert slow_stats.outstanding == 0  # the loser was abandoned
 
-    # One token is left (2 + 0.05 a query): one more late answer is hedged, the next
-    # ones are waited for.
+    # More late answers want hedges; the budget (2 + 0.05 a query, 46 queries in all)
+    # allows exactly 2 in the whole test, so the rest are waited for.
     await _fault(http, slow, mode="slow", delay_ms=100)
     for _ in range(5):
         result = await fanout.search(servers, "probe", 5, 3000)
         assert not result.partial
-    assert _sample(registry, "hedges_total", result="sent") == sent + 2
-    # Refused at the p95 and again at doubling intervals while the shard was out.
+    assert _sample(registry, "hedges_total", result="sent") == 2
+    # Refused at the p95 and again at doubling intervals while the shard was out: at
+    # least once for each late query after the last token went.
     refused = _sample(registry, "hedges_total", result="over_budget")
-    assert 4 <= refused <= 4 * 20
+    assert 4 <= refused <= 6 * 20
     await _fault(http, slow, mode="none")
 
 

@@ -159,6 +159,8 @@ async def test_a_registration_whose_node_vanished_without_an_event_notices_and_r
     )
     path = registration.path
     await registration.register()
+    # kazoo forgets its one-shot watcher of our node (a watch lost, as a bug or a
+    # dropped notification would lose it): only kazoo's own table can do that.
     session.client._data_watchers.clear()
     await observer.delete(path)
     stat = await eventually(lambda: observer.exists(path), timeout=10, message="re-created")

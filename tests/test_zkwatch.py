@@ -30,6 +30,7 @@ from kazoo.protocol.states import EventType, WatchedEvent
 from kazoo.retry import KazooRetry
 
 from discovery.testing import TcpProxy, ZooKeeperEnsemble
+from discovery.zk import _kazoo
 from discovery.zk.expiry import expire_session
 from discovery.zk.session import WatchEvent
 from discovery.zk.watch import (
@@ -305,7 +306,7 @@ def test_stop_stops_delivery_and_removes_the_watch(
     assert not caplog.records  # removeWatches was accepted
     assert not watch.active
     # The hook is gone from the connection: kazoo is as it was.
-    assert "_read_watch_event" not in vars(client._connection)
+    assert "_read_watch_event" not in vars(_kazoo.connection(client))
     other.create("/ds/after-stop", b"")
     witness.wait_for((CREATED, "/ds/after-stop"))
 
@@ -487,7 +488,7 @@ def test_a_server_without_add_watch_is_reported_as_unsupported(
         assert time.monotonic() - started < TIMEOUT / 2  # an answer, not a timeout
         assert server.refused == [106]
         assert not watch.active
-        assert "_read_watch_event" not in vars(client._connection)
+        assert "_read_watch_event" not in vars(_kazoo.connection(client))
         watch.stop()  # harmless after a failed start
 
 
