@@ -56,6 +56,13 @@ class SessionMetrics:
             ["reason"],
             registry=registry,
         )
+        self.abandoned_closes = Counter(
+            "discovery_zk_abandoned_sessions_closed",
+            "Sessions the watchdog had declared lost, closed by id once a new session "
+            "was connected, by result (closed; failed: expired or unreachable).",
+            ["result"],
+            registry=registry,
+        )
         self.operation_errors = Counter(
             "discovery_zk_operation_errors",
             "ZooKeeper operations that failed, by error class.",

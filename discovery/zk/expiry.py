@@ -4,7 +4,9 @@ ZooKeeper deletes a session's ephemeral nodes when the session is closed or expi
 A client that has lost its connection cannot close its own session, and the server
 keeps it, with its nodes, for up to a session timeout. Another connection that
 attaches with the session's id and password takes the session over (the server drops
-the old connection) and can close it at once: that is :func:`close_session`.
+the old connection) and can close it at once: that is
+:func:`~discovery.zk.session.close_session` (in the session module, which closes the
+sessions its watchdog abandoned with it; re-exported here).
 
 :func:`expire_session` uses it against a live session, the way ZooKeeper's own tests
 inject an expiry: the server deletes the session's ephemeral nodes at once, other
@@ -19,41 +21,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException
-
-from discovery.errors import ZkConnectionError, ZkError
-from discovery.zk.session import SessionState, ZkSession
+from discovery.errors import ZkConnectionError
+from discovery.zk.session import SessionState, ZkSession, close_session
 
 __all__ = ["close_session", "expire_session"]
 
 log = logging.getLogger(__name__)
-
-
-def close_session(hosts: str, session_id: int, password: bytes, timeout: float) -> None:
-    """Attach to session ``session_id`` on ``hosts`` and close it. Blocking: run it in a
-    thread (``asyncio.to_thread``), never on the event loop.
-
-    ``hosts`` may name a chroot; it is ignored, since closing needs none.
-
-    Raises:
-        ZkError: the session could not be attached to (unreachable, or already gone).
-    """
-    # No chroot: kazoo would check it with a read, a round trip during which the victim
-    # can reconnect and take its session back.
-    servers = hosts.split("/", 1)[0]
-    intruder = KazooClient(hosts=servers, client_id=(session_id, password), timeout=timeout)
-    try:
-        try:
-            intruder.start(timeout=timeout)
-        except KazooException as exc:
-            raise ZkError(f"could not attach to session 0x{session_id:x}: {exc!r}") from exc
-        if intruder.client_id is None or intruder.client_id[0] != session_id:
-            raise ZkError(f"could not attach to session 0x{session_id:x} (already expired?)")
-    finally:
-        # stop() sends closeSession for the shared session: the server expires it.
-        intruder.stop()
-        intruder.close()
 
 
 async def expire_session(session: ZkSession, timeout: float = 30.0) -> int:

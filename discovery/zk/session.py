@@ -91,6 +91,7 @@ __all__ = [
     "SessionSubscription",
     "WatchEvent",
     "ZkSession",
+    "close_session",
     "translate_kazoo_error",
 ]
 
@@ -204,6 +205,32 @@ def translate_kazoo_error(exc: BaseException) -> ZkError:
 
 # Writes a session answers with a reply kazoo cannot read belong to a broken session.
 _WRITES = frozenset({"create_async", "set_async", "delete_async"})
+
+
+def close_session(hosts: str, session_id: int, password: bytes, timeout: float) -> None:
+    """Attach to session ``session_id`` on ``hosts`` and close it. Blocking: run it in a
+    thread (``asyncio.to_thread``), never on the event loop.
+
+    ``hosts`` may name a chroot; it is ignored, since closing needs none.
+
+    Raises:
+        ZkError: the session could not be attached to (unreachable, or already gone).
+    """
+    # No chroot: kazoo would check it with a read, a round trip during which the victim
+    # can reconnect and take its session back.
+    servers = hosts.split("/", 1)[0]
+    intruder = KazooClient(hosts=servers, client_id=(session_id, password), timeout=timeout)
+    try:
+        try:
+            intruder.start(timeout=timeout)
+        except (kz.KazooException, KazooTimeoutError) as exc:
+            raise ZkError(f"could not attach to session 0x{session_id:x}: {exc!r}") from exc
+        if intruder.client_id is None or intruder.client_id[0] != session_id:
+            raise ZkError(f"could not attach to session 0x{session_id:x} (already expired?)")
+    finally:
+        # stop() sends closeSession for the shared session: the server expires it.
+        intruder.stop()
+        intruder.close()
 
 
 class _KazooInternalError(Exception):
@@ -338,6 +365,12 @@ class ZkSession:
         self._rebuilds_in_a_row = 0
         # Threads stopping replaced clients (touched on the loop only).
         self._retiring: list[threading.Thread] = []
+        # The session the watchdog gave up on (id, password), to be closed once a new
+        # one is connected, and the task closing it.
+        self._abandoned: tuple[int, bytes] | None = None
+        # The connected session's id and password: kazoo tells them only while live.
+        self._credentials: tuple[int, bytes] | None = None
+        self._closing_abandoned: asyncio.Task[None] | None = None
         self._listener: _ClientListener | None = None
         self._operation_timeout = operation_timeout
         self._connect_timeout = connect_timeout
@@ -448,11 +481,11 @@ class ZkSession:
             return
         self._closing = True
         self._disarm_watchdog()
-        rebuild = self._rebuild_task
-        if rebuild is not None:
-            rebuild.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await rebuild
+        for task in (self._rebuild_task, self._closing_abandoned):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         async with self._lifecycle:
             await asyncio.to_thread(self._client.stop)
             await asyncio.to_thread(self._client.close)
@@ -677,6 +710,11 @@ class ZkSession:
         """
         old = self._client
         self._metrics.client_rebuilds.labels(reason=reason).inc()
+        if not stopped and self._credentials is not None:
+            # Declared lost by us, not necessarily by the ensemble: after a quorum
+            # outage the ensemble keeps it, and its ephemeral nodes (an election node,
+            # a registration), for a whole session timeout once the quorum is back.
+            self._abandoned, self._credentials = self._credentials, None
         if self._client_factory is None:
             if not stopped:
                 await asyncio.to_thread(old.stop)
@@ -730,6 +768,46 @@ class ZkSession:
         self._disarm_watchdog()
         self._start_rebuild()
 
+    def _close_abandoned(self, current: int | None) -> None:
+        """Close the session the watchdog abandoned, now that a new one is connected
+        (so the ensemble has a quorum): its ephemeral nodes go at once instead of a
+        session timeout later, and the next leader need not wait for them."""
+        abandoned = self._abandoned
+        if abandoned is None or abandoned[0] == current or self._closing:
+            return
+        if self._closing_abandoned is not None and not self._closing_abandoned.done():
+            return  # one at a time: the next is taken when this one is done
+        self._abandoned = None
+        task = asyncio.create_task(
+            self._close_abandoned_session(*abandoned), name=f"zk-close-abandoned:{self.hosts}"
+        )
+        task.add_done_callback(self._on_abandoned_closed)
+        self._closing_abandoned = task
+
+    def _on_abandoned_closed(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("closing an abandoned ZooKeeper session failed", exc_info=task.exception())
+        if self._state is SessionState.CONNECTED:
+            self._close_abandoned(self._session_id)
+
+    async def _close_abandoned_session(self, session_id: int, password: bytes) -> None:
+        try:
+            await asyncio.to_thread(
+                close_session, self.hosts, session_id, password, self._lost_after
+            )
+        except ZkError as exc:
+            # Expired meanwhile, or unreachable again: either way it ends by itself.
+            self._metrics.abandoned_closes.labels(result="failed").inc()
+            log.info("ZooKeeper %s: session 0x%x not closed: %s", self.hosts, session_id, exc)
+        else:
+            self._metrics.abandoned_closes.labels(result="closed").inc()
+            log.info(
+                "ZooKeeper %s: closed session 0x%x, which we had declared lost; its "
+                "ephemeral nodes are gone",
+                self.hosts,
+                session_id,
+            )
+
     def _retire(self, client: KazooClient) -> None:
         """Stop and close a replaced client in a daemon thread of its own.
 
@@ -770,6 +848,10 @@ class ZkSession:
             self._connected.set()
             self._disarm_watchdog()
             self._rebuilds_in_a_row = 0
+            credentials = self._client.client_id
+            if credentials is not None and credentials[0] == session_id:
+                self._credentials = credentials
+            self._close_abandoned(session_id)
         else:
             self._connected.clear()
             if state in (SessionState.SUSPENDED, SessionState.LOST):

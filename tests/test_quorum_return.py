@@ -1,0 +1,92 @@
+"""After a quorum outage longer than the session timeout, the next leader is in office
+within seconds of the quorum's return, not a session timeout later.
+
+Every client declares its session lost (the watchdog) and starts a new one, but the
+ensemble keeps the old sessions, and their election nodes, for a whole session timeout
+once a quorum is back: the next leader would wait for them. A session closes the one it
+abandoned, by id and password, as soon as its new one is connected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from discovery.testing import ZooKeeperEnsemble
+from discovery.zk.election import LeaderElection, Leadership
+from discovery.zk.session import SessionState
+from tests.support import SessionFactory, next_change, sample, waited
+
+log = logging.getLogger(__name__)
+
+# Long enough that "a few seconds" and "a session timeout" are told apart.
+SESSION = 10.0
+
+
+def _contender(
+    name: str, leaders: asyncio.Queue[str]
+) -> Callable[[Leadership], Coroutine[Any, Any, None]]:
+    async def lead(leadership: Leadership) -> None:
+        leaders.put_nowait(name)
+        await asyncio.Event().wait()  # lead until the term is cancelled
+
+    return lead
+
+
+async def test_the_next_leader_is_in_office_within_seconds_of_the_quorums_return(
+    zk_ensemble: ZooKeeperEnsemble,
+    chroot: Callable[[str], str],
+    make_session: SessionFactory,
+) -> None:
+    hosts = chroot(zk_ensemble.hosts)
+    registries = [CollectorRegistry(), CollectorRegistry()]
+    sessions = [
+        await make_session(hosts, session_timeout=SESSION, registry=registry)
+        for registry in registries
+    ]
+    leaders: asyncio.Queue[str] = asyncio.Queue()
+    elections = [
+        LeaderElection(session, "/election", name, _contender(name, leaders))
+        for name, session in zip(("a", "b"), sessions, strict=True)
+    ]
+    try:
+        await elections[0].start()
+        assert await waited(leaders.get(), "the first leader", timeout=20) == "a"
+        await elections[1].start()
+        old_ids = [session.session_id for session in sessions]
+        events = [session.subscribe() for session in sessions]
+
+        # No quorum for longer than the session timeout: both declare their sessions
+        # lost (the ensemble cannot: it has no leader to expire them).
+        await asyncio.to_thread(zk_ensemble.stop_server, 1)
+        await asyncio.to_thread(zk_ensemble.stop_server, 2)
+        for stream in events:
+            await next_change(
+                stream, lambda e: e.state is SessionState.LOST, "LOST", timeout=4 * SESSION
+            )
+
+        await asyncio.to_thread(zk_ensemble.start_server, 1)
+        await asyncio.to_thread(zk_ensemble.start_server, 2)
+        back = time.monotonic()
+        leader = await waited(leaders.get(), "the next leader", timeout=4 * SESSION)
+        elapsed = time.monotonic() - back
+        log.info("the next leader (%s) %.1f s after the quorum's return", leader, elapsed)
+        # The old sessions' election nodes would hold the office for a session timeout.
+        assert elapsed < 0.6 * SESSION, f"the next leader ({leader}) took {elapsed:.1f} s"
+        for session, old in zip(sessions, old_ids, strict=True):
+            assert session.session_id not in (None, old)
+        closed = sum(
+            sample(r, "discovery_zk_abandoned_sessions_closed_total", result="closed") or 0
+            for r in registries
+        )
+        assert closed >= 1
+        for stream in events:
+            stream.close()
+    finally:
+        for election in elections:
+            await election.aclose()
