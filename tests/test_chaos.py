@@ -155,6 +155,17 @@ def test_search_follows_redis_only_when_every_server_holds_its_epoch() -> None:
     assert not _snapshot(redis=None, redis_epoch=None, epochs={"s1": 5}).search_follows_redis
 
 
+def test_a_working_cluster_has_one_leader_whose_heartbeat_is_newer_than_the_fault() -> None:
+    ended = 1_000_000.0
+    assert _snapshot(leaders=["s1"], heartbeat_ms=ended + 400).leading_since(ended)
+    # A right list is not enough: nobody in office could publish the next change.
+    assert not _snapshot(leaders=[], heartbeat_ms=ended + 400).leading_since(ended)
+    assert not _snapshot(leaders=["s1", "s2"], heartbeat_ms=ended + 1).leading_since(ended)
+    # A heartbeat from before the fault ended says nothing about now.
+    assert not _snapshot(leaders=["s1"], heartbeat_ms=ended - 1).leading_since(ended)
+    assert not _snapshot(leaders=["s1"], heartbeat_ms=None).leading_since(ended)
+
+
 def _result(violations: list[Violation]) -> ChaosResult:
     result = ChaosResult(
         ChaosConfig(duration=10, seed=3, partitions=False), started=True, elapsed=12.0

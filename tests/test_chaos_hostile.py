@@ -395,7 +395,7 @@ async def test_the_observer_tolerates_malformed_redis_contents_only_during_their
             keys.meta, mapping={"epoch": "5", "version": "2", "leader": "s1", "count": "2"}
         )
         await client.hset(keys.servers, mapping=hostile_fields("ab12cd", 4000))
-        assert await observer._read_redis() == (frozenset(), 5, 2)
+        assert await observer._read_redis() == (frozenset(), 5, 2, None)  # no heartbeat
         assert [v.invariant for v in observer.violations] == ["published list readable"]
         await client.hset(keys.meta, "epoch", "9" * 5000)
         observer.violations.clear()
@@ -407,10 +407,10 @@ async def test_the_observer_tolerates_malformed_redis_contents_only_during_their
             redis_garbage=True,
         )
         observer.hostile = watch
-        assert await observer._read_redis() == (None, None, 0)  # unreadable, not a crash
+        assert await observer._read_redis() == (None, None, 0, None)  # unreadable, not a crash
         assert observer.violations == []
         observer.hostile = None
-        assert await observer._read_redis() == (None, None, 0)
+        assert await observer._read_redis() == (None, None, 0, None)
         assert [v.invariant for v in observer.violations] == ["published list readable"]
     finally:
         await client.aclose()

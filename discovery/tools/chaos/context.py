@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -111,6 +112,19 @@ class FaultContext:
         self.results.append(StepResult(fault, step, bound, took))
         log.info("%s %s: converged in %.2f s (bound %.1f s)", fault, step, took, bound)
         return took
+
+    async def working(self, fault: str) -> float | None:
+        """After ``fault``: the list right *and* a leader in office and publishing (a
+        heartbeat stamped after the fault's end), within the crash bound plus a
+        heartbeat, so that the next fault never starts on a cluster that cannot react.
+        A list that is right while nobody could publish a change is not converged."""
+        ended_ms = time.time() * 1000
+        return await self.converge(
+            fault,
+            "a leader in office and publishing",
+            self.config.crash_bound + self.config.heartbeat_interval,
+            lambda s: s.leading_since(ended_ms),
+        )
 
     async def hold(self, low: float, high: float) -> None:
         """Keep the fault in place for a seeded while: its duration is part of the test."""

@@ -86,6 +86,17 @@ class Snapshot:
     #: Fields of ``P:servers`` that do not decode (0 but while a hostile fault wrote
     #: some: any other time they are a violation).
     redis_problems: int = 0
+    #: The leader's last heartbeat in ``P:leader``: its own wall-clock stamp, in ms.
+    heartbeat_ms: float | None = None
+
+    def leading_since(self, wall_ms: float) -> bool:
+        """One search server says it leads, and a heartbeat stamped at or after
+        ``wall_ms`` is in Redis: a leader in office and publishing, able to react."""
+        return (
+            len(self.leaders) == 1
+            and self.heartbeat_ms is not None
+            and self.heartbeat_ms >= wall_ms
+        )
 
     @property
     def search_follows_redis(self) -> bool:
@@ -227,7 +238,7 @@ class Observer:
         zk: frozenset[str] | None = None
         if self._watcher is not None and self._session is not None and self._session.connected:
             zk = frozenset(i for i, inst in self._watcher.members.items() if inst.routable)
-        redis_ids, epoch, problems = await self._read_redis()
+        redis_ids, epoch, problems, heartbeat_ms = await self._read_redis()
         search: dict[str, frozenset[str]] = {}
         leaders: list[str] = []
         subscribed: set[str] = set()
@@ -244,7 +255,17 @@ class Observer:
             if view.get("redis_connected"):
                 subscribed.add(member.name)
         snapshot = Snapshot(
-            at, model, zk, redis_ids, epoch, search, leaders, subscribed, epochs, problems
+            at,
+            model,
+            zk,
+            redis_ids,
+            epoch,
+            search,
+            leaders,
+            subscribed,
+            epochs,
+            problems,
+            heartbeat_ms,
         )
         self.last = snapshot
         if (watch := self.hostile) is not None:
@@ -270,9 +291,12 @@ class Observer:
         """Children of ``/data_servers`` our own watcher skips, with the reason."""
         return self._watcher.invalid if self._watcher is not None else {}
 
-    async def _read_redis(self) -> tuple[frozenset[str] | None, int | None, int]:
-        """The routable ids of the published list, its epoch and the number of fields
-        of ``P:servers`` that do not decode; (None, None, 0) if unreadable."""
+    async def _read_redis(
+        self,
+    ) -> tuple[frozenset[str] | None, int | None, int, float | None]:
+        """The routable ids of the published list, its epoch, the number of fields of
+        ``P:servers`` that do not decode and the heartbeat's stamp (ms); (None, None, 0,
+        None) if unreadable."""
         assert self._redis is not None
         keys = RedisKeys(self._cluster.redis_prefix)
         # What these reads may not go below: the epochs published before they were sent.
@@ -287,26 +311,28 @@ class Observer:
             beat = await self._redis.get(keys.leader)
             loaded = await load(self._redis, keys)
         except _REDIS_ERRORS:
-            return None, None, 0
+            return None, None, 0, None
         except MalformedLiveListError as exc:
             if not garbage_expected:
                 self.violate("published list readable", f"{keys.meta} does not parse: {exc}")
-            return None, None, 0
+            return None, None, 0, None
+        heartbeat_ms: float | None = None
         if beat is not None:
             heartbeat = parse_heartbeat(beat, -1)
             if heartbeat.epoch is not None:
                 self._check_epoch(heartbeat.epoch, keys.leader, floor)
                 if heartbeat.at is not None:
-                    self._wrote(heartbeat.epoch, float(heartbeat.at))
+                    heartbeat_ms = float(heartbeat.at)
+                    self._wrote(heartbeat.epoch, heartbeat_ms)
         if loaded.meta is None:
-            return None, None, 0
+            return None, None, 0, heartbeat_ms
         if loaded.problems and not garbage_expected:
             self.violate(
                 "published list readable", f"{keys.servers}: {'; '.join(loaded.problems[:3])}"
             )
         self._check_epoch(loaded.meta.epoch, keys.meta, floor)
         routable = frozenset(k for k, instance in loaded.servers.items() if instance.routable)
-        return routable, loaded.meta.epoch, len(loaded.problems)
+        return routable, loaded.meta.epoch, len(loaded.problems), heartbeat_ms
 
     def _check_epoch(self, epoch: int, where: str, floor: int | None = None) -> None:
         """``epoch``, read from ``where``, must not be below ``floor``: the highest epoch

@@ -198,6 +198,7 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
             except Exception as exc:  # a harness bug: reported, and the run goes on
                 log.exception("fault %s failed", kind)
                 observer.violate("fault ran to its end", f"{kind}: {type(exc).__name__}: {exc}")
+            await ctx.working(kind)
             observer.fault = "between faults"
             await ctx.hold(0.5, 2.0)
         observer.fault = "final check"
@@ -208,6 +209,7 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
             FINAL_BOUND + START_BOUND,
             lambda s: len(s.search) == len(cluster.search),
         )
+        await ctx.working("final")
         result.steps = ctx.results
         result.skipped = ctx.skipped
         result.hostile = ctx.hostile
