@@ -131,8 +131,10 @@ async def test_example_main_registers_then_drains_on_sigterm_while_answering(
         PORT=port,
         INSTANCE_ID="readme-main",
         SHARD=3,
-        # Quick probes; a grace long enough to query the server while it drains.
-        AGENT_CONFIG=dataclasses.replace(FAST_AGENT, drain_grace=3.0),
+        # Quick probes; a grace long enough to query the server while it drains, and
+        # for the watcher to read the draining node before it goes: on a machine
+        # loaded by parallel test workers, 3 s was once not enough for that read.
+        AGENT_CONFIG=dataclasses.replace(FAST_AGENT, drain_grace=5.0),
     )
     loop = asyncio.get_running_loop()
     default_sigterm = signal.getsignal(signal.SIGTERM)

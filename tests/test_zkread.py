@@ -33,9 +33,10 @@ TIMEOUT = 20.0
 
 
 async def create_nodes(session: ZkSession, nodes: dict[str, bytes]) -> None:
-    await asyncio.gather(
-        *(session.create(path, data, makepath=True) for path, data in nodes.items())
-    )
+    """Create ``nodes`` in order, parents first. Not concurrently: a child's makepath
+    can create its parent first, and the parent's own create then finds it there."""
+    for path, data in nodes.items():
+        await session.create(path, data, makepath=True)
 
 
 async def singly(session: ZkSession, paths: list[str]) -> list[ReadResult | None]:
