@@ -691,10 +691,13 @@ async def test_each_attempt_carries_the_budget_left_when_it_is_sent(
     assert first["k"] == retry["k"] == ["10"]
     first_budget, retry_budget = int(first["timeout_ms"][0]), int(retry["timeout_ms"][0])
     assert 1990 <= first_budget <= 2000
-    # What was left when the retry was sent, to the millisecond, rounded down.
+    # What was left when the retry was sent, rounded down. The recorder stamps a send a
+    # little after the fan-out computed its budget, and on a machine loaded by parallel
+    # test workers that lag differs between two sends by a millisecond or two (seen:
+    # 1.5 ms): 5 ms of slack, against 1850 ms of waiting, still pins the budget down.
     waited_ms = (retry_sent - first_sent) * 1000
     assert waited_ms >= 1850
-    assert first_budget - waited_ms - 1 <= retry_budget <= first_budget - waited_ms + 1
+    assert first_budget - waited_ms - 5 <= retry_budget <= first_budget - waited_ms + 5
     assert retry_budget < 150
 
 
