@@ -8,8 +8,10 @@ import json
 import immutables
 import pytest
 import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
 
+from discovery.errors import StoreError
 from discovery.instance import ServiceInstance
 from discovery.livelist.model import LiveList, LiveListChange
 from discovery.livelist.redis.follower import LiveListReader
@@ -234,6 +236,32 @@ async def test_redis_outage_keeps_the_list_then_follows_again(
         assert dict(current.servers) == newer
         await eventually(lambda: reader.connected, message="following again")
         await eventually(lambda: reader.age() < 1, message="age reset")
+
+
+async def test_a_redis_refusing_writes_for_lack_of_memory_is_still_read(
+    own_client: aioredis.Redis, registry: CollectorRegistry
+) -> None:
+    # Over maxmemory with noeviction, Redis refuses every command queued in MULTI, reads
+    # too; a reader must still load the list (a new reader, or one that lost its place).
+    prefix = "discovery:{oom}"
+    publisher = LivePublisher(own_client, prefix, leader_id="ss-1", epoch=5)
+    servers = view(make_instance("ds-1"), make_instance("ds-2", 9002, shard=1))
+    await publisher.publish_full(servers)
+    keys = RedisKeys(prefix)
+    await own_client.config_set("maxmemory-policy", "noeviction")
+    await own_client.config_set("maxmemory", "1")
+    try:
+        with pytest.raises(redis_errors.OutOfMemoryError):
+            async with own_client.pipeline(transaction=True) as pipe:
+                await pipe.hgetall(keys.meta).execute()
+        with pytest.raises(StoreError):  # no write gets through
+            await publisher.heartbeat()
+        async with LiveListReader(own_client, prefix, registry=registry) as reader:
+            assert (reader.current.epoch, reader.current.version) == (5, 1)
+            assert dict(reader.current.servers) == servers
+            assert reader.connected
+    finally:
+        await own_client.config_set("maxmemory", "0")
 
 
 async def test_starts_while_redis_is_down(

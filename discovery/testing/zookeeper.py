@@ -204,6 +204,17 @@ class ZooKeeperServer(ManagedProcess):
         return self._tick_time_ms
 
     @property
+    def _sync_limit_ticks(self) -> int:
+        return max(5, math.ceil(5_000 / self._tick_time_ms))
+
+    @property
+    def sync_limit(self) -> float:
+        """Seconds a quorum member waits for its peer (a follower for its leader, the
+        leader for a follower's acknowledgement) before it gives the link up: how long
+        the ensemble takes to notice that its leader stopped answering."""
+        return self._sync_limit_ticks * self._tick_time_ms / 1000
+
+    @property
     def config_path(self) -> Path:
         """The ``zoo.cfg`` written before each start."""
         return self._workdir / "zoo.cfg"
@@ -266,8 +277,7 @@ class ZooKeeperServer(ManagedProcess):
             # leader: a busy machine (a JVM starting next door) then drops followers and
             # loses quorum by itself. Keep them at the usual seconds instead.
             init_limit = max(10, math.ceil(20_000 / self.tick_time_ms))
-            sync_limit = max(5, math.ceil(5_000 / self.tick_time_ms))
-            lines += [f"initLimit={init_limit}", f"syncLimit={sync_limit}"]
+            lines += [f"initLimit={init_limit}", f"syncLimit={self._sync_limit_ticks}"]
             lines += ["reconfigEnabled=false"]
             lines += [
                 f"server.{p.server_id}={p.host}:{p.quorum_port}:{p.election_port}"

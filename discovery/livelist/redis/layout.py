@@ -545,6 +545,10 @@ class Loaded:
     stream_id: str
 
 
+#: Tries of the checked read (:func:`load` on a Redis out of memory) before giving up.
+_CHECKED_READ_TRIES = 3
+
+
 async def load(redis: aioredis.Redis, keys: RedisKeys) -> Loaded:
     """Read ``P:meta``, ``P:servers`` and the last stream id consistently (MULTI/EXEC).
 
@@ -552,17 +556,47 @@ async def load(redis: aioredis.Redis, keys: RedisKeys) -> Loaded:
     a cluster shares one hash slot, on Redis Cluster. Read-only: a reader needs no
     write permission and it may run on a replica.
 
+    A Redis over ``maxmemory`` with ``noeviction`` refuses every command queued in a
+    transaction, reads included (the queue itself would take memory), while it still
+    answers plain reads. Then the same reads go without MULTI, with ``P:meta`` read
+    before and after: every publish rewrites ``P:meta`` in the same script, so equal
+    records mean no publish came between (and none can, while writes are refused).
+
     Raises:
         redis.exceptions.RedisError, OSError: Redis failed (the caller translates).
         MalformedMetaError: ``P:meta`` is not a meta record of the layout (a
             :class:`~discovery.errors.MalformedLiveListError`); its ``stream_id`` is
             the stream's last id read in the same transaction.
     """
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.hgetall(keys.meta)
-        pipe.hgetall(keys.servers)
-        pipe.xrevrange(keys.changes, count=1)
-        meta_fields, server_fields, last = await pipe.execute()
+    try:
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(keys.meta)
+            pipe.hgetall(keys.servers)
+            pipe.xrevrange(keys.changes, count=1)
+            meta_fields, server_fields, last = await pipe.execute()
+    except redis_errors.OutOfMemoryError:
+        meta_fields, server_fields, last = await _checked_read(redis, keys)
+    return _loaded(keys, meta_fields, server_fields, last)
+
+
+async def _checked_read(redis: aioredis.Redis, keys: RedisKeys) -> tuple[Any, Any, Any]:
+    """:func:`load`'s reads without a transaction, ``P:meta`` read on both sides."""
+    for _ in range(_CHECKED_READ_TRIES):
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(keys.meta)
+            pipe.hgetall(keys.servers)
+            pipe.xrevrange(keys.changes, count=1)
+            pipe.hgetall(keys.meta)
+            before, server_fields, last, after = await pipe.execute()
+        if before == after:
+            return before, server_fields, last
+    raise redis_errors.ResponseError(
+        f"{keys.meta} changed during each of {_CHECKED_READ_TRIES} reads without a "
+        "transaction (Redis refuses transactions: out of memory)"
+    )
+
+
+def _loaded(keys: RedisKeys, meta_fields: Any, server_fields: Any, last: Any) -> Loaded:
     stream_id = (_text(last[0][0]) if last else None) or FIRST_STREAM_ID
     try:
         meta = parse_meta(meta_fields)

@@ -17,6 +17,8 @@ kind of fault has by design:
 * leader killed or paused: the crash bound plus 1 s for the election and first publish;
 * ZooKeeper server faults: the session timeout once the servers are back;
 * restarts: process start-up plus ``rise`` probes (:data:`START_BOUND`);
+* the ensemble's own leader paused, and other ZooKeeper faults short of a crash:
+  :mod:`.ensemble`; Redis refusing writes while it answers reads: :mod:`.refusals`;
 * hostile participants (:mod:`.hostile`): malformed children skipped by every reader
   within 3 s of being written and gone within 3 s of their removal; a hostile peer
   listed within :data:`START_BOUND` of its start and gone within the crash bound of its
@@ -50,6 +52,8 @@ from discovery.testing.redis import RedisServer
 from . import hostile
 from .cluster import ChaosCluster, Member
 from .context import RECOVERY_TIMEOUT, START_BOUND, FaultContext, StepResult, redis_bound
+from .ensemble import zk_leader_pause
+from .refusals import redis_refuses_writes
 
 __all__ = [
     "CATEGORIES",
@@ -607,6 +611,11 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
         "overlap_redis_restart_during_leader_change",
         "overlap_redis_failover_during_leader_change",
     ),
+    # ZooKeeper and Redis failing short of a crash: paused, out of disk, refusing writes.
+    "backend": (
+        "zk_leader_pause",
+        "redis_refuses_writes",
+    ),
     "hostile": hostile.HOSTILE_KINDS,
 }
 
@@ -653,5 +662,7 @@ FAULTS: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
     "overlap_redis_restart_during_leader_change": overlap_redis_restart_during_leader_change,
     "redis_failover": redis_failover,
     "overlap_redis_failover_during_leader_change": overlap_redis_failover_during_leader_change,
+    "zk_leader_pause": zk_leader_pause,
+    "redis_refuses_writes": redis_refuses_writes,
     **hostile.HOSTILE_FAULTS,
 }

@@ -1,0 +1,118 @@
+"""Redis that answers but refuses to write: the store fault between "up" and "down".
+
+``redis_refuses_writes`` makes the Redis primary refuse writes while it keeps answering
+reads, in one of two ways chosen by the seed:
+
+* ``oom``: ``maxmemory`` set below what Redis holds, with ``noeviction``; every write
+  (the publish script included) fails at once with an OOM error;
+* ``pause``: ``CLIENT PAUSE <ms> WRITE``; every write blocks until the pause ends, so
+  the leader's writes run into its write deadline.
+
+Meanwhile a data server starts failing its probes, so there is a change that cannot be
+published. Stated outcome: while writes are refused every search server keeps routing
+with the list it holds (no query fails: invariant 1 and the load's counts), the
+leader keeps its term or hands over after failing for ``heartbeat_ttl`` (either is
+fine: nobody can write); once writes are allowed again the change is published and
+every reader follows it within :func:`refusal_bound`, and a leader is in office and
+publishing (the runner's working check).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import redis as sync_redis
+
+from .cluster import ChaosCluster
+from .config import ChaosConfig
+from .context import FaultContext, redis_bound
+
+__all__ = ["REFUSAL_MODES", "redis_refuses_writes", "refusal_bound"]
+
+log = logging.getLogger(__name__)
+
+REFUSAL_MODES = ("oom", "pause")
+
+
+def refusal_bound(config: ChaosConfig) -> float:
+    """Seconds from writes allowed again to the change published and followed.
+
+    A leader that kept failing may have resigned just before: an election (its node
+    is deleted at once, so the next in line leads within a ZooKeeper round trip or
+    two, 1 s) and the new term's first full publish, then what any Redis recovery
+    takes (:func:`~.context.redis_bound`).
+    """
+    return 1.0 + redis_bound(config)
+
+
+def _client(cluster: ChaosCluster) -> sync_redis.Redis:
+    return sync_redis.Redis.from_url(cluster.primary_url, socket_timeout=2.0)
+
+
+def _refuse(cluster: ChaosCluster, mode: str, pause_ms: int) -> dict[str, str]:
+    """Make the primary refuse writes; return what :func:`_allow` restores."""
+    client = _client(cluster)
+    try:
+        if mode == "oom":
+            saved = {
+                key: str(value)
+                for key, value in client.config_get("maxmemory*").items()
+                if key in ("maxmemory", "maxmemory-policy")
+            }
+            client.config_set("maxmemory-policy", "noeviction")
+            # One byte: below anything Redis holds, so every write is refused.
+            client.config_set("maxmemory", "1")
+            return saved
+        client.client_pause(pause_ms, all=False)  # CLIENT PAUSE <ms> WRITE
+        return {}
+    finally:
+        client.close()
+
+
+def _allow(cluster: ChaosCluster, mode: str, saved: dict[str, str]) -> None:
+    client = _client(cluster)
+    try:
+        if mode == "oom":
+            for key, value in saved.items():
+                client.config_set(key, value)
+        else:
+            client.client_unpause()
+    finally:
+        client.close()
+
+
+async def redis_refuses_writes(ctx: FaultContext) -> None:
+    """The Redis primary refuses writes (OOM or ``CLIENT PAUSE WRITE``) while a data
+    server goes offline; allowed again, the change is published within the bound."""
+    kind = "redis_refuses_writes"
+    mode = ctx.rng.choice(REFUSAL_MODES)
+    # Long enough for the victim to leave ZooKeeper while refused (the probe budget)
+    # and, often, for the leader to give up on the store (heartbeat_ttl).
+    hold = ctx.config.probe_budget + ctx.rng.uniform(0.5, 3.0)
+    (victim,) = ctx.pick_data(1)
+    cluster = ctx.cluster
+    log.info("%s (%s) for %.1f s; %s fails its probes meanwhile", kind, mode, hold, victim.name)
+    # The pause also ends by itself, should this harness die before it unpauses.
+    saved = await asyncio.to_thread(_refuse, cluster, mode, round((hold + 30.0) * 1000))
+    refused_at = time.monotonic()
+    try:
+        await cluster.admin(victim, "fault", {"mode": "error", "rate": 1.0})
+        ctx.remove([victim])
+        await asyncio.sleep(max(0.0, hold - (time.monotonic() - refused_at)))
+    finally:
+        # Shielded: a cancelled run must still leave Redis writable for its teardown.
+        with contextlib.suppress(sync_redis.RedisError):
+            await asyncio.shield(asyncio.to_thread(_allow, cluster, mode, saved))
+    log.info("%s: writes allowed again after %.1f s", kind, time.monotonic() - refused_at)
+    await ctx.converge(
+        kind,
+        "published again",
+        refusal_bound(ctx.config),
+        lambda s: s.redis is not None and s.subscribed >= set(s.search),
+    )
+    await cluster.admin(victim, "fault", {"mode": "none"})
+    ctx.add([victim])
+    await ctx.converge(kind, "data server back", ctx.config.rise_budget + 1.5)
