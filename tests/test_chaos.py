@@ -36,7 +36,7 @@ def test_schedule_is_seeded_and_meets_every_kind_in_each_round(sentinels: bool) 
     assert schedule(7, sentinels=sentinels) == schedule(7, sentinels=sentinels)
     assert schedule(7, sentinels=sentinels) != schedule(8, sentinels=sentinels)
     every = _mode_kinds(sentinels=sentinels)
-    assert len(every) == 28  # 11 process, 5 partition, 4 overlap, 2 backend, 6 hostile
+    assert len(every) == 30  # 11 process, 6 partition, 4 overlap, 3 backend, 6 hostile
     first_rounds = schedule(7, sentinels=sentinels)[: 3 * len(every)]
     for start in range(0, len(first_rounds), len(every)):
         assert sorted(first_rounds[start : start + len(every)]) == every
@@ -63,12 +63,12 @@ def test_single_redis_schedules_are_unchanged_by_the_sentinel_and_hostile_kinds(
     # hostile kinds, drawn from a generator of their own, only come in between.
     hostile = set(CATEGORIES["hostile"])
     assert [kind for kind in schedule(7) if kind not in hostile][:6] == [
-        "zk_leader_pause",
-        "partition_leader_zookeeper",
-        "overlap_zk_kill_during_leader_kill",
-        "leader_pause",
-        "redis_refuses_writes",
+        "zk_disk_full",
+        "data_server_slow",
         "partition_leader_redis",
+        "overlap_zk_kill_during_leader_kill",
+        "zk_leader_pause",
+        "redis_restart",
     ]
 
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -38,7 +39,10 @@ class DevCluster:
     :meth:`~discovery.testing.sentinel.RedisSentinelGroup.sentinel_url`. Replicas need
     sentinels: without them nothing would promote a replica, and clients would only know
     the primary's URL. ``sentinel_down_after_ms`` is how long the sentinels wait for a
-    silent primary before they fail it over.
+    silent primary before they fail it over. ``zk_ensemble`` builds the ensemble
+    instead, given its directory (servers in network namespaces, data directories on
+    filesystems of their own); ``zk_nodes``, the tick and the session bounds are then
+    its business.
 
     Without ``workdir`` a scratch directory is created by ``start()`` and removed by
     ``stop()``; a given ``workdir`` is created if needed and always kept. Use as a context
@@ -66,12 +70,14 @@ class DevCluster:
         redis_replicas: int = 0,
         sentinels: int = 0,
         sentinel_down_after_ms: int = DEFAULT_DOWN_AFTER_MS,
+        zk_ensemble: Callable[[Path], ZooKeeperEnsemble] | None = None,
     ) -> None:
         if zk_nodes < 1 or zk_nodes == 2:
             raise ValueError(f"zk_nodes must be 1 or >= 3, got {zk_nodes}")
         if tick_time_ms < 1:
             raise ValueError(f"tick_time_ms must be >= 1, got {tick_time_ms}")
         self._sentinel_down_after_ms = sentinel_down_after_ms
+        self._zk_ensemble = zk_ensemble
         if redis_replicas < 0 or sentinels < 0:
             raise ValueError(
                 f"redis_replicas and sentinels must be >= 0, got {redis_replicas}, {sentinels}"
@@ -178,14 +184,17 @@ class DevCluster:
                 redis = self._redis = RedisServer(
                     workdir / "redis", port=self._redis_port, host=self._host
                 )
-            self._zk = ZooKeeperEnsemble(
-                self._zk_nodes,
-                workdir / "zookeeper",
-                tick_time_ms=self._tick_time_ms,
-                min_session_timeout_ms=self._min_session_timeout_ms,
-                max_session_timeout_ms=self._max_session_timeout_ms,
-                host=self._host,
-            )
+            if self._zk_ensemble is not None:
+                self._zk = self._zk_ensemble(workdir / "zookeeper")
+            else:
+                self._zk = ZooKeeperEnsemble(
+                    self._zk_nodes,
+                    workdir / "zookeeper",
+                    tick_time_ms=self._tick_time_ms,
+                    min_session_timeout_ms=self._min_session_timeout_ms,
+                    max_session_timeout_ms=self._max_session_timeout_ms,
+                    host=self._host,
+                )
             # Redis is up in milliseconds; launching it first lets it boot while the
             # ensemble waits for its JVMs (a sentinel group launches its data servers; the
             # sentinels follow in wait_ready).

@@ -26,6 +26,7 @@ from .process import ManagedProcess
 
 __all__ = [
     "DEFAULT_MAX_SESSION_TIMEOUT_MS",
+    "DEFAULT_PRE_ALLOC_KB",
     "DEFAULT_TICK_TIME_MS",
     "QuorumPeer",
     "ZooKeeperEnsemble",
@@ -41,6 +42,8 @@ logger = logging.getLogger(__name__)
 # session-expiry test slow; 500 ms keeps failure detection quick on a single machine.
 DEFAULT_TICK_TIME_MS = 500
 DEFAULT_MAX_SESSION_TIMEOUT_MS = 60_000
+#: ``preAllocSize``: how far ZooKeeper grows its transaction log at a time, in KiB.
+DEFAULT_PRE_ALLOC_KB = 4096
 
 _DEBIAN_ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 # The Debian jar names its dependencies in its manifest, but not a logging binding; without
@@ -137,9 +140,12 @@ class ZooKeeperServer(ManagedProcess):
     a network lab's gateway address to be reachable from its namespaces).
 
     ``workdir`` is this server's own directory: it gets ``zoo.cfg``, ``data/`` (with
-    ``myid`` for ensemble members) and ``zookeeper.log``. Without ``peers`` the server runs
-    standalone (``ZooKeeperServerMain``); with ``peers`` (which must include ``server_id``)
-    it is a quorum member (``QuorumPeerMain``).
+    ``myid`` for ensemble members; ``data_dir`` puts it elsewhere, say on a small
+    filesystem of its own) and ``zookeeper.log``. ``pre_alloc_kb`` is ZooKeeper's
+    ``preAllocSize``: a small one makes nearly every write grow the log, so that a full
+    disk refuses the next write rather than one a few megabytes later. Without
+    ``peers`` the server runs standalone (``ZooKeeperServerMain``); with ``peers``
+    (which must include ``server_id``) it is a quorum member (``QuorumPeerMain``).
 
     ``start()`` returns once the server actually serves (``start(wait=False)`` only launches
     the JVM). Constructor arguments are validated with ``ValueError``.
@@ -157,11 +163,15 @@ class ZooKeeperServer(ManagedProcess):
         peers: Sequence[QuorumPeer] = (),
         host: str = LOOPBACK,
         launcher: Sequence[str] = (),
+        data_dir: str | os.PathLike[str] | None = None,
+        pre_alloc_kb: int = DEFAULT_PRE_ALLOC_KB,
     ) -> None:
         if server_id < 1:
             raise ValueError(f"server_id must be >= 1, got {server_id}")
         if tick_time_ms < 1:
             raise ValueError(f"tick_time_ms must be >= 1, got {tick_time_ms}")
+        if pre_alloc_kb < 1:
+            raise ValueError(f"pre_alloc_kb must be >= 1, got {pre_alloc_kb}")
         min_timeout = 2 * tick_time_ms if min_session_timeout_ms is None else min_session_timeout_ms
         if not 0 < min_timeout <= max_session_timeout_ms:
             raise ValueError(
@@ -182,6 +192,8 @@ class ZooKeeperServer(ManagedProcess):
         self._peers = tuple(sorted(peers, key=lambda p: p.server_id))
         self._host = host
         self._launcher = tuple(launcher)
+        self._data_dir = directory / "data" if data_dir is None else Path(data_dir)
+        self._pre_alloc_kb = pre_alloc_kb
 
     @property
     def server_id(self) -> int:
@@ -222,7 +234,7 @@ class ZooKeeperServer(ManagedProcess):
     @property
     def data_dir(self) -> Path:
         """Snapshots and transaction logs; kept across restarts."""
-        return self._workdir / "data"
+        return self._data_dir
 
     def mode(self) -> str | None:
         """Return ``standalone``, ``leader`` or ``follower`` while serving, else None.
@@ -268,8 +280,9 @@ class ZooKeeperServer(ManagedProcess):
             # survives a process restart; skipping fsync only risks data on an OS crash,
             # and makes writes much faster for tests.
             "forceSync=no",
-            # ZooKeeper pads each transaction log to 64 MB by default; 4 MB is plenty here.
-            "preAllocSize=4096",
+            # ZooKeeper pads each transaction log to 64 MB by default; 4 MB is plenty here
+            # (a disk-full test wants it small, so that the next write needs new space).
+            f"preAllocSize={self._pre_alloc_kb}",
         ]
         if self._peers:
             # The limits count ticks. With the short ticks we use for short sessions,
@@ -302,7 +315,8 @@ class ZooKeeperEnsemble:
     ``host`` binds every server to another address (a network lab's gateway);
     ``server_hosts`` gives each server an address of its own and ``launchers`` a command
     prefix each (``Host.wrap([])``: the server runs inside that lab host's namespace),
-    so that a link between two servers can be cut.
+    so that a link between two servers can be cut; ``data_dirs`` and ``pre_alloc_kb``
+    are each server's (see :class:`ZooKeeperServer`).
 
     Ports are chosen when the ensemble is constructed and kept for its lifetime, so
     :attr:`hosts` is stable across ``stop_server``/``start_server``. Server ``i`` lives in
@@ -320,6 +334,8 @@ class ZooKeeperEnsemble:
         host: str = LOOPBACK,
         server_hosts: Sequence[str] | None = None,
         launchers: Sequence[Sequence[str]] | None = None,
+        data_dirs: Sequence[str | os.PathLike[str]] | None = None,
+        pre_alloc_kb: int = DEFAULT_PRE_ALLOC_KB,
     ) -> None:
         if size < 1 or size == 2:
             raise ValueError(
@@ -331,8 +347,13 @@ class ZooKeeperEnsemble:
         client_ports = peer_ports[:size]
         addresses = list(server_hosts) if server_hosts is not None else [host] * size
         prefixes = [list(p) for p in launchers] if launchers is not None else [[]] * size
-        if len(addresses) != size or len(prefixes) != size:
-            raise ValueError(f"need one server host and one launcher per server ({size})")
+        data: list[str | os.PathLike[str] | None] = (
+            list(data_dirs) if data_dirs is not None else [None] * size
+        )
+        if len(addresses) != size or len(prefixes) != size or len(data) != size:
+            raise ValueError(
+                f"need one server host, launcher and data directory per server ({size})"
+            )
         peers: list[QuorumPeer] = []
         if size > 1:
             peers = [
@@ -352,6 +373,8 @@ class ZooKeeperEnsemble:
                 peers=peers,
                 host=addresses[i],
                 launcher=prefixes[i],
+                data_dir=data[i],
+                pre_alloc_kb=pre_alloc_kb,
             )
             for i in range(size)
         ]

@@ -12,12 +12,18 @@ replicas watched by N sentinels
 (:class:`~discovery.testing.sentinel.RedisSentinelGroup`); every search server and the
 observer then reach it through the sentinel URL, so they follow a failover.
 
-With ``partitions``, every data and search server runs in a network namespace of its
-own (a :class:`~discovery.testing.netns.NetworkLab` host, its own 198.18.x.y address),
-ZooKeeper and Redis (sentinels included) listen on the lab's gateway, and
-:meth:`ChaosCluster.cut` drops chosen links with iptables inside one server's
-namespace. The admin endpoints then take a bearer token, since the harness no longer
+With ``partitions``, every data and search server and every ZooKeeper server runs in
+a network namespace of its own (a :class:`~discovery.testing.netns.NetworkLab` host,
+its own 198.18.x.y address), Redis (sentinels included) listens on the lab's gateway,
+and :meth:`ChaosCluster.cut` drops chosen links with iptables inside one server's
+namespace (:meth:`ChaosCluster.cut_zookeeper_peers` cuts one ZooKeeper server from the
+others). The admin endpoints then take a bearer token, since the harness no longer
 calls from loopback.
+
+Where the harness may mount (root, as partitions need), each ZooKeeper server keeps its
+data on a small tmpfs of its own (:attr:`ChaosCluster.zk_disks`), so that a fault can
+fill its disk; ZooKeeper then grows its log in small steps, so a full disk refuses the
+next writes rather than some megabytes later.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +47,7 @@ from discovery.config import ClusterConfig
 from discovery.testing import DevCluster
 from discovery.testing.netns import Cut, Host, NetworkLab
 from discovery.testing.ports import LOOPBACK, free_ports
+from discovery.testing.zookeeper import ZooKeeperEnsemble
 
 from .config import REDIS_REPLICAS, SENTINEL_DOWN_AFTER_MS, ChaosConfig
 
@@ -61,6 +69,12 @@ DATA_DOCS = 300
 #: sentinels, its replicas and the sentinels) keeps the default priority: it uses
 #: little CPU, and the failover bound judges the sentinels' own timing.
 BACKGROUND_NICENESS = 10
+ZK_SERVERS = 3
+#: Each ZooKeeper server's tmpfs: its snapshots and logs of a run take well under 1 MiB.
+ZK_DISK_MB = 16
+#: ``preAllocSize`` on those disks (KiB): the log grows 4 KiB at a time, so a full disk
+#: refuses a write within a few kilobytes of transactions.
+ZK_PRE_ALLOC_KB = 4
 
 
 def deprioritize(pid: int, niceness: int = BACKGROUND_NICENESS) -> None:
@@ -132,6 +146,11 @@ class ChaosCluster:
         self.data: dict[str, Member] = {}
         self._http: aiohttp.ClientSession | None = None
         self._readiness: set[asyncio.Task[None]] = set()
+        #: The ZooKeeper servers' namespaces (with partitions).
+        self.zk_lab_hosts: list[Host] = []
+        #: Each ZooKeeper server's data directory, a tmpfs of its own; empty where the
+        #: harness cannot mount (the disk faults are then skipped).
+        self.zk_disks: list[Path] = []
         #: Processes of hostile faults (a hostile peer, a query storm) by name.
         self.helpers: dict[str, asyncio.subprocess.Process] = {}
 
@@ -179,11 +198,16 @@ class ChaosCluster:
         lab = self.lab
         if lab is not None:
             await asyncio.to_thread(lab.start)
+            self.zk_lab_hosts = await asyncio.to_thread(
+                lambda: [lab.add_host(f"zk{i + 1}") for i in range(ZK_SERVERS)]
+            )
+            self.zk_disks = await asyncio.to_thread(self._mount_zk_disks)
         self._backend = DevCluster(
             self.workdir / "backend",
-            zk_nodes=3,
+            zk_nodes=ZK_SERVERS,
             tick_time_ms=config.tick_time_ms,
             max_session_timeout_ms=60_000,
+            zk_ensemble=self._ensemble,
             host=lab.gateway if lab is not None else LOOPBACK,
             sentinels=config.redis_sentinels,
             redis_replicas=REDIS_REPLICAS if config.sentinel_mode else 0,
@@ -230,8 +254,55 @@ class ChaosCluster:
             if self._backend is not None:
                 await asyncio.to_thread(self._backend.stop)
         finally:
-            if self.lab is not None:
-                await asyncio.to_thread(self.lab.close)
+            try:
+                await asyncio.to_thread(self._unmount_zk_disks)
+            finally:
+                if self.lab is not None:
+                    await asyncio.to_thread(self.lab.close)
+
+    # -- ZooKeeper's hosts and disks --------------------------------------------------
+
+    def _ensemble(self, directory: Path) -> ZooKeeperEnsemble:
+        hosts = self.zk_lab_hosts
+        return ZooKeeperEnsemble(
+            ZK_SERVERS,
+            directory,
+            tick_time_ms=self.config.tick_time_ms,
+            max_session_timeout_ms=60_000,
+            server_hosts=[h.address for h in hosts] if hosts else None,
+            launchers=[h.wrap([]) for h in hosts] if hosts else None,
+            data_dirs=self.zk_disks or None,
+            pre_alloc_kb=ZK_PRE_ALLOC_KB if self.zk_disks else 4096,
+        )
+
+    def _mount_zk_disks(self) -> list[Path]:
+        """A tmpfs per ZooKeeper server; none (logged) where mounting is refused."""
+        disks = [self.workdir / "zk-disks" / f"zk{i + 1}" for i in range(ZK_SERVERS)]
+        mounted: list[Path] = []
+        try:
+            for disk in disks:
+                disk.mkdir(parents=True, exist_ok=True)
+                subprocess.run(
+                    ["mount", "-t", "tmpfs", "-o", f"size={ZK_DISK_MB}m", "tmpfs", str(disk)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+                mounted.append(disk)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            detail = exc.stderr.strip() if isinstance(exc, subprocess.CalledProcessError) else exc
+            log.warning("no tmpfs for ZooKeeper's data (%s): the disk faults are skipped", detail)
+            for disk in mounted:
+                subprocess.run(["umount", str(disk)], check=False, capture_output=True)
+            return []
+        return disks
+
+    def _unmount_zk_disks(self) -> None:
+        for disk in self.zk_disks:
+            result = subprocess.run(["umount", str(disk)], check=False, capture_output=True)
+            if result.returncode != 0:
+                log.warning("could not unmount %s: %s", disk, result.stderr.decode().strip())
+        self.zk_disks = []
 
     # -- links -------------------------------------------------------------------
 
@@ -256,7 +327,8 @@ class ChaosCluster:
         cuts = self._cuts.setdefault(member.name, [])
         if what == "zookeeper":
             for server in self.backend.zk.servers:
-                cuts.append(lab.cut(host, address=lab.gateway, port=server.client_port))
+                address = server.address.rsplit(":", 1)[0]
+                cuts.append(lab.cut(host, address=address, port=server.client_port))
         elif what == "redis":
             for port in self.redis_ports():
                 cuts.append(lab.cut(host, address=lab.gateway, port=port))
@@ -269,6 +341,23 @@ class ChaosCluster:
         else:
             raise ValueError(f"unknown link {what!r}")
 
+    async def cut_zookeeper_peers(self, index: int) -> None:
+        """Cut ZooKeeper server ``index`` from its peers (every port both ways, its
+        clients untouched); :meth:`heal_zookeeper_peers` undoes it."""
+        await asyncio.to_thread(self._cut_peers, index)
+
+    async def heal_zookeeper_peers(self, index: int) -> None:
+        await asyncio.to_thread(self._heal_key, f"zk{index + 1}")
+
+    def _cut_peers(self, index: int) -> None:
+        lab, hosts = self.lab, self.zk_lab_hosts
+        if lab is None or not hosts:
+            raise ValueError("a run without partitions has no links to cut")
+        cuts = self._cuts.setdefault(f"zk{index + 1}", [])
+        for peer, other in enumerate(hosts):
+            if peer != index:
+                cuts.append(lab.cut(hosts[index], address=other.address))
+
     def redis_ports(self) -> list[int]:
         """Every port a Redis client of the run may use: the server's, or with sentinels
         each data server's (any may be primary next) and each sentinel's."""
@@ -278,7 +367,10 @@ class ChaosCluster:
         return [*(s.port for s in group.servers), *(s.port for s in group.sentinels)]
 
     def _heal(self, member: Member) -> None:
-        for cut in self._cuts.pop(member.name, []):
+        self._heal_key(member.name)
+
+    def _heal_key(self, key: str) -> None:
+        for cut in self._cuts.pop(key, []):
             cut.heal()
 
     def deprioritize_zookeeper(self) -> None:

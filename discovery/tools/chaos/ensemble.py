@@ -11,22 +11,55 @@
   again within :func:`reelection_bound` of the pause; once resumed, the old ZooKeeper
   leader serves again (as a follower) within :data:`REJOIN_TIMEOUT`, and the list is
   right within the session timeout plus the probe budget.
+* ``zk_disk_full``: the data disk (a small tmpfs of its own,
+  :attr:`~.cluster.ChaosCluster.zk_disks`) of one server or of every server fills up;
+  a data server fails its probes meanwhile, and the harness keeps writing small scratch
+  nodes (as any busy cluster would) until a write is refused. ZooKeeper 3.8 does not
+  refuse writes politely: a server that cannot append to its log stops serving and
+  goes back to the election, where it fails again and again (following, or leading
+  and unable to write its snapshot, when it exits with status 10, "Severe
+  unrecoverable error"). One full disk costs one server (the quorum holds and
+  nothing may change for the clients); all of them cost the quorum. The disks are
+  then freed and the exited servers started again, as their supervisor would; the
+  others recover by themselves within :data:`REJOIN_TIMEOUT`. Outcome: no
+  registration lost, every search server routing with the list it holds meanwhile,
+  and once the servers are back the list right (the prober's change included)
+  within the session timeout plus the probe budget, as after a quorum loss.
+* ``zk_peer_partition``: one ensemble member (the leader or a follower) cut from its
+  peers, its clients untouched. It stops serving once ``syncLimit`` passes without
+  its peers; its clients move to the majority, which (if it was the leader) elects a
+  new leader meanwhile. Outcome: the list right and a search-server leader publishing
+  within :func:`reelection_bound`; healed, the member serves again within
+  :data:`REJOIN_TIMEOUT` and the list is right within the session timeout plus the
+  probe budget.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
 import os
 import signal
 import time
+from pathlib import Path
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
 
 from discovery.testing.zookeeper import ZooKeeperServer
 
 from .config import ChaosConfig
 from .context import FaultContext
 
-__all__ = ["REJOIN_TIMEOUT", "reelection_bound", "zk_leader_pause"]
+__all__ = [
+    "REJOIN_TIMEOUT",
+    "reelection_bound",
+    "zk_disk_full",
+    "zk_leader_pause",
+    "zk_peer_partition",
+]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +67,13 @@ log = logging.getLogger(__name__)
 #: its peers (``syncLimit``), looks for the leader and syncs from it (``initLimit``, 20 s
 #: at most here; a small data set syncs in well under a second).
 REJOIN_TIMEOUT = 30.0
+#: Where the disk fault writes its scratch nodes (ephemeral, outside every cluster).
+SCRATCH_PATH = "/chaos-disk-fill"
+#: Scratch writes of 1 KiB: far more than the 4 KiB a log grows by at a time.
+SCRATCH_WRITES = 64
+#: How long a filled server may take to stop serving once writes are refused.
+EXIT_TIMEOUT = 20.0
+_FILL_FILE = "fill"
 
 
 def reelection_bound(config: ChaosConfig, sync_limit: float) -> float:
@@ -101,3 +141,144 @@ async def zk_leader_pause(ctx: FaultContext) -> None:
             "after SIGCONT",
         )
     await ctx.converge(kind, "resumed", ctx.config.session_timeout + ctx.config.probe_budget)
+
+
+def _fill(disk: Path) -> int:
+    """Fill ``disk`` to the last page; the bytes written."""
+    written = 0
+    with (disk / _FILL_FILE).open("wb", buffering=0) as out:
+        for size in (1 << 20, 4096):  # megabytes, then the last one page by page
+            chunk = bytes(size)
+            try:
+                while True:
+                    written += out.write(chunk)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+    return written
+
+
+def _free(disk: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (disk / _FILL_FILE).unlink()
+
+
+def _write_until_refused(hosts: str, timeout: float) -> int:
+    """Write scratch nodes until ZooKeeper refuses one; the writes that went through.
+    Blocking: run it in a thread."""
+    client = KazooClient(hosts=hosts, timeout=timeout)
+    written = 0
+    try:
+        client.start(timeout=timeout)
+        client.ensure_path(SCRATCH_PATH)
+        for _ in range(SCRATCH_WRITES):
+            client.create_async(
+                f"{SCRATCH_PATH}/n-", b"x" * 1024, ephemeral=True, sequence=True
+            ).get(timeout=timeout)
+            written += 1
+    except (KazooException, TimeoutError) as exc:
+        log.info("zk_disk_full: scratch write %d refused: %r", written + 1, exc)
+    finally:
+        with contextlib.suppress(KazooException, TimeoutError):
+            client.stop()
+        client.close()
+    return written
+
+
+def _serving(servers: list[ZooKeeperServer]) -> list[bool]:
+    return [server.running and server.mode() is not None for server in servers]
+
+
+async def _wait_out_of_service(servers: list[ZooKeeperServer], timeout: float) -> bool:
+    """Poll until each of ``servers`` has exited or been seen not serving."""
+    deadline = time.monotonic() + timeout
+    pending = list(servers)
+    while pending:
+        states = await asyncio.to_thread(_serving, pending)
+        pending = [server for server, state in zip(pending, states, strict=True) if state]
+        if pending and time.monotonic() > deadline:
+            return False
+        if pending:
+            await asyncio.sleep(0.2)  # polling from outside: there is no event
+    return True
+
+
+async def zk_disk_full(ctx: FaultContext) -> None:
+    """Fill one or every ZooKeeper server's data disk; free them; start whatever exited."""
+    kind = "zk_disk_full"
+    cluster = ctx.cluster
+    disks, servers = cluster.zk_disks, cluster.backend.zk.servers
+    if not disks:
+        ctx.skipped[kind] = ctx.skipped.get(kind, 0) + 1
+        log.warning("%s skipped: ZooKeeper's data is not on disks of its own", kind)
+        return
+    scope = ctx.rng.choice(("one", "all"))
+    indexes = [ctx.rng.randrange(len(servers))] if scope == "one" else list(range(len(servers)))
+    filled = [servers[i] for i in indexes]
+    (victim,) = ctx.pick_data(1)
+    log.info("%s: filling the disk of ZooKeeper server(s) %s", kind, [i + 1 for i in indexes])
+    try:
+        await asyncio.gather(*(asyncio.to_thread(_fill, disks[i]) for i in indexes))
+        # A change that needs a write while the disks are full.
+        await cluster.admin(victim, "fault", {"mode": "error", "rate": 1.0})
+        ctx.remove([victim])
+        written = await asyncio.to_thread(
+            _write_until_refused, cluster.zk_hosts, ctx.config.session_timeout
+        )
+        log.info("%s: %d scratch writes went through", kind, written)
+        if not await _wait_out_of_service(filled, EXIT_TIMEOUT):
+            # ZooKeeper kept going (the writes fitted in log space it had): still a
+            # disk-full test of the clients, but say so.
+            log.warning("%s: the filled servers still serve %g s later", kind, EXIT_TIMEOUT)
+        await ctx.hold(1.0, 3.0)
+    finally:
+        await asyncio.gather(*(asyncio.to_thread(_free, disks[i]) for i in indexes))
+    exited = [i for i in indexes if not servers[i].running]
+    log.info("%s: disks freed; starting server(s) %s again", kind, [i + 1 for i in exited])
+    for i in exited:
+        await asyncio.to_thread(servers[i].stop)  # reaps it
+    await asyncio.gather(*(asyncio.to_thread(cluster.start_zookeeper, i) for i in exited))
+    for server in filled:
+        if not await _wait_serving(server, REJOIN_TIMEOUT):
+            ctx.observer.violate(
+                "fault healed",
+                f"{kind}: ZooKeeper server {server.server_id} not serving "
+                f"{REJOIN_TIMEOUT:g} s after its disk was freed",
+            )
+    await ctx.converge(kind, "disks freed", ctx.config.session_timeout + ctx.config.probe_budget)
+    await cluster.admin(victim, "fault", {"mode": "none"})
+    ctx.add([victim])
+    await ctx.converge(kind, "data server back", ctx.config.rise_budget + 1.5)
+
+
+async def zk_peer_partition(ctx: FaultContext) -> None:
+    """Cut one ZooKeeper server from its peers (its clients untouched); heal it."""
+    kind = "zk_peer_partition"
+    cluster = ctx.cluster
+    servers = cluster.backend.zk.servers
+    if not cluster.zk_lab_hosts:
+        ctx.skipped[kind] = ctx.skipped.get(kind, 0) + 1
+        return
+    modes = await asyncio.to_thread(_modes, servers)
+    index = ctx.rng.randrange(len(servers))
+    server = servers[index]
+    cut_ms = time.time() * 1000
+    log.info("cut ZooKeeper server %d (%s) from its peers", server.server_id, modes[index])
+    await cluster.cut_zookeeper_peers(index)
+    try:
+        await ctx.converge(
+            kind,
+            "majority serves",
+            reelection_bound(ctx.config, server.sync_limit),
+            lambda s: s.leading_since(cut_ms + server.sync_limit * 1000),
+        )
+        await ctx.hold(0.5, 2.0)
+    finally:
+        await cluster.heal_zookeeper_peers(index)
+    if not await _wait_serving(server, REJOIN_TIMEOUT):
+        ctx.observer.violate(
+            "fault healed",
+            f"{kind}: ZooKeeper server {server.server_id} not serving {REJOIN_TIMEOUT:g} s "
+            "after the heal",
+        )
+    await ctx.converge(kind, "healed", ctx.config.session_timeout + ctx.config.probe_budget)

@@ -52,7 +52,7 @@ from discovery.testing.redis import RedisServer
 from . import hostile
 from .cluster import ChaosCluster, Member
 from .context import RECOVERY_TIMEOUT, START_BOUND, FaultContext, StepResult, redis_bound
-from .ensemble import zk_leader_pause
+from .ensemble import zk_disk_full, zk_leader_pause, zk_peer_partition
 from .refusals import redis_refuses_writes
 
 __all__ = [
@@ -603,6 +603,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
         "partition_leader_zookeeper",
         "partition_leader_redis",
         "partition_search_redis",
+        "zk_peer_partition",
     ),
     "overlap": (
         "overlap_flushall_while_leader_paused",
@@ -615,6 +616,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     "backend": (
         "zk_leader_pause",
         "redis_refuses_writes",
+        "zk_disk_full",
     ),
     "hostile": hostile.HOSTILE_KINDS,
 }
@@ -664,5 +666,7 @@ FAULTS: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
     "overlap_redis_failover_during_leader_change": overlap_redis_failover_during_leader_change,
     "zk_leader_pause": zk_leader_pause,
     "redis_refuses_writes": redis_refuses_writes,
+    "zk_disk_full": zk_disk_full,
+    "zk_peer_partition": zk_peer_partition,
     **hostile.HOSTILE_FAULTS,
 }
