@@ -114,14 +114,24 @@ chaos-ci: setup
 	$(BIN)/discovery chaos --duration 200 --seed 7 --redis-sentinels 3
 
 # Thirty minutes of every fault kind (process faults, network partitions, two at once,
-# hostile participants), every invariant checked all along; the report is
-# docs/BENCHMARKS.md's soak table and its hostile-input table.
+# ZooKeeper and Redis failing short of a crash, deploy day, hostile participants) for
+# each seed of SOAK_SEEDS in turn, every invariant checked all along; each seed's report
+# (bench/results/soak-<seed>[-sentinel].json) is a row of docs/BENCHMARKS.md's soak
+# table, and bench/results/soak[-sentinel].png plots them all over time. Stops at the
+# first seed with a violation. SOAK_DURATION=7200 is the two-hour run.
 SOAK_DURATION ?= 1800
-SOAK_SEED     ?= 11
+SOAK_SEEDS    ?= 11
+SOAK_SUFFIX    = $(if $(filter-out 0,$(CHAOS_SENTINELS)),-sentinel)
 soak: setup
-	$(BIN)/discovery chaos --duration $(SOAK_DURATION) --seed $(SOAK_SEED) \
-	  --redis-sentinels $(CHAOS_SENTINELS) \
-	  --report bench/results/soak$(if $(filter-out 0,$(CHAOS_SENTINELS)),-sentinel).json
+	@for seed in $(SOAK_SEEDS); do \
+	  echo "== soak: seed $$seed, $(SOAK_DURATION) s"; \
+	  $(BIN)/discovery chaos --duration $(SOAK_DURATION) --seed $$seed \
+	    --redis-sentinels $(CHAOS_SENTINELS) \
+	    --report bench/results/soak-$$seed$(SOAK_SUFFIX).json || exit 1; \
+	done
+	$(BIN)/python bench/plot_soak.py \
+	  $(foreach seed,$(SOAK_SEEDS),bench/results/soak-$(seed)$(SOAK_SUFFIX).json) \
+	  --out bench/results/soak$(SOAK_SUFFIX).png
 
 # Containers (docker-compose.yml). Every image starts FROM debian:bookworm-slim; where no
 # registry answers, base-image.sh bootstraps it with debootstrap and `docker import`. The

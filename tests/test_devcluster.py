@@ -255,6 +255,31 @@ def test_ensemble_keeps_serving_with_one_server_down(tmp_path: Path) -> None:
 def test_ensemble_rejects_two_servers(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="3 or more"):
         ZooKeeperEnsemble(2, tmp_path)
+    with pytest.raises(ValueError, match="data directory per server"):
+        ZooKeeperEnsemble(3, tmp_path, data_dirs=[tmp_path / "one"])
+    with pytest.raises(ValueError, match="pre_alloc_kb"):
+        ZooKeeperServer(tmp_path / "zk", pre_alloc_kb=0)
+
+
+@pytest.mark.integration
+def test_a_server_keeps_its_data_where_it_is_told(tmp_path: Path) -> None:
+    # The chaos run's disk fault puts each server's data on a small filesystem of its own
+    # and makes the log grow in small steps, so that a full disk refuses the next write.
+    disk = tmp_path / "disk"
+    server = ZooKeeperServer(tmp_path / "zk", data_dir=disk, pre_alloc_kb=4)
+    try:
+        server.start()
+        config = server.config_path.read_text(encoding="utf-8").splitlines()
+        assert f"dataDir={disk}" in config
+        assert "preAllocSize=4" in config
+        with kazoo_client(server.address) as client:
+            client.create("/kept", b"x" * 1000)
+        logs = list(disk.rglob("log.*"))
+        assert logs, "no transaction log in the given data directory"
+        assert all(log.stat().st_size < 64 * 1024 for log in logs)  # not 4 MiB, nor 64
+        assert not (tmp_path / "zk" / "data").exists()
+    finally:
+        server.stop()
 
 
 @pytest.mark.integration

@@ -14,7 +14,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from discovery.livelist.redis.follower import RECONNECT_BACKOFF_MAX
 
@@ -45,6 +45,8 @@ class StepResult:
     bound: float
     took: float | None  # None: not within the bound
     detail: str = ""
+    #: When the step was judged (wall clock, seconds): the soak plot's time axis.
+    at: float = field(default_factory=time.time)
 
 
 class FaultContext:

@@ -32,6 +32,8 @@ __all__ = ["LoadGenerator", "LoadStats", "LoopLag", "cpu_jiffies"]
 log = logging.getLogger(__name__)
 
 SLACK_MS = 50.0
+#: The width of :attr:`LoadStats.timeline`'s intervals, in seconds.
+TIMELINE_BUCKET_S = 10
 _WORDS = ("alpha", "river", "stone", "light", "garden", "winter", "signal", "market", "harbor")
 
 
@@ -52,6 +54,14 @@ class LoadStats:
     #: fault kind (or "between faults") -> outcome -> count, by when the query was sent.
     by_fault: dict[str, dict[str, int]] = field(default_factory=dict)
     max_ms_by_fault: dict[str, float] = field(default_factory=dict)
+    #: Start of a :data:`TIMELINE_BUCKET_S` interval (wall clock, s) -> outcome -> count,
+    #: by when the query was sent: the soak plot's queries over time.
+    timeline: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    def count_in_timeline(self, sent_at: float, outcome: str) -> None:
+        bucket = int(sent_at // TIMELINE_BUCKET_S) * TIMELINE_BUCKET_S
+        counts = self.timeline.setdefault(bucket, {"complete": 0, "partial": 0, "failed": 0})
+        counts[outcome] += 1
 
     @property
     def max_ms(self) -> float:
@@ -196,6 +206,7 @@ class LoadGenerator:
         # A query sent during a hostile fault is judged by that fault's invariants.
         watch = self._observer.hostile
         params = {"q": query, "timeout_ms": str(self._deadline_ms)}
+        sent_at = time.time()
         started = time.monotonic()
         outcome = "failed"
         took_ms: float | None = None
@@ -237,6 +248,7 @@ class LoadGenerator:
         stats.latencies_ms.append(elapsed_ms)
         counts = stats.by_fault.setdefault(fault, {"complete": 0, "partial": 0, "failed": 0})
         counts[outcome] += 1
+        stats.count_in_timeline(sent_at, outcome)
         stats.max_ms_by_fault[fault] = max(stats.max_ms_by_fault.get(fault, 0.0), elapsed_ms)
         if elapsed_ms > self._deadline_ms + SLACK_MS:
             stats.over_deadline += 1

@@ -219,7 +219,13 @@ def to_json(result: ChaosResult) -> dict[str, Any]:
         "elapsed_s": round(result.elapsed, 1),
         "faults": _per_kind(result),
         "steps": [
-            {"fault": s.fault, "step": s.step, "bound_s": s.bound, "took_s": s.took}
+            {
+                "fault": s.fault,
+                "step": s.step,
+                "bound_s": s.bound,
+                "took_s": s.took,
+                "at": round(s.at, 3),
+            }
             for s in result.steps
         ],
         "queries": {
@@ -237,6 +243,11 @@ def to_json(result: ChaosResult) -> dict[str, Any]:
             "max_ms": round(load.max_ms, 1),
             "by_fault": load.by_fault,
             "max_ms_by_fault": {k: round(v, 1) for k, v in load.max_ms_by_fault.items()},
+            # [interval start (wall clock, s), complete, partial, failed], in time order.
+            "timeline": [
+                [start, c["complete"], c["partial"], c["failed"]]
+                for start, c in sorted(load.timeline.items())
+            ],
         },
         "publishes": result.publishes,
         "fenced_writes": result.fenced_writes,
