@@ -17,10 +17,18 @@ Phases, each a row of the summary table; the exit status is 1 if any row missed:
    the replica, every search server reads a confirmed list from it again, no query
    fails or comes back partial meanwhile, and the old primary, started again, rejoins
    as a replica of the new one.
-7. **prometheus** - every scrape target ``up`` through Prometheus's HTTP API (the
+7. **deploy day** - a rolling restart under load (issue 23, item 4): ``stop`` (SIGTERM,
+   then the stop grace) and ``start`` search-1, search-2 and search-3 one by one, each
+   time waiting until every search server lists the 100 serving again under one
+   leader, while the queries go only to the other two (as a load balancer takes out a
+   server being restarted); then each fleet container the same way (a batch of 50 data
+   servers that drain on SIGTERM, every shard keeping its replica in the other fleet),
+   the queries going to all three. Every container exits 0, and of all the queries
+   sent meanwhile none fails and fewer than 1 % come back partial.
+8. **prometheus** - every scrape target ``up`` through Prometheus's HTTP API (the
    ZooKeeper and Redis exporters' included), the exporters reporting every ZooKeeper
    member answering with one leader and both Redis nodes up, and the alert rules loaded.
-8. **down** - ``down -v``: no container, network or volume of the project left.
+9. **down** - ``down -v``: no container, network or volume of the project left.
 
 The search servers' views come from their ``/cluster`` and the primary's name from
 Sentinel, read inside the load generator's container (on the compose network) by one
@@ -29,7 +37,7 @@ too, and each fault waits for 40 answered queries first. Nothing here sleeps to
 synchronise: every wait polls a condition against a deadline.
 
 Compose itself runs only ``up``, ``start`` (restore) and ``down``, with no queries being
-judged. Every fault, probe and ``exec`` under load goes through the ``docker`` CLI to
+judged. Every fault, restart, probe and ``exec`` under load goes through the ``docker`` CLI to
 the container compose created (found by compose's labels), because ``docker-compose``
 1.x is a Python program that takes about half a core for half a second per command:
 on a 2-core machine the check's own ``start`` of a Redis container starved the data
@@ -67,6 +75,8 @@ SENTINELS = 3
 # redis-exporter target per Redis node and sentinel (deploy/prometheus.yml)
 TARGETS = len(SEARCH_SERVERS) + DATA_SERVERS + 1 + 1 + len(REDIS_NODES) + SENTINELS
 ALERT_RULES = 10
+# The deploy day's stated outcome: no query fails, fewer than this share come back partial.
+DEPLOY_PARTIAL_LIMIT = 0.01
 # What the exporters must report once all is up: every ZooKeeper member answering mntr,
 # one of them leader, and both Redis nodes reachable.
 INFRASTRUCTURE = {
@@ -239,22 +249,22 @@ class Check:
         print(f"[{'ok' if ok else 'MISS'}] {phase}: {result} ({row.seconds} s)", flush=True)
         return ok
 
-    def start_queries(self, targets: tuple[str, ...], rate: float, duration: float) -> Queries:
-        args = [
-            "docker",
-            "exec",
-            self.container("loadgen"),
-            "data-server",
-            "loadgen",
-            "--json",
-            "--rate",
-            str(rate),
-            "--duration",
-            str(duration),
-        ]
+    def start_queries(
+        self, targets: tuple[str, ...], rate: float, duration: float | None
+    ) -> Queries:
+        """Queries to ``targets`` for ``duration`` s, or (None) until :meth:`Queries.stop`."""
+        loadgen = ["data-server", "loadgen", "--json", "--rate", str(rate)]
+        if duration is not None:
+            loadgen += ["--duration", str(duration)]
         for name in targets:
-            args += ["--target", f"http://{name}:8080"]
-        return Queries(args)
+            loadgen += ["--target", f"http://{name}:8080"]
+        container = self.container("loadgen")
+        if duration is not None:
+            return Queries(["docker", "exec", container, *loadgen])
+        # Its pid first (exec keeps it), so that stop() can SIGTERM it in the container:
+        # the load generator then waits for its queries in flight and exits.
+        script = f'echo "pid $$"; exec {shlex.join(loadgen)}'
+        return Queries(["docker", "exec", container, "sh", "-c", script], container=container)
 
     # -- phases --------------------------------------------------------------------------
 
@@ -384,6 +394,88 @@ class Check:
             started,
         )
 
+    def deploy_day(self) -> bool:
+        """Restart every search server, then every fleet, gracefully and one by one,
+        under load: no query may fail, fewer than 1 % come back partial."""
+        started = time.monotonic()
+        outcomes: Counter[str] = Counter()
+        missing: Counter[str] = Counter()
+        steps: list[str] = []
+        ok = True
+
+        def settled() -> tuple[bool, dict[str, Any]]:
+            """100 serving on every search server, and all naming one leader."""
+            views = self.views()
+            done, _ = all_serving(views, DATA_SERVERS)
+            leaders = {v.get("leader") for v in views.values()}
+            return done and (len(leaders) == 1 and None not in leaders), views
+
+        for name in SEARCH_SERVERS:
+            others = tuple(other for other in SEARCH_SERVERS if other != name)
+            q = self.start_queries(others, rate=20, duration=None)
+            q.wait_answered()
+            stop_started = time.monotonic()
+            # `docker stop` without --time waits the container's stop_grace_period.
+            docker("stop", self.container(name), timeout=120)
+            stopped = time.monotonic() - stop_started
+            exit_code = self.container_exit_code(name)
+            docker("start", self.container(name))
+            back, views = wait_for(settled, 120)
+            took = time.monotonic() - stop_started
+            outcomes += q.stop()
+            missing += q.missing
+            ok = ok and back and exit_code == 0
+            steps.append(
+                f"{name} exited {exit_code} after {stopped:.1f} s, "
+                f"{describe_serving(views)} serving {took:.1f} s after the stop"
+                f"{q.misses_after(stop_started)}"
+            )
+            print(f"  deploy day: {steps[-1]}; queries {describe(q.outcomes)}", flush=True)
+        for fleet, count in FLEETS.items():
+            q = self.start_queries(SEARCH_SERVERS, rate=20, duration=None)
+            q.wait_answered()
+            stop_started = time.monotonic()
+            docker("stop", self.container(fleet), timeout=120)
+            stopped = time.monotonic() - stop_started
+            exit_code = self.container_exit_code(fleet)
+
+            def gone(fleet: str = fleet, count: int = count) -> tuple[bool, dict[str, Any]]:
+                views = self.views()
+                done = all(
+                    v.get("listed") == DATA_SERVERS - count and fleet not in v.get("by_address", {})
+                    for v in views.values()
+                )
+                return done, views
+
+            left, _ = wait_for(gone, 60)
+            docker("start", self.container(fleet))
+            back, views = wait_for(settled, 240)
+            took = time.monotonic() - stop_started
+            outcomes += q.stop()
+            missing += q.missing
+            ok = ok and left and back and exit_code == 0
+            steps.append(
+                f"{fleet} exited {exit_code} after {stopped:.1f} s, "
+                f"{'left every list' if left else 'NOT out of every list'}, "
+                f"{describe_serving(views)} serving {took:.1f} s after the stop"
+                f"{q.misses_after(stop_started)}"
+            )
+            print(f"  deploy day: {steps[-1]}; queries {describe(q.outcomes)}", flush=True)
+        total = sum(outcomes.values())
+        partial = outcomes.get("partial", 0)
+        failed = total - outcomes.get("ok", 0) - partial
+        share = partial / total if total else 0.0
+        ok = ok and total > 0 and failed == 0 and share < DEPLOY_PARTIAL_LIMIT
+        why = " ".join(f"{k} {v}" for k, v in sorted(missing.items()) if v)
+        return self.record(
+            "deploy day",
+            ok,
+            f"queries {describe(outcomes)} of {total}: {failed} failed, {partial} partial "
+            f"({share * 100:.2f} %, limit {DEPLOY_PARTIAL_LIMIT * 100:g} %)"
+            f"{'; shards ' + why if why else ''}; " + "; ".join(steps),
+            started,
+        )
+
     def restore(self, services: list[str]) -> bool:
         started = time.monotonic()
         self.run("start", *services, timeout=300)
@@ -461,7 +553,14 @@ class Check:
 class Queries:
     """``data-server loadgen --json`` in the load generator's container, read as it runs."""
 
-    def __init__(self, command: list[str]) -> None:
+    def __init__(self, command: list[str], *, container: str | None = None) -> None:
+        # With a container, the command prints "pid N" first: the load generator's pid
+        # in it, for stop().
+        self._container = container
+        self._pid: str | None = None
+        self._pid_known = threading.Event()
+        if container is None:
+            self._pid_known.set()
         self.outcomes: Counter[str] = Counter()
         # When (our monotonic clock) each answer that was not a complete one arrived.
         self.misses: list[float] = []
@@ -477,6 +576,10 @@ class Queries:
     def _read(self) -> None:
         assert self._proc.stdout is not None
         for line in self._proc.stdout:
+            if not self._pid_known.is_set() and line.startswith("pid "):
+                self._pid = line.split()[1]
+                self._pid_known.set()
+                continue
             try:
                 record = json.loads(line)
                 outcome = record["outcome"]
@@ -504,6 +607,17 @@ class Queries:
         self._proc.wait(timeout)
         self._reader.join(timeout)
         return self.outcomes
+
+    def stop(self, timeout: float = 30) -> Counter[str]:
+        """SIGTERM the open-ended load generator in its container (it waits for its
+        queries in flight, which are counted) and return the outcomes."""
+        if self._container is None:
+            raise RuntimeError("only an open-ended load generator (no duration) is stopped")
+        if not self._pid_known.wait(timeout) or self._pid is None:
+            raise RuntimeError("the load generator never said its pid")
+        # The shell's kill: the image has no kill executable (procps).
+        docker("exec", self._container, "sh", "-c", f"kill -TERM {self._pid}")
+        return self.wait(timeout)
 
     def settle(self) -> tuple[Counter[str], int, bool]:
         """Wait for the end; the outcomes, their total, and whether every one was complete."""
@@ -624,6 +738,7 @@ def main(argv: list[str] | None = None) -> int:
             _ok, leader = check.leader_kill()
             check.restore(["fleet-2", *([leader] if leader else [])])
             check.redis_failover()
+            check.deploy_day()
             check.prometheus()
     except Exception as exc:
         check.record("error", False, str(exc).splitlines()[0], started)

@@ -24,7 +24,9 @@ async def serve(config: SearchServerConfig) -> None:
         await server.start()
         await stop.wait()
     finally:
-        await server.shutdown()
+        # A stop signal drains (readiness fails first, in-flight queries finish); a
+        # failed start-up has nothing to drain.
+        await server.shutdown(grace=config.drain_grace if stop.is_set() else 0.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

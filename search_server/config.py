@@ -302,6 +302,16 @@ SEARCH_OPTIONS = (
         metavar="SECONDS",
     ),
     Option(
+        "--drain-grace",
+        "DISCOVERY_DRAIN_GRACE",
+        "seconds a stopping search server (SIGTERM) keeps answering queries after its "
+        "/readyz turns 503, for a load balancer to take it out; then it stops accepting "
+        "and finishes the queries in flight",
+        type=_non_negative_float,
+        default=2.0,
+        metavar="SECONDS",
+    ),
+    Option(
         "--mass-loss-min",
         "DISCOVERY_MASS_LOSS_MIN",
         "fewest vanished data servers that can engage the brake",
@@ -337,8 +347,9 @@ class SearchServerConfig:
     ``query_of_death`` holds the thresholds of the query-of-death guard (``--qod-*``).
     ``max_answer_bytes`` caps a data server's answer (``--max-answer-bytes``).
     ``http`` bounds slow clients at the HTTP edge and ``max_event_streams`` the open
-    dashboard streams. The repr shows no secret (those of ``zk`` and ``cluster`` are
-    hidden).
+    dashboard streams. ``drain_grace`` is how long a stopping server still answers
+    once its readiness fails (``--drain-grace``). The repr shows no secret (those of
+    ``zk`` and ``cluster`` are hidden).
     """
 
     zk: ZkConfig
@@ -369,6 +380,7 @@ class SearchServerConfig:
     max_answer_bytes: int = DEFAULT_MAX_BODY
     http: HttpEdgeConfig = field(default_factory=HttpEdgeConfig)
     max_event_streams: int = 64
+    drain_grace: float = 2.0
 
     def __post_init__(self) -> None:
         if self.max_answer_bytes < 1:
@@ -430,6 +442,7 @@ class SearchServerConfig:
             ),
             http=http_edge_config(args),
             max_event_streams=args.max_event_streams,
+            drain_grace=args.drain_grace,
             mass_loss=MassLossBrakeConfig(
                 fraction=args.mass_loss_fraction,
                 window=args.mass_loss_window,

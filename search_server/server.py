@@ -15,7 +15,9 @@ Every search server
   (:class:`~search_server.fanout.FanOut`).
 
 Start-up listens first (so the id can default to the real port), then connects.
-Shutdown leaves the election first, so a successor takes over while we still answer.
+Shutdown (SIGTERM) drains: ``/readyz`` fails at once, the election is left (a successor
+takes over while we still answer), queries are answered for ``--drain-grace`` seconds
+more, then the listener closes and the queries in flight finish.
 """
 
 from __future__ import annotations
@@ -293,19 +295,31 @@ class SearchServer:
             # Not fatal for the server: it keeps reading and serving, only never leads.
             log.exception("search server %s could not re-join the election", self.server_id)
 
-    async def shutdown(self) -> None:
-        """Leave the election, stop serving, close everything. Idempotent."""
+    async def shutdown(self, grace: float = 0.0) -> None:
+        """Drain, leave the election, stop serving, close everything. Idempotent.
+
+        The graceful stop of a rolling restart (SIGTERM: ``--drain-grace``): ``/readyz``
+        answers 503 at once, so a load balancer takes this server out; leadership is
+        handed over meanwhile; queries are still answered for ``grace`` seconds (those
+        a load balancer sends before its health check notices); then the server stops
+        accepting connections and finishes the queries in flight (their fan-out still
+        needs the HTTP pool) before the rest is closed.
+        """
         if self._stopped:
             return
         self._stopped = True
-        # First hand leadership over, then stop taking queries and finish those in
-        # flight (their fan-out still needs the HTTP pool), then close the rest.
+        loop = asyncio.get_running_loop()
+        draining_since = loop.time()
+        if grace > 0:
+            log.info("search server %s draining (grace %g s)", self.server_id, grace)
         if self._rejoin is not None:
             self._rejoin.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._rejoin
         if self.election is not None:
             await self.election.aclose()
+        # A deadline, not a synchronisation: how long the load balancer may still send.
+        await asyncio.sleep(max(0.0, draining_since + grace - loop.time()))
         if self._runner is not None:
             self._edge.close()  # stops accepting, as the runner's sites would
             await self._runner.cleanup()  # its on_shutdown ends the dashboard streams
@@ -506,8 +520,14 @@ class SearchServer:
 
     async def readyz(self, request: web.Request) -> web.Response:
         reader = self.reader
-        ready = reader is not None and reader.current.version > 0
-        body = {"ready": ready, "version": reader.current.version if reader else 0}
+        draining = self._stopped
+        ready = reader is not None and reader.current.version > 0 and not draining
+        body: dict[str, object] = {
+            "ready": ready,
+            "version": reader.current.version if reader else 0,
+        }
+        if draining:
+            body["draining"] = True
         return web.json_response(body, status=200 if ready else 503)
 
 

@@ -7,6 +7,7 @@ minutes; these tests pin down the parts that decide what a run means.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from discovery.errors import ConfigError
 from discovery.tools.chaos import ChaosConfig, ChaosResult, schedule
 from discovery.tools.chaos import command as chaos_command
+from discovery.tools.chaos.deploy import DeployFigures, deploy_batches
 from discovery.tools.chaos.faults import CATEGORIES, FAULTS, SENTINEL_KINDS, StepResult, kinds
 from discovery.tools.chaos.load import LoadStats
 from discovery.tools.chaos.observer import Observer, Snapshot, Violation
@@ -36,19 +38,23 @@ def test_schedule_is_seeded_and_meets_every_kind_in_each_round(sentinels: bool) 
     assert schedule(7, sentinels=sentinels) == schedule(7, sentinels=sentinels)
     assert schedule(7, sentinels=sentinels) != schedule(8, sentinels=sentinels)
     every = _mode_kinds(sentinels=sentinels)
-    assert len(every) == 30  # 11 process, 6 partition, 4 overlap, 3 backend, 6 hostile
+    assert len(every) == 31  # 11 process, 6 partition, 4 overlap, 3 backend, 6 hostile, 1 deploy
     first_rounds = schedule(7, sentinels=sentinels)[: 3 * len(every)]
     for start in range(0, len(first_rounds), len(every)):
         assert sorted(first_rounds[start : start + len(every)]) == every
+        # The rolling restart, a minute or two, ends each round.
+        assert first_rounds[start + len(every) - 1] == "deploy_day"
 
 
 def test_schedule_takes_the_categories_in_turn_so_a_short_run_meets_each() -> None:
     category = {kind: name for name, pool in CATEGORIES.items() for kind in pool}
     assert set(category) == set(FAULTS)
+    # Every category but the deploy day, which ends each round instead.
+    turned = set(CATEGORIES) - {"deploy"}
     for seed in range(20):
         for sentinels in (False, True):
-            first = schedule(seed, sentinels=sentinels)[: len(CATEGORIES)]
-            assert {category[kind] for kind in first} == set(CATEGORIES)
+            first = schedule(seed, sentinels=sentinels)[: len(turned)]
+            assert {category[kind] for kind in first} == turned
             assert category[first[-1]] == "hostile"  # the last of each turn
     for sentinels in (False, True):
         without = schedule(7, partitions=False, sentinels=sentinels)
@@ -70,6 +76,69 @@ def test_single_redis_schedules_are_unchanged_by_the_sentinel_and_hostile_kinds(
         "zk_leader_pause",
         "redis_restart",
     ]
+
+
+def test_the_deploy_day_leaves_the_other_kinds_order_as_it_was() -> None:
+    # Drawn from no generator: taking it out gives the schedule the seed gave before.
+    for seed in (3, 7):
+        for sentinels in (False, True):
+            order = schedule(seed, sentinels=sentinels)
+            hostile = set(CATEGORIES["hostile"])
+            others = [kind for kind in order if kind != "deploy_day" and kind not in hostile]
+            rounds = len(order) // len(_mode_kinds(sentinels=sentinels))
+            assert order.count("deploy_day") == rounds
+            assert "deploy_day" not in order[:20]
+            assert others[:6] == [k for k in order if k not in hostile and k != "deploy_day"][:6]
+    assert schedule(3, only=resolve_kinds(["deploy"]))[:2] == ["deploy_day", "deploy_day"]
+
+
+def _shards_down(batches: list[list[str]], shard_of: dict[str, int]) -> list[int]:
+    """The shards some batch takes down entirely."""
+    replicas = Counter(shard_of.values())
+    return [
+        shard
+        for batch in batches
+        for shard, count in Counter(shard_of[name] for name in batch).items()
+        if count == replicas[shard]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("servers", "shards", "size"),
+    [(30, 15, 3), (12, 6, 1), (100, 50, 10), (9, 4, 4), (20, 5, 8), (7, 3, 2)],
+)
+def test_deploy_batches_hold_every_server_once_and_leave_each_shard_a_replica(
+    servers: int, shards: int, size: int
+) -> None:
+    # The chaos cluster's layout: server i serves shard i % shards.
+    shard_of = {f"ds-{i:04d}": i % shards for i in range(servers)}
+    batches = deploy_batches(sorted(shard_of.items()), size)
+    assert sorted(name for batch in batches for name in batch) == sorted(shard_of)
+    assert all(1 <= len(batch) <= size for batch in batches)
+    assert _shards_down(batches, shard_of) == []
+    # As few batches as the size allows (the replicas spread over them).
+    assert len(batches) == -(-servers // size)
+
+
+def test_deploy_batches_take_down_only_a_shard_that_has_a_single_replica() -> None:
+    shard_of = {"a": 0, "b": 0, "c": 1, "d": 2, "e": 2}
+    batches = deploy_batches(sorted(shard_of.items()), 5)
+    assert sorted(name for batch in batches for name in batch) == sorted(shard_of)
+    assert _shards_down(batches, shard_of) == [1]  # unavoidable, and only that one
+    with pytest.raises(ValueError, match="at least 1"):
+        deploy_batches([("a", 0)], 0)
+
+
+def test_deploy_outcome_fails_on_any_failed_query_or_one_percent_partial() -> None:
+    assert DeployFigures(sent=1000, complete=991, partial=9).problems() == []
+    assert DeployFigures(sent=1000, complete=990, partial=10).problems() == [
+        "10 of 1000 answers partial (1.00 %, limit 1 %)"
+    ]
+    assert DeployFigures(sent=500, complete=499, failed=1).problems() == ["1 of 500 queries failed"]
+    assert DeployFigures(sent=10, complete=10, disturbed=1).problems() == [
+        "1 queries disturbed by the harness (not judged)"
+    ]
+    assert DeployFigures().problems() == ["no query was sent during the deploy, nothing was judged"]
 
 
 def test_sentinel_mode_fails_redis_over_and_never_restarts_it_empty() -> None:

@@ -83,3 +83,31 @@ async def test_a_query_chosen_before_a_pause_and_held_by_it_is_counted_as_distur
     assert load.stats.disturbed == 1
     assert load.stats.complete == 0
     assert observer.violations == []
+
+
+async def test_a_query_in_flight_across_a_graceful_stop_and_restart_is_judged(
+    held: tuple[_Held, int], tmp_path: Path
+) -> None:
+    server, port = held
+    member = Member("search-1", port, [], tmp_path / "search-1.log", ready=True)
+    member.process = cast(Any, SimpleNamespace(returncode=None, pid=0))
+    cluster = cast(ChaosCluster, SimpleNamespace(data={}, search={"search-1": member}))
+    observer = Observer(cluster)
+    load = LoadGenerator(cluster, observer, rate=0.001, deadline_ms=DEADLINE_MS, seed=1)
+    await load.start()
+    try:
+        load._launch(member, "alpha beta")
+        await asyncio.wait_for(server.arrived.wait(), 5)
+        # A deploy stops it gracefully (ChaosCluster.stop_gracefully's bookkeeping) and
+        # starts a new process while the query is still held: the system's to finish,
+        # so it is judged (here: over its deadline, a violation), not disturbed.
+        member.graceful_stops += 1
+        member.ready = False
+        member.process = cast(Any, SimpleNamespace(returncode=None, pid=1))
+        await asyncio.sleep(DEADLINE_MS * 2 / 1000)  # past the deadline, not a sync
+        server.release.set()
+    finally:
+        await load.aclose()
+    assert load.stats.disturbed == 0
+    assert load.stats.complete == 1
+    assert [v.invariant for v in observer.violations] == ["query within deadline + 50 ms"]

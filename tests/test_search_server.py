@@ -76,6 +76,35 @@ async def test_three_search_servers_one_leader_same_list(
     assert data
 
 
+async def test_a_stopping_search_server_fails_readiness_first_and_answers_through_its_grace(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    """The graceful stop of a rolling restart: ``/readyz`` turns 503 at once (a load
+    balancer takes the server out), leadership moves to another search server, and
+    queries sent meanwhile are still answered in full until the grace ends."""
+    await make_data_server(shard=0, instance_id="ds-0")
+    search = [await make_search_server(server_id=f"ss-{i}") for i in range(2)]
+    await all_see(search, {"ds-0"})
+    await eventually(lambda: len(_leaders(search)) == 1, message="one leader")
+    leader = _leaders(search)[0]
+    (other,) = [s for s in search if s is not leader]
+    url = leader.url
+    query = sample_queries(1, variant=6)[0]
+
+    stopping = asyncio.create_task(leader.shutdown(grace=1.5))
+    status, body = await get_json(f"{url}/readyz")
+    assert status == 503
+    assert body["draining"] is True
+    await eventually(lambda: other.is_leader, message="leadership handed over in the grace")
+    assert not stopping.done()
+    status, body = await get_json(f"{url}/search", q=query)
+    assert status == 200, body
+    assert body["partial"] is False
+    await waited(stopping, "the drained search server to stop", timeout=15)
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await get_json(f"{url}/readyz")
+
+
 async def test_leader_expiry_hands_over_to_a_higher_epoch_and_the_old_one_is_fenced(
     make_search_server: SearchServerFactory,
     make_data_server: DataServerFactory,

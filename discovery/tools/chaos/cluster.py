@@ -51,7 +51,7 @@ from discovery.testing.zookeeper import ZooKeeperEnsemble
 
 from .config import REDIS_REPLICAS, SENTINEL_DOWN_AFTER_MS, ChaosConfig
 
-__all__ = ["DATA_DOCS", "ChaosCluster", "Member"]
+__all__ = ["DATA_DOCS", "DATA_DRAIN_GRACE", "ChaosCluster", "Member"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,9 @@ _STOP_TIMEOUT = 10.0
 #: Documents generated per data server (``--docs``): a hostile query storm computes
 #: its shard's most frequent terms from the same corpus.
 DATA_DOCS = 300
+#: Seconds a draining data server keeps answering (``--drain-grace``): the search
+#: servers must stop routing to it within them.
+DATA_DRAIN_GRACE = 1.0
 #: The niceness of data servers and ZooKeeper. On one 2-core machine they stand in for
 #: other machines: in production a data server starting up (imports, index build) or a
 #: ZooKeeper JVM warming up does not take CPU from the search servers, whose deadlines
@@ -115,6 +118,9 @@ class Member:
     #: Bumped by every kill, pause or restart: a query in flight across a change of it
     #: was disturbed by the harness, not by the system.
     disturbances: int = 0
+    #: Bumped by every graceful stop (:meth:`ChaosCluster.stop_gracefully`): a query in
+    #: flight across one is the system's to finish, and is judged.
+    graceful_stops: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
     #: Its network namespace when the run has partitions (None: the root namespace).
     host: Host | None = None
@@ -423,7 +429,8 @@ class ChaosCluster:
             *("--shard", str(shard), "--replica", str(replica)),
             *("--probe-interval", str(config.probe_interval)),
             *("--probe-timeout", str(config.probe_timeout), "--probe-max-latency", "0.5"),
-            *("--fall", str(config.fall), "--rise", str(config.rise), "--drain-grace", "1"),
+            *("--fall", str(config.fall), "--rise", str(config.rise)),
+            *("--drain-grace", f"{DATA_DRAIN_GRACE:g}"),
             # Every server is hurt a few times in a long run; damping a flapping server
             # is tested elsewhere and would only blur the bounds judged here.
             *("--flap-max", "1000"),
@@ -546,6 +553,36 @@ class ChaosCluster:
         except TimeoutError:
             log.warning("%s did not stop within %gs; killing it", member.name, _STOP_TIMEOUT)
             await self.kill(member)
+
+    async def stop_gracefully(self, member: Member, bound: float) -> float | None:
+        """SIGTERM ``member`` as a deployment stops it and wait for it to exit: the
+        seconds it took, or None if it was still running after ``bound`` s (it is then
+        killed, which disturbs the queries in flight as any kill does).
+
+        Unlike :meth:`signal`, this is no disturbance: the server's own shutdown (a
+        search server fails its readiness and finishes the queries in flight; a data
+        server drains) is what is being tested, so a query in flight across it is
+        judged. New queries stop going to it at once, as a load balancer takes out a
+        server it stops.
+        """
+        process = member.process
+        if process is None or process.returncode is not None:
+            return 0.0
+        member.graceful_stops += 1
+        member.ready = False
+        member.stopping = True
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
+        try:
+            async with asyncio.timeout(bound):
+                await process.wait()
+        except TimeoutError:
+            log.warning("%s did not stop within %gs of SIGTERM; killing it", member.name, bound)
+            await self.kill(member)
+            return None
+        return loop.time() - started
 
     async def restart(self, member: Member) -> None:
         if member.running:

@@ -94,8 +94,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="run only these fault kinds or categories (comma-separated), in the order "
         "the seed gives them; categories: process, partition, overlap, hostile (a "
         "malformed registration, data servers answering with an endless body, garbage "
-        "or a trickle, a query-of-death storm, malformed Redis entries); e.g. "
-        "--kinds hostile or --kinds hostile_trickle,leader_kill [default: every kind]",
+        "or a trickle, a query-of-death storm, malformed Redis entries), deploy "
+        "(deploy_day: every server restarted gracefully under load, no query may fail); "
+        "e.g. --kinds hostile or --kinds hostile_trickle,leader_kill [default: every kind]",
     )
     parser.add_argument(
         "--workdir",

@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from discovery.livelist.redis.follower import RECONNECT_BACKOFF_MAX
 
@@ -22,6 +23,10 @@ from .cluster import ChaosCluster, Member
 from .config import ChaosConfig
 from .observer import Observer, Snapshot
 from .watch import HostileFigures
+
+if TYPE_CHECKING:
+    from .deploy import DeployFigures
+    from .load import LoadGenerator
 
 __all__ = [
     "RECOVERY_TIMEOUT",
@@ -63,6 +68,11 @@ class FaultContext:
         self.skipped: dict[str, int] = {}
         #: What each hostile fault did (:mod:`.hostile`), in the order they ran.
         self.hostile: list[HostileFigures] = []
+        #: What each deploy did (:mod:`.deploy`), in the order they ran.
+        self.deploy: list[DeployFigures] = []
+        #: The steady query load (set by the runner once it runs): a kind that states an
+        #: outcome for the queries sent during it reads their counts here.
+        self.load: LoadGenerator | None = None
 
     async def converge(
         self,

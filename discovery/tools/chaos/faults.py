@@ -24,7 +24,11 @@ kind of fault has by design:
   listed within :data:`START_BOUND` of its start and gone within the crash bound of its
   exit; a malformed ``P:meta`` healed within the Redis bound; and all along the
   invariants of :mod:`.watch` (answers miss at most the bad participant's shards,
-  search-server memory within its bound, no healthy data server offline).
+  search-server memory within its bound, no healthy data server offline);
+* deploy day (:mod:`.deploy`), every server stopped gracefully and started again: a
+  draining data server out of every view within its drain grace, a restarted server
+  back within :data:`START_BOUND`, a leader in office after each search server's
+  restart; and no query of the deploy failed, fewer than 1 % partial.
 
 With sentinels the schedule swaps the kinds that restart the one Redis server empty
 for their failover counterparts (:data:`SENTINEL_KINDS`): a primary that comes back
@@ -49,7 +53,7 @@ import redis as sync_redis
 from discovery.errors import DevClusterError
 from discovery.testing.redis import RedisServer
 
-from . import hostile
+from . import deploy, hostile
 from .cluster import ChaosCluster, Member
 from .context import RECOVERY_TIMEOUT, START_BOUND, FaultContext, StepResult, redis_bound
 from .ensemble import zk_disk_full, zk_leader_pause, zk_peer_partition
@@ -619,6 +623,9 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
         "zk_disk_full",
     ),
     "hostile": hostile.HOSTILE_KINDS,
+    # A whole rolling restart (a minute or two): once per round, at its end (see
+    # runner.schedule), so a short run still meets the other categories first.
+    "deploy": (deploy.KIND,),
 }
 
 #: With sentinels, each kind on the left is replaced by the one on the right, in its
@@ -669,4 +676,5 @@ FAULTS: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
     "zk_disk_full": zk_disk_full,
     "zk_peer_partition": zk_peer_partition,
     **hostile.HOSTILE_FAULTS,
+    deploy.KIND: deploy.deploy_day,
 }

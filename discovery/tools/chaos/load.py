@@ -8,7 +8,9 @@ the deadline plus 50 ms of slack for the HTTP hop and scheduling.
 
 A query whose search server is killed or paused while the query is in flight is
 not the system's fault (a real client would see a connection error from its load
-balancer): it is counted as ``disturbed``, not judged.
+balancer): it is counted as ``disturbed``, not judged. A graceful stop (SIGTERM of a
+rolling restart, :meth:`~.cluster.ChaosCluster.stop_gracefully`) is no disturbance: the
+search server must finish what it was sent, so those queries are judged.
 """
 
 from __future__ import annotations
@@ -164,6 +166,13 @@ class LoadGenerator:
         if self._session is not None:
             await self._session.close()
 
+    async def settle(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` s) until the queries in flight now have ended and
+        been counted."""
+        pending = set(self._in_flight)
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
@@ -187,7 +196,8 @@ class LoadGenerator:
         as the system's (the soak once counted a 6 s "query" that way).
         """
         task = asyncio.create_task(
-            self._query(member, query, member.disturbances, member.process), name="chaos:query"
+            self._query(member, query, member.disturbances, member.process, member.graceful_stops),
+            name="chaos:query",
         )
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
@@ -198,6 +208,7 @@ class LoadGenerator:
         query: str,
         disturbances: int,
         process: asyncio.subprocess.Process | None,
+        graceful_stops: int,
     ) -> None:
         assert self._session is not None
         stats = self.stats
@@ -234,9 +245,11 @@ class LoadGenerator:
             missing = None
             detail = detail or f"{type(exc).__name__}: {exc}"[:200]
         elapsed_ms = (time.monotonic() - started) * 1000
-        disturbed = (
-            member.paused or member.disturbances != disturbances or member.process is not process
-        )
+        # A process replaced without a kill or a graceful stop (one that died on its own
+        # and was started again) disturbed the query too; one replaced after a graceful
+        # stop had to finish it first.
+        replaced = member.process is not process and member.graceful_stops == graceful_stops
+        disturbed = member.paused or member.disturbances != disturbances or replaced
         if disturbed:
             stats.disturbed += 1
             return

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from . import watch
+from . import deploy, watch
 from .config import REDIS_REPLICAS
 from .runner import ChaosResult
 from .watch import MIB, HostileFigures, nearest_rank
@@ -27,6 +28,7 @@ INVARIANTS = (
     watch.STORM,
     watch.SKIPPED,
     watch.CRASH,
+    deploy.INVARIANT,
 )
 
 
@@ -95,6 +97,36 @@ def _render_hostile(result: ChaosResult) -> list[str]:
         for note in row["notes"]:
             if note:
                 lines.append(f"  {kind}: " + ", ".join(f"{k} {v}" for k, v in note.items()))
+    return lines
+
+
+def _render_deploy(result: ChaosResult) -> list[str]:
+    """One line per deploy day: its queries against the stated outcome, and its steps."""
+    if not result.deploy:
+        return []
+    lines = [""]
+    for number, figures in enumerate(result.deploy, 1):
+        lines.append(
+            f"deploy day {number}: {figures.search_restarts} search servers restarted one by "
+            f"one, then {figures.batches} batches of {figures.batch_size} data servers, in "
+            f"{figures.seconds:.0f} s; queries {figures.sent}: {figures.complete} complete, "
+            f"{figures.partial} partial ({figures.partial_share * 100:.2f} %), "
+            f"{figures.failed} failed, {figures.disturbed} disturbed; exit after SIGTERM at "
+            f"worst {figures.worst_stop_search_s:.1f} s (search), "
+            f"{figures.worst_stop_data_s:.1f} s (data)"
+        )
+        # The worst of each kind of step (every step is in the JSON report).
+        worst: dict[str, float] = {}
+        for step, took in figures.steps:
+            what = re.sub(r"^search-\S+", "search server", re.sub(r"^batch \S+", "batch", step))
+            worst[what] = max(worst.get(what, 0.0), float("inf") if took is None else took)
+        lines.append(
+            "  worst step: "
+            + ", ".join(
+                f"{what} {'never' if took == float('inf') else f'{took:.2f} s'}"
+                for what, took in worst.items()
+            )
+        )
     return lines
 
 
@@ -177,6 +209,7 @@ def render(result: ChaosResult) -> str:
         f"publishes seen: {result.publishes} in {result.epochs} epochs; writes of deposed "
         f"leaders refused by the fence: {result.fenced_writes}",
         *_render_hostile(result),
+        *_render_deploy(result),
         "",
     ]
     by_invariant: dict[str, int] = defaultdict(int)
@@ -270,6 +303,27 @@ def to_json(result: ChaosResult) -> dict[str, Any]:
                 "notes": f.notes,
             }
             for f in result.hostile
+        ],
+        "deploy": [
+            {
+                "sent": f.sent,
+                "complete": f.complete,
+                "partial": f.partial,
+                "failed": f.failed,
+                "disturbed": f.disturbed,
+                "partial_share": round(f.partial_share, 5),
+                "search_restarts": f.search_restarts,
+                "batches": f.batches,
+                "batch_size": f.batch_size,
+                "worst_stop_search_s": round(f.worst_stop_search_s, 2),
+                "worst_stop_data_s": round(f.worst_stop_data_s, 2),
+                "seconds": round(f.seconds, 1),
+                "steps": [
+                    {"step": step, "took_s": None if took is None else round(took, 2)}
+                    for step, took in f.steps
+                ],
+            }
+            for f in result.deploy
         ],
         "violations": [v.__dict__ for v in result.violations],
     }

@@ -7,7 +7,8 @@ faults, network partitions, two faults at once, hostile participants) taken in t
 so that even a short run meets each category and the same seed replays the same run
 (the victims are drawn from the same seeded generator). The hostile category closes
 each turn and is shuffled by a generator of its own, so that the other categories'
-order for a seed is the one it was before hostile faults existed. ``--kinds`` keeps
+order for a seed is the one it was before hostile faults existed; a deploy day (every
+server restarted gracefully, :mod:`.deploy`) ends each round. ``--kinds`` keeps
 only the named kinds (or categories) of that order. Faults run one after the other:
 a fault is injected, judged, healed and judged again before the next starts, with a
 short seeded pause in between, so that every verdict belongs to one fault (an overlap
@@ -31,6 +32,7 @@ from discovery.errors import ConfigError
 
 from .cluster import ChaosCluster
 from .config import ChaosConfig
+from .deploy import DeployFigures
 from .faults import CATEGORIES, FAULTS, START_BOUND, FaultContext, StepResult, kinds
 from .load import LoadGenerator, LoadStats, cpu_jiffies
 from .observer import Observer, Violation
@@ -40,6 +42,8 @@ __all__ = ["HOSTILE", "ChaosResult", "resolve_kinds", "run_chaos", "schedule"]
 
 #: The category of bad participants (:mod:`.hostile`): the last of every turn.
 HOSTILE = "hostile"
+#: The category of rolling restarts (:mod:`.deploy`): the last of every round.
+DEPLOY = "deploy"
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,8 @@ class ChaosResult:
     cpu_steal: float = 0.0
     #: What each hostile fault did, in the order they ran.
     hostile: list[HostileFigures] = field(default_factory=list)
+    #: What each deploy day did, in the order they ran.
+    deploy: list[DeployFigures] = field(default_factory=list)
     setup_error: str | None = None
 
     @property
@@ -90,16 +96,18 @@ def schedule(
     same order in both modes but for those; a single-Redis schedule never holds a
     failover, nor a Sentinel one a restart. The hostile kinds are drawn from a
     generator of their own, so the other kinds come in the order the seed gave them
-    before the hostile category existed.
+    before the hostile category existed. The deploy category (a whole rolling restart,
+    the longest kind by far) ends each round, drawing nothing from either generator.
     """
     rng = random.Random(seed)
     hostile_rng = random.Random(f"{HOSTILE}:{seed}")
     categories = {
         name: kinds(name, sentinels=sentinels)
         for name in sorted(CATEGORIES)
-        if name != HOSTILE and (partitions or name != "partition")
+        if name not in (HOSTILE, DEPLOY) and (partitions or name != "partition")
     }
     hostile = kinds(HOSTILE, sentinels=sentinels)
+    deploy = kinds(DEPLOY, sentinels=sentinels)
     order: list[str] = []
     for _ in range(100):
         queues = {name: rng.sample(pool, len(pool)) for name, pool in categories.items()}
@@ -111,6 +119,7 @@ def schedule(
                     order.append(queues[name].pop())
             if bad:
                 order.append(bad.pop())
+        order += deploy
     if only is not None:
         order = [kind for kind in order if kind in only]
     return order
@@ -181,6 +190,7 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
         await load.start()
         cpu_before = cpu_jiffies()
         ctx = FaultContext(cluster, observer, config, random.Random(config.seed))
+        ctx.load = load
         deadline = time.monotonic() + config.duration
         only = resolve_kinds(
             config.kinds, partitions=config.partitions, sentinels=config.sentinel_mode
@@ -213,6 +223,7 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
         result.steps = ctx.results
         result.skipped = ctx.skipped
         result.hostile = ctx.hostile
+        result.deploy = ctx.deploy
         result.fenced_writes = _count_fenced_writes(cluster)
         cpu_after = cpu_jiffies()
         if cpu_before is not None and cpu_after is not None and cpu_after[0] > cpu_before[0]:
