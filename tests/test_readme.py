@@ -197,7 +197,10 @@ async def test_example_cleanup_ctx_alone_drains_and_removes(
         PORT=port,
         INSTANCE_ID="readme-cleanup",
         SHARD=5,
-        AGENT_CONFIG=dataclasses.replace(FAST_AGENT, drain_grace=1.0),
+        # The draining node lives for the grace: the watcher must read it before it goes
+        # (a data-change event carries no data). 1 s was once too short for that read
+        # with three test workers loading the machine (CI run H).
+        AGENT_CONFIG=dataclasses.replace(FAST_AGENT, drain_grace=5.0),
     )
     app = example["app"]
     runner = web.AppRunner(app)
