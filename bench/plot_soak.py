@@ -12,7 +12,8 @@ plots them all), three rows:
 3. each convergence step (every fault's steps, the final check included): how long it
    took as a share of its bound, so 1.0 is the bound and a miss is a red cross at 1.1.
 
-Reads only the report (``timeline`` and ``steps[].at``, written since issue 23).
+Reads only the report (``timeline`` and ``steps[].at``, written since issue 23), and
+prints a markdown table row per report (the soak table of ``docs/BENCHMARKS.md``).
 """
 
 from __future__ import annotations
@@ -127,6 +128,32 @@ def plot(reports: list[tuple[str, dict[str, Any]]], out: Path) -> None:
     print(f"wrote {out}")
 
 
+def table(reports: list[tuple[str, dict[str, Any]]]) -> str:
+    """A markdown row per report: the soak table of docs/BENCHMARKS.md."""
+    rows = [
+        "| report | seed | minutes | faults (kinds) | skipped | queries | partial | failed "
+        "| worst step / bound | violations |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, report in reports:
+        faults = report["faults"]
+        count = sum(f["count"] for f in faults.values())
+        skipped = sum(f.get("skipped", 0) for f in faults.values())
+        real = {k: f for k, f in faults.items() if f["count"]}
+        worst = max(real.items(), key=lambda kv: kv[1]["worst_ratio"] or 0.0, default=None)
+        worst_text = (
+            f"{worst[1]['worst_ratio'] * 100:.0f} % ({worst[0]})" if worst is not None else "-"
+        )
+        q = report["queries"]
+        share = 100 * q["partial"] / q["sent"] if q["sent"] else 0.0
+        rows.append(
+            f"| {name} | {report['config']['seed']} | {report['elapsed_s'] / 60:.1f} "
+            f"| {count} ({len(real)}) | {skipped} | {q['sent']} | {q['partial']} ({share:.2f} %) "
+            f"| {q['failed']} | {worst_text} | {len(report['violations'])} |"
+        )
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", type=Path, help="chaos report JSON files")
@@ -140,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"plot_soak: {path}: {exc}", file=sys.stderr)
             return 2
     plot(reports, args.out)
+    print(table(reports))
     return 0
 
 

@@ -190,9 +190,20 @@ class Observer:
 
     async def start(self) -> None:
         cluster = self._cluster
-        # Long enough to outlive a quorum loss of a few seconds without expiring.
+        # The servers' own session timeout: the observer must see ZooKeeper no later
+        # than they do. kazoo waits session timeout / number of servers for a server's
+        # handshake, so a longer one made the observer wait 5 s on a paused ZooKeeper
+        # server that still accepted connections, twice in a row once (kazoo reshuffles
+        # the servers between passes): "zookeeper: unavailable" 12.6 s into a
+        # zk_leader_pause while the cluster had long recovered. A session it declares
+        # lost meanwhile (a quorum loss) is replaced and the watch set again, as the
+        # servers' are.
         self._session = ZkSession.from_config(
-            ZkConfig(cluster.zk_hosts, session_timeout=15.0, connect_timeout=30.0)
+            ZkConfig(
+                cluster.zk_hosts,
+                session_timeout=cluster.config.session_timeout,
+                connect_timeout=30.0,
+            )
         )
         await self._session.start()
         self._watcher = MembershipWatcher(self._session)
