@@ -55,10 +55,8 @@ async def held() -> AsyncIterator[tuple[_Held, int]]:
         await runner.cleanup()
 
 
-async def test_a_query_chosen_before_a_pause_and_held_by_it_is_counted_as_disturbed(
-    held: tuple[_Held, int], tmp_path: Path
-) -> None:
-    server, port = held
+def _load_on(port: int, tmp_path: Path) -> tuple[Member, Observer, LoadGenerator]:
+    """One search server member at ``port`` and a load (not started) that sends to it."""
     # A process that is running (no return code), as the cluster's members are.
     member = Member("search-1", port, [], tmp_path / "search-1.log", ready=True)
     member.process = cast(Any, SimpleNamespace(returncode=None, pid=0))
@@ -66,6 +64,14 @@ async def test_a_query_chosen_before_a_pause_and_held_by_it_is_counted_as_distur
     observer = Observer(cluster)
     # A rate so low that the load sends nothing of its own during the test.
     load = LoadGenerator(cluster, observer, rate=0.001, deadline_ms=DEADLINE_MS, seed=1)
+    return member, observer, load
+
+
+async def test_a_query_chosen_before_a_pause_and_held_by_it_is_counted_as_disturbed(
+    held: tuple[_Held, int], tmp_path: Path
+) -> None:
+    server, port = held
+    member, observer, load = _load_on(port, tmp_path)
     await load.start()
     try:
         # The load chooses the member; before its task first runs, a fault's step pauses
@@ -89,11 +95,7 @@ async def test_a_query_in_flight_across_a_graceful_stop_and_restart_is_judged(
     held: tuple[_Held, int], tmp_path: Path
 ) -> None:
     server, port = held
-    member = Member("search-1", port, [], tmp_path / "search-1.log", ready=True)
-    member.process = cast(Any, SimpleNamespace(returncode=None, pid=0))
-    cluster = cast(ChaosCluster, SimpleNamespace(data={}, search={"search-1": member}))
-    observer = Observer(cluster)
-    load = LoadGenerator(cluster, observer, rate=0.001, deadline_ms=DEADLINE_MS, seed=1)
+    member, observer, load = _load_on(port, tmp_path)
     await load.start()
     try:
         load._launch(member, "alpha beta")

@@ -103,6 +103,29 @@ async def _wait_serving(server: ZooKeeperServer, timeout: float) -> bool:
     return False
 
 
+async def _works_without(
+    ctx: FaultContext, kind: str, step: str, server: ZooKeeperServer, since_ms: float
+) -> None:
+    """Converge: the list right and a search-server leader publishing through the rest
+    of the ensemble (a heartbeat stamped after the others gave ``server`` up)."""
+    await ctx.converge(
+        kind,
+        step,
+        reelection_bound(ctx.config, server.sync_limit),
+        lambda s: s.leading_since(since_ms + server.sync_limit * 1000),
+    )
+
+
+async def _serves_again(ctx: FaultContext, kind: str, server: ZooKeeperServer, after: str) -> None:
+    """A violation unless ``server`` serves again within :data:`REJOIN_TIMEOUT`."""
+    if not await _wait_serving(server, REJOIN_TIMEOUT):
+        ctx.observer.violate(
+            "fault healed",
+            f"{kind}: ZooKeeper server {server.server_id} not serving {REJOIN_TIMEOUT:g} s "
+            f"after {after}",
+        )
+
+
 async def zk_leader_pause(ctx: FaultContext) -> None:
     """SIGSTOP the ZooKeeper ensemble's leader past the session timeout, then SIGCONT."""
     kind = "zk_leader_pause"
@@ -120,14 +143,7 @@ async def zk_leader_pause(ctx: FaultContext) -> None:
     log.info("SIGSTOP ZooKeeper server %d, the ensemble's leader", server.server_id)
     os.kill(pid, signal.SIGSTOP)
     try:
-        await ctx.converge(
-            kind,
-            "re-elected without it",
-            reelection_bound(ctx.config, server.sync_limit),
-            # A heartbeat stamped after the followers gave the old leader up: the
-            # cluster can publish through the new ZooKeeper leader.
-            lambda s: s.leading_since(paused_ms + server.sync_limit * 1000),
-        )
+        await _works_without(ctx, kind, "re-elected without it", server, paused_ms)
         # Past the session timeout: a session kept alive by the paused server alone
         # would have expired by now.
         held = ctx.config.session_timeout + ctx.rng.uniform(1.0, 3.0)
@@ -136,12 +152,7 @@ async def zk_leader_pause(ctx: FaultContext) -> None:
         os.kill(pid, signal.SIGCONT)
     resumed_after = time.monotonic() - paused
     log.info("SIGCONT ZooKeeper server %d after %.1f s", server.server_id, resumed_after)
-    if not await _wait_serving(server, REJOIN_TIMEOUT):
-        ctx.observer.violate(
-            "fault healed",
-            f"{kind}: ZooKeeper server {server.server_id} not serving {REJOIN_TIMEOUT:g} s "
-            "after SIGCONT",
-        )
+    await _serves_again(ctx, kind, server, "SIGCONT")
     await ctx.converge(kind, "resumed", ctx.config.session_timeout + ctx.config.probe_budget)
 
 
@@ -241,12 +252,7 @@ async def zk_disk_full(ctx: FaultContext) -> None:
         await asyncio.to_thread(servers[i].stop)  # reaps it
     await asyncio.gather(*(asyncio.to_thread(cluster.start_zookeeper, i) for i in exited))
     for server in filled:
-        if not await _wait_serving(server, REJOIN_TIMEOUT):
-            ctx.observer.violate(
-                "fault healed",
-                f"{kind}: ZooKeeper server {server.server_id} not serving "
-                f"{REJOIN_TIMEOUT:g} s after its disk was freed",
-            )
+        await _serves_again(ctx, kind, server, "its disk was freed")
     await ctx.converge(kind, "disks freed", ctx.config.session_timeout + ctx.config.probe_budget)
     await cluster.admin(victim, "fault", {"mode": "none"})
     ctx.add([victim])
@@ -268,19 +274,9 @@ async def zk_peer_partition(ctx: FaultContext) -> None:
     log.info("cut ZooKeeper server %d (%s) from its peers", server.server_id, modes[index])
     await cluster.cut_zookeeper_peers(index)
     try:
-        await ctx.converge(
-            kind,
-            "majority serves",
-            reelection_bound(ctx.config, server.sync_limit),
-            lambda s: s.leading_since(cut_ms + server.sync_limit * 1000),
-        )
+        await _works_without(ctx, kind, "majority serves", server, cut_ms)
         await ctx.hold(0.5, 2.0)
     finally:
         await cluster.heal_zookeeper_peers(index)
-    if not await _wait_serving(server, REJOIN_TIMEOUT):
-        ctx.observer.violate(
-            "fault healed",
-            f"{kind}: ZooKeeper server {server.server_id} not serving {REJOIN_TIMEOUT:g} s "
-            "after the heal",
-        )
+    await _serves_again(ctx, kind, server, "the heal")
     await ctx.converge(kind, "healed", ctx.config.session_timeout + ctx.config.probe_budget)
