@@ -324,8 +324,9 @@ class Check:
             self.record("leader kill", False, f"no agreed leader before: {before}", started)
             return False, None
         leader, epoch = leaders.pop(), epochs.pop()
-        if leader not in SEARCH_SERVERS:
-            self.record("leader kill", False, f"leader {leader!r} is not a service", started)
+        if leader not in SEARCH_SERVERS or not isinstance(epoch, int):
+            detail = f"leader {leader!r} (epoch {epoch!r}) is not a service's"
+            self.record("leader kill", False, detail, started)
             return False, None
         survivors = tuple(name for name in SEARCH_SERVERS if name != leader)
         q = self.start_queries(survivors, rate=20, duration=30)
@@ -660,12 +661,14 @@ def agreed_new_leader(
 ) -> tuple[bool, dict[str, Any]]:
     leaders = {v.get("leader") for v in views.values()}
     epochs = {v.get("epoch") for v in views.values()}
+    newest = next(iter(epochs), None)
     done = (
         len(leaders) == 1
         and len(epochs) == 1
         and leaders != {old}
         and None not in leaders
-        and next(iter(epochs)) > epoch
+        and isinstance(newest, int)
+        and newest > epoch
     )
     return done, views
 

@@ -115,6 +115,8 @@ def test_all_serving_needs_every_search_server_to_list_and_serve_all() -> None:
         ({"a": {"leader": "search-2", "epoch": 7}, "b": {"leader": "search-2", "epoch": 7}}, False),
         ({"a": {"leader": "search-2", "epoch": 9}, "b": {"leader": "search-3", "epoch": 9}}, False),
         ({"a": {"leader": None, "epoch": 9}, "b": {"leader": None, "epoch": 9}}, False),
+        # A view without an epoch (a server still loading): not yet, and no TypeError.
+        ({"a": {"leader": "search-2"}, "b": {"leader": "search-2"}}, False),
     ],
 )
 def test_a_new_leader_needs_agreement_and_a_higher_epoch(views: dict, done: bool) -> None:
