@@ -47,7 +47,7 @@ from discovery.config import ClusterConfig
 from discovery.testing import DevCluster
 from discovery.testing.netns import Cut, Host, NetworkLab
 from discovery.testing.ports import LOOPBACK, free_ports
-from discovery.testing.zookeeper import ZooKeeperEnsemble
+from discovery.testing.zookeeper import DEFAULT_PRE_ALLOC_KB, ZooKeeperEnsemble
 
 from .config import REDIS_REPLICAS, SENTINEL_DOWN_AFTER_MS, ChaosConfig
 
@@ -278,7 +278,7 @@ class ChaosCluster:
             server_hosts=[h.address for h in hosts] if hosts else None,
             launchers=[h.wrap([]) for h in hosts] if hosts else None,
             data_dirs=self.zk_disks or None,
-            pre_alloc_kb=ZK_PRE_ALLOC_KB if self.zk_disks else 4096,
+            pre_alloc_kb=ZK_PRE_ALLOC_KB if self.zk_disks else DEFAULT_PRE_ALLOC_KB,
         )
 
     def _mount_zk_disks(self) -> list[Path]:
