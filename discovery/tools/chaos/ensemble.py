@@ -47,6 +47,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 
 from discovery.testing.zookeeper import ZooKeeperServer
 
@@ -189,10 +190,12 @@ def _write_until_refused(hosts: str, timeout: float) -> int:
                 f"{SCRATCH_PATH}/n-", b"x" * 1024, ephemeral=True, sequence=True
             ).get(timeout=timeout)
             written += 1
-    except (KazooException, TimeoutError) as exc:
+    except (KazooException, KazooTimeoutError, TimeoutError) as exc:
+        # Refused, or no server would take the connection: the disks have bitten
+        # already (the prober's own write can be the one that fills the log).
         log.info("zk_disk_full: scratch write %d refused: %r", written + 1, exc)
     finally:
-        with contextlib.suppress(KazooException, TimeoutError):
+        with contextlib.suppress(KazooException, KazooTimeoutError, TimeoutError):
             client.stop()
         client.close()
     return written
@@ -245,12 +248,13 @@ async def zk_disk_full(ctx: FaultContext) -> None:
             log.warning("%s: the filled servers still serve %g s later", kind, EXIT_TIMEOUT)
         await ctx.hold(1.0, 3.0)
     finally:
+        # Whatever happened above, the ensemble is healed before the next fault.
         await asyncio.gather(*(asyncio.to_thread(_free, disks[i]) for i in indexes))
-    exited = [i for i in indexes if not servers[i].running]
-    log.info("%s: disks freed; starting server(s) %s again", kind, [i + 1 for i in exited])
-    for i in exited:
-        await asyncio.to_thread(servers[i].stop)  # reaps it
-    await asyncio.gather(*(asyncio.to_thread(cluster.start_zookeeper, i) for i in exited))
+        exited = [i for i in indexes if not servers[i].running]
+        log.info("%s: disks freed; starting server(s) %s again", kind, [i + 1 for i in exited])
+        for i in exited:
+            await asyncio.to_thread(servers[i].stop)  # reaps it
+        await asyncio.gather(*(asyncio.to_thread(cluster.start_zookeeper, i) for i in exited))
     for server in filled:
         await _serves_again(ctx, kind, server, "its disk was freed")
     await ctx.converge(kind, "disks freed", ctx.config.session_timeout + ctx.config.probe_budget)
