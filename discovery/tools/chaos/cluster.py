@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import redis as sync_redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from discovery.adminauth import admin_headers
@@ -181,6 +182,11 @@ class ChaosCluster:
         """The URL of the Redis data server that is primary now (the only server
         without sentinels), for commands sent to it alone (FLUSHALL)."""
         return self.backend.redis.url
+
+    def primary_client(self) -> sync_redis.Redis:
+        """A blocking client of the Redis primary alone (FLUSHALL, CONFIG SET, CLIENT
+        PAUSE, hostile entries): use it in a thread, and close it."""
+        return sync_redis.Redis.from_url(self.primary_url, socket_timeout=2.0)
 
     @property
     def sentinel_mode(self) -> bool:

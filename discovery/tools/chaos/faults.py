@@ -48,8 +48,6 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 
-import redis as sync_redis
-
 from discovery.errors import DevClusterError
 from discovery.testing.redis import RedisServer
 
@@ -231,7 +229,7 @@ async def redis_flushall(ctx: FaultContext) -> None:
 def _flushall(cluster: ChaosCluster) -> None:
     # The primary's own URL: a plain client cannot take the sentinel URL, and asking
     # the sentinels for the primary is blocking I/O too (this runs in a thread).
-    client = sync_redis.Redis.from_url(cluster.primary_url, socket_timeout=2.0)
+    client = cluster.primary_client()
     try:
         client.flushall()
     finally:

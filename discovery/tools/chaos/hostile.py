@@ -477,7 +477,7 @@ META_GARBAGE = (
 
 def _hset(cluster: ChaosCluster, key: str, fields: Mapping[str, bytes]) -> None:
     """Write ``fields`` into the hash ``key`` on the Redis primary (blocking: a thread)."""
-    client = sync_redis.Redis.from_url(cluster.primary_url, socket_timeout=2.0)
+    client = cluster.primary_client()
     try:
         for field, value in fields.items():
             client.hset(key, field, value)

@@ -48,13 +48,9 @@ def refusal_bound(config: ChaosConfig) -> float:
     return 1.0 + redis_bound(config)
 
 
-def _client(cluster: ChaosCluster) -> sync_redis.Redis:
-    return sync_redis.Redis.from_url(cluster.primary_url, socket_timeout=2.0)
-
-
 def _refuse(cluster: ChaosCluster, mode: str, pause_ms: int) -> dict[str, str]:
     """Make the primary refuse writes; return what :func:`_allow` restores."""
-    client = _client(cluster)
+    client = cluster.primary_client()
     try:
         if mode == "oom":
             saved = {
@@ -73,7 +69,7 @@ def _refuse(cluster: ChaosCluster, mode: str, pause_ms: int) -> dict[str, str]:
 
 
 def _allow(cluster: ChaosCluster, mode: str, saved: dict[str, str]) -> None:
-    client = _client(cluster)
+    client = cluster.primary_client()
     try:
         if mode == "oom":
             for key, value in saved.items():
