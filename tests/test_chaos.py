@@ -7,6 +7,8 @@ minutes; these tests pin down the parts that decide what a run means.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import random
 from collections import Counter
 from types import SimpleNamespace
 
@@ -15,6 +17,7 @@ import pytest
 from discovery.errors import ConfigError
 from discovery.tools.chaos import ChaosConfig, ChaosResult, schedule
 from discovery.tools.chaos import command as chaos_command
+from discovery.tools.chaos.context import FaultContext
 from discovery.tools.chaos.deploy import DeployFigures, deploy_batches
 from discovery.tools.chaos.faults import CATEGORIES, FAULTS, SENTINEL_KINDS, StepResult, kinds
 from discovery.tools.chaos.load import LoadStats
@@ -339,3 +342,53 @@ def test_a_read_older_than_a_newer_publish_is_not_an_epoch_going_back() -> None:
     observer._check_epoch(313, "P:meta", observer.max_epoch)  # sent after 314 was seen
     assert [v.invariant for v in observer.violations] == ["epoch never decreases"]
     assert observer.max_epoch == 314
+
+
+class _AdminRecorder:
+    """Stands in for the cluster's ``/admin`` calls: records each fault body sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, object]]] = []
+
+    async def admin(self, member: SimpleNamespace, path: str, body: dict[str, object]) -> None:
+        assert path == "fault"
+        self.sent.append((member.name, body))
+
+
+def _context(cluster: _AdminRecorder, model: set[str]) -> FaultContext:
+    observer = SimpleNamespace(model=model)
+    return FaultContext(cluster, observer, ChaosConfig(), random.Random(1))  # type: ignore[arg-type]
+
+
+def test_probes_fail_for_the_block_and_pass_again_however_it_ends() -> None:
+    cluster = _AdminRecorder()
+    model = {"data-1", "data-2", "data-3"}
+    ctx = _context(cluster, model)
+    victims = [SimpleNamespace(name="data-1"), SimpleNamespace(name="data-2")]
+
+    async def harness_bug_midway() -> None:
+        async with ctx.probes_failing(victims):  # type: ignore[arg-type]
+            assert model == {"data-3"}
+            raise RuntimeError("a harness bug")
+
+    with pytest.raises(RuntimeError, match="a harness bug"):
+        asyncio.run(harness_bug_midway())
+    assert model == {"data-1", "data-2", "data-3"}
+    assert cluster.sent == [
+        ("data-1", {"mode": "error", "rate": 1.0}),
+        ("data-2", {"mode": "error", "rate": 1.0}),
+        ("data-1", {"mode": "none"}),
+        ("data-2", {"mode": "none"}),
+    ]
+
+    async def slow_probes() -> None:
+        async with ctx.probes_failing(victims[:1], {"mode": "slow", "delay": 2.0}):  # type: ignore[arg-type]
+            assert model == {"data-2", "data-3"}
+
+    cluster.sent.clear()
+    asyncio.run(slow_probes())
+    assert model == {"data-1", "data-2", "data-3"}
+    assert cluster.sent == [
+        ("data-1", {"mode": "slow", "delay": 2.0}),
+        ("data-1", {"mode": "none"}),
+    ]

@@ -10,10 +10,11 @@ model within the step's bound (see :mod:`.faults` for the bounds).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -155,6 +156,29 @@ class FaultContext:
 
     def add(self, members: list[Member]) -> None:
         self.observer.model.update(m.name for m in members)
+
+    @contextlib.asynccontextmanager
+    async def probes_failing(
+        self, members: list[Member], fault: dict[str, object] | None = None
+    ) -> AsyncIterator[None]:
+        """``members`` fail their probes for the block (``fault`` is the data server's
+        ``/admin/fault`` body, every probe an error by default) and the model leaves them
+        out; on leaving the block they pass again and the model expects them back.
+
+        However the block ends: a fault kind that raises midway (a harness bug, reported
+        by the runner) must not leave a data server failing its probes for the faults
+        after it, whose model would expect it.
+        """
+        body = fault if fault is not None else {"mode": "error", "rate": 1.0}
+        try:
+            await asyncio.gather(*(self.cluster.admin(m, "fault", body) for m in members))
+            self.remove(members)
+            yield
+        finally:
+            await asyncio.gather(
+                *(self.cluster.admin(m, "fault", {"mode": "none"}) for m in members)
+            )
+            self.add(members)
 
 
 def redis_bound(config: ChaosConfig) -> float:

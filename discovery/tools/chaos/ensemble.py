@@ -233,33 +233,33 @@ async def zk_disk_full(ctx: FaultContext) -> None:
     filled = [servers[i] for i in indexes]
     (victim,) = ctx.pick_data(1)
     log.info("%s: filling the disk of ZooKeeper server(s) %s", kind, [i + 1 for i in indexes])
-    try:
-        await asyncio.gather(*(asyncio.to_thread(_fill, disks[i]) for i in indexes))
-        # A change that needs a write while the disks are full.
-        await cluster.admin(victim, "fault", {"mode": "error", "rate": 1.0})
-        ctx.remove([victim])
-        written = await asyncio.to_thread(
-            _write_until_refused, cluster.zk_hosts, ctx.config.session_timeout
+    # A change that needs a write while the disks are full: the victim's probes fail
+    # from now on, so it leaves ZooKeeper (a probe budget later) after the disks filled.
+    async with ctx.probes_failing([victim]):
+        try:
+            await asyncio.gather(*(asyncio.to_thread(_fill, disks[i]) for i in indexes))
+            written = await asyncio.to_thread(
+                _write_until_refused, cluster.zk_hosts, ctx.config.session_timeout
+            )
+            log.info("%s: %d scratch writes went through", kind, written)
+            if not await _wait_out_of_service(filled, EXIT_TIMEOUT):
+                # ZooKeeper kept going (the writes fitted in log space it had): still a
+                # disk-full test of the clients, but say so.
+                log.warning("%s: the filled servers still serve %g s later", kind, EXIT_TIMEOUT)
+            await ctx.hold(1.0, 3.0)
+        finally:
+            # Whatever happened above, the ensemble is healed before the next fault.
+            await asyncio.gather(*(asyncio.to_thread(_free, disks[i]) for i in indexes))
+            exited = [i for i in indexes if not servers[i].running]
+            log.info("%s: disks freed; starting server(s) %s again", kind, [i + 1 for i in exited])
+            for i in exited:
+                await asyncio.to_thread(servers[i].stop)  # reaps it
+            await asyncio.gather(*(asyncio.to_thread(cluster.start_zookeeper, i) for i in exited))
+        for server in filled:
+            await _serves_again(ctx, kind, server, "its disk was freed")
+        await ctx.converge(
+            kind, "disks freed", ctx.config.session_timeout + ctx.config.probe_budget
         )
-        log.info("%s: %d scratch writes went through", kind, written)
-        if not await _wait_out_of_service(filled, EXIT_TIMEOUT):
-            # ZooKeeper kept going (the writes fitted in log space it had): still a
-            # disk-full test of the clients, but say so.
-            log.warning("%s: the filled servers still serve %g s later", kind, EXIT_TIMEOUT)
-        await ctx.hold(1.0, 3.0)
-    finally:
-        # Whatever happened above, the ensemble is healed before the next fault.
-        await asyncio.gather(*(asyncio.to_thread(_free, disks[i]) for i in indexes))
-        exited = [i for i in indexes if not servers[i].running]
-        log.info("%s: disks freed; starting server(s) %s again", kind, [i + 1 for i in exited])
-        for i in exited:
-            await asyncio.to_thread(servers[i].stop)  # reaps it
-        await asyncio.gather(*(asyncio.to_thread(cluster.start_zookeeper, i) for i in exited))
-    for server in filled:
-        await _serves_again(ctx, kind, server, "its disk was freed")
-    await ctx.converge(kind, "disks freed", ctx.config.session_timeout + ctx.config.probe_budget)
-    await cluster.admin(victim, "fault", {"mode": "none"})
-    ctx.add([victim])
     await ctx.converge(kind, "data server back", ctx.config.rise_budget + 1.5)
 
 

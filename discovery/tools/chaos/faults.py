@@ -90,12 +90,9 @@ def _probe_fault(kind: str, body: dict[str, object]) -> Callable[[FaultContext],
     async def run(ctx: FaultContext) -> None:
         victims = ctx.pick_data(ctx.rng.randint(1, 2))
         log.info("fault %s on %s", body, [m.name for m in victims])
-        await asyncio.gather(*(ctx.cluster.admin(m, "fault", body) for m in victims))
-        ctx.remove(victims)
-        await ctx.converge(kind, "taken offline", ctx.config.probe_budget + 1.5)
-        await ctx.hold(1.0, 3.0)
-        await asyncio.gather(*(ctx.cluster.admin(m, "fault", {"mode": "none"}) for m in victims))
-        ctx.add(victims)
+        async with ctx.probes_failing(victims, body):
+            await ctx.converge(kind, "taken offline", ctx.config.probe_budget + 1.5)
+            await ctx.hold(1.0, 3.0)
         await ctx.converge(kind, "back", ctx.config.rise_budget + 1.5)
 
     run.__name__ = kind
@@ -448,18 +445,17 @@ async def partition_search_redis(ctx: FaultContext) -> None:
     log.info("cut %s from Redis", member.name)
     await ctx.cluster.cut(member, "redis")
     (victim,) = ctx.pick_data(1)
-    await ctx.cluster.admin(victim, "fault", {"mode": "error", "rate": 1.0})
-    ctx.remove([victim])
-    await ctx.hold(2.0, 4.0)
-    await ctx.cluster.heal(member)
-    await ctx.converge(
-        kind,
-        "caught up",
-        ctx.config.probe_budget + _redis_bound(ctx),
-        lambda s: member.name in s.subscribed,
-    )
-    await ctx.cluster.admin(victim, "fault", {"mode": "none"})
-    ctx.add([victim])
+    async with ctx.probes_failing([victim]):
+        try:
+            await ctx.hold(2.0, 4.0)
+        finally:
+            await ctx.cluster.heal(member)
+        await ctx.converge(
+            kind,
+            "caught up",
+            ctx.config.probe_budget + _redis_bound(ctx),
+            lambda s: member.name in s.subscribed,
+        )
     await ctx.converge(kind, "data server back", ctx.config.rise_budget + 1.5)
 
 

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import redis as sync_redis
 
@@ -80,6 +81,18 @@ def _allow(cluster: ChaosCluster, mode: str, saved: dict[str, str]) -> None:
         client.close()
 
 
+@contextlib.asynccontextmanager
+async def _writes_refused(cluster: ChaosCluster, mode: str, pause_ms: int) -> AsyncIterator[None]:
+    """The primary refuses writes for the block, and writes again however it ends."""
+    saved = await asyncio.to_thread(_refuse, cluster, mode, pause_ms)
+    try:
+        yield
+    finally:
+        # Shielded: a cancelled run must still leave Redis writable for its teardown.
+        with contextlib.suppress(sync_redis.RedisError):
+            await asyncio.shield(asyncio.to_thread(_allow, cluster, mode, saved))
+
+
 async def redis_refuses_writes(ctx: FaultContext) -> None:
     """The Redis primary refuses writes (OOM or ``CLIENT PAUSE WRITE``) while a data
     server goes offline; allowed again, the change is published within the bound."""
@@ -91,24 +104,16 @@ async def redis_refuses_writes(ctx: FaultContext) -> None:
     (victim,) = ctx.pick_data(1)
     cluster = ctx.cluster
     log.info("%s (%s) for %.1f s; %s fails its probes meanwhile", kind, mode, hold, victim.name)
-    # The pause also ends by itself, should this harness die before it unpauses.
-    saved = await asyncio.to_thread(_refuse, cluster, mode, round((hold + 30.0) * 1000))
-    refused_at = time.monotonic()
-    try:
-        await cluster.admin(victim, "fault", {"mode": "error", "rate": 1.0})
-        ctx.remove([victim])
-        await asyncio.sleep(max(0.0, hold - (time.monotonic() - refused_at)))
-    finally:
-        # Shielded: a cancelled run must still leave Redis writable for its teardown.
-        with contextlib.suppress(sync_redis.RedisError):
-            await asyncio.shield(asyncio.to_thread(_allow, cluster, mode, saved))
-    log.info("%s: writes allowed again after %.1f s", kind, time.monotonic() - refused_at)
-    await ctx.converge(
-        kind,
-        "published again",
-        refusal_bound(ctx.config),
-        lambda s: s.redis is not None and s.subscribed >= set(s.search),
-    )
-    await cluster.admin(victim, "fault", {"mode": "none"})
-    ctx.add([victim])
+    async with ctx.probes_failing([victim]):
+        # The pause also ends by itself, should this harness die before it unpauses.
+        async with _writes_refused(cluster, mode, round((hold + 30.0) * 1000)):
+            refused_at = time.monotonic()
+            await asyncio.sleep(hold)
+        log.info("%s: writes allowed again after %.1f s", kind, time.monotonic() - refused_at)
+        await ctx.converge(
+            kind,
+            "published again",
+            refusal_bound(ctx.config),
+            lambda s: s.redis is not None and s.subscribed >= set(s.search),
+        )
     await ctx.converge(kind, "data server back", ctx.config.rise_budget + 1.5)
