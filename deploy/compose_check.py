@@ -403,42 +403,11 @@ class Check:
         missing: Counter[str] = Counter()
         steps: list[str] = []
         ok = True
-
-        def settled() -> tuple[bool, dict[str, Any]]:
-            """100 serving on every search server, and all naming one leader."""
-            views = self.views()
-            done, _ = all_serving(views, DATA_SERVERS)
-            leaders = {v.get("leader") for v in views.values()}
-            return done and (len(leaders) == 1 and None not in leaders), views
-
-        for name in SEARCH_SERVERS:
-            others = tuple(other for other in SEARCH_SERVERS if other != name)
-            q = self.start_queries(others, rate=20, duration=None)
-            q.wait_answered()
-            stop_started = time.monotonic()
-            # `docker stop` without --time waits the container's stop_grace_period.
-            docker("stop", self.container(name), timeout=120)
-            stopped = time.monotonic() - stop_started
-            exit_code = self.container_exit_code(name)
-            docker("start", self.container(name))
-            back, views = wait_for(settled, 120)
-            took = time.monotonic() - stop_started
-            outcomes += q.stop()
-            missing += q.missing
-            ok = ok and back and exit_code == 0
-            steps.append(
-                f"{name} exited {exit_code} after {stopped:.1f} s, "
-                f"{describe_serving(views)} serving {took:.1f} s after the stop"
-                f"{q.misses_after(stop_started)}"
-            )
-            print(f"  deploy day: {steps[-1]}; queries {describe(q.outcomes)}", flush=True)
+        restarts: list[tuple[str, tuple[str, ...], Callable[[], tuple[bool, Any]] | None]] = [
+            (name, tuple(other for other in SEARCH_SERVERS if other != name), None)
+            for name in SEARCH_SERVERS
+        ]
         for fleet, count in FLEETS.items():
-            q = self.start_queries(SEARCH_SERVERS, rate=20, duration=None)
-            q.wait_answered()
-            stop_started = time.monotonic()
-            docker("stop", self.container(fleet), timeout=120)
-            stopped = time.monotonic() - stop_started
-            exit_code = self.container_exit_code(fleet)
 
             def gone(fleet: str = fleet, count: int = count) -> tuple[bool, dict[str, Any]]:
                 views = self.views()
@@ -448,20 +417,15 @@ class Check:
                 )
                 return done, views
 
-            left, _ = wait_for(gone, 60)
-            docker("start", self.container(fleet))
-            back, views = wait_for(settled, 240)
-            took = time.monotonic() - stop_started
-            outcomes += q.stop()
+            restarts.append((fleet, SEARCH_SERVERS, gone))
+        for name, targets, left_when in restarts:
+            q = self.start_queries(targets, rate=20, duration=None)
+            restarted, step = self._restart_under_load(name, q, left_when)
+            outcomes += q.outcomes
             missing += q.missing
-            ok = ok and left and back and exit_code == 0
-            steps.append(
-                f"{fleet} exited {exit_code} after {stopped:.1f} s, "
-                f"{'left every list' if left else 'NOT out of every list'}, "
-                f"{describe_serving(views)} serving {took:.1f} s after the stop"
-                f"{q.misses_after(stop_started)}"
-            )
-            print(f"  deploy day: {steps[-1]}; queries {describe(q.outcomes)}", flush=True)
+            ok = ok and restarted
+            steps.append(step)
+            print(f"  deploy day: {step}; queries {describe(q.outcomes)}", flush=True)
         total = sum(outcomes.values())
         partial = outcomes.get("partial", 0)
         failed = total - outcomes.get("ok", 0) - partial
@@ -475,6 +439,45 @@ class Check:
             f"({share * 100:.2f} %, limit {DEPLOY_PARTIAL_LIMIT * 100:g} %)"
             f"{'; shards ' + why if why else ''}; " + "; ".join(steps),
             started,
+        )
+
+    def _restart_under_load(
+        self,
+        name: str,
+        q: Queries,
+        left_when: Callable[[], tuple[bool, Any]] | None,
+    ) -> tuple[bool, str]:
+        """``docker stop`` (SIGTERM, then the container's grace) and start ``name`` while
+        ``q`` runs; for a fleet, ``left_when`` says it has left every list before it
+        comes back. Done when every search server serves all the data servers again
+        under one leader. Returns whether all of that held, and a line saying so."""
+        q.wait_answered()
+        stop_started = time.monotonic()
+        # `docker stop` without --time waits the container's stop_grace_period.
+        docker("stop", self.container(name), timeout=120)
+        stopped = time.monotonic() - stop_started
+        exit_code = self.container_exit_code(name)
+        left, left_text = True, ""
+        if left_when is not None:
+            left, _ = wait_for(left_when, 60)
+            left_text = "left every list, " if left else "NOT out of every list, "
+        docker("start", self.container(name))
+
+        def settled() -> tuple[bool, dict[str, Any]]:
+            """100 serving on every search server, and all naming one leader."""
+            views = self.views()
+            done, _ = all_serving(views, DATA_SERVERS)
+            leaders = {v.get("leader") for v in views.values()}
+            return done and (len(leaders) == 1 and None not in leaders), views
+
+        # A fleet brings half the data servers back at once: more time than one server.
+        back, views = wait_for(settled, 120 if left_when is None else 240)
+        took = time.monotonic() - stop_started
+        q.stop()
+        return back and left and exit_code == 0, (
+            f"{name} exited {exit_code} after {stopped:.1f} s, {left_text}"
+            f"{describe_serving(views)} serving {took:.1f} s after the stop"
+            f"{q.misses_after(stop_started)}"
         )
 
     def restore(self, services: list[str]) -> bool:
