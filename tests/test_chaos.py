@@ -19,6 +19,7 @@ from discovery.tools.chaos import ChaosConfig, ChaosResult, schedule
 from discovery.tools.chaos import command as chaos_command
 from discovery.tools.chaos.context import FaultContext
 from discovery.tools.chaos.deploy import DeployFigures, deploy_batches
+from discovery.tools.chaos.ensemble import _supervise
 from discovery.tools.chaos.faults import CATEGORIES, FAULTS, SENTINEL_KINDS, StepResult, kinds
 from discovery.tools.chaos.load import LoadStats
 from discovery.tools.chaos.observer import Observer, Snapshot, Violation
@@ -392,3 +393,49 @@ def test_probes_fail_for_the_block_and_pass_again_however_it_ends() -> None:
         ("data-1", {"mode": "slow", "delay": 2.0}),
         ("data-1", {"mode": "none"}),
     ]
+
+
+class _ExitingZooKeeper:
+    """A ZooKeeper server whose disk was full: not serving, still running for ``polls``
+    looks (the JVM on its way out, status 10), then exited; serves once started again."""
+
+    def __init__(self, server_id: int, polls: int) -> None:
+        self.server_id = server_id
+        self._polls = polls
+        self.starts = 0
+
+    def mode(self) -> str | None:
+        self._polls -= 1
+        return "follower" if self.starts else None
+
+    @property
+    def running(self) -> bool:
+        return self.starts > 0 or self._polls > 0
+
+    def stop(self) -> None:
+        pass
+
+
+def test_a_zookeeper_server_that_exits_after_its_disk_is_freed_is_started_again() -> None:
+    late, serving = _ExitingZooKeeper(2, polls=3), _ExitingZooKeeper(1, polls=0)
+    serving.starts = 1  # never filled its disk to the point of exiting
+    started: list[int] = []
+
+    def start_zookeeper(index: int, *, wait: bool) -> None:
+        assert not wait
+        started.append(index)
+        servers[index].starts += 1
+
+    servers = [serving, late]
+    cluster = SimpleNamespace(
+        backend=SimpleNamespace(zk=SimpleNamespace(servers=servers)),
+        start_zookeeper=start_zookeeper,
+    )
+    assert asyncio.run(_supervise(cluster, [0, 1], timeout=10.0)) == []  # type: ignore[arg-type]
+    assert started == [1]
+    assert late.mode() == "follower"
+
+    stuck = _ExitingZooKeeper(3, polls=10**6)  # never exits, never serves
+    servers[:] = [stuck]
+    assert asyncio.run(_supervise(cluster, [0], timeout=0.5)) == [0]  # type: ignore[arg-type]
+    assert started == [1]

@@ -391,9 +391,10 @@ class ChaosCluster:
             if server.pid is not None:
                 deprioritize(server.pid)
 
-    def start_zookeeper(self, index: int, timeout: float = 60.0) -> None:
+    def start_zookeeper(self, index: int, timeout: float = 60.0, *, wait: bool = True) -> None:
         """Start ZooKeeper server ``index`` again, reniced from its first instant (the
-        JVM's threads inherit it), and wait until it serves. Blocking: use a thread.
+        JVM's threads inherit it), and (with ``wait``) wait until it serves. Blocking:
+        use a thread.
 
         Raises:
             DevClusterError: it did not come up (its log tail is in the message).
@@ -402,7 +403,8 @@ class ChaosCluster:
         server.start(wait=False)
         if server.pid is not None:
             deprioritize(server.pid)
-        server.wait_ready(timeout)
+        if wait:
+            server.wait_ready(timeout)
 
     # -- processes ---------------------------------------------------------------
 

@@ -20,8 +20,10 @@
   and unable to write its snapshot, when it exits with status 10, "Severe
   unrecoverable error"). One full disk costs one server (the quorum holds and
   nothing may change for the clients); all of them cost the quorum. The disks are
-  then freed and the exited servers started again, as their supervisor would; the
-  others recover by themselves within :data:`REJOIN_TIMEOUT`. Outcome: no
+  then freed and, as their supervisor would, the harness starts again every filled
+  server that exits (then or in the moments after: one that decided to exit while
+  its disk was full may still be on its way out); the others recover by themselves.
+  Every filled server must serve again within :data:`REJOIN_TIMEOUT`. Outcome: no
   registration lost, every search server routing with the list it holds meanwhile,
   and once the servers are back the list right (the prober's change included)
   within the session timeout plus the probe budget, as after a quorum loss.
@@ -51,6 +53,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from discovery.testing.zookeeper import ZooKeeperServer
 
+from .cluster import ChaosCluster
 from .config import ChaosConfig
 from .context import FaultContext
 
@@ -120,11 +123,42 @@ async def _works_without(
 async def _serves_again(ctx: FaultContext, kind: str, server: ZooKeeperServer, after: str) -> None:
     """A violation unless ``server`` serves again within :data:`REJOIN_TIMEOUT`."""
     if not await _wait_serving(server, REJOIN_TIMEOUT):
-        ctx.observer.violate(
-            "fault healed",
-            f"{kind}: ZooKeeper server {server.server_id} not serving {REJOIN_TIMEOUT:g} s "
-            f"after {after}",
-        )
+        _not_serving(ctx, kind, server, after)
+
+
+def _not_serving(ctx: FaultContext, kind: str, server: ZooKeeperServer, after: str) -> None:
+    ctx.observer.violate(
+        "fault healed",
+        f"{kind}: ZooKeeper server {server.server_id} not serving {REJOIN_TIMEOUT:g} s "
+        f"after {after}",
+    )
+
+
+async def _supervise(cluster: ChaosCluster, indexes: list[int], timeout: float) -> list[int]:
+    """What a supervisor does for these ZooKeeper servers: start again each one that has
+    exited, until every one serves or ``timeout`` passes; return those that do not serve.
+
+    Watched, not judged once: a server that decided to exit while its disk was full
+    (status 10) may still be running when the disk is freed, the JVM taking a moment to
+    end, and exit right after (seen in a soak: judged running, never started again).
+    """
+    servers = cluster.backend.zk.servers
+    deadline = time.monotonic() + timeout
+    waiting = list(indexes)
+    while True:
+        modes = await asyncio.to_thread(_modes, [servers[i] for i in waiting])
+        waiting = [i for i, mode in zip(waiting, modes, strict=True) if mode is None]
+        exited = [i for i in waiting if not servers[i].running]
+        if exited:
+            log.info("starting ZooKeeper server(s) %s again", [i + 1 for i in exited])
+            for i in exited:
+                await asyncio.to_thread(servers[i].stop)  # reaps it
+                # Not waiting for it to serve: with every disk filled, a server serves only
+                # once a peer is back too, and this loop watches them all.
+                await asyncio.to_thread(cluster.start_zookeeper, i, wait=False)
+        if not waiting or time.monotonic() >= deadline:
+            return waiting
+        await asyncio.sleep(0.2)
 
 
 async def zk_leader_pause(ctx: FaultContext) -> None:
@@ -250,13 +284,10 @@ async def zk_disk_full(ctx: FaultContext) -> None:
         finally:
             # Whatever happened above, the ensemble is healed before the next fault.
             await asyncio.gather(*(asyncio.to_thread(_free, disks[i]) for i in indexes))
-            exited = [i for i in indexes if not servers[i].running]
-            log.info("%s: disks freed; starting server(s) %s again", kind, [i + 1 for i in exited])
-            for i in exited:
-                await asyncio.to_thread(servers[i].stop)  # reaps it
-            await asyncio.gather(*(asyncio.to_thread(cluster.start_zookeeper, i) for i in exited))
-        for server in filled:
-            await _serves_again(ctx, kind, server, "its disk was freed")
+            log.info("%s: disks freed", kind)
+            not_serving = await _supervise(cluster, indexes, REJOIN_TIMEOUT)
+        for i in not_serving:
+            _not_serving(ctx, kind, servers[i], "its disk was freed")
         await ctx.converge(
             kind, "disks freed", ctx.config.session_timeout + ctx.config.probe_budget
         )
