@@ -272,6 +272,7 @@ def test_a_server_keeps_its_data_where_it_is_told(tmp_path: Path) -> None:
         config = server.config_path.read_text(encoding="utf-8").splitlines()
         assert f"dataDir={disk}" in config
         assert "preAllocSize=4" in config
+        assert "autopurge.purgeInterval=1" in config
         with kazoo_client(server.address) as client:
             client.create("/kept", b"x" * 1000)
         logs = list(disk.rglob("log.*"))

@@ -283,6 +283,11 @@ class ZooKeeperServer(ManagedProcess):
             # ZooKeeper pads each transaction log to 64 MB by default; 4 MB is plenty here
             # (a disk-full test wants it small, so that the next write needs new space).
             f"preAllocSize={self._pre_alloc_kb}",
+            # Every election writes a snapshot and starts a new log (some 50 KB a minute
+            # in a chaos run): purged hourly, as in production, a long-running dev
+            # cluster or soak keeps its data directory to about an hour's worth.
+            "autopurge.snapRetainCount=3",
+            "autopurge.purgeInterval=1",
         ]
         if self._peers:
             # The limits count ticks. With the short ticks we use for short sessions,

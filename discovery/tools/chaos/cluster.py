@@ -74,7 +74,9 @@ DATA_DRAIN_GRACE = 1.0
 #: little CPU, and the failover bound judges the sentinels' own timing.
 BACKGROUND_NICENESS = 10
 ZK_SERVERS = 3
-#: Each ZooKeeper server's tmpfs: its snapshots and logs of a run take well under 1 MiB.
+#: Each ZooKeeper server's tmpfs. Its snapshots and logs grow some 50 KB a minute in a
+#: run (a snapshot and a new log at every election: 0.9 MB after 18 minutes of a
+#: soak), purged hourly (:mod:`discovery.testing.zookeeper`): a few MB at most.
 ZK_DISK_MB = 16
 #: ``preAllocSize`` on those disks (KiB): the log grows 4 KiB at a time, so a full disk
 #: refuses a write within a few kilobytes of transactions.
