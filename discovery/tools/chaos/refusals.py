@@ -1,12 +1,18 @@
 """Redis that answers but refuses to write: the store fault between "up" and "down".
 
 ``redis_refuses_writes`` makes the Redis primary refuse writes while it keeps answering
-reads, in one of two ways chosen by the seed:
+reads, in one of these ways chosen by the seed:
 
 * ``oom``: ``maxmemory`` set below what Redis holds, with ``noeviction``; every write
   (the publish script included) fails at once with an OOM error;
 * ``pause``: ``CLIENT PAUSE <ms> WRITE``; every write blocks until the pause ends, so
-  the leader's writes run into its write deadline.
+  the leader's writes run into its write deadline;
+* ``readonly`` (one Redis server only): the server made a replica of a primary that
+  does not answer, as an operator's mistake or a half-done failover leaves it; it
+  keeps its data and serves reads, and every write fails with READONLY. Undone with
+  ``REPLICAOF NO ONE``. With sentinels a replica answering READONLY is what every
+  failover makes of the old primary already, and the sentinels would act on a
+  primary turned replica, so the kind keeps to the first two there.
 
 Meanwhile a data server starts failing its probes, so there is a change that cannot be
 published. Stated outcome: while writes are refused every search server keeps routing
@@ -31,11 +37,16 @@ from .cluster import ChaosCluster
 from .config import ChaosConfig
 from .context import FaultContext, redis_bound
 
-__all__ = ["REFUSAL_MODES", "redis_refuses_writes", "refusal_bound"]
+__all__ = ["REFUSAL_MODES", "SENTINEL_REFUSAL_MODES", "redis_refuses_writes", "refusal_bound"]
 
 log = logging.getLogger(__name__)
 
-REFUSAL_MODES = ("oom", "pause")
+REFUSAL_MODES = ("oom", "pause", "readonly")
+#: With sentinels: see the module's docstring.
+SENTINEL_REFUSAL_MODES = ("oom", "pause")
+#: What the ``readonly`` refusal makes the primary a replica of: nothing listens on the
+#: loopback's port 1, so it never syncs (a replica that synced would drop its data).
+_NOWHERE = ("127.0.0.1", 1)
 
 
 def refusal_bound(config: ChaosConfig) -> float:
@@ -63,6 +74,9 @@ def _refuse(cluster: ChaosCluster, mode: str, pause_ms: int) -> dict[str, str]:
             # One byte: below anything Redis holds, so every write is refused.
             client.config_set("maxmemory", "1")
             return saved
+        if mode == "readonly":
+            client.replicaof(*_NOWHERE)
+            return {}
         client.client_pause(pause_ms, all=False)  # CLIENT PAUSE <ms> WRITE
         return {}
     finally:
@@ -75,6 +89,8 @@ def _allow(cluster: ChaosCluster, mode: str, saved: dict[str, str]) -> None:
         if mode == "oom":
             for key, value in saved.items():
                 client.config_set(key, value)
+        elif mode == "readonly":
+            client.replicaof("NO", "ONE")
         else:
             client.client_unpause()
     finally:
@@ -97,7 +113,7 @@ async def redis_refuses_writes(ctx: FaultContext) -> None:
     """The Redis primary refuses writes (OOM or ``CLIENT PAUSE WRITE``) while a data
     server goes offline; allowed again, the change is published within the bound."""
     kind = "redis_refuses_writes"
-    mode = ctx.rng.choice(REFUSAL_MODES)
+    mode = ctx.rng.choice(SENTINEL_REFUSAL_MODES if ctx.cluster.sentinel_mode else REFUSAL_MODES)
     # Long enough for the victim to leave ZooKeeper while refused (the probe budget)
     # and, often, for the leader to give up on the store (heartbeat_ttl).
     hold = ctx.config.probe_budget + ctx.rng.uniform(0.5, 3.0)
