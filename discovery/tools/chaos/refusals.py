@@ -110,8 +110,8 @@ async def _writes_refused(cluster: ChaosCluster, mode: str, pause_ms: int) -> As
 
 
 async def redis_refuses_writes(ctx: FaultContext) -> None:
-    """The Redis primary refuses writes (OOM or ``CLIENT PAUSE WRITE``) while a data
-    server goes offline; allowed again, the change is published within the bound."""
+    """The Redis primary refuses writes (OOM, ``CLIENT PAUSE WRITE`` or READONLY) while a
+    data server goes offline; allowed again, the change is published within the bound."""
     kind = "redis_refuses_writes"
     mode = ctx.rng.choice(SENTINEL_REFUSAL_MODES if ctx.cluster.sentinel_mode else REFUSAL_MODES)
     # Long enough for the victim to leave ZooKeeper while refused (the probe budget)
