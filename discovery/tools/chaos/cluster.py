@@ -35,6 +35,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -333,6 +334,16 @@ class ChaosCluster:
 
     async def heal(self, member: Member) -> None:
         await asyncio.to_thread(self._heal, member)
+
+    @contextlib.asynccontextmanager
+    async def cut_off(self, member: Member, what: str) -> AsyncIterator[None]:
+        """:meth:`cut` ``member`` for the block and :meth:`heal` it however the block
+        ends: a fault that raised midway must not leave the next faults a cut link."""
+        await self.cut(member, what)
+        try:
+            yield
+        finally:
+            await self.heal(member)
 
     def _cut(self, member: Member, what: str) -> None:
         lab, host = self.lab, member.host

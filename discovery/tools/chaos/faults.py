@@ -359,12 +359,13 @@ async def partition_data_zookeeper(ctx: FaultContext) -> None:
     it leaves every list within the crash bound; healed, it registers again."""
     (victim,) = ctx.pick_data(1)
     log.info("cut %s from ZooKeeper", victim.name)
-    await ctx.cluster.cut(victim, "zookeeper")
     ctx.remove([victim])
-    await ctx.converge("partition_data_zookeeper", "removed", ctx.config.crash_bound)
-    await ctx.hold(0.5, 2.0)
-    await ctx.cluster.heal(victim)
-    ctx.add([victim])
+    try:
+        async with ctx.cluster.cut_off(victim, "zookeeper"):
+            await ctx.converge("partition_data_zookeeper", "removed", ctx.config.crash_bound)
+            await ctx.hold(0.5, 2.0)
+    finally:
+        ctx.add([victim])
     await ctx.converge("partition_data_zookeeper", "registered again", _rejoin_bound(ctx))
 
 
@@ -374,10 +375,9 @@ async def partition_data_unreachable(ctx: FaultContext) -> None:
     in the lists changes."""
     (victim,) = ctx.pick_data(1)
     log.info("cut the search servers from %s", victim.name)
-    await ctx.cluster.cut(victim, "search")
-    await ctx.hold(2.0, 4.0)
-    await ctx.converge("partition_data_unreachable", "still listed", 1.0)
-    await ctx.cluster.heal(victim)
+    async with ctx.cluster.cut_off(victim, "search"):
+        await ctx.hold(2.0, 4.0)
+        await ctx.converge("partition_data_unreachable", "still listed", 1.0)
 
 
 async def partition_leader_zookeeper(ctx: FaultContext) -> None:
@@ -389,17 +389,16 @@ async def partition_leader_zookeeper(ctx: FaultContext) -> None:
         return
     leader, epoch = found
     cut_ms = time.time() * 1000
-    await ctx.cluster.cut(leader, "zookeeper")
-    await _successor_publishes(ctx, kind, epoch)
-    last = ctx.observer.last_write_ms.get(epoch, 0.0)
-    if last - cut_ms > ctx.config.session_timeout * 1000:
-        ctx.observer.violate(
-            "a cut-off leader is silent before its session can expire",
-            f"{leader.name} (epoch {epoch}) wrote {last - cut_ms:.0f} ms after it was cut "
-            f"from ZooKeeper (session timeout {ctx.config.session_timeout:g} s)",
-        )
-    await ctx.hold(0.5, 2.0)
-    await ctx.cluster.heal(leader)
+    async with ctx.cluster.cut_off(leader, "zookeeper"):
+        await _successor_publishes(ctx, kind, epoch)
+        last = ctx.observer.last_write_ms.get(epoch, 0.0)
+        if last - cut_ms > ctx.config.session_timeout * 1000:
+            ctx.observer.violate(
+                "a cut-off leader is silent before its session can expire",
+                f"{leader.name} (epoch {epoch}) wrote {last - cut_ms:.0f} ms after it was cut "
+                f"from ZooKeeper (session timeout {ctx.config.session_timeout:g} s)",
+            )
+        await ctx.hold(0.5, 2.0)
     await ctx.converge(
         kind,
         "old leader follows",
@@ -416,17 +415,16 @@ async def partition_leader_redis(ctx: FaultContext) -> None:
     if found is None:
         return
     leader, epoch = found
-    await ctx.cluster.cut(leader, "redis")
-    await ctx.converge(
-        kind,
-        "handed over",
-        2 * ctx.config.heartbeat_ttl + 1.5,
-        lambda s: (
-            ctx.observer.max_epoch > epoch and bool(s.leaders) and leader.name not in s.leaders
-        ),
-    )
-    await ctx.hold(0.5, 2.0)
-    await ctx.cluster.heal(leader)
+    async with ctx.cluster.cut_off(leader, "redis"):
+        await ctx.converge(
+            kind,
+            "handed over",
+            2 * ctx.config.heartbeat_ttl + 1.5,
+            lambda s: (
+                ctx.observer.max_epoch > epoch and bool(s.leaders) and leader.name not in s.leaders
+            ),
+        )
+        await ctx.hold(0.5, 2.0)
     await ctx.converge(
         kind, "old leader caught up", _redis_bound(ctx), lambda s: leader.name in s.subscribed
     )
@@ -442,14 +440,11 @@ async def partition_search_redis(ctx: FaultContext) -> None:
         ctx.skipped[kind] = ctx.skipped.get(kind, 0) + 1
         return
     member = ctx.cluster.search[ctx.rng.choice(followers)]
-    log.info("cut %s from Redis", member.name)
-    await ctx.cluster.cut(member, "redis")
     (victim,) = ctx.pick_data(1)
+    log.info("cut %s from Redis; %s fails its probes meanwhile", member.name, victim.name)
     async with ctx.probes_failing([victim]):
-        try:
+        async with ctx.cluster.cut_off(member, "redis"):
             await ctx.hold(2.0, 4.0)
-        finally:
-            await ctx.cluster.heal(member)
         await ctx.converge(
             kind,
             "caught up",
