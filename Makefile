@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check discovery
+	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
 typecheck: setup

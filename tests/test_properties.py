@@ -178,13 +178,10 @@ URI_SPECS = st.none() | st.builds(
 
 # What a registration may name: IP literals the contract admits and ASCII DNS names.
 _LABELS = st.from_regex(r"[A-Za-z0-9]([A-Za-z0-9-]{0,20}[A-Za-z0-9])?", fullmatch=True)
-ADDRESSES = (
-    st.ip_addresses()
-    .map(str)
-    .filter(lambda text: address_problem(text) is None)
-    | st.lists(_LABELS, min_size=1, max_size=6)
-    .map(".".join)
-    .filter(lambda text: address_problem(text) is None)
+ADDRESSES = st.ip_addresses().map(str).filter(
+    lambda text: address_problem(text) is None
+) | st.lists(_LABELS, min_size=1, max_size=6).map(".".join).filter(
+    lambda text: address_problem(text) is None
 )
 
 INSTANCES = st.builds(
