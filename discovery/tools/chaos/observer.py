@@ -266,17 +266,17 @@ class Observer:
             if view.get("redis_connected"):
                 subscribed.add(member.name)
         snapshot = Snapshot(
-            at,
-            model,
-            zk,
-            redis_ids,
-            epoch,
-            search,
-            leaders,
-            subscribed,
-            epochs,
-            problems,
-            heartbeat_ms,
+            at=at,
+            model=model,
+            zk=zk,
+            redis=redis_ids,
+            redis_epoch=epoch,
+            search=search,
+            leaders=leaders,
+            subscribed=subscribed,
+            epochs=epochs,
+            redis_problems=problems,
+            heartbeat_ms=heartbeat_ms,
         )
         self.last = snapshot
         if (watch := self.hostile) is not None:
