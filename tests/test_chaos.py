@@ -412,9 +412,6 @@ class _ExitingZooKeeper:
     def running(self) -> bool:
         return self.starts > 0 or self._polls > 0
 
-    def stop(self) -> None:
-        pass
-
 
 def test_a_zookeeper_server_that_exits_after_its_disk_is_freed_is_started_again() -> None:
     late, serving = _ExitingZooKeeper(2, polls=3), _ExitingZooKeeper(1, polls=0)

@@ -188,7 +188,8 @@ class ChaosCluster:
 
     def primary_client(self) -> sync_redis.Redis:
         """A blocking client of the Redis primary alone (FLUSHALL, CONFIG SET, CLIENT
-        PAUSE, hostile entries): use it in a thread, and close it."""
+        PAUSE, hostile entries): use it in a thread, as ``with ... as client`` (it
+        closes on leaving the block)."""
         return sync_redis.Redis.from_url(self.primary_url, socket_timeout=2.0)
 
     @property

@@ -152,9 +152,9 @@ async def _supervise(cluster: ChaosCluster, indexes: list[int], timeout: float) 
         if exited:
             log.info("starting ZooKeeper server(s) %s again", [i + 1 for i in exited])
             for i in exited:
-                await asyncio.to_thread(servers[i].stop)  # reaps it
                 # Not waiting for it to serve: with every disk filled, a server serves only
-                # once a peer is back too, and this loop watches them all.
+                # once a peer is back too, and this loop watches them all. (Starting reaps
+                # the exited process.)
                 await asyncio.to_thread(cluster.start_zookeeper, i, wait=False)
         if not waiting or time.monotonic() >= deadline:
             return waiting

@@ -226,11 +226,8 @@ async def redis_flushall(ctx: FaultContext) -> None:
 def _flushall(cluster: ChaosCluster) -> None:
     # The primary's own URL: a plain client cannot take the sentinel URL, and asking
     # the sentinels for the primary is blocking I/O too (this runs in a thread).
-    client = cluster.primary_client()
-    try:
+    with cluster.primary_client() as client:
         client.flushall()
-    finally:
-        client.close()
 
 
 async def _kill_redis_primary(

@@ -477,12 +477,9 @@ META_GARBAGE = (
 
 def _hset(cluster: ChaosCluster, key: str, fields: Mapping[str, bytes]) -> None:
     """Write ``fields`` into the hash ``key`` on the Redis primary (blocking: a thread)."""
-    client = cluster.primary_client()
-    try:
+    with cluster.primary_client() as client:
         for field, value in fields.items():
             client.hset(key, field, value)
-    finally:
-        client.close()
 
 
 def hostile_fields(tag: str, port: int) -> dict[str, bytes]:

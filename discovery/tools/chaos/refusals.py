@@ -62,8 +62,7 @@ def refusal_bound(config: ChaosConfig) -> float:
 
 def _refuse(cluster: ChaosCluster, mode: str, pause_ms: int) -> dict[str, str]:
     """Make the primary refuse writes; return what :func:`_allow` restores."""
-    client = cluster.primary_client()
-    try:
+    with cluster.primary_client() as client:
         if mode == "oom":
             saved = {
                 key: str(value)
@@ -79,13 +78,10 @@ def _refuse(cluster: ChaosCluster, mode: str, pause_ms: int) -> dict[str, str]:
             return {}
         client.client_pause(pause_ms, all=False)  # CLIENT PAUSE <ms> WRITE
         return {}
-    finally:
-        client.close()
 
 
 def _allow(cluster: ChaosCluster, mode: str, saved: dict[str, str]) -> None:
-    client = cluster.primary_client()
-    try:
+    with cluster.primary_client() as client:
         if mode == "oom":
             for key, value in saved.items():
                 client.config_set(key, value)
@@ -93,8 +89,6 @@ def _allow(cluster: ChaosCluster, mode: str, saved: dict[str, str]) -> None:
             client.replicaof("NO", "ONE")
         else:
             client.client_unpause()
-    finally:
-        client.close()
 
 
 @contextlib.asynccontextmanager
