@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -110,3 +112,72 @@ async def test_threaded_server_registers_goes_offline_and_drains(
         finally:
             Handler.healthy = True
             await asyncio.to_thread(agent.stop)
+
+
+async def test_a_drain_during_a_registration_in_flight_marks_the_node_and_keeps_the_grace(
+    zk_hosts: str, make_session: SessionFactory, threaded_server: ThreadingHTTPServer
+) -> None:
+    # The window CI once hit: the node is created, the agent has not had the reply yet
+    # (so it does not count itself registered) and drain() is called. The drain must
+    # still announce the node and keep its grace, not delete it unannounced.
+    port = threaded_server.server_address[1]
+    instance = ServiceInstance.create(
+        "data_servers",
+        "ds-inflight",
+        "127.0.0.1",
+        port,
+        InstancePayload(shard=1, replica=0, docs=10, version="1", state="serving"),
+    )
+    agent = Agent(
+        instance,
+        HttpProbe(f"http://127.0.0.1:{port}/healthz"),
+        zk=ZkConfig(hosts=zk_hosts, session_timeout=2),
+        config=FAST_AGENT,
+    )
+    reply = threading.Event()  # holds back the create's reply until the drain has begun
+    observer = await make_session()
+    async with MembershipWatcher(observer, coalesce_window=0) as watcher:
+        await agent.astart()
+        try:
+            session = agent.session
+            assert session is not None
+            create = session.create
+
+            async def create_then_hold(*args: Any, **kwargs: Any) -> str:
+                path = await create(*args, **kwargs)
+                await asyncio.to_thread(reply.wait, 10)
+                return path
+
+            session.create = create_then_hold  # type: ignore[method-assign]
+            agent.set_ready()
+            await waited(
+                watcher.wait_until(lambda m: "ds-inflight" in m, timeout=10),
+                "ds-inflight created",
+            )
+            assert not agent.status().registered  # the reply is held back
+
+            drain = asyncio.ensure_future(agent.adrain(grace=1.0))
+            await eventually(
+                lambda: agent.status().state is AgentState.DRAINING, message="drain begun"
+            )
+            released = time.monotonic()
+            reply.set()
+            members = await waited(
+                watcher.wait_until(
+                    lambda m: (
+                        "ds-inflight" not in m
+                        or m["ds-inflight"].payload.state is InstanceState.DRAINING
+                    ),
+                    timeout=10,
+                ),
+                "ds-inflight marked draining or gone",
+            )
+            assert "ds-inflight" in members, "the node went without being marked draining"
+            assert not members["ds-inflight"].routable
+            await waited(drain, "adrain() to return", timeout=30)
+            # The grace is kept: counted from the reply, which precedes the mark.
+            assert time.monotonic() - released >= 1.0
+            assert await observer.exists(f"{DATA_SERVERS_PATH}/ds-inflight") is None
+        finally:
+            reply.set()
+            await agent.astop()

@@ -494,16 +494,19 @@ class Agent:
         if not self._policy.drain():
             return
         grace = self._config.drain_grace if grace is None else grace
-        was_registered = self._registration.registered
         self._show_state()
         self._publish()
         log.info("draining %s (grace %gs)", self._instance.id, grace)
-        if was_registered:
-            draining = self._instance.with_state(InstanceState.DRAINING, reason="draining")
-            try:
-                await self._update_instance(draining)
-            except DiscoveryError as exc:
-                log.error("marking %s draining failed: %s", self._instance.id, exc)
+        # Marked draining whether or not the node is there yet: a registration in
+        # flight (its create sent, the reply not back) holds the update until it has
+        # finished, so the node it creates is marked too. Judging "registered" before
+        # that skipped the mark and the grace, and the node went unannounced.
+        draining = self._instance.with_state(InstanceState.DRAINING, reason="draining")
+        try:
+            await self._update_instance(draining)
+        except DiscoveryError as exc:
+            log.error("marking %s draining failed: %s", self._instance.id, exc)
+        if self._registration.registered:
             # The grace period is the contract with the search servers: they stop
             # routing to a draining node within it, while we keep answering.
             await asyncio.sleep(grace)
