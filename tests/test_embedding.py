@@ -114,12 +114,17 @@ async def test_threaded_server_registers_goes_offline_and_drains(
             await asyncio.to_thread(agent.stop)
 
 
-async def test_a_drain_during_a_registration_in_flight_marks_the_node_and_keeps_the_grace(
-    zk_hosts: str, make_session: SessionFactory, threaded_server: ThreadingHTTPServer
+@pytest.mark.parametrize("departure", ["drain", "take_offline"])
+async def test_a_departure_during_a_registration_in_flight_is_announced(
+    zk_hosts: str,
+    make_session: SessionFactory,
+    threaded_server: ThreadingHTTPServer,
+    departure: str,
 ) -> None:
     # The window CI once hit: the node is created, the agent has not had the reply yet
-    # (so it does not count itself registered) and drain() is called. The drain must
-    # still announce the node and keep its grace, not delete it unannounced.
+    # (so it does not count itself registered) and drain() is called. The node must
+    # still be marked draining before it goes (and a drain keep its grace), not be
+    # deleted unannounced; the same for an operator's take_offline().
     port = threaded_server.server_address[1]
     instance = ServiceInstance.create(
         "data_servers",
@@ -134,7 +139,8 @@ async def test_a_drain_during_a_registration_in_flight_marks_the_node_and_keeps_
         zk=ZkConfig(hosts=zk_hosts, session_timeout=2),
         config=FAST_AGENT,
     )
-    reply = threading.Event()  # holds back the create's reply until the drain has begun
+    reply = threading.Event()  # holds back the create's reply until the departure began
+    released_in_time: list[bool] = []
     observer = await make_session()
     async with MembershipWatcher(observer, coalesce_window=0) as watcher:
         await agent.astart()
@@ -145,7 +151,7 @@ async def test_a_drain_during_a_registration_in_flight_marks_the_node_and_keeps_
 
             async def create_then_hold(*args: Any, **kwargs: Any) -> str:
                 path = await create(*args, **kwargs)
-                await asyncio.to_thread(reply.wait, 10)
+                released_in_time.append(await asyncio.to_thread(reply.wait, 10))
                 return path
 
             session.create = create_then_hold  # type: ignore[method-assign]
@@ -156,10 +162,13 @@ async def test_a_drain_during_a_registration_in_flight_marks_the_node_and_keeps_
             )
             assert not agent.status().registered  # the reply is held back
 
-            drain = asyncio.ensure_future(agent.adrain(grace=1.0))
-            await eventually(
-                lambda: agent.status().state is AgentState.DRAINING, message="drain begun"
-            )
+            if departure == "drain":
+                leaving = asyncio.ensure_future(agent.adrain(grace=1.0))
+                state, reason = AgentState.DRAINING, "draining"
+            else:
+                leaving = asyncio.ensure_future(agent.atake_offline("test"))
+                state, reason = AgentState.ADMIN_OFFLINE, "offline: test"
+            await eventually(lambda: agent.status().state is state, message=f"{departure} begun")
             released = time.monotonic()
             reply.set()
             members = await waited(
@@ -173,11 +182,15 @@ async def test_a_drain_during_a_registration_in_flight_marks_the_node_and_keeps_
                 "ds-inflight marked draining or gone",
             )
             assert "ds-inflight" in members, "the node went without being marked draining"
+            assert members["ds-inflight"].payload.reason == reason
             assert not members["ds-inflight"].routable
-            await waited(drain, "adrain() to return", timeout=30)
-            # The grace is kept: counted from the reply, which precedes the mark.
-            assert time.monotonic() - released >= 1.0
+            await waited(leaving, f"{departure} to return", timeout=30)
+            if departure == "drain":
+                # The grace is kept: counted from the reply, which precedes the mark.
+                assert time.monotonic() - released >= 1.0
             assert await observer.exists(f"{DATA_SERVERS_PATH}/ds-inflight") is None
+            assert agent.status().state is state
+            assert released_in_time == [True]  # the test released it, not the timeout
         finally:
             reply.set()
             await agent.astop()

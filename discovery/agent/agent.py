@@ -438,15 +438,16 @@ class Agent:
         """Announce the departure the policy decided and delete our node."""
         assert self._registration is not None
         self._show_state()
-        if self._registration.registered:
-            # Announce the departure before the node goes: readers stop routing at the
-            # first write, and the leader knows this removal is deliberate, not one of
-            # the unexplained vanishings its mass-loss brake holds back.
-            leaving = self._instance.with_state(InstanceState.DRAINING, reason=f"offline: {reason}")
-            try:
-                await self._update_instance(leaving)
-            except DiscoveryError as exc:
-                log.warning("announcing %s offline failed: %s", self._instance.id, exc)
+        # Announce the departure before the node goes: readers stop routing at the
+        # first write, and the leader knows this removal is deliberate, not one of the
+        # unexplained vanishings its mass-loss brake holds back. Announced whether or
+        # not the node is there yet: a registration in flight (an admin request can
+        # arrive during one) holds the update until its node exists.
+        leaving = self._instance.with_state(InstanceState.DRAINING, reason=f"offline: {reason}")
+        try:
+            await self._update_instance(leaving)
+        except DiscoveryError as exc:
+            log.warning("announcing %s offline failed: %s", self._instance.id, exc)
         try:
             await self._registration.deregister()
         except ZkError as exc:
@@ -456,6 +457,7 @@ class Agent:
         if not self._policy.take_offline(reason):
             return
         log.info("taking %s offline on request: %s", self._instance.id, reason)
+        self._publish()  # the new state shows at once, not once the node has gone
         await self._leave(reason)
         self._publish()
 
@@ -497,10 +499,8 @@ class Agent:
         self._show_state()
         self._publish()
         log.info("draining %s (grace %gs)", self._instance.id, grace)
-        # Marked draining whether or not the node is there yet: a registration in
-        # flight (its create sent, the reply not back) holds the update until it has
-        # finished, so the node it creates is marked too. Judging "registered" before
-        # that skipped the mark and the grace, and the node went unannounced.
+        # Marked draining whether or not the node is there yet, as in _leave: judging
+        # "registered" while a create was on its way skipped the mark and the grace.
         draining = self._instance.with_state(InstanceState.DRAINING, reason="draining")
         try:
             await self._update_instance(draining)
