@@ -48,23 +48,28 @@ def threaded_server() -> Iterator[ThreadingHTTPServer]:
     server.server_close()
 
 
-async def test_threaded_server_registers_goes_offline_and_drains(
-    zk_hosts: str, make_session: SessionFactory, threaded_server: ThreadingHTTPServer
-) -> None:
-    port = threaded_server.server_address[1]
+def _agent(instance_id: str, server: ThreadingHTTPServer, zk_hosts: str) -> Agent:
+    """An agent for ``server``, as the README embeds it: its /healthz is the probe."""
+    port = server.server_address[1]
     instance = ServiceInstance.create(
         "data_servers",
-        "ds-threaded",
+        instance_id,
         "127.0.0.1",
         port,
         InstancePayload(shard=1, replica=0, docs=10, version="1", state="serving"),
     )
-    agent = Agent(
+    return Agent(
         instance,
         HttpProbe(f"http://127.0.0.1:{port}/healthz"),
         zk=ZkConfig(hosts=zk_hosts, session_timeout=2),
         config=FAST_AGENT,
     )
+
+
+async def test_threaded_server_registers_goes_offline_and_drains(
+    zk_hosts: str, make_session: SessionFactory, threaded_server: ThreadingHTTPServer
+) -> None:
+    agent = _agent("ds-threaded", threaded_server, zk_hosts)
     observer = await make_session()
     async with MembershipWatcher(observer, coalesce_window=0) as watcher:
         # The threaded server's side uses the blocking API, as its own code would.
@@ -125,20 +130,7 @@ async def test_a_departure_during_a_registration_in_flight_is_announced(
     # (so it does not count itself registered) and drain() is called. The node must
     # still be marked draining before it goes (and a drain keep its grace), not be
     # deleted unannounced; the same for an operator's take_offline().
-    port = threaded_server.server_address[1]
-    instance = ServiceInstance.create(
-        "data_servers",
-        "ds-inflight",
-        "127.0.0.1",
-        port,
-        InstancePayload(shard=1, replica=0, docs=10, version="1", state="serving"),
-    )
-    agent = Agent(
-        instance,
-        HttpProbe(f"http://127.0.0.1:{port}/healthz"),
-        zk=ZkConfig(hosts=zk_hosts, session_timeout=2),
-        config=FAST_AGENT,
-    )
+    agent = _agent("ds-inflight", threaded_server, zk_hosts)
     reply = threading.Event()  # holds back the create's reply until the departure began
     released_in_time: list[bool] = []
     observer = await make_session()
