@@ -438,16 +438,17 @@ class Agent:
         """Announce the departure the policy decided and delete our node."""
         assert self._registration is not None
         self._show_state()
-        # Announce the departure before the node goes: readers stop routing at the
-        # first write, and the leader knows this removal is deliberate, not one of the
-        # unexplained vanishings its mass-loss brake holds back. Announced whether or
-        # not the node is there yet: a registration in flight (an admin request can
-        # arrive during one) holds the update until its node exists.
-        leaving = self._instance.with_state(InstanceState.DRAINING, reason=f"offline: {reason}")
-        try:
-            await self._update_instance(leaving)
-        except DiscoveryError as exc:
-            log.warning("announcing %s offline failed: %s", self._instance.id, exc)
+        # A registration in flight (an admin request can arrive during one) is waited
+        # for: its node may already be seen, and must be announced like any other.
+        if await self._registration.settled():
+            # Announce the departure before the node goes: readers stop routing at the
+            # first write, and the leader knows this removal is deliberate, not one of
+            # the unexplained vanishings its mass-loss brake holds back.
+            leaving = self._instance.with_state(InstanceState.DRAINING, reason=f"offline: {reason}")
+            try:
+                await self._update_instance(leaving)
+            except DiscoveryError as exc:
+                log.warning("announcing %s offline failed: %s", self._instance.id, exc)
         try:
             await self._registration.deregister()
         except ZkError as exc:
@@ -499,14 +500,14 @@ class Agent:
         self._show_state()
         self._publish()
         log.info("draining %s (grace %gs)", self._instance.id, grace)
-        # Marked draining whether or not the node is there yet, as in _leave: judging
-        # "registered" while a create was on its way skipped the mark and the grace.
-        draining = self._instance.with_state(InstanceState.DRAINING, reason="draining")
-        try:
-            await self._update_instance(draining)
-        except DiscoveryError as exc:
-            log.error("marking %s draining failed: %s", self._instance.id, exc)
-        if self._registration.registered:
+        # Settled, not merely "registered": while a create was on its way that read
+        # False, and the node it made went without the mark and the grace.
+        if await self._registration.settled():
+            draining = self._instance.with_state(InstanceState.DRAINING, reason="draining")
+            try:
+                await self._update_instance(draining)
+            except DiscoveryError as exc:
+                log.error("marking %s draining failed: %s", self._instance.id, exc)
             # The grace period is the contract with the search servers: they stop
             # routing to a draining node within it, while we keep answering.
             await asyncio.sleep(grace)

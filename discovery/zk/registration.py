@@ -166,6 +166,16 @@ class Registration:
         """True while our node exists and belongs to the current session (as last seen)."""
         return self._owned_session is not None and self._owned_session == self._session.session_id
 
+    async def settled(self) -> bool:
+        """Wait for a register, update or deregister in progress; then :attr:`registered`.
+
+        :attr:`registered` alone is False while a create is on its way, although the
+        node may already exist and be seen by others: a caller about to announce a
+        departure asks this instead, so the node that create makes is announced too.
+        """
+        async with self._lock:
+            return self.registered
+
     @property
     def conflict(self) -> RegistrationConflictError | None:
         """The last ownership conflict, while it lasts."""
