@@ -19,7 +19,7 @@ from discovery.tools.chaos import ChaosConfig, ChaosResult, schedule
 from discovery.tools.chaos import command as chaos_command
 from discovery.tools.chaos.context import FaultContext
 from discovery.tools.chaos.deploy import DeployFigures, deploy_batches
-from discovery.tools.chaos.ensemble import _supervise
+from discovery.tools.chaos.ensemble import WHOLE_STEP, _supervise, ensemble_whole
 from discovery.tools.chaos.faults import CATEGORIES, FAULTS, SENTINEL_KINDS, StepResult, kinds
 from discovery.tools.chaos.load import LoadStats
 from discovery.tools.chaos.observer import Observer, Snapshot, Violation
@@ -436,3 +436,46 @@ def test_a_zookeeper_server_that_exits_after_its_disk_is_freed_is_started_again(
     servers[:] = [stuck]
     assert asyncio.run(_supervise(cluster, [0], timeout=0.5)) == [0]  # type: ignore[arg-type]
     assert started == [1]
+
+
+class _HealingZooKeeper:
+    """A ZooKeeper server that serves from its ``serves_at``-th look on (never: None)."""
+
+    def __init__(self, server_id: int, serves_at: int | None) -> None:
+        self.server_id = server_id
+        self.serves_at = serves_at
+        self.looks = 0
+
+    def mode(self) -> str | None:
+        self.looks += 1
+        serving = self.serves_at is not None and self.looks >= self.serves_at
+        return "follower" if serving else None
+
+
+def test_the_next_fault_waits_for_every_zookeeper_server_to_serve() -> None:
+    # The soak's case: the quorum served the clients, one server was stuck for 20 s.
+    servers = [_HealingZooKeeper(1, 1), _HealingZooKeeper(2, 1), _HealingZooKeeper(3, 4)]
+    violations: list[tuple[str, str]] = []
+    cluster = SimpleNamespace(backend=SimpleNamespace(zk=SimpleNamespace(servers=servers)))
+    observer = SimpleNamespace(
+        violate=lambda invariant, detail: violations.append((invariant, detail))
+    )
+    ctx = FaultContext(cluster, observer, ChaosConfig(), random.Random(1))  # type: ignore[arg-type]
+
+    took = asyncio.run(ensemble_whole(ctx, "zk_quorum_loss", timeout=10.0))
+    assert took is not None
+    assert servers[2].looks == 4  # waited for the stuck one, not judged at the first look
+    assert violations == []
+    assert [(r.fault, r.step, r.took) for r in ctx.results] == [
+        ("zk_quorum_loss", WHOLE_STEP, took)
+    ]
+
+    servers[2] = _HealingZooKeeper(3, None)  # never serves again
+    assert asyncio.run(ensemble_whole(ctx, "zk_server_kill", timeout=0.5)) is None
+    assert violations == [
+        (
+            "fault healed",
+            "zk_server_kill: ZooKeeper server(s) [3] not serving 0.5 s after the fault",
+        )
+    ]
+    assert ctx.results[-1].took is None

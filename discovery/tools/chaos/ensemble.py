@@ -55,10 +55,12 @@ from discovery.testing.zookeeper import ZooKeeperServer
 
 from .cluster import ChaosCluster
 from .config import ChaosConfig
-from .context import FaultContext
+from .context import FaultContext, StepResult
 
 __all__ = [
     "REJOIN_TIMEOUT",
+    "WHOLE_STEP",
+    "ensemble_whole",
     "reelection_bound",
     "zk_disk_full",
     "zk_leader_pause",
@@ -71,6 +73,8 @@ log = logging.getLogger(__name__)
 #: its peers (``syncLimit``), looks for the leader and syncs from it (``initLimit``, 20 s
 #: at most here; a small data set syncs in well under a second).
 REJOIN_TIMEOUT = 30.0
+#: The step after every fault that waits for every ZooKeeper server to serve.
+WHOLE_STEP = "every ZooKeeper server serving"
 #: Where the disk fault writes its scratch nodes (ephemeral, outside every cluster).
 SCRATCH_PATH = "/chaos-disk-fill"
 #: Scratch writes of 1 KiB: far more than the 4 KiB a log grows by at a time.
@@ -105,6 +109,43 @@ async def _wait_serving(server: ZooKeeperServer, timeout: float) -> bool:
             return True
         await asyncio.sleep(0.2)
     return False
+
+
+async def ensemble_whole(
+    ctx: FaultContext, fault: str, timeout: float = REJOIN_TIMEOUT
+) -> float | None:
+    """After ``fault``: every ZooKeeper server serving again, within ``timeout``.
+
+    A fault's own steps judge what the clients see, and a majority serves them; the
+    next fault takes the whole ensemble for granted (one server killed of three keeps
+    the quorum only while the other two serve). ZooKeeper may take a while to heal
+    itself: seen in the two-hour soak, after a quorum loss the surviving server was
+    elected but its followers' acknowledgements came from the old epoch ("NEWLEADER
+    ACK ... from a different epoch"), so it waited its ``initLimit`` (20 s) while the
+    two others elected a leader of their own, and the next fault, one server killed,
+    took that quorum away. Polled (``srvr``): nothing outside tells of it. A server
+    not serving within ``timeout`` is a violation ("fault healed").
+    """
+    servers = ctx.cluster.backend.zk.servers
+    started = time.monotonic()
+    while True:
+        modes = await asyncio.to_thread(_modes, servers)
+        took = time.monotonic() - started
+        if None not in modes:
+            ctx.results.append(StepResult(fault, WHOLE_STEP, timeout, took))
+            if took >= 1.0:
+                log.info(
+                    "%s %s: converged in %.2f s (bound %g s)", fault, WHOLE_STEP, took, timeout
+                )
+            return took
+        if took >= timeout:
+            break
+        await asyncio.sleep(0.2)
+    idle = [server.server_id for server, mode in zip(servers, modes, strict=True) if mode is None]
+    detail = f"ZooKeeper server(s) {idle} not serving {timeout:g} s after the fault"
+    ctx.observer.violate("fault healed", f"{fault}: {detail}")
+    ctx.results.append(StepResult(fault, WHOLE_STEP, timeout, None, detail))
+    return None
 
 
 async def _works_without(

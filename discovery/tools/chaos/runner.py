@@ -12,7 +12,9 @@ server restarted gracefully, :mod:`.deploy`) ends each round. ``--kinds`` keeps
 only the named kinds (or categories) of that order. Faults run one after the other:
 a fault is injected, judged, healed and judged again before the next starts, with a
 short seeded pause in between, so that every verdict belongs to one fault (an overlap
-is one fault made of two).
+is one fault made of two). After each, the cluster must be whole and working before
+the next: every ZooKeeper server serving (:func:`.ensemble.ensemble_whole`), then a
+leader in office and publishing (:meth:`.context.FaultContext.working`).
 
 At the end all faults are healed; the final check (invariant 4) is that every data
 server is registered and serving again, in ZooKeeper, in Redis and at every search
@@ -33,6 +35,7 @@ from discovery.errors import ConfigError
 from .cluster import ChaosCluster
 from .config import ChaosConfig
 from .deploy import DeployFigures
+from .ensemble import ensemble_whole
 from .faults import CATEGORIES, FAULTS, START_BOUND, FaultContext, StepResult, kinds
 from .load import LoadGenerator, LoadStats, cpu_jiffies
 from .observer import Observer, Violation
@@ -208,6 +211,7 @@ async def run_chaos(config: ChaosConfig, workdir: Path) -> ChaosResult:
             except Exception as exc:  # a harness bug: reported, and the run goes on
                 log.exception("fault %s failed", kind)
                 observer.violate("fault ran to its end", f"{kind}: {type(exc).__name__}: {exc}")
+            await ensemble_whole(ctx, kind)
             await ctx.working(kind)
             observer.fault = "between faults"
             await ctx.hold(0.5, 2.0)
