@@ -101,14 +101,23 @@ def _modes(servers: list[ZooKeeperServer]) -> list[str | None]:
     return [server.mode() for server in servers]
 
 
-async def _wait_serving(server: ZooKeeperServer, timeout: float) -> bool:
-    """Poll ``srvr`` until ``server`` serves again (no event comes from outside)."""
+async def _not_serving_after(
+    servers: list[ZooKeeperServer], timeout: float
+) -> list[ZooKeeperServer]:
+    """Poll ``srvr`` until every one of ``servers`` serves (no event comes from outside),
+    for ``timeout`` at most; return those that still do not."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await asyncio.to_thread(server.mode) is not None:
-            return True
+    while True:
+        modes = await asyncio.to_thread(_modes, servers)
+        idle = [server for server, mode in zip(servers, modes, strict=True) if mode is None]
+        if not idle or time.monotonic() >= deadline:
+            return idle
         await asyncio.sleep(0.2)
-    return False
+
+
+async def _wait_serving(server: ZooKeeperServer, timeout: float) -> bool:
+    """Poll ``srvr`` until ``server`` serves again."""
+    return not await _not_serving_after([server], timeout)
 
 
 async def ensemble_whole(
@@ -126,23 +135,16 @@ async def ensemble_whole(
     took that quorum away. Polled (``srvr``): nothing outside tells of it. A server
     not serving within ``timeout`` is a violation ("fault healed").
     """
-    servers = ctx.cluster.backend.zk.servers
     started = time.monotonic()
-    while True:
-        modes = await asyncio.to_thread(_modes, servers)
-        took = time.monotonic() - started
-        if None not in modes:
-            ctx.results.append(StepResult(fault, WHOLE_STEP, timeout, took))
-            if took >= 1.0:
-                log.info(
-                    "%s %s: converged in %.2f s (bound %g s)", fault, WHOLE_STEP, took, timeout
-                )
-            return took
-        if took >= timeout:
-            break
-        await asyncio.sleep(0.2)
-    idle = [server.server_id for server, mode in zip(servers, modes, strict=True) if mode is None]
-    detail = f"ZooKeeper server(s) {idle} not serving {timeout:g} s after the fault"
+    idle = await _not_serving_after(ctx.cluster.backend.zk.servers, timeout)
+    took = time.monotonic() - started
+    if not idle:
+        ctx.results.append(StepResult(fault, WHOLE_STEP, timeout, took))
+        if took >= 1.0:
+            log.info("%s %s: converged in %.2f s (bound %g s)", fault, WHOLE_STEP, took, timeout)
+        return took
+    ids = [server.server_id for server in idle]
+    detail = f"ZooKeeper server(s) {ids} not serving {timeout:g} s after the fault"
     ctx.observer.violate("fault healed", f"{fault}: {detail}")
     ctx.results.append(StepResult(fault, WHOLE_STEP, timeout, None, detail))
     return None
