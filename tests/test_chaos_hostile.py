@@ -14,6 +14,8 @@ import asyncio
 import json
 import os
 import random
+import signal
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,8 +26,11 @@ from aiohttp import web
 from data_server.corpus import generate_documents
 from data_server.index import InvertedIndex
 from data_server.loadgen import LoadConfig, run_worst_case, worst_case_query
+from discovery.errors import ZkNoNodeError
 from discovery.http import MAX_QUERY_LENGTH
+from discovery.instance import InstanceState, ServiceInstance
 from discovery.livelist.redis.layout import RedisKeys, parse_servers
+from discovery.testing.ports import free_port
 from discovery.testing.redis import RedisServer
 from discovery.tools.chaos.hostile import (
     hostile_fields,
@@ -47,10 +52,11 @@ from discovery.tools.chaos.watch import (
     missing_shards,
 )
 from discovery.zk.membership import PERSISTENT_DYNAMIC, decode_child
+from discovery.zk.paths import DATA_SERVERS_PATH
 from discovery.zk.session import NodeStat
 from search_server.httpclient import Endpoint, HttpClient, SubrequestError
 from tests.conftest import fast_redis_client
-from tests.support import frequent_terms
+from tests.support import SessionFactory, eventually, frequent_terms, reap
 
 # -- the watch's verdicts -------------------------------------------------------------
 
@@ -305,6 +311,47 @@ async def test_the_hostile_peers_answers_are_refused_by_the_sub_request_client(
             async with asyncio.timeout(0.5):
                 await asyncio.shield(future)
         future.cancel()
+
+
+async def test_a_stopped_hostile_peer_is_marked_draining_before_it_leaves(
+    zk_hosts: str, make_session: SessionFactory
+) -> None:
+    """A departure the leader takes for a deliberate one: the mass-loss brake never
+    holds it (and lists the stopped peer again) when other servers vanish soon after."""
+    session = await make_session()
+    name = "hostile-garbage-stopped"
+    path = f"{DATA_SERVERS_PATH}/{name}"
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "discovery.tools.chaos.hostile_peer", "--mode", "garbage"),
+        *("--zk", zk_hosts, "--id", name, "--shard", "0"),
+        *("--host", "127.0.0.1", "--port", str(free_port())),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+
+    async def state() -> str:
+        try:
+            data, _stat = await session.get(path)
+        except ZkNoNodeError:
+            return "absent"
+        return ServiceInstance.from_json(data).payload.state.value
+
+    try:
+        await eventually(
+            lambda: _is(state(), InstanceState.SERVING.value), timeout=30, message="registered"
+        )
+        process.send_signal(signal.SIGTERM)
+        await eventually(
+            lambda: _is(state(), InstanceState.DRAINING.value), message="marked draining"
+        )
+        await eventually(lambda: _is(state(), "absent"), message="gone")
+        assert await asyncio.wait_for(process.wait(), timeout=30) == 0
+    finally:
+        await reap(process)
+
+
+async def _is(value: Awaitable[str], expected: str) -> bool:
+    return await value == expected
 
 
 def test_garbage_is_seeded_and_bounded() -> None:

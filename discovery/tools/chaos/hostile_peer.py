@@ -18,7 +18,9 @@ extra replica of shard ``S``, and answers every request on ``ADDR:P`` according 
 
 It is test tooling beside the core (a process of :mod:`discovery.tools.chaos`), raw
 asyncio on purpose: an HTTP server library would refuse to send what it sends. On
-SIGTERM or SIGINT it deregisters and exits 0; on exit it prints one JSON line
+SIGTERM or SIGINT it leaves as a stopped data server's agent does (marked draining,
+then deregistered :data:`DEPARTURE_GRACE` later) and exits 0; on exit it prints one
+JSON line
 ``{"hostile_peer": MODE, "connections": n, "requests": n, "bytes_sent": n}`` so that
 the chaos run can report how much of the fan-out reached it.
 
@@ -52,6 +54,8 @@ log = logging.getLogger(__name__)
 MODES = ("endless", "garbage", "trickle")
 #: Longest request head read: the search server's sub-requests are a few hundred bytes.
 MAX_HEAD = 64 * 1024
+#: Seconds between marking our node draining and deleting it, on SIGTERM.
+DEPARTURE_GRACE = 1.0
 #: What an endless body repeats: hits, as a runaway result would stream them.
 _HIT = b'{"id":"endless","score":1.0,"title":"endless"},'
 _ENDLESS_CHUNK = (_HIT * (64 * 1024 // len(_HIT) + 1))[: 64 * 1024]
@@ -197,6 +201,25 @@ def _instance(config: PeerConfig) -> ServiceInstance:
     return ServiceInstance.create("data_servers", config.id, config.host, config.port, payload)
 
 
+async def _announce_departure(registration: Registration) -> None:
+    """Mark our node draining and give the leader :data:`DEPARTURE_GRACE` to read it.
+
+    What the peer tests is how it answers, not how it leaves: a departure nobody
+    announced is one the leader's mass-loss brake may hold, listing the peer again for
+    the brake's whole hold if other servers vanish within its window (a ZooKeeper
+    server cut off with their sessions, say). A failure to mark is logged; the
+    deregistration follows regardless.
+    """
+    draining = registration.instance.with_state(InstanceState.DRAINING, reason="stopping")
+    try:
+        await registration.update(draining)
+    except DiscoveryError as exc:
+        log.warning("marking %s draining failed: %s", draining.id, exc)
+        return
+    # The agent's drain grace, shortened: the leader reads the mark within milliseconds.
+    await asyncio.sleep(DEPARTURE_GRACE)
+
+
 async def run(config: PeerConfig) -> int:
     """Listen, register, serve until SIGTERM/SIGINT, deregister; the exit status."""
     peer = HostilePeer(
@@ -214,11 +237,12 @@ async def run(config: PeerConfig) -> int:
         server.close()
         return 2
     try:
-        async with Registration(session, _instance(config)):
+        async with Registration(session, _instance(config)) as registration:
             log.info(
                 "hostile peer %s (%s) registered for shard %d", config.id, config.mode, config.shard
             )
             await stop.wait()
+            await _announce_departure(registration)
     finally:
         server.close()
         await peer.aclose()
