@@ -56,7 +56,7 @@ from discovery.zk.paths import DATA_SERVERS_PATH
 from discovery.zk.session import NodeStat
 from search_server.httpclient import Endpoint, HttpClient, SubrequestError
 from tests.conftest import fast_redis_client
-from tests.support import SessionFactory, eventually, frequent_terms, reap
+from tests.support import SessionFactory, absent, eventually, frequent_terms, reap
 
 # -- the watch's verdicts -------------------------------------------------------------
 
@@ -329,29 +329,24 @@ async def test_a_stopped_hostile_peer_is_marked_draining_before_it_leaves(
         stderr=asyncio.subprocess.DEVNULL,
     )
 
-    async def state() -> str:
-        try:
-            data, _stat = await session.get(path)
-        except ZkNoNodeError:
-            return "absent"
-        return ServiceInstance.from_json(data).payload.state.value
+    def state_is(expected: InstanceState) -> Callable[[], Awaitable[bool]]:
+        async def probe() -> bool:
+            try:
+                data, _stat = await session.get(path)
+            except ZkNoNodeError:
+                return False
+            return ServiceInstance.from_json(data).payload.state is expected
+
+        return probe
 
     try:
-        await eventually(
-            lambda: _is(state(), InstanceState.SERVING.value), timeout=30, message="registered"
-        )
+        await eventually(state_is(InstanceState.SERVING), timeout=30, message="registered")
         process.send_signal(signal.SIGTERM)
-        await eventually(
-            lambda: _is(state(), InstanceState.DRAINING.value), message="marked draining"
-        )
-        await eventually(lambda: _is(state(), "absent"), message="gone")
+        await eventually(state_is(InstanceState.DRAINING), message="marked draining")
+        await eventually(lambda: absent(session, path), message="gone")
         assert await asyncio.wait_for(process.wait(), timeout=30) == 0
     finally:
         await reap(process)
-
-
-async def _is(value: Awaitable[str], expected: str) -> bool:
-    return await value == expected
 
 
 def test_garbage_is_seeded_and_bounded() -> None:
