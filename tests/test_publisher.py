@@ -172,6 +172,33 @@ async def test_heartbeat_says_whether_redis_holds_our_last_write(
     assert await publisher.heartbeat()
 
 
+async def test_a_deposed_leaders_late_heartbeat_leaves_no_trace_in_an_emptied_store(
+    client: aioredis.Redis, redis_prefix: str
+) -> None:
+    """Found by the two-hour soak: a leader cut from Redis resigned; its last heartbeat,
+    sent just before the cut, sat in TCP's retransmissions and reached Redis after the
+    partition healed and the store was flushed, where nothing fenced it: ``P:leader``
+    went back to the deposed leader's epoch. A heartbeat into an empty store now
+    writes nothing; the leader in office publishes in full."""
+    keys = RedisKeys(redis_prefix)
+    deposed = LivePublisher(client, redis_prefix, leader_id="ss-old", epoch=5)
+    await deposed.publish_full(view(make_instance("ds-1")))
+    successor = LivePublisher(client, redis_prefix, leader_id="ss-new", epoch=9)
+    await successor.publish_full(view(make_instance("ds-1")))
+    await client.delete(keys.servers, keys.meta, keys.changes, keys.leader)  # FLUSHALL
+
+    assert not await deposed.heartbeat()  # the late one
+    assert deposed.last_heartbeat is HeartbeatStatus.MISSING
+    assert await client.get(keys.leader) is None
+    assert not await successor.heartbeat()
+    assert await client.get(keys.leader) is None
+    await successor.publish_full(view(make_instance("ds-1")))
+    beat = json.loads(await client.get(keys.leader))
+    assert (beat["leader"], beat["epoch"]) == ("ss-new", 9)
+    with pytest.raises(FencedError):
+        await deposed.heartbeat()
+
+
 async def test_the_stream_is_trimmed(client: aioredis.Redis, redis_prefix: str) -> None:
     keys = RedisKeys(redis_prefix)
     publisher = LivePublisher(client, redis_prefix, leader_id="ss-1", epoch=1, stream_length=10)

@@ -115,7 +115,8 @@ PUBLISH_SCRIPT: Final = """
 --   {'published', 'ok' | 'duplicate', E, V}            (written / already ours)
 --   {'fenced', 'epoch' | 'version', stored E, stored V} (nothing written)
 --   {'diverged', 'meta', stored E, stored V}           (delta refused; publish full)
---   {'current' | 'missing' | 'stale', ..., stored E, stored V}  (heartbeat written)
+--   {'current' | 'stale', ..., stored E, stored V}     (heartbeat written)
+--   {'missing', 'meta', nil, nil}                       (no P:meta: nothing written)
 
 -- Decimal strings without leading zeros compare exactly, beyond Lua's 2^53.
 local function cmp(a, b)
@@ -185,10 +186,14 @@ if stored_epoch then
 end
 
 if mode == 'heartbeat' then
-  redis.call('SET', KEYS[4], ARGV[8], 'PX', ARGV[9])
   if not stored_epoch then
+    -- The store lost its data (FLUSHALL, an empty restart, a fresh primary): nothing
+    -- fences this write. A heartbeat then writes nothing: the leader in office
+    -- publishes in full (which writes P:leader too), and a deposed leader's heartbeat
+    -- delivered late (a TCP retransmission after a partition heals) leaves no trace.
     return {'missing', 'meta', false, false}
   end
+  redis.call('SET', KEYS[4], ARGV[8], 'PX', ARGV[9])
   if ours and sound and cmp(epoch, stored_epoch) == 0
       and cmp(version, stored_version) == 0 then
     return {'current', 'ok', stored_epoch, stored_version}
@@ -403,7 +408,8 @@ class LivePublisher:
         """Refresh ``P:leader`` (fenced by our epoch); say whether ``P:meta`` is ours.
 
         Returns True if ``P:meta`` is this publisher's last write, False if it is
-        missing (Redis restarted empty, FLUSHALL, a fresh primary) or something else
+        missing (Redis restarted empty, FLUSHALL, a fresh primary: then nothing is
+        written, since nothing in the store could fence us) or something else
         (nothing published yet in this epoch, a write whose outcome was unknown, a
         replica promoted without our last writes): the caller then calls
         :meth:`publish_full`. :attr:`last_heartbeat` tells which.
