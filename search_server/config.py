@@ -39,6 +39,12 @@ from discovery.livelist.brake import MassLossBrakeConfig
 from .httpclient import DEFAULT_MAX_BODY
 from .querydeath import QueryOfDeathConfig
 
+# Most shards --shards may name: every one is a sub-request of every query.
+_MAX_SHARDS = 100_000
+# Most extra sub-requests a second the retry budget's steady part may allow: its burst
+# holds at least ten seconds of it, and more than this would be no budget at all.
+_MAX_RETRY_RATE = 10_000.0
+
 __all__ = ["SearchServerConfig", "build_parser"]
 
 
@@ -159,6 +165,43 @@ SEARCH_OPTIONS = (
         type=_percent,
         default=5.0,
         metavar="PERCENT",
+    ),
+    Option(
+        "--retry-budget-percent",
+        "DISCOVERY_RETRY_BUDGET_PERCENT",
+        "retries after a failed sub-request and hedges together: at most this percent "
+        "of first sub-requests, plus --retry-budget-per-second (so a failing shard gets "
+        "about one request per query, not one per replica)",
+        type=_percent,
+        default=10.0,
+        metavar="PERCENT",
+    ),
+    Option(
+        "--retry-budget-per-second",
+        "DISCOVERY_RETRY_BUDGET_PER_SECOND",
+        "the steady part of the retry budget: extra sub-requests a second allowed "
+        "whatever the traffic (hedges never spend the last second's worth)",
+        type=_non_negative_float,
+        default=10.0,
+        metavar="RATE",
+    ),
+    Option(
+        "--shards",
+        "DISCOVERY_SHARDS",
+        "how many shards the cluster has (0 to N-1): a shard with no live replica is "
+        "then reported missing in every answer's coverage even by a search server that "
+        "never saw it (0: the shards this search server has seen)",
+        type=non_negative_int,
+        default=0,
+    ),
+    Option(
+        "--subset-size",
+        "DISCOVERY_SUBSET_SIZE",
+        "route each shard to a stable subset of at least this many of its replicas, "
+        "spread evenly over the search servers (more when there are too few search "
+        "servers to cover every replica); 0: every replica",
+        type=non_negative_int,
+        default=8,
     ),
     Option(
         "--max-event-streams",
@@ -342,7 +385,10 @@ class SearchServerConfig:
 
     ``zone`` is the server's own zone (``--zone``), ``None`` for no preference.
     ``picker`` names the replica picker (``--picker``: ``ars`` or ``p2c``) and
-    ``hedge_percent`` caps hedged requests (``--hedge-percent``, 0 turns them off).
+    ``hedge_percent`` caps hedged requests (``--hedge-percent``, 0 turns them off);
+    ``retry_budget_percent`` and ``retry_budget_per_second`` bound retries and hedges
+    together; ``subset_size`` is the least subset of a shard's replicas routed to (0:
+    all); ``shards`` the cluster's shard count, for coverage (0: the shards seen).
     ``allowed_networks`` narrows where data servers may be (``--allowed-networks``).
     ``query_of_death`` holds the thresholds of the query-of-death guard (``--qod-*``).
     ``max_answer_bytes`` caps a data server's answer (``--max-answer-bytes``).
@@ -375,6 +421,10 @@ class SearchServerConfig:
     zone: str | None = None
     picker: str = "ars"
     hedge_percent: float = 5.0
+    retry_budget_percent: float = 10.0
+    retry_budget_per_second: float = 10.0
+    subset_size: int = 8
+    shards: int = 0
     allowed_networks: NetworkPolicy = field(default_factory=NetworkPolicy)
     query_of_death: QueryOfDeathConfig = field(default_factory=QueryOfDeathConfig)
     max_answer_bytes: int = DEFAULT_MAX_BODY
@@ -393,6 +443,19 @@ class SearchServerConfig:
             raise ConfigError(f"--picker must be one of {', '.join(PICKERS)}, got {self.picker!r}")
         if not 0 <= self.hedge_percent <= 100:
             raise ConfigError(f"--hedge-percent must be in 0..100, got {self.hedge_percent}")
+        if not 0 <= self.retry_budget_percent <= 100:
+            raise ConfigError(
+                f"--retry-budget-percent must be in 0..100, got {self.retry_budget_percent}"
+            )
+        if not 0 <= self.retry_budget_per_second <= _MAX_RETRY_RATE:
+            raise ConfigError(
+                f"--retry-budget-per-second must be in 0..{_MAX_RETRY_RATE}, "
+                f"got {self.retry_budget_per_second}"
+            )
+        if not 0 <= self.shards <= _MAX_SHARDS:
+            raise ConfigError(f"--shards must be in 0..{_MAX_SHARDS}, got {self.shards}")
+        if self.subset_size < 0:
+            raise ConfigError(f"--subset-size must be at least 0, got {self.subset_size}")
         checked_id(self.server_id)
         checked_address(self.advertise, "--advertise / DISCOVERY_ADVERTISE")
         if self.zone is not None:
@@ -431,6 +494,10 @@ class SearchServerConfig:
             zone=args.zone,
             picker=args.picker,
             hedge_percent=args.hedge_percent,
+            retry_budget_percent=args.retry_budget_percent,
+            retry_budget_per_second=args.retry_budget_per_second,
+            subset_size=args.subset_size,
+            shards=args.shards,
             allowed_networks=args.allowed_networks or NetworkPolicy(),
             max_answer_bytes=args.max_answer_bytes,
             query_of_death=QueryOfDeathConfig(

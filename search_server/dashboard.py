@@ -64,6 +64,9 @@ class _Second:
     queries: int = 0
     partial: int = 0
     overloaded: int = 0
+    # The sum and least of the answers' coverage (share of the corpus searched).
+    coverage: float = 0.0
+    least_coverage: float = 1.0
     latencies_ms: list[float] = field(default_factory=list)
 
 
@@ -78,9 +81,10 @@ class QueryStats:
 
     :meth:`record` is called once per answered query, :meth:`record_overloaded` once
     per query refused by admission control. :meth:`snapshot` gives the rate (answered
-    queries per second), p50/p99 latency in ms and the partial share over the window
-    (over the time since creation while that is shorter, so the first seconds after
-    start-up are not under-reported).
+    queries per second), p50/p99 latency in ms, the partial share and the answers'
+    mean and least coverage over the window (over the time since creation while that
+    is shorter, so the first seconds after start-up are not under-reported), and the
+    shards the last answer found missing.
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class QueryStats:
         self._started = clock()
         self._seconds: deque[_Second] = deque()
         self.total = 0
+        self._missing: list[int] = []
 
     def _bucket(self) -> _Second:
         second = math.floor(self._clock())
@@ -106,13 +111,23 @@ class QueryStats:
         while self._seconds and self._seconds[0].second < oldest:
             self._seconds.popleft()
 
-    def record(self, latency_ms: float, partial: bool) -> None:
-        """One answered query: its fan-out time and whether the answer was partial."""
+    def record(
+        self,
+        latency_ms: float,
+        partial: bool,
+        coverage: float = 1.0,
+        missing: list[int] | None = None,
+    ) -> None:
+        """One answered query: its fan-out time, whether the answer was partial, the
+        share of the corpus it searched and the shards it found ``missing``."""
         bucket = self._bucket()
         bucket.queries += 1
         self.total += 1
         if partial:
             bucket.partial += 1
+        bucket.coverage += coverage
+        bucket.least_coverage = min(bucket.least_coverage, coverage)
+        self._missing = missing or []
         if len(bucket.latencies_ms) < _SAMPLES_PER_SECOND:
             bucket.latencies_ms.append(latency_ms)
 
@@ -122,13 +137,16 @@ class QueryStats:
 
     def snapshot(self) -> dict[str, Any]:
         """``{"window_s", "queries", "rate", "p50_ms", "p99_ms", "partial_rate",
-        "overloaded", "total"}``; latencies are ``None`` without queries in the window."""
+        "coverage", "least_coverage", "missing_shards", "missing_count", "overloaded",
+        "total"}``; latencies and coverage are ``None`` without queries in the window."""
         now = self._clock()
         # Whole seconds: the current, partly elapsed second counts as a fraction.
         start = now - self.window
         seconds = [s for s in self._seconds if s.second + 1 > start]
         queries = sum(s.queries for s in seconds)
         partial = sum(s.partial for s in seconds)
+        covered = sum(s.coverage for s in seconds)
+        least = min((s.least_coverage for s in seconds if s.queries), default=None)
         latencies = sorted(x for s in seconds for x in s.latencies_ms)
         span = max(1.0, min(self.window, now - self._started))
         return {
@@ -138,6 +156,11 @@ class QueryStats:
             "p50_ms": round(_percentile(latencies, 0.50), 2) if latencies else None,
             "p99_ms": round(_percentile(latencies, 0.99), 2) if latencies else None,
             "partial_rate": round(partial / queries, 4) if queries else 0.0,
+            "coverage": round(covered / queries, 4) if queries else None,
+            "least_coverage": round(least, 4) if least is not None else None,
+            # At most the first 100: a list for people, the count says the rest.
+            "missing_shards": self._missing[:100],
+            "missing_count": len(self._missing),
             "overloaded": sum(s.overloaded for s in seconds),
             "total": self.total,
         }

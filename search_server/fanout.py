@@ -27,6 +27,14 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   and a refused one is offered again later.
 * **Retry on failure** (connection error, non-200, bad JSON) to another replica of the
   shard while time remains, each replica at most once per query.
+* **One retry budget** for both (:mod:`.retrybudget`): retries and hedges together
+  are at most a share of the first requests plus a small steady rate, so a shard whose
+  replicas all fail gets about one request per query, not one per replica.
+* **Subsets.** A search server routes each shard to a stable subset of its replicas
+  (:mod:`.subsetting`, at least ``size`` of them, spread evenly over the search
+  servers by their :attr:`FanOut.position`), so that it holds connections to and
+  learns about a few replicas per shard, not all; an ejected member, or every member
+  tried, is stood in for by the replicas after the subset on its ring.
 * **Draining replicas are a last resort.** A draining data server gets no request while
   a routable replica of its shard is left to try, but once every one has been tried
   (a hedge or a retry) or is ejected (a first request too), a request may go to one of
@@ -59,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -75,7 +84,16 @@ from discovery.livelist.model import LiveListChange
 from .ejection import OutlierEjection
 from .hedging import HedgePolicy
 from .httpclient import HttpClient, Response, SubrequestClient, SubrequestError
-from .merging import BadAnswer, FanOutResult, Ranked, ShardOutcome, feedback, merge, ranked_hits
+from .merging import (
+    BadAnswer,
+    FailureReason,
+    FanOutResult,
+    Ranked,
+    ShardOutcome,
+    feedback,
+    merge,
+    ranked_hits,
+)
 from .metrics import FanOutMetrics
 from .picking import (
     AdaptiveReplicaSelection,
@@ -84,7 +102,9 @@ from .picking import (
     ReplicaPicker,
     target_key,
 )
+from .retrybudget import ExtraRequest, RetryBudget
 from .routing import RoutingTable
+from .subsetting import DeterministicAperture, Position, Subset, Subsetter
 
 # FanOutResult is what FanOut.search returns: importable with it.
 __all__ = ["FanOut", "FanOutResult"]
@@ -115,25 +135,58 @@ class _Attempt:
         self.probe = probe
 
 
+class _ShardRoute:
+    """How this search server routes one shard, made when the shard's replica list (by
+    identity) or the search server's position changes, and shared by the queries until
+    then: its subset, its members, and the documents it holds."""
+
+    __slots__ = ("docs", "members", "position", "replicas", "subset")
+
+    def __init__(self, replicas: list[Replica], position: Position, subsetter: Subsetter) -> None:
+        self.replicas = replicas
+        self.position = position
+        made = subsetter.subset(replicas, position)
+        # None: no subset (the shard is small, or this search server covers it all).
+        self.subset: Subset | None = None if made.whole else made
+        # The replicas the shard's first requests go to (never modified).
+        self.members: list[Replica] = replicas if made.whole else list(made.members)
+        # The most any replica holds: the shard's documents, for coverage.
+        self.docs = max((r.instance.payload.docs for r in replicas), default=0)
+
+
 class _ShardCall:
     """The progress of one shard within one query."""
 
     __slots__ = (
         "attempts",
         "cut",
+        "docs",
         "done",
         "hedge_backoff",
         "hedge_timer",
         "hits",
         "outcome",
+        "reason",
         "replicas",
         "shard",
+        "shard_docs",
+        "subset",
         "tried",
     )
 
-    def __init__(self, shard: int, replicas: list[Replica]) -> None:
+    def __init__(self, shard: int, route: _ShardRoute) -> None:
         self.shard = shard
-        self.replicas = replicas
+        # The replicas this search server routes the shard to: its subset's members
+        # (all of the shard's routable replicas when it has no subset). Shared with
+        # other queries: never modified.
+        self.replicas = route.members
+        self.subset = route.subset
+        self.shard_docs = route.docs
+        # What the replica that answered holds (coverage).
+        self.docs = 0
+        # Why the shard failed, if it does: a failure, unless it had no replica at all
+        # or its replicas refused for overload.
+        self.reason: FailureReason = "error"
         self.tried: list[Replica] = []
         self.attempts: list[_Attempt] = []
         self.hits: list[Ranked] | None = None
@@ -170,6 +223,8 @@ class _Query:
         self.waiter: asyncio.Future[None] = loop.create_future()
 
 
+# A data server's answers that say it is overloaded rather than broken.
+_OVERLOAD_STATUSES = frozenset({429, 503})
 # Distinct unroutable targets whose exclusion is remembered as logged.
 _MAX_LOGGED_SKIPS = 1024
 #: How late past its deadline a query may wake and still charge the replicas it waited
@@ -192,9 +247,18 @@ class FanOut:
     :class:`~search_server.picking.AdaptiveReplicaSelection`). ``zone`` is this search
     server's zone: replicas there are preferred while the shard has a usable one.
     ``hedge_ratio`` caps hedges as a share of sub-requests (0 turns hedging off).
-    ``networks`` (``--allowed-networks``) leaves data servers at IP addresses outside
-    it out of the routing table; any other failure to make one server's replica leaves
-    that server out too, never fails the table (both counted in
+    ``retry_budget`` is what retries and hedges together draw on (default: a
+    :class:`~search_server.retrybudget.RetryBudget` of 10 % of first requests plus 10 a
+    second). ``subsetter`` chooses the replicas of a shard this search server routes
+    to, given its :attr:`position` among the search servers (default: a
+    :class:`~search_server.subsetting.DeterministicAperture` of 8; at the default
+    position, one search server of one, every replica). ``rng`` flips the coins of
+    subsets' edge replicas. ``shards`` is how many shards (0 to ``shards - 1``) the
+    cluster has (``--shards``), beside those it has routed to: a shard with no replica
+    to send to is then reported missing, never dropped from the total. ``networks``
+    (``--allowed-networks``) leaves data servers at IP addresses outside it out of the
+    routing table; any other failure to make one server's replica leaves that server
+    out too, never fails the table (both counted in
     ``search_server_fanout_unroutable_total``).
     Metrics go to ``registry`` (a fresh one if ``None``).
 
@@ -220,9 +284,15 @@ class FanOut:
         clock: Callable[[], float] = time.monotonic,
         picker: ReplicaPicker | None = None,
         networks: NetworkPolicy | None = None,
+        retry_budget: RetryBudget | None = None,
+        subsetter: Subsetter | None = None,
+        rng: random.Random | None = None,
+        shards: int = 0,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if shards < 0:
+            raise ValueError(f"shards must be >= 0, got {shards}")
         self._ejection = OutlierEjection(
             eject_after=eject_after,
             eject_cooldown=eject_cooldown,
@@ -238,6 +308,17 @@ class FanOut:
         self._max_in_flight = max_in_flight
         self._stall_grace = stall_grace
         self._hedging = HedgePolicy(hedge_ratio, hedge_burst)
+        self.retry_budget = retry_budget if retry_budget is not None else RetryBudget()
+        self._subsetter: Subsetter = subsetter if subsetter is not None else DeterministicAperture()
+        self._position = Position()
+        # Each shard's route, for the replica list (by identity) and position it was
+        # made for: made again only when either changes, never per query.
+        self._shard_routes: dict[int, _ShardRoute] = {}
+        # Every shard the cluster has, as far as this search server knows: ``shards``
+        # and every shard it has routed to since it started; with the last count of
+        # documents seen of each (for the coverage of a shard gone missing).
+        self._expected_shards: dict[int, int | None] = dict.fromkeys(range(shards))
+        self._rng = rng if rng is not None else random.Random()
         self._warmup = warmup_samples
         self.zone = zone
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -356,6 +437,44 @@ class FanOut:
         if kind != "none":
             self.metrics.routing_updates.labels(kind=kind).inc()
 
+    @property
+    def position(self) -> Position:
+        """This search server's place among the search servers, which its subsets
+        follow (one of one until :meth:`set_position`)."""
+        return self._position
+
+    def set_position(self, position: Position) -> None:
+        """Route with the subsets of ``position`` from the next query on (each shard's
+        subset is made again at its next query; queries in flight keep theirs)."""
+        if position != self._position:
+            self._position = position
+
+    def _route_of(self, shard: int, replicas: list[Replica]) -> _ShardRoute:
+        """The shard's route for a query: the one made before, unless the shard's list
+        or the position has changed since."""
+        route = self._shard_routes.get(shard)
+        if route is None or route.replicas is not replicas or route.position is not self._position:
+            route = _ShardRoute(replicas, self._position, self._subsetter)
+            self._shard_routes[shard] = route
+            self._expected_shards[shard] = route.docs
+        return route
+
+    def _missing(self, table: list[tuple[int, list[Replica]]]) -> list[tuple[int, int]]:
+        """The shards expected but not in ``table`` (no replica to send to), with their
+        last known documents, or an average shard's for one never seen. O(1) while
+        every expected shard is in the table."""
+        expected = self._expected_shards
+        if len(expected) == len(table):
+            return []  # the table's shards are all expected: the same set
+        present = {shard for shard, _ in table}
+        known = [docs for docs in expected.values() if docs is not None]
+        average = sum(known) // len(known) if known else 0
+        return [
+            (shard, average if docs is None else docs)
+            for shard, docs in expected.items()
+            if shard not in present
+        ]
+
     def _routing_table(
         self, servers: Iterable[ServiceInstance] | Mapping[str, ServiceInstance]
     ) -> list[tuple[int, list[Replica]]]:
@@ -378,11 +497,21 @@ class FanOut:
         table = self._routing_table(servers)
         target = ("/search?" + urlencode({"q": query, "k": k}) + "&timeout_ms=").encode("ascii")
         q = _Query(loop, target, k, started + timeout_ms / 1000)
-        calls = [_ShardCall(shard, replicas) for shard, replicas in table]
+        if len(self._shard_routes) > len(table):
+            # Shards have left the table: forget their routes (and their replicas).
+            present = {shard for shard, _ in table}
+            self._shard_routes = {s: r for s, r in self._shard_routes.items() if s in present}
+        route_of = self._route_of
+        calls = [_ShardCall(shard, route_of(shard, replicas)) for shard, replicas in table]
+        # Now, not after the wait: the table follows the live list in place meanwhile,
+        # and a shard that leaves it during the query is already counted in ``calls``.
+        missing = self._missing(table)
         self._hedging.budget.deposit(len(calls))
+        self.retry_budget.deposit(len(calls))
         q.open_calls = q.total = len(calls)
         for call in calls:
             if not self._next_attempt(q, call):
+                call.reason = "no_replica"
                 self._finish(q, call)  # every replica ejected: failed at once
         deadline_timer = loop.call_at(q.deadline, _wake, q.waiter)
         try:
@@ -402,15 +531,20 @@ class FanOut:
                     self._abandon(q, call, timed_out, blame=blame)
         self._flush_metrics()
         took_ms = (loop.time() - started) * 1000
-        result = merge(calls, k, took_ms)
+        result = merge(calls, k, took_ms, missing)
         self._count_query(result, took_ms)
         return result
 
     def _candidates(self, call: _ShardCall, now: float) -> list[Replica]:
         """The shard's replicas a request may go to now: its routable ones not yet
-        tried nor ejected, or, when none is left, its draining ones (a last resort)."""
+        tried nor ejected (within its subset, with spares for the ejected and the tried,
+        see :meth:`~search_server.subsetting.Subset.candidates`), or, when none is left,
+        its draining ones (a last resort)."""
         tried = call.tried
-        usable = [r for r in call.replicas if r not in tried and not r.is_ejected(now)]
+        if call.subset is None:
+            usable = [r for r in call.replicas if r not in tried and not r.is_ejected(now)]
+        else:
+            usable = call.subset.candidates(tried, now, self._rng)
         if not usable:
             reserve = self._routes.reserve(call.shard)
             return [r for r in reserve if r not in tried and not r.is_ejected(now)]
@@ -431,19 +565,22 @@ class FanOut:
                 usable = ready
         return usable
 
-    def _next_attempt(self, q: _Query, call: _ShardCall) -> bool:
-        """Send the shard's first request or a retry; False if no replica is left."""
+    def _next_attempt(self, q: _Query, call: _ShardCall, *, retry: bool = False) -> bool:
+        """Send the shard's first request or a ``retry``; False if no replica is left,
+        or, for a retry, the retry budget is spent."""
         clock_now = self._clock()
         candidates = self._candidates(call, clock_now)
         if not candidates:
             probe = self._ejection.probe(call.replicas, call.tried, clock_now)
-            if probe is None:
+            if probe is None or (retry and not self._spend("retry")):
                 return False
             self._send(q, call, probe, hedge=False, probe=True)
             return True
+        if retry and not self._spend("retry"):
+            return False
         now = q.loop.time()
         primary = self.picker.pick(candidates)
-        if primary not in call.replicas:
+        if self._last_resort(call, primary):
             self.metrics.last_resort.inc()
         self._send(q, call, primary, hedge=False)
         if (
@@ -453,6 +590,17 @@ class FanOut:
         ):
             self._hedge_in(q, call, now, self._hedging.delay(call.replicas, primary))
         return True
+
+    def _spend(self, kind: ExtraRequest) -> bool:
+        """Take an extra request from the retry budget; count it if refused."""
+        if self.retry_budget.withdraw(kind):
+            return True
+        self.metrics.budget_refused.labels(kind=kind).inc()
+        return False
+
+    def _last_resort(self, call: _ShardCall, replica: Replica) -> bool:
+        """``replica`` is one of the shard's draining ones (usually none: O(1))."""
+        return replica in self._routes.reserve(call.shard)
 
     def _hedge_in(self, q: _Query, call: _ShardCall, now: float, delay: float | None) -> None:
         """Offer the shard a hedge ``delay`` after ``now``, if that is before the deadline
@@ -504,7 +652,7 @@ class FanOut:
         ]
         if not candidates:
             return
-        if not self._hedging.budget.withdraw():
+        if not (self._hedging.budget.available and self._spend("hedge")):
             self.metrics.hedges.labels(result="over_budget").inc()
             backoff = self._hedging.backoff(
                 call.replicas, call.attempts[0].replica, call.hedge_backoff
@@ -513,8 +661,9 @@ class FanOut:
                 call.hedge_backoff = backoff
                 self._hedge_in(q, call, now, backoff)
             return
+        self._hedging.budget.withdraw()
         hedge = self.picker.pick(candidates)
-        if hedge not in call.replicas:
+        if self._last_resort(call, hedge):
             self.metrics.last_resort.inc()
         self._send(q, call, hedge, hedge=True)
         self.metrics.hedges.labels(result="sent").inc()
@@ -528,11 +677,13 @@ class FanOut:
         replica.outstanding -= 1
         elapsed = q.loop.time() - attempt.started
         exc = future.exception()
+        overloaded = False
         try:
             if exc is not None:
                 raise exc
             status, body = future.result()
             if status != 200:
+                overloaded = status in _OVERLOAD_STATUSES
                 raise BadAnswer(f"HTTP {status}")
             decoded = orjson.loads(body)
             hits = ranked_hits(decoded, call.shard, q.k)
@@ -541,9 +692,10 @@ class FanOut:
             replica.penalize(elapsed)
             self._record_failure(replica, "error", _describe(error))
             call.outcome = "failed"
+            call.reason = "overload" if overloaded else "error"
             if call.attempts:
                 return  # a hedge is still out; its answer decides
-            if q.loop.time() < q.deadline and self._next_attempt(q, call):
+            if q.loop.time() < q.deadline and self._next_attempt(q, call, retry=True):
                 self.metrics.retries.inc()
                 return
             self._finish(q, call)
@@ -564,6 +716,7 @@ class FanOut:
         self._pending_ok += 1
         self._ejection.record_success(replica, self._clock(), probe=attempt.probe)
         call.hits, call.outcome = hits, "ok"
+        call.docs = replica.instance.payload.docs
         call.cut = decoded.get("cut") is True
         if attempt.hedge:
             self.metrics.hedges.labels(result="won").inc()
@@ -629,6 +782,11 @@ class FanOut:
     def _count_query(self, result: FanOutResult, took_ms: float) -> None:
         self.metrics.queries.labels(outcome="partial" if result.partial else "complete").inc()
         self.metrics.query_seconds.observe(took_ms / 1000)
+        coverage = result.coverage
+        if coverage is not None:
+            self.metrics.coverage.observe(coverage.ratio)
+            for reason in coverage.degraded:
+                self.metrics.degraded.labels(reason=reason).inc()
         if result.partial:
             shards = result.shards
             log.debug(

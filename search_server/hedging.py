@@ -49,6 +49,11 @@ class HedgeBudget:
         """Earn the hedges of ``requests`` sub-requests (never past the burst)."""
         self._tokens = min(self._burst, self._tokens + self._ratio * requests)
 
+    @property
+    def available(self) -> bool:
+        """A hedge could be spent now."""
+        return self._tokens >= 1.0
+
     def withdraw(self) -> bool:
         """Spend a hedge: False (and nothing spent) if less than one is left."""
         if self._tokens >= 1.0:

@@ -21,10 +21,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 __all__ = [
+    "DEGRADED_REASONS",
     "MAX_HIT_FIELDS",
     "MAX_HIT_ID",
     "MAX_HIT_TEXT",
     "BadAnswer",
+    "Coverage",
+    "FailureReason",
     "FanOutResult",
     "Ranked",
     "ShardAnswer",
@@ -46,6 +49,17 @@ _EXCERPT = 80
 #: How a shard's part of a query ended.
 ShardOutcome = Literal["ok", "failed", "timed_out"]
 
+#: Why an answer searched less than the whole corpus, as :attr:`Coverage.degraded`
+#: names it: a shard with no replica to send to (``no_replica``: none listed, or every
+#: one ejected), one that answered nothing by the deadline (``deadline``), one whose
+#: data servers refused for overload (``overload``, HTTP 429 or 503) or failed
+#: otherwise (``error``), and one whose data server stopped its search at the
+#: request's budget and sent what it had (``cut``).
+DEGRADED_REASONS = ("no_replica", "deadline", "overload", "error", "cut")
+#: Why one shard's part of a query failed (the reasons of :data:`DEGRADED_REASONS`
+#: that a failed shard can have).
+FailureReason = Literal["no_replica", "overload", "error"]
+
 #: A hit as the merge ranks it: (-score, id, shard, the data server's hit object).
 Ranked = tuple[float, str, int, dict[str, Any]]
 
@@ -55,14 +69,62 @@ class BadAnswer(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class Coverage:
+    """How much of the corpus one answer searched (Vespa's ``coverage``).
+
+    ``docs`` is the documents held by the shards that answered (by the replica that
+    answered, as its registration says), ``docs_total`` those of every shard the
+    cluster has: the shards queried, by their replicas' registrations, and the
+    ``missing`` ones (no replica to send to), by the last count this search server saw
+    of each, or an average shard's if it never saw one. ``shards`` answered of
+    ``shards_total``. ``degraded`` lists the reasons (of :data:`DEGRADED_REASONS`, in
+    that order) why the answer is not complete; empty for a complete one.
+    """
+
+    docs: int
+    docs_total: int
+    shards: int
+    shards_total: int
+    missing: tuple[int, ...] = ()
+    degraded: tuple[str, ...] = ()
+
+    @property
+    def ratio(self) -> float:
+        """``docs / docs_total`` (by shards when no shard holds a document)."""
+        if self.docs_total > 0:
+            return self.docs / self.docs_total
+        return self.shards / self.shards_total if self.shards_total else 1.0
+
+    @property
+    def full(self) -> bool:
+        """Every shard answered in full."""
+        return not self.degraded
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "percent": round(100 * self.ratio, 2),
+            "docs": self.docs,
+            "docs_total": self.docs_total,
+            "shards": self.shards,
+            "shards_total": self.shards_total,
+            "full": self.full,
+            "missing": list(self.missing),
+            "degraded": list(self.degraded),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class FanOutResult:
     """The merged answer of one query, in the shape of the search server's ``/search``.
 
-    ``shards`` has the integer keys ``total``, ``ok``, ``failed``, ``timed_out`` and
-    ``cut``: ``ok`` counts the shards that answered, ``cut`` those of them whose data
-    server stopped its search at the request's budget and sent the best hits it had
-    found (so ``cut <= ok``). ``partial`` is true when any shard failed, timed out or
-    was cut, i.e. ``hits`` may miss documents of those shards. ``took_ms`` is the
+    ``shards`` has the integer keys ``total``, ``ok``, ``failed``, ``timed_out``,
+    ``cut`` and ``missing``: ``total`` counts every shard the cluster has, ``missing``
+    those with no replica to send to (never asked; so ``ok + failed + timed_out +
+    missing == total``), ``ok`` the shards that answered, ``cut`` those of them whose
+    data server stopped its search at the request's budget and sent the best hits it
+    had found (so ``cut <= ok``). ``partial`` is true when any shard is missing,
+    failed, timed out or was cut, i.e. ``hits`` may miss documents of those shards;
+    ``coverage`` says how much was searched and why not all. ``took_ms`` is the
     fan-out's wall time.
     """
 
@@ -70,23 +132,29 @@ class FanOutResult:
     shards: dict[str, int]
     partial: bool
     took_ms: float
+    coverage: Coverage | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The brief's response body, as fresh JSON-ready objects."""
-        return {
+        body: dict[str, Any] = {
             "hits": [dict(hit) for hit in self.hits],
             "shards": dict(self.shards),
             "partial": self.partial,
             "took_ms": self.took_ms,
         }
+        if self.coverage is not None:
+            body["coverage"] = self.coverage.to_dict()
+        return body
 
 
 class ShardAnswer(Protocol):
     """What :func:`merge` reads of one shard's part of a query, once it has ended.
 
     ``hits`` is the shard's answer as :func:`ranked_hits` returned it, ``None`` if it
-    gave none; ``outcome`` tells a timeout from a failure then; ``cut`` says the data
-    server stopped its search at the request's budget.
+    gave none; ``outcome`` tells a timeout from a failure then, and ``reason`` why it
+    failed; ``cut`` says the data server stopped its search at the request's budget.
+    ``docs`` is what the replica that answered holds (0 if none did), ``shard_docs``
+    what the shard holds as far as the search server knows.
     """
 
     @property
@@ -96,7 +164,16 @@ class ShardAnswer(Protocol):
     def outcome(self) -> ShardOutcome: ...
 
     @property
+    def reason(self) -> FailureReason: ...
+
+    @property
     def cut(self) -> bool: ...
+
+    @property
+    def docs(self) -> int: ...
+
+    @property
+    def shard_docs(self) -> int: ...
 
 
 def _excerpt(value: object) -> str:
@@ -193,40 +270,72 @@ def feedback(body: dict[str, Any]) -> tuple[float | None, float | None]:
     return service, reported
 
 
-def merge(shards: Sequence[ShardAnswer], k: int, took_ms: float) -> FanOutResult:
-    """The top ``k`` hits of the shards that answered, each marked with its shard, and
-    the count of shards by outcome.
+def merge(
+    shards: Sequence[ShardAnswer],
+    k: int,
+    took_ms: float,
+    missing: Sequence[tuple[int, int]] = (),
+) -> FanOutResult:
+    """The top ``k`` hits of the shards that answered, each marked with its shard, the
+    count of shards by outcome, and the answer's coverage.
 
-    A shard without hits counts as ``timed_out`` or ``failed`` by its ``outcome``;
-    one that answered ``cut`` counts as ``ok`` and in ``cut``. Hits of equal score and
-    id rank by shard. Never raises for answers :func:`ranked_hits` returned.
+    ``shards`` are the shards queried; ``missing`` the cluster's shards that were not
+    (no replica to send to), as ``(shard, docs)``. A shard without hits counts as
+    ``timed_out`` or ``failed`` by its ``outcome``; one that answered ``cut`` counts as
+    ``ok`` and in ``cut``. Hits of equal score and id rank by shard. Never raises for
+    answers :func:`ranked_hits` returned.
     """
     answered = 0
     timed_out = 0
     cut = 0
+    docs = 0
+    docs_total = 0
+    reasons: set[str] = set()
     candidates: list[Ranked] = []
     for answer in shards:
         hits = answer.hits
         if hits is None:
+            docs_total += answer.shard_docs
             if answer.outcome == "timed_out":
                 timed_out += 1
+                reasons.add("deadline")
+            else:
+                reasons.add(answer.reason)
             continue
         answered += 1
-        cut += answer.cut
+        if answer.cut:
+            cut += 1
+            reasons.add("cut")
+        searched = answer.docs
+        docs += searched
+        docs_total += max(searched, answer.shard_docs)
         candidates.extend(hits)
     failed = len(shards) - answered - timed_out
+    if missing:
+        reasons.add("no_replica")
+        docs_total += sum(shard_docs for _, shard_docs in missing)
     # Each shard's hits are already its top k: the top k overall are among them.
     # Ties of score and id are broken by shard, so the hit objects are never compared.
     top = heapq.nsmallest(k, candidates)
+    total = len(shards) + len(missing)
     return FanOutResult(
         hits=[{**hit, "shard": shard} for _, _, shard, hit in top],
         shards={
-            "total": len(shards),
+            "total": total,
             "ok": answered,
             "failed": failed,
             "timed_out": timed_out,
             "cut": cut,
+            "missing": len(missing),
         },
-        partial=failed + timed_out + cut > 0,
+        partial=failed + timed_out + cut + len(missing) > 0,
         took_ms=round(took_ms, 3),
+        coverage=Coverage(
+            docs=docs,
+            docs_total=docs_total,
+            shards=answered,
+            shards_total=total,
+            missing=tuple(sorted(shard for shard, _ in missing)),
+            degraded=tuple(reason for reason in DEGRADED_REASONS if reason in reasons),
+        ),
     )

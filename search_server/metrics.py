@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from .merging import DEGRADED_REASONS
+
 __all__ = [
     "HEDGE_RESULTS",
     "QUERY_OUTCOMES",
@@ -47,6 +49,20 @@ class FanOutMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
             registry=registry,
         )
+        self.coverage = Histogram(
+            "search_server_fanout_coverage_ratio",
+            "Share of the corpus's documents an answer searched: the documents of the "
+            "shards that answered over those of every shard the cluster has.",
+            buckets=(0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.999, 1.0),
+            registry=registry,
+        )
+        self.degraded = Counter(
+            "search_server_fanout_degraded",
+            "Answers that searched less than the whole corpus, by reason (no_replica, "
+            "deadline, overload, error, cut; an answer may count under several).",
+            ["reason"],
+            registry=registry,
+        )
         self.shard_requests = Counter(
             "search_server_fanout_shard_requests",
             "Requests to data servers, by result (ok, error, timeout).",
@@ -56,6 +72,14 @@ class FanOutMetrics:
         self.retries = Counter(
             "search_server_fanout_retries",
             "Requests sent to another replica of a shard after one failed.",
+            registry=registry,
+        )
+        self.budget_refused = Counter(
+            "search_server_fanout_retry_budget_refused",
+            "Extra requests not sent because the retry budget (retries and hedges "
+            "together: a share of first requests plus a steady rate) was spent, by kind "
+            "(retry, hedge).",
+            ["kind"],
             registry=registry,
         )
         self.hedges = Counter(
@@ -106,6 +130,10 @@ class FanOutMetrics:
             self.hedges.labels(result=result)
         for kind in ("change", "full"):
             self.routing_updates.labels(kind=kind)
+        for kind in ("retry", "hedge"):
+            self.budget_refused.labels(kind=kind)
+        for reason in DEGRADED_REASONS:
+            self.degraded.labels(reason=reason)
 
 
 class QueryOfDeathMetrics:

@@ -38,7 +38,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from discovery import __version__
 from discovery.address import NetworkPolicy
 from discovery.aio import cancel_and_wait, log_crash
-from discovery.errors import OverloadedError, RedisAccessError, ZkError
+from discovery.errors import DiscoveryError, OverloadedError, RedisAccessError, ZkError
 from discovery.http import MAX_QUERY_LENGTH, json_app, json_error, parse_search_params
 from discovery.httpedge import KEEPALIVE_TIMEOUT, HeaderGuard
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
@@ -51,7 +51,7 @@ from discovery.zk.maintenance import MaintenanceWatcher, overlay
 from discovery.zk.membership import MembershipWatcher
 from discovery.zk.paths import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.zk.registration import Registration
-from discovery.zk.session import ZkSession
+from discovery.zk.session import WatchEvent, ZkSession
 
 from .config import SearchServerConfig
 from .dashboard import EventStream, MemberCache, QueryStats
@@ -60,6 +60,8 @@ from .httpclient import HttpClient
 from .metrics import QueryOfDeathMetrics
 from .picking import AdaptiveReplicaSelection, ReplicaPicker, make_picker
 from .querydeath import Quarantine, QueryOfDeathGuard, normalise
+from .retrybudget import RetryBudget
+from .subsetting import DeterministicAperture, Position
 
 __all__ = ["MAX_K", "MAX_QUERY_LENGTH", "SearchServer"]
 
@@ -127,6 +129,12 @@ class SearchServer:
     def url(self) -> str:
         host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def routed(self) -> LiveList:
+        """The live list the fan-out's routing table has followed last (empty before
+        the first): a change is routed with once it shows here."""
+        return self._routes.current if self._routes is not None else LiveList.EMPTY
 
     @property
     def is_leader(self) -> bool:
@@ -203,6 +211,13 @@ class SearchServer:
             zone=config.zone,
             hedge_ratio=config.hedge_percent / 100,
             networks=config.allowed_networks,
+            retry_budget=RetryBudget(
+                config.retry_budget_percent / 100,
+                config.retry_budget_per_second,
+                burst=max(100.0, 10 * config.retry_budget_per_second + 1),
+            ),
+            subsetter=DeterministicAperture(config.subset_size),
+            shards=config.shards,
         )
         stack.push_async_callback(self.fanout.aclose)
         self._routes = await stack.enter_async_context(_FollowRoutes(self.reader, self.fanout))
@@ -223,8 +238,7 @@ class SearchServer:
                 admit=_admission(config.allowed_networks),
                 fence_recheck_max=config.fence_recheck_max,
             )
-        if isinstance(self.fanout.picker, AdaptiveReplicaSelection):
-            await stack.enter_async_context(_PeerCount(self._members, self.fanout.picker))
+        await stack.enter_async_context(_Peers(self.session, self.server_id, self.fanout))
         if config.zk_fallback_after is not None:
             fallback = _ZkFallback(self.session, self.reader, config.zk_fallback_after)
             await stack.enter_async_context(fallback)
@@ -382,10 +396,19 @@ class SearchServer:
             self.query_stats.record_overloaded()
             return json_error(503, f"overloaded: {exc}")
         shards = result.shards
+        # A missing shard is no fault of the query: only the shards asked count.
         self.query_guard.record(
-            key, shards["total"], shards["failed"] + shards["timed_out"] + shards.get("cut", 0)
+            key,
+            shards["total"] - shards.get("missing", 0),
+            shards["failed"] + shards["timed_out"] + shards.get("cut", 0),
         )
-        self.query_stats.record(result.took_ms, result.partial)
+        coverage = result.coverage
+        if coverage is None:
+            self.query_stats.record(result.took_ms, result.partial)
+        else:
+            self.query_stats.record(
+                result.took_ms, result.partial, coverage.ratio, list(coverage.missing)
+            )
         return web.json_response(result.to_dict())
 
     def _refuse_query_of_death(self, quarantine: Quarantine) -> web.Response:
@@ -575,26 +598,32 @@ class _FollowRoutes:
             self.current = change.current
 
 
-class _PeerCount:
-    """Keeps adaptive replica selection's ``clients`` at the number of search servers.
+class _Peers:
+    """Keeps the fan-out's place among the search servers: its :attr:`~search_server.
+    fanout.FanOut.position` (which its subsets follow) and adaptive replica selection's
+    ``clients`` (C3's concurrency compensation multiplies this server's requests in
+    flight to a replica by the number of search servers sending to it).
 
-    C3's concurrency compensation multiplies this server's requests in flight to a
-    replica by the number of search servers sending to it; the count comes from
-    ``/search_servers/members`` (cached, refreshed every ``interval`` seconds). A
-    failed read keeps the last count: an estimate that is a little off only weakens
-    the compensation.
+    Lists the names under ``/search_servers/members`` (one ``get_children``, not the
+    members' data) with a child watch, and again whenever it fires, so subsets follow
+    a search server joining or leaving within a round trip; and every ``interval``
+    seconds (give or take a tenth, so a fleet does not read at one instant) in case a
+    watch was lost with a connection. A failed read keeps the last position: subsets a
+    little off only spread load a little unevenly until the next read.
     """
 
     def __init__(
-        self, members: MemberCache, picker: AdaptiveReplicaSelection, interval: float = 10.0
+        self, session: ZkSession, own: str, fanout: FanOut, interval: float = 10.0
     ) -> None:
-        self._members = members
-        self._picker = picker
+        self._session = session
+        self._own = own
+        self._fanout = fanout
         self._interval = interval
+        self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> _PeerCount:
-        self._task = asyncio.create_task(self._run(), name="search-peer-count")
+    async def __aenter__(self) -> _Peers:
+        self._task = asyncio.create_task(self._run(), name="search-peers")
         self._task.add_done_callback(log_crash)
         return self
 
@@ -602,12 +631,40 @@ class _PeerCount:
         if self._task is not None:
             await cancel_and_wait([self._task])
 
+    def _on_change(self, event: WatchEvent) -> None:
+        # One bound method for every read: the session's watchers are equal when their
+        # callbacks are, so a watch armed again before it fired is not armed twice.
+        self._changed.set()
+
     async def _run(self) -> None:
         while True:
-            members = await self._members.get()
-            if members:
-                self._picker.clients = len(members)
-            await asyncio.sleep(self._interval)
+            self._changed.clear()
+            try:
+                members = await self._session.get_children(
+                    SEARCH_MEMBERS_PATH, watch=self._on_change
+                )
+            except DiscoveryError as exc:
+                log.debug("cannot list the search servers (keeping the last count): %s", exc)
+            else:
+                self._follow(members)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._changed.wait(), self._interval * random.uniform(0.9, 1.1)
+                )
+
+    def _follow(self, members: list[str]) -> None:
+        position = Position.among(self._own, members)
+        if position != self._fanout.position:
+            log.info(
+                "search server %s is %d of %d search servers: its subsets follow",
+                self._own,
+                position.rank + 1,
+                position.count,
+            )
+            self._fanout.set_position(position)
+        picker = self._fanout.picker
+        if isinstance(picker, AdaptiveReplicaSelection):
+            picker.clients = position.count
 
 
 class _ZkFallback:

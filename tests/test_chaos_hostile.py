@@ -96,9 +96,9 @@ def test_a_storm_judges_completion_and_never_a_normal_query_refused() -> None:
     assert "query of death" in detail
 
 
-def test_missing_shards_counts_failed_timed_out_and_cut_only() -> None:
-    shards = {"total": 15, "ok": 12, "failed": 1, "timed_out": 1, "cut": 1}
-    assert missing_shards(shards) == 3
+def test_missing_shards_counts_failed_timed_out_cut_and_missing_only() -> None:
+    shards = {"total": 17, "ok": 12, "failed": 1, "timed_out": 1, "cut": 1, "missing": 2}
+    assert missing_shards(shards) == 5
     # What a hostile answer could hold instead of counts is not a count.
     assert missing_shards({"failed": True, "timed_out": "9", "cut": -4}) == 0
 

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -27,7 +28,9 @@ from discovery.instance import ServiceInstance
 from discovery.testing.ports import free_port
 from search_server.fanout import FanOut, FanOutResult
 from search_server.httpclient import Endpoint, HttpClient, Response
-from search_server.picking import Replica
+from search_server.picking import PowerOfTwoChoices, Replica
+from search_server.retrybudget import RetryBudget
+from search_server.subsetting import DeterministicAperture, Position
 from tests.support import (
     DataServerFactory,
     FakeClock,
@@ -127,13 +130,22 @@ async def test_merges_the_top_k_of_one_replica_per_shard(
         assert [(hit["id"], hit["score"], hit["shard"]) for hit in result.hits] == expected
         assert all(hit["id"].startswith(f"s{hit['shard']}-") for hit in result.hits)
         assert all("title" in hit for hit in result.hits)  # the data server's fields are kept
-        assert result.shards == {"total": 3, "ok": 3, "failed": 0, "timed_out": 0, "cut": 0}
+        assert result.shards == {
+            "total": 3,
+            "ok": 3,
+            "failed": 0,
+            "timed_out": 0,
+            "cut": 0,
+            "missing": 0,
+        }
         assert result.partial is False
     assert trimmed > 0  # the merge really had to choose among more than k hits
 
     body = json.loads(json.dumps(result.to_dict()))
-    assert set(body) == {"hits", "shards", "partial", "took_ms"}
+    assert set(body) == {"hits", "shards", "partial", "took_ms", "coverage"}
     assert all(type(n) is int for n in body["shards"].values())
+    assert body["coverage"]["full"] is True
+    assert body["coverage"]["percent"] == 100.0
     assert isinstance(body["took_ms"], float)
     assert _sample(registry, "queries_total", outcome="complete") == len(QUERIES)
     assert _sample(registry, "shard_requests_total", result="ok") == 3 * len(QUERIES)
@@ -162,7 +174,14 @@ async def test_draining_instances_get_no_first_request_and_disabled_ones_none(
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
-        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+        assert result.shards == {
+            "total": 1,
+            "ok": 1,
+            "failed": 0,
+            "timed_out": 0,
+            "cut": 0,
+            "missing": 0,
+        }
         assert not result.partial
 
     assert _sample(registry, "shard_requests_total", result="error") == _sample(
@@ -188,11 +207,22 @@ async def test_a_draining_replica_takes_a_retry_of_last_resort(
     )
     await _set_fault(http, sick_server, mode="error", rate=1.0)
     servers = [instance_of(sick_server), instance_of(leaving).with_state("draining")]
-    fanout = FanOut(client, registry=registry, eject_after=1000)
+    # Every query needs its retry: a budget for all of them (the shared budget's own
+    # limit is tested on its own).
+    fanout = FanOut(
+        client, registry=registry, eject_after=1000, retry_budget=RetryBudget(1.0, 10.0)
+    )
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
-        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+        assert result.shards == {
+            "total": 1,
+            "ok": 1,
+            "failed": 0,
+            "timed_out": 0,
+            "cut": 0,
+            "missing": 0,
+        }
 
     # Every query asked the routable replica first, and only then the draining one.
     assert _sample(registry, "shard_requests_total", result="error") == len(QUERIES)
@@ -228,7 +258,14 @@ async def test_a_draining_replica_takes_the_first_request_while_the_routable_one
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
-        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+        assert result.shards == {
+            "total": 1,
+            "ok": 1,
+            "failed": 0,
+            "timed_out": 0,
+            "cut": 0,
+            "missing": 0,
+        }
 
     # The first query found the routable replica failing and retried on the draining
     # one; every later one went to the draining one first, the ejected one untouched.
@@ -259,7 +296,14 @@ async def test_a_draining_replica_is_never_ejected(
 
     result = await fanout.search(servers, QUERIES[0], 10, 2000)
 
-    assert result.shards == {"total": 3, "ok": 2, "failed": 1, "timed_out": 0, "cut": 0}
+    assert result.shards == {
+        "total": 3,
+        "ok": 2,
+        "failed": 1,
+        "timed_out": 0,
+        "cut": 0,
+        "missing": 0,
+    }
     assert _sample(registry, "last_resort_total") == 1
     assert fanout.ejected() == {"ds-sick"}
     await _set_fault(http, sick_server, mode="none")
@@ -286,7 +330,14 @@ async def test_a_draining_replica_takes_a_hedge_of_last_resort(
     await _set_fault(http, staying, mode="slow", delay_ms=3000)
     result, took = await _timed(fanout, servers, 1000)
 
-    assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+    assert result.shards == {
+        "total": 1,
+        "ok": 1,
+        "failed": 0,
+        "timed_out": 0,
+        "cut": 0,
+        "missing": 0,
+    }
     assert took < 0.9  # answered by the hedge, not at the deadline
     assert _sample(registry, "hedges_total", result="won") >= 1
     hedges = _sample(registry, "hedges_total", result="sent")
@@ -315,7 +366,14 @@ async def test_a_failing_replica_is_retried_on_a_healthy_one(
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
-        assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+        assert result.shards == {
+            "total": 1,
+            "ok": 1,
+            "failed": 0,
+            "timed_out": 0,
+            "cut": 0,
+            "missing": 0,
+        }
         assert not result.partial
         assert all(hit["shard"] == 0 for hit in result.hits)
 
@@ -400,7 +458,14 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
             result, elapsed = await _timed(fanout, servers, timeout_ms)
             assert elapsed < timeout_ms / 1000 + SLACK
             assert result.partial
-            assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1, "cut": 0}
+            assert result.shards == {
+                "total": 2,
+                "ok": 1,
+                "failed": 0,
+                "timed_out": 1,
+                "cut": 0,
+                "missing": 0,
+            }
             assert all(hit["shard"] == 1 for hit in result.hits)
         assert fanout.ejected() == {"ds-hung"}
         assert _sample(registry, "shard_requests_total", result="timeout") == 3
@@ -409,14 +474,28 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
         result, elapsed = await _timed(fanout, servers, timeout_ms)
         assert elapsed < timeout_ms / 1000
         assert result.partial
-        assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0, "cut": 0}
+        assert result.shards == {
+            "total": 2,
+            "ok": 1,
+            "failed": 1,
+            "timed_out": 0,
+            "cut": 0,
+            "missing": 0,
+        }
         assert _sample(registry, "shard_requests_total", result="timeout") == 3
 
         # After the cool-down it is tried again, and one more timeout re-ejects it.
         clock.advance(30)
         result, elapsed = await _timed(fanout, servers, timeout_ms)
         assert elapsed < timeout_ms / 1000 + SLACK
-        assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1, "cut": 0}
+        assert result.shards == {
+            "total": 2,
+            "ok": 1,
+            "failed": 0,
+            "timed_out": 1,
+            "cut": 0,
+            "missing": 0,
+        }
         assert fanout.ejected() == {"ds-hung"}
         assert _sample(registry, "ejections_total") == 2
         assert _sample(registry, "queries_total", outcome="partial") == 5
@@ -488,7 +567,14 @@ async def test_an_answer_for_another_shard_is_a_failure(
 
     result = await fanout.search([stale], QUERIES[0], 10, 5000)
 
-    assert result.shards == {"total": 1, "ok": 0, "failed": 1, "timed_out": 0, "cut": 0}
+    assert result.shards == {
+        "total": 1,
+        "ok": 0,
+        "failed": 1,
+        "timed_out": 0,
+        "cut": 0,
+        "missing": 0,
+    }
     assert result.hits == []
     assert result.partial
 
@@ -504,6 +590,7 @@ async def test_no_servers_and_bad_arguments(
         "failed": 0,
         "timed_out": 0,
         "cut": 0,
+        "missing": 0,
     }
     assert not result.partial
     with pytest.raises(ValueError, match="k must be"):
@@ -549,21 +636,49 @@ async def test_a_shards_last_replica_is_probed_while_ejected(
     await _set_fault(http, stalled, mode="hang")
     for _ in range(3):
         result, _elapsed = await _timed(fanout, servers, timeout_ms)
-        assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1, "cut": 0}
+        assert result.shards == {
+            "total": 2,
+            "ok": 1,
+            "failed": 0,
+            "timed_out": 1,
+            "cut": 0,
+            "missing": 0,
+        }
     assert fanout.ejected() == {"ds-stalled"}
 
     # Within the probe interval: the shard fails at once, as before.
     result, elapsed = await _timed(fanout, servers, timeout_ms)
-    assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0, "cut": 0}
+    assert result.shards == {
+        "total": 2,
+        "ok": 1,
+        "failed": 1,
+        "timed_out": 0,
+        "cut": 0,
+        "missing": 0,
+    }
     assert elapsed < timeout_ms / 1000
 
     # A probe to a replica still hung costs that query its deadline, and only that one.
     clock.advance(1)
     result, elapsed = await _timed(fanout, servers, timeout_ms)
-    assert result.shards == {"total": 2, "ok": 1, "failed": 0, "timed_out": 1, "cut": 0}
+    assert result.shards == {
+        "total": 2,
+        "ok": 1,
+        "failed": 0,
+        "timed_out": 1,
+        "cut": 0,
+        "missing": 0,
+    }
     assert elapsed < timeout_ms / 1000 + SLACK
     result, elapsed = await _timed(fanout, servers, timeout_ms)
-    assert result.shards == {"total": 2, "ok": 1, "failed": 1, "timed_out": 0, "cut": 0}
+    assert result.shards == {
+        "total": 2,
+        "ok": 1,
+        "failed": 1,
+        "timed_out": 0,
+        "cut": 0,
+        "missing": 0,
+    }
     assert elapsed < timeout_ms / 1000
     assert fanout.ejected() == {"ds-stalled"}
 
@@ -577,7 +692,14 @@ async def test_a_shards_last_replica_is_probed_while_ejected(
     clock.advance(1)
     result, _elapsed = await _timed(fanout, servers, timeout_ms)
     assert not result.partial
-    assert result.shards == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0, "cut": 0}
+    assert result.shards == {
+        "total": 2,
+        "ok": 2,
+        "failed": 0,
+        "timed_out": 0,
+        "cut": 0,
+        "missing": 0,
+    }
     assert fanout.ejected() == set()
     result, _elapsed = await _timed(fanout, servers, timeout_ms)
     assert not result.partial
@@ -603,7 +725,14 @@ async def test_a_query_woken_late_charges_no_replica_with_its_timeouts(
         asyncio.get_running_loop().call_later(0.2, time.sleep, 0.5)
         result = await fanout.search(servers, QUERIES[0], 10, 300)
 
-        assert result.shards == {"total": 1, "ok": 0, "failed": 0, "timed_out": 1, "cut": 0}
+        assert result.shards == {
+            "total": 1,
+            "ok": 0,
+            "failed": 0,
+            "timed_out": 1,
+            "cut": 0,
+            "missing": 0,
+        }
         assert fanout.ejected() == set()
         replica = fanout.replica(servers[0])
         assert replica is not None
@@ -683,7 +812,14 @@ async def test_each_attempt_carries_the_budget_left_when_it_is_sent(
 
     result = await fanout.search([instance_of(late), instance_of(healthy)], QUERIES[0], 10, 2000)
 
-    assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+    assert result.shards == {
+        "total": 1,
+        "ok": 1,
+        "failed": 0,
+        "timed_out": 0,
+        "cut": 0,
+        "missing": 0,
+    }
     assert _sample(registry, "retries_total") == 1
     (first_port, first, first_sent), (retry_port, retry, retry_sent) = recording.sent
     assert (first_port, retry_port) == (late.port, healthy.port)
@@ -721,7 +857,14 @@ async def test_a_cut_answer_counts_as_answered_but_makes_the_result_partial(
 
     result = await fanout.search(servers, worst, 10, 2000)
 
-    assert result.shards == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0, "cut": 1}
+    assert result.shards == {
+        "total": 2,
+        "ok": 2,
+        "failed": 0,
+        "timed_out": 0,
+        "cut": 1,
+        "missing": 0,
+    }
     assert result.partial
     assert len(result.hits) == 10
     assert _sample(registry, "queries_total", outcome="partial") == 1
@@ -730,7 +873,14 @@ async def test_a_cut_answer_counts_as_answered_but_makes_the_result_partial(
 
     await _set_fault(http, big, mode="none")
     result = await fanout.search(servers, worst, 10, 5000)
-    assert result.shards == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0, "cut": 0}
+    assert result.shards == {
+        "total": 2,
+        "ok": 2,
+        "failed": 0,
+        "timed_out": 0,
+        "cut": 0,
+        "missing": 0,
+    }
     assert not result.partial
 
 
@@ -759,7 +909,14 @@ async def test_a_replica_turned_slow_is_hedged_even_when_its_partner_has_few_ans
     await _set_fault(http, favourite, mode="slow", delay_ms=3000)
     result, took = await _timed(fanout, servers, 1000)
 
-    assert result.shards == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+    assert result.shards == {
+        "total": 1,
+        "ok": 1,
+        "failed": 0,
+        "timed_out": 0,
+        "cut": 0,
+        "missing": 0,
+    }
     assert took < 0.9  # answered by the hedge, not at the deadline
     assert _sample(registry, "hedges_total", result="won") == 1
 
@@ -791,6 +948,81 @@ async def test_a_search_server_that_has_just_started_hedges_by_what_every_answer
     await _set_fault(http, favourite, mode="slow", delay_ms=3000)
     result, took = await _timed(fanout, servers, 1000)
 
-    assert result.shards == {"total": 4, "ok": 4, "failed": 0, "timed_out": 0, "cut": 0}
+    assert result.shards == {
+        "total": 4,
+        "ok": 4,
+        "failed": 0,
+        "timed_out": 0,
+        "cut": 0,
+        "missing": 0,
+    }
     assert took < 0.9  # answered by the hedge, not at the deadline
     assert _sample(registry, "hedges_total", result="won") == 1
+
+
+async def test_a_shard_whose_replicas_all_fail_gets_about_one_request_per_query(
+    make_data_server: DataServerFactory, client: HttpClient, registry: CollectorRegistry
+) -> None:
+    """Retries draw on the retry budget: without it every query would try each of the
+    failing shard's four replicas in turn (400 requests for 100 queries)."""
+    healthy = await make_data_server(shard=0, instance_id="ds-ok")
+    failing = [_stopped(f"ds-bad-{j}", shard=1, replica=j) for j in range(4)]
+    recording = _Recording(client)
+    # The budget's clock stands still: no steady refill, only its start (10) and the
+    # share of first requests (10 % of 2 per query).
+    budget = RetryBudget(0.1, 10.0, burst=20.0, clock=FakeClock())
+    fanout = FanOut(
+        recording, registry=registry, eject_after=1000, hedge_ratio=0, retry_budget=budget
+    )
+    servers = [instance_of(healthy), *failing]
+    queries = 100
+    for n in range(queries):
+        result = await fanout.search(servers, QUERIES[n % len(QUERIES)], 10, 2000)
+        assert (result.shards["ok"], result.shards["failed"]) == (1, 1)
+        assert result.partial
+    bad_ports = {server.port for server in failing}
+    to_failing = sum(1 for port, _, _ in recording.sent if port in bad_ports)
+    assert queries <= to_failing <= queries + 10 + 0.1 * 2 * queries
+    assert _sample(registry, "retry_budget_refused_total", kind="retry") >= queries - 30
+    assert _sample(registry, "retries_total") == to_failing - queries
+
+
+async def test_a_shard_is_routed_to_its_subset_and_an_ejected_member_to_the_next_replica(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    """Six replicas, subsets of two, search server 2 of 3: its arc is the third of the
+    ring holding ds-2 and ds-3 (ids in order). Once ds-2 is ejected, ds-4, the first
+    replica after the arc, stands in for it; nothing ever goes to the others."""
+    real = await asyncio.gather(
+        *(make_data_server(shard=0, replica=j, instance_id=f"ds-{j}") for j in (2, 3, 4))
+    )
+    others = [_stopped(f"ds-{j}", shard=0, replica=j) for j in (0, 1, 5)]
+    servers = [*(instance_of(server) for server in real), *others]
+    recording = _Recording(client)
+    fanout = FanOut(
+        recording,
+        registry=registry,
+        subsetter=DeterministicAperture(2),
+        hedge_ratio=0,
+        eject_after=1,
+        warmup_samples=0,
+        # Even, reproducible picks between the two members.
+        picker=PowerOfTwoChoices(random.Random(3)),
+    )
+    fanout.set_position(Position(1, 3))
+    for query in QUERIES:
+        assert (await fanout.search(servers, query, 10, 2000)).shards["ok"] == 1
+    assert {port for port, _, _ in recording.sent} == {real[0].port, real[1].port}
+
+    await _set_fault(http, real[0], mode="error", rate=1.0)  # one 500 ejects it
+    recording.sent.clear()
+    for query in QUERIES * 2:
+        assert (await fanout.search(servers, query, 10, 2000)).shards["ok"] == 1
+    assert fanout.ejected() == {"ds-2"}
+    sent = [port for port, _, _ in recording.sent]
+    assert set(sent) == {real[0].port, real[1].port, real[2].port}
+    assert sent.count(real[0].port) == 1  # the one failed request that ejected it
+    assert all(server.port not in sent for server in others)

@@ -14,6 +14,7 @@ from search_server.merging import (
     MAX_HIT_ID,
     MAX_HIT_TEXT,
     BadAnswer,
+    FailureReason,
     Ranked,
     ShardOutcome,
     feedback,
@@ -29,11 +30,16 @@ class Shard:
     hits: list[Ranked] | None
     outcome: ShardOutcome = "ok"
     cut: bool = False
+    reason: FailureReason = "error"
+    docs: int = 0
+    shard_docs: int = 0
 
 
-def answered(shard: int, *hits: tuple[str, float], k: int = 10, cut: bool = False) -> Shard:
+def answered(
+    shard: int, *hits: tuple[str, float], k: int = 10, cut: bool = False, docs: int = 0
+) -> Shard:
     body = {"hits": [{"id": i, "score": s} for i, s in hits], "shard": shard}
-    return Shard(ranked_hits(body, shard, k), cut=cut)
+    return Shard(ranked_hits(body, shard, k), cut=cut, docs=docs, shard_docs=docs)
 
 
 def test_the_top_k_across_shards_each_with_its_shard() -> None:
@@ -49,7 +55,14 @@ def test_the_top_k_across_shards_each_with_its_shard() -> None:
         {"id": "e", "score": 8.0, "shard": 2},
         {"id": "c", "score": 7.0, "shard": 1},
     ]
-    assert result.shards == {"total": 3, "ok": 3, "failed": 0, "timed_out": 0, "cut": 0}
+    assert result.shards == {
+        "total": 3,
+        "ok": 3,
+        "failed": 0,
+        "timed_out": 0,
+        "cut": 0,
+        "missing": 0,
+    }
     assert not result.partial
     assert result.took_ms == 12.346
 
@@ -69,7 +82,14 @@ def test_shards_are_counted_by_outcome_and_any_miss_is_partial() -> None:
         Shard(None, "timed_out"),
     ]
     result = merge(shards, 10, 500.0)
-    assert result.shards == {"total": 5, "ok": 2, "failed": 1, "timed_out": 2, "cut": 1}
+    assert result.shards == {
+        "total": 5,
+        "ok": 2,
+        "failed": 1,
+        "timed_out": 2,
+        "cut": 1,
+        "missing": 0,
+    }
     assert result.partial
     assert [h["id"] for h in result.hits] == ["b", "a"]
 
@@ -161,3 +181,47 @@ def test_feedback_is_taken_only_when_sane(
     body: dict[str, Any], expected: tuple[float | None, float | None]
 ) -> None:
     assert feedback(body) == expected
+
+
+def test_coverage_counts_the_documents_searched_and_names_every_reason() -> None:
+    shards = [
+        answered(0, ("a", 1.0), docs=1000),
+        answered(1, ("b", 2.0), cut=True, docs=900),
+        Shard(None, "failed", reason="overload", shard_docs=1100),
+        Shard(None, "timed_out", shard_docs=1000),
+    ]
+    result = merge(shards, 10, 5.0, missing=[(7, 1000), (4, 800)])
+    coverage = result.coverage
+    assert coverage is not None
+    assert (coverage.docs, coverage.docs_total) == (1900, 1900 + 1100 + 1000 + 1800)
+    assert (coverage.shards, coverage.shards_total) == (2, 6)
+    assert coverage.missing == (4, 7)
+    assert coverage.degraded == ("no_replica", "deadline", "overload", "cut")
+    assert not coverage.full
+    assert coverage.to_dict()["percent"] == round(100 * 1900 / 5800, 2)
+    assert (result.shards["total"], result.shards["missing"]) == (6, 2)
+    assert result.partial
+
+
+def test_a_complete_answer_covers_everything() -> None:
+    result = merge([answered(0, ("a", 1.0), docs=10), answered(1, docs=20)], 10, 1.0)
+    assert result.coverage is not None
+    assert result.coverage.to_dict() == {
+        "percent": 100.0,
+        "docs": 30,
+        "docs_total": 30,
+        "shards": 2,
+        "shards_total": 2,
+        "full": True,
+        "missing": [],
+        "degraded": [],
+    }
+    assert not result.partial
+    assert result.to_dict()["coverage"]["full"] is True
+
+
+def test_coverage_without_documents_counts_shards() -> None:
+    result = merge([answered(0, ("a", 1.0)), Shard(None, "failed")], 10, 1.0)
+    assert result.coverage is not None
+    assert result.coverage.ratio == 0.5
+    assert result.coverage.degraded == ("error",)

@@ -178,7 +178,8 @@ async def test_installed_servers_register_lead_and_answer_a_query(
                 except aiohttp.ClientError:
                     return False
                 return bool(
-                    body["shards"] == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+                    body["shards"]
+                    == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0, "missing": 0}
                 )
 
             await eventually(answers, timeout=60, message="the installed cluster answers")

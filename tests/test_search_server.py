@@ -71,7 +71,14 @@ async def test_three_search_servers_one_leader_same_list(
     for server in search:
         status, body = await get_json(f"{server.url}/search", q=sample_queries(1, variant=6)[0])
         assert status == 200
-        assert body["shards"] == {"total": 2, "ok": 2, "failed": 0, "timed_out": 0, "cut": 0}
+        assert body["shards"] == {
+            "total": 2,
+            "ok": 2,
+            "failed": 0,
+            "timed_out": 0,
+            "cut": 0,
+            "missing": 0,
+        }
         assert body["partial"] is False
     assert data
 
@@ -191,8 +198,11 @@ async def test_the_routing_table_follows_each_change_without_a_rebuild(
     async def shards_answered() -> int:
         status, body = await get_json(f"{search.url}/search", q=query)
         assert status == 200, body
-        assert body["partial"] is False, body
-        return int(body["shards"]["ok"])
+        shards = body["shards"]
+        assert shards["failed"] + shards["timed_out"] == 0, body
+        # A shard whose last replica left is missing, never dropped from the total.
+        assert body["partial"] is (shards["missing"] > 0), body
+        return int(shards["ok"])
 
     def updates(kind: str) -> float:
         return sample(search.registry, "search_server_fanout_routing_updates_total", kind=kind)
@@ -206,7 +216,7 @@ async def test_the_routing_table_follows_each_change_without_a_rebuild(
     await first[0].shutdown(grace=0)
     await all_see([search], {"ds-1", "ds-2"})
     await eventually(lambda: updates("change") >= moved + 2, message="the removal followed")
-    assert await shards_answered() == 2
+    assert await shards_answered() == 2  # and shard 0 missing
     # Queries routed with the table the changes moved; none had it built again.
     assert updates("full") == full
 
@@ -298,12 +308,21 @@ async def test_hung_data_server_never_stalls_a_query(
         # for HTTP, this shared test loop and CPU-steal stalls of a shared VM (seen:
         # 1.6 s while the healthy server's own probes took 300 ms).
         assert elapsed < 0.3 + 5.0, elapsed
-        if body["partial"]:
-            partial_seen = True
+        partial_seen = True
+        assert body["partial"]
+        if body["shards"]["missing"] == 0:
             assert body["shards"]["timed_out"] + body["shards"]["failed"] == 1
         else:
-            # Complete again only once the hung server is out of the list.
-            assert body["shards"] == {"total": 1, "ok": 1, "failed": 0, "timed_out": 0, "cut": 0}
+            # Not waited for any more once the hung server is out of the list: its
+            # shard (its only replica) is missing, never asked.
+            assert body["shards"] == {
+                "total": 2,
+                "ok": 1,
+                "failed": 0,
+                "timed_out": 0,
+                "cut": 0,
+                "missing": 1,
+            }
             break
     else:
         pytest.fail("timed out after 20s waiting for the hung server to leave the live list")
@@ -506,7 +525,8 @@ async def test_optional_zookeeper_fallback_during_a_long_redis_outage(
             message="the fallback applies the marker",
         )
         status, body = await get_json(f"{search.url}/search", q=sample_queries(1, variant=10)[0])
-        assert body["shards"]["total"] == 1
+        # ds-f1 in maintenance: its shard is missing (still counted in the total).
+        assert (body["shards"]["total"], body["shards"]["missing"]) == (2, 1)
         await search.session.delete(f"{MAINTENANCE_PATH}/ds-f1")
         await eventually(
             lambda: {s["state"] for s in search.cluster_view()["servers"]} == {"serving"},
@@ -520,3 +540,59 @@ async def test_optional_zookeeper_fallback_during_a_long_redis_outage(
         await all_see([search, plain], {"ds-f0", "ds-f1"})
     finally:
         redis.stop()
+
+
+async def test_an_answer_says_a_shard_is_missing_once_its_last_replica_is_gone(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    """The first thing a new user tries: shards 0 and 1 on one data server each, shard
+    1's stops. The answers must not claim to be complete with half the corpus gone;
+    and one search server told the cluster has three shards reports the third, never
+    seen, as missing from the start."""
+    await make_data_server(shard=0, docs=300, instance_id="ds-c0")
+    second = await make_data_server(shard=1, docs=300, instance_id="ds-c1")
+    seen = await make_search_server(server_id="ss-seen")
+    told = await make_search_server(server_id="ss-told", shards=3)
+    await all_see([seen, told], {"ds-c0", "ds-c1"})
+    query = sample_queries(1, variant=8)[0]
+
+    _, body = await get_json(f"{seen.url}/search", q=query, k="5")
+    assert body["partial"] is False
+    assert body["shards"] == {
+        "total": 2,
+        "ok": 2,
+        "failed": 0,
+        "timed_out": 0,
+        "cut": 0,
+        "missing": 0,
+    }
+    assert body["coverage"] == {
+        "percent": 100.0,
+        "docs": 600,
+        "docs_total": 600,
+        "shards": 2,
+        "shards_total": 2,
+        "full": True,
+        "missing": [],
+        "degraded": [],
+    }
+    _, body = await get_json(f"{told.url}/search", q=query, k="5")
+    assert body["partial"] is True
+    assert (body["shards"]["total"], body["shards"]["missing"]) == (3, 1)
+    # Shard 2 was never seen: it counts as an average shard.
+    assert body["coverage"]["missing"] == [2]
+    assert body["coverage"]["docs_total"] == 900
+    assert body["coverage"]["degraded"] == ["no_replica"]
+
+    await second.shutdown(grace=0)
+    await all_see([seen, told], {"ds-c0"})
+    for server, total in ((seen, 2), (told, 3)):
+        _, body = await get_json(f"{server.url}/search", q=query, k="5")
+        assert body["partial"] is True
+        assert body["shards"]["total"] == total
+        assert body["shards"]["ok"] == 1
+        assert body["coverage"]["docs"] == 300
+        assert body["coverage"]["missing"] == ([1] if total == 2 else [1, 2])
+        assert body["coverage"]["degraded"] == ["no_replica"]
+        assert body["coverage"]["percent"] == pytest.approx(100 / total, abs=0.01)
+        assert all(hit["shard"] == 0 for hit in body["hits"])

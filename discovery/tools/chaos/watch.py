@@ -96,9 +96,10 @@ class Answer:
 
 
 def missing_shards(shards: Mapping[str, Any]) -> int:
-    """Shards a search result lacks: those that failed, timed out or were cut."""
+    """Shards a search result lacks: those that failed, timed out or were cut, and
+    those with no replica to ask (``missing``)."""
     total = 0
-    for key in ("failed", "timed_out", "cut"):
+    for key in ("failed", "timed_out", "cut", "missing"):
         value = shards.get(key, 0)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             total += value
