@@ -226,6 +226,20 @@ async def get_json(url: str, **params: str) -> tuple[int, Any]:
         return response.status, await response.json()
 
 
+def shard_counts(
+    total: int, ok: int, *, failed: int = 0, timed_out: int = 0, cut: int = 0, missing: int = 0
+) -> dict[str, int]:
+    """An answer's ``shards`` counts as the search server gives them (``/search``)."""
+    return {
+        "total": total,
+        "ok": ok,
+        "failed": failed,
+        "timed_out": timed_out,
+        "cut": cut,
+        "missing": missing,
+    }
+
+
 def make_instance(
     instance_id: str,
     port: int = 9001,

@@ -56,7 +56,7 @@ from discovery.zk.paths import DATA_SERVERS_PATH
 from discovery.zk.session import NodeStat
 from search_server.httpclient import Endpoint, HttpClient, SubrequestError
 from tests.conftest import fast_redis_client
-from tests.support import SessionFactory, absent, eventually, frequent_terms, reap
+from tests.support import SessionFactory, absent, eventually, frequent_terms, reap, shard_counts
 
 # -- the watch's verdicts -------------------------------------------------------------
 
@@ -97,7 +97,7 @@ def test_a_storm_judges_completion_and_never_a_normal_query_refused() -> None:
 
 
 def test_missing_shards_counts_failed_timed_out_cut_and_missing_only() -> None:
-    shards = {"total": 17, "ok": 12, "failed": 1, "timed_out": 1, "cut": 1, "missing": 2}
+    shards = shard_counts(17, 12, failed=1, timed_out=1, cut=1, missing=2)
     assert missing_shards(shards) == 5
     # What a hostile answer could hold instead of counts is not a count.
     assert missing_shards({"failed": True, "timed_out": "9", "cut": -4}) == 0

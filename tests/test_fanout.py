@@ -39,6 +39,7 @@ from tests.support import (
     instance_of,
     make_instance,
     sample,
+    shard_counts,
 )
 
 QUERIES = sample_queries(12, variant=7)
@@ -130,14 +131,7 @@ async def test_merges_the_top_k_of_one_replica_per_shard(
         assert [(hit["id"], hit["score"], hit["shard"]) for hit in result.hits] == expected
         assert all(hit["id"].startswith(f"s{hit['shard']}-") for hit in result.hits)
         assert all("title" in hit for hit in result.hits)  # the data server's fields are kept
-        assert result.shards == {
-            "total": 3,
-            "ok": 3,
-            "failed": 0,
-            "timed_out": 0,
-            "cut": 0,
-            "missing": 0,
-        }
+        assert result.shards == shard_counts(3, 3)
         assert result.partial is False
     assert trimmed > 0  # the merge really had to choose among more than k hits
 
@@ -174,14 +168,7 @@ async def test_draining_instances_get_no_first_request_and_disabled_ones_none(
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
-        assert result.shards == {
-            "total": 1,
-            "ok": 1,
-            "failed": 0,
-            "timed_out": 0,
-            "cut": 0,
-            "missing": 0,
-        }
+        assert result.shards == shard_counts(1, 1)
         assert not result.partial
 
     assert _sample(registry, "shard_requests_total", result="error") == _sample(
@@ -215,14 +202,7 @@ async def test_a_draining_replica_takes_a_retry_of_last_resort(
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
-        assert result.shards == {
-            "total": 1,
-            "ok": 1,
-            "failed": 0,
-            "timed_out": 0,
-            "cut": 0,
-            "missing": 0,
-        }
+        assert result.shards == shard_counts(1, 1)
 
     # Every query asked the routable replica first, and only then the draining one.
     assert _sample(registry, "shard_requests_total", result="error") == len(QUERIES)
@@ -258,14 +238,7 @@ async def test_a_draining_replica_takes_the_first_request_while_the_routable_one
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
-        assert result.shards == {
-            "total": 1,
-            "ok": 1,
-            "failed": 0,
-            "timed_out": 0,
-            "cut": 0,
-            "missing": 0,
-        }
+        assert result.shards == shard_counts(1, 1)
 
     # The first query found the routable replica failing and retried on the draining
     # one; every later one went to the draining one first, the ejected one untouched.
@@ -296,14 +269,7 @@ async def test_a_draining_replica_is_never_ejected(
 
     result = await fanout.search(servers, QUERIES[0], 10, 2000)
 
-    assert result.shards == {
-        "total": 3,
-        "ok": 2,
-        "failed": 1,
-        "timed_out": 0,
-        "cut": 0,
-        "missing": 0,
-    }
+    assert result.shards == shard_counts(3, 2, failed=1)
     assert _sample(registry, "last_resort_total") == 1
     assert fanout.ejected() == {"ds-sick"}
     await _set_fault(http, sick_server, mode="none")
@@ -330,14 +296,7 @@ async def test_a_draining_replica_takes_a_hedge_of_last_resort(
     await _set_fault(http, staying, mode="slow", delay_ms=3000)
     result, took = await _timed(fanout, servers, 1000)
 
-    assert result.shards == {
-        "total": 1,
-        "ok": 1,
-        "failed": 0,
-        "timed_out": 0,
-        "cut": 0,
-        "missing": 0,
-    }
+    assert result.shards == shard_counts(1, 1)
     assert took < 0.9  # answered by the hedge, not at the deadline
     assert _sample(registry, "hedges_total", result="won") >= 1
     hedges = _sample(registry, "hedges_total", result="sent")
@@ -366,14 +325,7 @@ async def test_a_failing_replica_is_retried_on_a_healthy_one(
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
-        assert result.shards == {
-            "total": 1,
-            "ok": 1,
-            "failed": 0,
-            "timed_out": 0,
-            "cut": 0,
-            "missing": 0,
-        }
+        assert result.shards == shard_counts(1, 1)
         assert not result.partial
         assert all(hit["shard"] == 0 for hit in result.hits)
 
@@ -458,14 +410,7 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
             result, elapsed = await _timed(fanout, servers, timeout_ms)
             assert elapsed < timeout_ms / 1000 + SLACK
             assert result.partial
-            assert result.shards == {
-                "total": 2,
-                "ok": 1,
-                "failed": 0,
-                "timed_out": 1,
-                "cut": 0,
-                "missing": 0,
-            }
+            assert result.shards == shard_counts(2, 1, timed_out=1)
             assert all(hit["shard"] == 1 for hit in result.hits)
         assert fanout.ejected() == {"ds-hung"}
         assert _sample(registry, "shard_requests_total", result="timeout") == 3
@@ -474,28 +419,14 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
         result, elapsed = await _timed(fanout, servers, timeout_ms)
         assert elapsed < timeout_ms / 1000
         assert result.partial
-        assert result.shards == {
-            "total": 2,
-            "ok": 1,
-            "failed": 1,
-            "timed_out": 0,
-            "cut": 0,
-            "missing": 0,
-        }
+        assert result.shards == shard_counts(2, 1, failed=1)
         assert _sample(registry, "shard_requests_total", result="timeout") == 3
 
         # After the cool-down it is tried again, and one more timeout re-ejects it.
         clock.advance(30)
         result, elapsed = await _timed(fanout, servers, timeout_ms)
         assert elapsed < timeout_ms / 1000 + SLACK
-        assert result.shards == {
-            "total": 2,
-            "ok": 1,
-            "failed": 0,
-            "timed_out": 1,
-            "cut": 0,
-            "missing": 0,
-        }
+        assert result.shards == shard_counts(2, 1, timed_out=1)
         assert fanout.ejected() == {"ds-hung"}
         assert _sample(registry, "ejections_total") == 2
         assert _sample(registry, "queries_total", outcome="partial") == 5
@@ -567,14 +498,7 @@ async def test_an_answer_for_another_shard_is_a_failure(
 
     result = await fanout.search([stale], QUERIES[0], 10, 5000)
 
-    assert result.shards == {
-        "total": 1,
-        "ok": 0,
-        "failed": 1,
-        "timed_out": 0,
-        "cut": 0,
-        "missing": 0,
-    }
+    assert result.shards == shard_counts(1, 0, failed=1)
     assert result.hits == []
     assert result.partial
 
@@ -584,14 +508,7 @@ async def test_no_servers_and_bad_arguments(
 ) -> None:
     fanout = FanOut(client, registry=registry)
     result = await fanout.search([], "anything", 10, 100)
-    assert result.to_dict()["shards"] == {
-        "total": 0,
-        "ok": 0,
-        "failed": 0,
-        "timed_out": 0,
-        "cut": 0,
-        "missing": 0,
-    }
+    assert result.to_dict()["shards"] == shard_counts(0, 0)
     assert not result.partial
     with pytest.raises(ValueError, match="k must be"):
         await fanout.search([], "anything", 0, 100)
@@ -636,49 +553,21 @@ async def test_a_shards_last_replica_is_probed_while_ejected(
     await _set_fault(http, stalled, mode="hang")
     for _ in range(3):
         result, _elapsed = await _timed(fanout, servers, timeout_ms)
-        assert result.shards == {
-            "total": 2,
-            "ok": 1,
-            "failed": 0,
-            "timed_out": 1,
-            "cut": 0,
-            "missing": 0,
-        }
+        assert result.shards == shard_counts(2, 1, timed_out=1)
     assert fanout.ejected() == {"ds-stalled"}
 
     # Within the probe interval: the shard fails at once, as before.
     result, elapsed = await _timed(fanout, servers, timeout_ms)
-    assert result.shards == {
-        "total": 2,
-        "ok": 1,
-        "failed": 1,
-        "timed_out": 0,
-        "cut": 0,
-        "missing": 0,
-    }
+    assert result.shards == shard_counts(2, 1, failed=1)
     assert elapsed < timeout_ms / 1000
 
     # A probe to a replica still hung costs that query its deadline, and only that one.
     clock.advance(1)
     result, elapsed = await _timed(fanout, servers, timeout_ms)
-    assert result.shards == {
-        "total": 2,
-        "ok": 1,
-        "failed": 0,
-        "timed_out": 1,
-        "cut": 0,
-        "missing": 0,
-    }
+    assert result.shards == shard_counts(2, 1, timed_out=1)
     assert elapsed < timeout_ms / 1000 + SLACK
     result, elapsed = await _timed(fanout, servers, timeout_ms)
-    assert result.shards == {
-        "total": 2,
-        "ok": 1,
-        "failed": 1,
-        "timed_out": 0,
-        "cut": 0,
-        "missing": 0,
-    }
+    assert result.shards == shard_counts(2, 1, failed=1)
     assert elapsed < timeout_ms / 1000
     assert fanout.ejected() == {"ds-stalled"}
 
@@ -692,14 +581,7 @@ async def test_a_shards_last_replica_is_probed_while_ejected(
     clock.advance(1)
     result, _elapsed = await _timed(fanout, servers, timeout_ms)
     assert not result.partial
-    assert result.shards == {
-        "total": 2,
-        "ok": 2,
-        "failed": 0,
-        "timed_out": 0,
-        "cut": 0,
-        "missing": 0,
-    }
+    assert result.shards == shard_counts(2, 2)
     assert fanout.ejected() == set()
     result, _elapsed = await _timed(fanout, servers, timeout_ms)
     assert not result.partial
@@ -725,14 +607,7 @@ async def test_a_query_woken_late_charges_no_replica_with_its_timeouts(
         asyncio.get_running_loop().call_later(0.2, time.sleep, 0.5)
         result = await fanout.search(servers, QUERIES[0], 10, 300)
 
-        assert result.shards == {
-            "total": 1,
-            "ok": 0,
-            "failed": 0,
-            "timed_out": 1,
-            "cut": 0,
-            "missing": 0,
-        }
+        assert result.shards == shard_counts(1, 0, timed_out=1)
         assert fanout.ejected() == set()
         replica = fanout.replica(servers[0])
         assert replica is not None
@@ -812,14 +687,7 @@ async def test_each_attempt_carries_the_budget_left_when_it_is_sent(
 
     result = await fanout.search([instance_of(late), instance_of(healthy)], QUERIES[0], 10, 2000)
 
-    assert result.shards == {
-        "total": 1,
-        "ok": 1,
-        "failed": 0,
-        "timed_out": 0,
-        "cut": 0,
-        "missing": 0,
-    }
+    assert result.shards == shard_counts(1, 1)
     assert _sample(registry, "retries_total") == 1
     (first_port, first, first_sent), (retry_port, retry, retry_sent) = recording.sent
     assert (first_port, retry_port) == (late.port, healthy.port)
@@ -857,14 +725,7 @@ async def test_a_cut_answer_counts_as_answered_but_makes_the_result_partial(
 
     result = await fanout.search(servers, worst, 10, 2000)
 
-    assert result.shards == {
-        "total": 2,
-        "ok": 2,
-        "failed": 0,
-        "timed_out": 0,
-        "cut": 1,
-        "missing": 0,
-    }
+    assert result.shards == shard_counts(2, 2, cut=1)
     assert result.partial
     assert len(result.hits) == 10
     assert _sample(registry, "queries_total", outcome="partial") == 1
@@ -873,14 +734,7 @@ async def test_a_cut_answer_counts_as_answered_but_makes_the_result_partial(
 
     await _set_fault(http, big, mode="none")
     result = await fanout.search(servers, worst, 10, 5000)
-    assert result.shards == {
-        "total": 2,
-        "ok": 2,
-        "failed": 0,
-        "timed_out": 0,
-        "cut": 0,
-        "missing": 0,
-    }
+    assert result.shards == shard_counts(2, 2)
     assert not result.partial
 
 
@@ -909,14 +763,7 @@ async def test_a_replica_turned_slow_is_hedged_even_when_its_partner_has_few_ans
     await _set_fault(http, favourite, mode="slow", delay_ms=3000)
     result, took = await _timed(fanout, servers, 1000)
 
-    assert result.shards == {
-        "total": 1,
-        "ok": 1,
-        "failed": 0,
-        "timed_out": 0,
-        "cut": 0,
-        "missing": 0,
-    }
+    assert result.shards == shard_counts(1, 1)
     assert took < 0.9  # answered by the hedge, not at the deadline
     assert _sample(registry, "hedges_total", result="won") == 1
 
@@ -948,14 +795,7 @@ async def test_a_search_server_that_has_just_started_hedges_by_what_every_answer
     await _set_fault(http, favourite, mode="slow", delay_ms=3000)
     result, took = await _timed(fanout, servers, 1000)
 
-    assert result.shards == {
-        "total": 4,
-        "ok": 4,
-        "failed": 0,
-        "timed_out": 0,
-        "cut": 0,
-        "missing": 0,
-    }
+    assert result.shards == shard_counts(4, 4)
     assert took < 0.9  # answered by the hedge, not at the deadline
     assert _sample(registry, "hedges_total", result="won") == 1
 

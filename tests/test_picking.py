@@ -32,6 +32,7 @@ from tests.support import (
     instance_of,
     make_instance,
     sample,
+    shard_counts,
 )
 
 
@@ -351,14 +352,7 @@ async def test_a_search_server_routes_with_the_picker_it_is_given(
     await all_see([server], {"ds-p0", "ds-p1"})
     status, body = await get_json(f"{server.url}/search", q="probe", k="3")
     assert status == 200
-    assert body["shards"] == {
-        "total": 2,
-        "ok": 2,
-        "failed": 0,
-        "timed_out": 0,
-        "cut": 0,
-        "missing": 0,
-    }
+    assert body["shards"] == shard_counts(2, 2)
     assert sorted(picker.picks) == ["ds-p0", "ds-p1"]
 
 

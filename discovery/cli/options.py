@@ -535,11 +535,9 @@ AGENT_OPTIONS: tuple[Option, ...] = (
     Option(
         "--verify-interval",
         "DISCOVERY_VERIFY_INTERVAL",
-        "seconds between the slow sweep's checks that our registration still exists "
-        "in ZooKeeper (jittered; it is also checked about 2, 10 and 30 s after every "
-        "connection)",
+        "seconds between checks that our registration still exists in ZooKeeper",
         type=positive_float,
-        default=120.0,
+        default=10.0,
         metavar="SECONDS",
     ),
 )
