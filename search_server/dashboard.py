@@ -31,7 +31,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -97,7 +97,7 @@ class QueryStats:
         self._started = clock()
         self._seconds: deque[_Second] = deque()
         self.total = 0
-        self._missing: list[int] = []
+        self._missing: Sequence[int] = ()
 
     def _bucket(self) -> _Second:
         second = math.floor(self._clock())
@@ -116,7 +116,7 @@ class QueryStats:
         latency_ms: float,
         partial: bool,
         coverage: float = 1.0,
-        missing: list[int] | None = None,
+        missing: Sequence[int] = (),
     ) -> None:
         """One answered query: its fan-out time, whether the answer was partial, the
         share of the corpus it searched and the shards it found ``missing``."""
@@ -127,7 +127,7 @@ class QueryStats:
             bucket.partial += 1
         bucket.coverage += coverage
         bucket.least_coverage = min(bucket.least_coverage, coverage)
-        self._missing = missing or []
+        self._missing = missing
         if len(bucket.latencies_ms) < _SAMPLES_PER_SECOND:
             bucket.latencies_ms.append(latency_ms)
 
@@ -159,7 +159,7 @@ class QueryStats:
             "coverage": round(covered / queries, 4) if queries else None,
             "least_coverage": round(least, 4) if least is not None else None,
             # At most the first 100: a list for people, the count says the rest.
-            "missing_shards": self._missing[:100],
+            "missing_shards": list(self._missing[:100]),
             "missing_count": len(self._missing),
             "overloaded": sum(s.overloaded for s in seconds),
             "total": self.total,

@@ -407,7 +407,7 @@ class SearchServer:
             self.query_stats.record(result.took_ms, result.partial)
         else:
             self.query_stats.record(
-                result.took_ms, result.partial, coverage.ratio, list(coverage.missing)
+                result.took_ms, result.partial, coverage.ratio, coverage.missing
             )
         return web.json_response(result.to_dict())
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Container, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from .picking import Replica
@@ -130,6 +130,11 @@ class Subset:
     members: tuple[Replica, ...]
     shares: tuple[float, ...]
     ordered: tuple[Replica, ...]
+    # The members as a set, for the spares' lookups (made once, not per request).
+    _member_set: frozenset[Replica] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_member_set", frozenset(self.members))
 
     @property
     def whole(self) -> bool:
@@ -161,7 +166,7 @@ class Subset:
             usable = edges
         if self.whole or (ejected == 0 and usable):
             return usable
-        members = set(self.members)
+        members = self._member_set
         wanted = ejected if usable else max(ejected, 1)
         for spare in self.ordered:
             if wanted == 0:
