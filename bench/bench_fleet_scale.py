@@ -38,9 +38,16 @@ For each case:
    shards, over the mean (its fair share), and, for what it is worth, the same for
    single replicas (a few requests each at 50,000: mostly sampling noise).
 
+3. **Views**, of the one search server: ``/cluster`` (summary and first page), one
+   shard's page, a state filter's page (a pass over every server), the dashboard's
+   first event, ``discovery status`` in a process of its own, and the dashboard in
+   headless Chromium (time until every shard's cell is drawn, element count, JS heap,
+   a screenshot ``bench/results/dashboard-<shards>-shards.png``).
+
 Bounds (the issue's): sockets ≤ shards x subset size; memory per replica ≤ 2 KB;
 CPU per sub-request ≤ 1.2x the baseline's; routing update p99 ≤ 1.5x the baseline's;
-highest share ≤ 1.3x fair. Prints a table and writes ``bench/results/fleet_scale.json``.
+highest share ≤ 1.3x fair; each ``/cluster`` view ≤ 100 ms. Prints tables and writes
+``bench/results/fleet_scale.json``.
 
     .venv/bin/python bench/bench_fleet_scale.py [--quick]
 """
@@ -52,6 +59,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import random
 import statistics
 import sys
@@ -75,6 +83,7 @@ log = logging.getLogger("bench_fleet_scale")
 RESULTS = Path(__file__).resolve().parent / "results" / "fleet_scale.json"
 SCRIPT = str(Path(__file__).resolve())
 SESSION_TIMEOUT = 30.0
+CHROMIUM = "/usr/bin/chromium"
 SUBSET = 8
 FLEET_SEARCH_SERVERS = 100
 BOUNDS = {
@@ -82,6 +91,7 @@ BOUNDS = {
     "cpu_ratio": 1.2,
     "routing_p99_ratio": 1.5,
     "share_over_fair": 1.3,
+    "view_ms": 100.0,
 }
 
 
@@ -258,6 +268,133 @@ def _subrequests(server: SearchServer) -> float:
     )
 
 
+async def _timed_get(http: aiohttp.ClientSession, url: str) -> tuple[float, int]:
+    started = time.perf_counter()
+    async with http.get(url) as response:
+        body = await response.read()
+        if response.status != 200:
+            raise RuntimeError(f"GET {url}: {response.status} {body[:200]!r}")
+    return (time.perf_counter() - started) * 1000, len(body)
+
+
+async def _first_event(http: aiohttp.ClientSession, url: str) -> tuple[float, int]:
+    started = time.perf_counter()
+    async with http.get(f"{url}/events") as response:
+        async for line in response.content:
+            if line.startswith(b"data: "):
+                return (time.perf_counter() - started) * 1000, len(line)
+    raise RuntimeError("the event stream ended without an event")
+
+
+async def _views(
+    server: SearchServer,
+    http: aiohttp.ClientSession,
+    zk: str,
+    redis: str,
+    cluster: str,
+    shards: int,
+    repeats: int,
+) -> dict[str, Any]:
+    """What an operator's views cost at this size: ``/cluster`` (summary and first
+    page; one shard; a state filter, which passes over every server), the dashboard's
+    first event, ``discovery status`` (a process reading every registration), and the
+    dashboard in Chromium when Playwright and Chromium are there."""
+    result: dict[str, Any] = {}
+    for name, query in (
+        ("cluster", ""),
+        ("cluster_shard", f"?shard={shards // 2}"),
+        ("cluster_state_filter", "?state=live&limit=1000"),
+    ):
+        times, sizes = [], []
+        for _ in range(repeats):
+            elapsed, size = await _timed_get(http, f"{server.url}/cluster{query}")
+            times.append(elapsed)
+            sizes.append(size)
+        result[name] = {
+            "p50_ms": round(_pct(times, 0.5), 2),
+            "max_ms": round(max(times), 2),
+            "body_bytes": max(sizes),
+        }
+    elapsed, size = await _first_event(http, server.url)
+    result["dashboard_event"] = {"ms": round(elapsed, 2), "bytes": size}
+    started = time.perf_counter()
+    status = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "discovery.tools.main", "--log-level", "ERROR", "status"),
+        *("--zk", zk, "--redis", redis, "--cluster", cluster),
+        stdout=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+    )
+    out, _ = await status.communicate()
+    result["status_command"] = {
+        "exit": status.returncode,
+        "wall_s": round(time.perf_counter() - started, 2),
+        "lines": len(out.splitlines()),
+        "bytes": len(out),
+    }
+    result["chromium"] = await _chromium(server.url, shards)
+    return result
+
+
+async def _chromium(url: str, shards: int) -> dict[str, Any] | None:
+    """The dashboard in headless Chromium: time until every shard's cell is drawn,
+    the page's element count and JS heap; a screenshot in ``bench/results``."""
+    if not os.path.isfile(CHROMIUM):  # noqa: ASYNC240 (one stat)
+        return None
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        return None
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            page = await browser.new_page(viewport={"width": 1440, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            started = time.perf_counter()
+            await page.goto(f"{url}/", wait_until="load")
+            await page.wait_for_function(
+                f"() => document.querySelectorAll('#grid .cell').length === {shards}"
+                " || document.querySelectorAll('.tile').length > 0",
+                timeout=60_000,
+            )
+            drawn_ms = (time.perf_counter() - started) * 1000
+            # Ten more events: the page keeps up with one a second.
+            events = await page.evaluate("window.__dashboard.events")
+            await page.wait_for_function(
+                f"() => window.__dashboard.events >= {events + 10}", timeout=60_000
+            )
+            # A shard's replicas, a click away (grid mode only).
+            shard_ms = None
+            cell = page.locator(f'#grid .cell[data-shard="{shards // 2}"]')
+            if await cell.count():
+                clicked = time.perf_counter()
+                await cell.click()
+                await page.wait_for_function(
+                    "() => document.querySelectorAll('#detail .tile').length > 0",
+                    timeout=60_000,
+                )
+                shard_ms = round((time.perf_counter() - clicked) * 1000, 1)
+            elements = await page.evaluate("document.getElementsByTagName('*').length")
+            heap = await page.evaluate(
+                "performance.memory ? performance.memory.usedJSHeapSize : null"
+            )
+            shot = RESULTS.parent / f"dashboard-{shards}-shards.png"
+            await page.screenshot(path=str(shot), full_page=False)
+            return {
+                "drawn_ms": round(drawn_ms, 1),
+                "shard_detail_ms": shard_ms,
+                "elements": elements,
+                "js_heap_mib": round(heap / 2**20, 1) if heap else None,
+                "errors": errors,
+                "screenshot": shot.name,
+            }
+        finally:
+            await browser.close()
+
+
 async def _one_server(
     zk: str,
     redis: str,
@@ -327,10 +464,12 @@ async def _one_server(
             t0 = time.perf_counter()
             await _until(lambda n=name: n in server.routed.servers, 30, "addition", 0.0005)
             changes.append(time.perf_counter() - t0)
+        views = await _views(server, http, zk, redis, f"one{size}", shards, args.view_repeats)
         return {
             "data_servers": size,
             "shards": shards,
             "replicas_per_shard": size // shards,
+            "views": views,
             "position": [server.fanout.position.rank, server.fanout.position.count],
             "registered_s": round(registered_s, 1),
             "routed_after_s": round(listed_s, 1),
@@ -456,6 +595,31 @@ def _table(rows: list[dict[str, Any]]) -> None:
         )
 
 
+def _views_table(rows: list[dict[str, Any]]) -> None:
+    print(
+        "| case | /cluster p50 / max (body) | ?shard= p50 / max | ?state= p50 / max "
+        "| dashboard event | `discovery status` | Chromium: drawn, elements, heap, a click |"
+    )
+    print("|" + "---|" * 7)
+    for row in rows:
+        v = row["one_search_server"]["views"]
+        c, sh, st = v["cluster"], v["cluster_shard"], v["cluster_state_filter"]
+        ev, status, chrome = v["dashboard_event"], v["status_command"], v["chromium"]
+        browser = (
+            "not run"
+            if chrome is None
+            else f"{chrome['drawn_ms']} ms, {chrome['elements']:,}, {chrome['js_heap_mib']} MiB, "
+            f"a shard's replicas {chrome['shard_detail_ms']} ms"
+        )
+        print(
+            f"| {row['case']} | {c['p50_ms']} / {c['max_ms']} ms ({c['body_bytes']:,} B) "
+            f"| {sh['p50_ms']} / {sh['max_ms']} ms | {st['p50_ms']} / {st['max_ms']} ms "
+            f"| {ev['ms']} ms, {ev['bytes']:,} B | {status['wall_s']} s, {status['lines']} lines "
+            f"| {browser} |",
+            flush=True,
+        )
+
+
 def _targets(fleet: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     one, one_base = fleet["one_search_server"], base["one_search_server"]
     cpu_ratio = one["cpu_per_subrequest_us"] / one_base["cpu_per_subrequest_us"]
@@ -471,6 +635,10 @@ def _targets(fleet: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
         "routing_p99_ratio_within_1_5": p99_ratio <= BOUNDS["routing_p99_ratio"],
         "highest_share_over_fair": share,
         "share_within_1_3": share <= BOUNDS["share_over_fair"],
+        "views_within_100_ms": all(
+            one["views"][name]["max_ms"] <= BOUNDS["view_ms"]
+            for name in ("cluster", "cluster_shard", "cluster_state_filter")
+        ),
     }
 
 
@@ -501,6 +669,7 @@ def main() -> int:
         help="three search servers' load together",
     )
     parser.add_argument("--changes", type=int, default=50, help="data servers removed and re-added")
+    parser.add_argument("--view-repeats", type=int, default=20, help="requests per /cluster view")
     # The load generator's own mode (run by the benchmark in a process of its own).
     parser.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--target", action="append", default=[], help=argparse.SUPPRESS)
@@ -523,6 +692,7 @@ def main() -> int:
     started = time.monotonic()
     result = asyncio.run(_main_async(args))
     _table(result["rows"])
+    _views_table(result["rows"])
     for name, value in result["targets"].items():
         print(f"  {name}: {value}")
     write_results(

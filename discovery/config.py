@@ -48,13 +48,17 @@ class AgentConfig:
             cool-down of ``flap_cooldown`` seconds.
         drain_grace: seconds a draining server keeps serving (while search servers
             stop routing to it) before it removes its node.
-        verify_interval: seconds between checks, while registered, that our node
-            still exists and belongs to our session (one ZooKeeper read). Events
-            cannot be relied on alone: a client can stay connected to a session the
-            ensemble has closed, and then no watch fires for the node that went with
-            it (see :class:`~discovery.zk.session.ZkSession`). This bounds how long such a
-            lost registration can go unnoticed; 50,000 servers at 10 s cost 5,000
-            reads a second across the ensemble.
+        verify_interval: seconds between the slow sweep's checks, while registered,
+            that our node still exists and belongs to our session (one ZooKeeper
+            read; each wait drawn between half and one and a half times this).
+            Events cannot be relied on alone: a client can stay connected to a
+            session the ensemble has closed, and then no watch fires for the node
+            that went with it (see :class:`~discovery.zk.session.ZkSession`). Such a
+            session comes of a reconnection, so the node is also read back about 2,
+            10 and 30 s after every connection
+            (:data:`~discovery.zk.registration.VERIFY_AFTER_CONNECT`); the sweep
+            bounds the rest. 50,000 servers at 120 s cost about 420 reads a second
+            across the ensemble (5,000 at 10 s).
     """
 
     probe_interval: float = 1.0
@@ -66,7 +70,7 @@ class AgentConfig:
     flap_window: float = 300.0
     flap_cooldown: float = 120.0
     drain_grace: float = 5.0
-    verify_interval: float = 10.0
+    verify_interval: float = 120.0
 
     def __post_init__(self) -> None:
         for name in (

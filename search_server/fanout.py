@@ -70,7 +70,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from urllib.parse import urlencode
 
 import orjson
@@ -356,6 +356,13 @@ class FanOut:
     def replica(self, instance: ServiceInstance) -> Replica | None:
         """What this fan-out knows of ``instance`` (``None`` before it routed to it)."""
         return self._routes.replica(target_key(instance))
+
+    @property
+    def expected_shards(self) -> Collection[int]:
+        """The shards this fan-out expects an answer from: ``shards`` (0 to N-1) given
+        at construction and every shard it has routed to since. A shard among them with
+        no replica left is *missing* from an answer, never dropped from its total."""
+        return self._expected_shards.keys()
 
     def ejected(self) -> set[str]:
         """Instance ids of the data servers currently ejected (skipped) by this fan-out."""

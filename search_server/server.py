@@ -29,7 +29,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -53,6 +53,7 @@ from discovery.zk.paths import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.zk.registration import Registration
 from discovery.zk.session import WatchEvent, ZkSession
 
+from .clusterview import ClusterViews, PageRequest, ViewQueryError
 from .config import SearchServerConfig
 from .dashboard import EventStream, MemberCache, QueryStats
 from .fanout import FanOut
@@ -112,6 +113,8 @@ class SearchServer:
         self._stopped = False
         # The dashboard: queries of the last seconds, the search servers, the stream.
         self.query_stats = QueryStats()
+        # /cluster and the dashboard: summary, problems and pages of the routing list.
+        self._views = ClusterViews(self._describe)
         self._members = MemberCache(lambda: self.session)
         self._events = EventStream(
             self.dashboard_snapshot, registry=self.registry, max_streams=config.max_event_streams
@@ -220,7 +223,9 @@ class SearchServer:
             shards=config.shards,
         )
         stack.push_async_callback(self.fanout.aclose)
-        self._routes = await stack.enter_async_context(_FollowRoutes(self.reader, self.fanout))
+        self._routes = await stack.enter_async_context(
+            _FollowRoutes(self.reader, self.fanout, self._views)
+        )
         await stack.enter_async_context(
             Registration(self.session, self._member_instance(), base_path=SEARCH_MEMBERS_PATH)
         )
@@ -449,50 +454,51 @@ class SearchServer:
         return self.reader.current.servers
 
     async def cluster(self, request: web.Request) -> web.Response:
-        return web.json_response(self.cluster_view())
+        try:
+            page = PageRequest.from_query(request.query)
+        except ViewQueryError as exc:
+            return json_error(400, str(exc), parameter=exc.parameter)
+        return web.json_response(self.cluster_view(page))
 
-    def _routing_stats(self, instance: ServiceInstance) -> dict[str, Any]:
-        """What this search server's fan-out learned of ``instance`` (nothing before it
-        routed to it): requests sent (hedges included), answers, in flight, the
-        response-time EWMA."""
-        replica = self.fanout.replica(instance) if self.fanout is not None else None
-        if replica is None:
-            return {}
-        return {
-            "sent": replica.sent,
-            "answers": replica.samples,
-            "in_flight": replica.outstanding,
-            "latency_ms": round(replica.seconds * 1000, 3),
+    def _describe(self, instance: ServiceInstance, ejected: bool) -> dict[str, Any]:
+        """A server's entry on a ``/cluster`` page: its registration and what this
+        search server's fan-out learned of it (nothing before it routed to it)."""
+        payload = instance.payload
+        entry: dict[str, Any] = {
+            "id": instance.id,
+            "address": instance.address,
+            "port": instance.port,
+            "shard": payload.shard,
+            "replica": payload.replica,
+            "zone": payload.zone,
+            "weight": payload.weight,
+            "state": payload.state.value,
+            "enabled": instance.enabled,
+            "ejected": ejected,
         }
+        if payload.reason:  # why it is draining or in maintenance
+            entry["reason"] = payload.reason
+        replica = self.fanout.replica(instance) if self.fanout is not None else None
+        if replica is not None:
+            entry["sent"] = replica.sent  # hedges included
+            entry["answers"] = replica.samples
+            entry["in_flight"] = replica.outstanding
+            entry["latency_ms"] = round(replica.seconds * 1000, 3)
+        return entry
 
-    def cluster_view(self) -> dict[str, Any]:
-        """What ``GET /cluster`` answers: the list this server routes with, and whose it is."""
+    def cluster_view(
+        self, page: PageRequest | None = None, *, grid: bool = False
+    ) -> dict[str, Any]:
+        """What ``GET /cluster`` answers: whose list this server routes with, its
+        summary and problems, and one ``page`` of its servers (every server of a
+        cluster of up to 1,000; :mod:`search_server.clusterview`)."""
         reader = self.reader
         live = reader.current if reader is not None else None
-        ejected = self.fanout.ejected() if self.fanout is not None else set()
-        servers = []
-        routing = self._routing_list() or {}
+        fanout = self.fanout
+        ejected = fanout.ejected() if fanout is not None else set()
+        expected = fanout.expected_shards if fanout is not None else ()
         brake = self._duty.brake_status() if self._duty is not None else None
-        if routing:
-            for instance in sorted(routing.values(), key=lambda i: i.id):
-                servers.append(
-                    {
-                        "id": instance.id,
-                        "address": instance.address,
-                        "port": instance.port,
-                        "shard": instance.payload.shard,
-                        "replica": instance.payload.replica,
-                        "zone": instance.payload.zone,
-                        "weight": instance.payload.weight,
-                        "state": instance.payload.state.value,
-                        "enabled": instance.enabled,
-                        "ejected": instance.id in ejected,
-                        # Why it is draining or in maintenance; only when there is a reason.
-                        **({"reason": r} if (r := instance.payload.reason) else {}),
-                        **self._routing_stats(instance),
-                    }
-                )
-        return {
+        view = {
             "self": self.server_id,
             "is_leader": self.is_leader,
             "leader": live.leader if live is not None else None,
@@ -510,12 +516,17 @@ class SearchServer:
             if self._fallback is not None and self._fallback.active
             else "redis",
             "now_ms": int(time.time() * 1000),
-            "servers": servers,
             # Only the leader runs the brake: null on the other search servers.
             "mass_loss_brake": brake.to_dict() if brake is not None else None,
             # True while this leader holds its term over an epoch no leader can hold.
             "fence_poisoned": self._duty is not None and self._duty.fence_poisoned,
         }
+        view.update(
+            self._views.view(
+                self._routing_list() or {}, ejected, expected, page or PageRequest(), grid=grid
+            )
+        )
+        return view
 
     async def dashboard(self, request: web.Request) -> web.Response:
         page = resources.files("search_server").joinpath("dashboard.html").read_text("utf-8")
@@ -524,7 +535,9 @@ class SearchServer:
     async def dashboard_snapshot(self) -> dict[str, Any]:
         """One event of ``GET /events``: :meth:`cluster_view` plus ``cluster``,
         ``stale_after_ms``, ``search_servers`` (leader and self marked) and ``stats``."""
-        view = self.cluster_view()
+        # A summary, the shard grid, the problems and at most a page of servers: the
+        # same few hundred KB at 50,000 data servers as at 500.
+        view = self.cluster_view(PageRequest(limit=_DASHBOARD_SERVERS), grid=True)
         members = await self._members.get()
         for member in members:
             member["leader"] = member["id"] == view["leader"]
@@ -554,6 +567,11 @@ class SearchServer:
         return web.json_response(body, status=200 if ready else 503)
 
 
+#: Servers the dashboard shows as tiles; a larger cluster is shown as a grid of shards
+#: (each shard's replicas a click away, ``GET /cluster?shard=N``).
+_DASHBOARD_SERVERS: Final = 200
+
+
 class _FollowRoutes:
     """Moves the fan-out's routing table along the live list, one change at a time.
 
@@ -567,9 +585,10 @@ class _FollowRoutes:
     table in full: a defect here costs a rebuild, never a list frozen in the past.
     """
 
-    def __init__(self, reader: LiveListFollower, fanout: FanOut) -> None:
+    def __init__(self, reader: LiveListFollower, fanout: FanOut, views: ClusterViews) -> None:
         self._reader = reader
         self._fanout = fanout
+        self._views = views
         self.current = LiveList.EMPTY
         self._task: asyncio.Task[None] | None = None
 
@@ -595,6 +614,8 @@ class _FollowRoutes:
                     "the next query rebuilds it",
                     change.current.version,
                 )
+            # The views' index too (only once a view was asked for; microseconds).
+            self._views.follow(change)
             self.current = change.current
 
 

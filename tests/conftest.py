@@ -27,6 +27,7 @@ from discovery.config import AgentConfig, ClusterConfig, RedisConfig, ZkConfig
 from discovery.livelist.model import LiveListStore
 from discovery.testing import RedisServer, ZooKeeperEnsemble
 from discovery.testing.netns import NetworkLab, netns_available
+from discovery.testing.simfleet import SimulatedFleet
 from discovery.zk.session import ZkSession
 from search_server.config import SearchServerConfig
 from search_server.picking import ReplicaPicker
@@ -354,3 +355,19 @@ async def own_client(own_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
     client = fast_redis_client(own_redis.url)
     yield client
     await client.aclose()
+
+
+@pytest.fixture
+async def fleet_of(zk_hosts: str) -> AsyncIterator[Callable[..., SimulatedFleet]]:
+    """Simulated fleets (``discovery.testing.simfleet``) in this test's chroot, closed
+    afterwards (the test starts them)."""
+    fleets: list[SimulatedFleet] = []
+
+    def make(**fields: object) -> SimulatedFleet:
+        fleet = SimulatedFleet(ZkConfig(hosts=zk_hosts, session_timeout=10.0), **fields)  # type: ignore[arg-type]
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        await fleet.aclose()

@@ -25,6 +25,7 @@ REQUIRED = {
     "DiscoveryDataServersForcedOffline",
     "DiscoveryZooKeeperSessionChurn",
     "DiscoveryFencePoisoned",
+    "DiscoveryShardWithoutReplica",
 }
 
 

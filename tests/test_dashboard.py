@@ -11,7 +11,7 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import pytest
 from data_server.corpus import sample_queries
 from data_server.server import DataServer
 from discovery.adminauth import admin_headers
+from discovery.testing.simfleet import SimulatedFleet
 from search_server.dashboard import QueryStats
 from search_server.server import SearchServer
 from tests.support import DataServerFactory, SearchServerFactory, eventually, within
@@ -156,6 +157,11 @@ async def test_events_stream_snapshots_and_ends_with_its_client_and_on_shutdown(
     assert event["epoch"] > 0
     assert [s["id"] for s in event["servers"]] == ["ds-ev"]
     assert event["servers"][0]["state"] == "serving"
+    # The bounded parts the page shows at any size: summary, problems, one row per shard.
+    assert event["summary"]["servers"] == 1
+    assert event["summary"]["shards"]["all_live"] == 1
+    assert event["problems"] == []
+    assert event["shard_grid"] == [[0, 1, 1]]
     assert event["search_servers"] == [
         {
             "id": "ss-events",
@@ -295,3 +301,54 @@ async def test_dashboard_in_chromium_shows_a_server_going_offline_without_reload
     image = SCREENSHOT.read_bytes()
     assert image.startswith(PNG_SIGNATURE), "the screenshot is not a PNG"
     assert len(image) > 10_000, f"the screenshot is suspiciously small ({len(image)} bytes)"
+
+
+@pytest.mark.browser
+async def test_dashboard_in_chromium_shows_a_large_cluster_as_a_grid_of_shards(
+    make_search_server: SearchServerFactory, fleet_of: Callable[..., SimulatedFleet]
+) -> None:
+    """Above 200 data servers the page shows one cell per shard, a shard's replicas a
+    click away, and a shard that lost every replica in red among the problems."""
+    async_playwright = _playwright()
+    from playwright.async_api import expect
+
+    shards, replicas = 30, 8
+    fleet = fleet_of(size=shards * replicas, shards=shards, docs=100, sessions=2)
+    await fleet.start()
+    search = await make_search_server(server_id="ss-grid", shards=shards)
+    await _live_count(search, shards * replicas)
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1440, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(f"{search.url}/", wait_until="load")
+
+            await expect(page.locator("#grid .cell")).to_have_count(shards, timeout=UI_TIMEOUT_MS)
+            await expect(page.locator('#grid .cell[data-health="all"]')).to_have_count(shards)
+            await expect(page.locator("#shards")).to_be_hidden()
+            await expect(page.locator(".tile")).to_have_count(0)  # no tile per server
+            await expect(page.locator("#summary")).to_contain_text("240 data servers, 240 live")
+            await expect(page.locator("#problems-section")).to_be_hidden()
+
+            # A click shows the shard's replicas.
+            await page.locator('#grid .cell[data-shard="3"]').click()
+            await expect(page.locator("#detail .tile")).to_have_count(replicas)
+            await expect(page.locator('#detail .tile[data-state="serving"]')).to_have_count(
+                replicas
+            )
+
+            # Shard 5 loses every replica: its cell turns red and it is listed.
+            for replica in range(replicas):
+                await fleet.deregister(5 + replica * shards)
+            gone = page.locator('#grid .cell[data-shard="5"][data-health="none"]')
+            await expect(gone).to_have_count(1, timeout=UI_TIMEOUT_MS)
+            await expect(page.locator("#problems")).to_contain_text(
+                "shard 5: no live replica (0 listed)"
+            )
+            await expect(page.locator("#grid .cell")).to_have_count(shards)  # never dropped
+            assert errors == [], f"JavaScript errors on the page: {errors}"
+        finally:
+            await browser.close()

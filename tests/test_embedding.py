@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -147,6 +147,22 @@ async def test_a_departure_during_a_registration_in_flight_is_announced(
                 return path
 
             session.create = create_then_hold  # type: ignore[method-assign]
+
+            def marked(members: Mapping[str, ServiceInstance]) -> bool:
+                node = members.get("ds-inflight")
+                return node is not None and node.payload.state is InstanceState.DRAINING
+
+            delete = session.delete
+
+            async def delete_once_seen(*args: Any, **kwargs: Any) -> None:
+                # take_offline deletes right after its mark: without this the observer
+                # (a watch, then a read) can find the node gone before it reads the
+                # mark, and could not tell that from a node deleted unannounced. A
+                # node deleted unmarked waits here in vain and fails the test below.
+                await waited(watcher.wait_until(marked, timeout=10), "the mark, seen")
+                await delete(*args, **kwargs)
+
+            session.delete = delete_once_seen  # type: ignore[method-assign]
             agent.set_ready()
             await waited(
                 watcher.wait_until(lambda m: "ds-inflight" in m, timeout=10),

@@ -46,6 +46,31 @@ def _leaders(servers: list[SearchServer]) -> list[SearchServer]:
     return [s for s in servers if s.is_leader]
 
 
+async def test_cluster_view_pages_filters_and_refuses_bad_parameters(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    for i in range(3):
+        await make_data_server(shard=i % 2, instance_id=f"ds-{i}")
+    search = await make_search_server(server_id="ss-pages")
+    await all_see([search], {"ds-0", "ds-1", "ds-2"})
+
+    status, first = await get_json(f"{search.url}/cluster", limit="2")
+    assert status == 200
+    assert [s["id"] for s in first["servers"]] == ["ds-0", "ds-1"]
+    assert first["page"]["next"] == "ds-1"
+    assert first["summary"]["servers"] == 3
+    assert first["summary"]["shards"]["total"] == 2
+    _, rest = await get_json(f"{search.url}/cluster", limit="2", after=first["page"]["next"])
+    assert [s["id"] for s in rest["servers"]] == ["ds-2"]
+    assert rest["page"]["next"] is None
+    _, shard = await get_json(f"{search.url}/cluster", shard="0")
+    assert [s["id"] for s in shard["servers"]] == ["ds-0", "ds-2"]
+    for name, value in (("limit", "lots"), ("shard", "-1"), ("state", "asleep"), ("x", "1")):
+        status, body = await get_json(f"{search.url}/cluster", **{name: value})
+        assert status == 400, (name, body)
+        assert name in body["error"]
+
+
 async def test_three_search_servers_one_leader_same_list(
     make_search_server: SearchServerFactory, make_data_server: DataServerFactory
 ) -> None:

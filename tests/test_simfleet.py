@@ -3,7 +3,7 @@ search servers routing to it through subsets."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -15,21 +15,6 @@ from discovery.zk.paths import DATA_SERVERS_PATH
 from search_server.server import SearchServer
 from search_server.subsetting import Position, aperture
 from tests.support import SearchServerFactory, SessionFactory, all_see, eventually, get_json
-
-
-@pytest.fixture
-async def fleet_of(zk_hosts: str) -> AsyncIterator[Callable[..., SimulatedFleet]]:
-    """Simulated fleets in this test's chroot, closed afterwards (start them)."""
-    fleets: list[SimulatedFleet] = []
-
-    def make(**fields: object) -> SimulatedFleet:
-        fleet = SimulatedFleet(ZkConfig(hosts=zk_hosts, session_timeout=10.0), **fields)  # type: ignore[arg-type]
-        fleets.append(fleet)
-        return fleet
-
-    yield make
-    for fleet in fleets:
-        await fleet.aclose()
 
 
 def test_addresses_are_distinct_loopback_addresses_outside_127_0() -> None:
@@ -64,6 +49,13 @@ async def test_a_fleet_registers_every_server_and_answers_for_each_address(
         assert response.status == 200
         assert (body["shard"], body["docs"], len(body["hits"])) == (3, 500, 10)
         assert (fleet.served[7], sum(fleet.served)) == (1, 1)
+        # The counts over HTTP, for a benchmark in another process: the connection they
+        # are asked on is not counted, nor is the request.
+        async with http.get(f"http://{address_of(0)}:{fleet.port}/_fleet/stats") as response:
+            stats = await response.json()
+        assert stats["served"] == list(fleet.served)
+        assert stats["connections"][0] == 0
+        assert stats["connections"][7] == fleet.connections[7] == 1  # kept alive
         # Not one of its addresses: closed without an answer.
         with pytest.raises(aiohttp.ClientError):
             async with http.get(f"http://127.0.0.1:{fleet.port}/search?q=x") as response:

@@ -152,6 +152,13 @@ async def test_in_sync_cluster_shows_leader_epoch_servers_and_no_differences(
     assert f"127.0.0.1:{data[1].port}" in lines[shard1 + 1]
     assert "serving" in lines[shard1 + 1]
     assert lines[-1] == "differences: none"
+    shards = "  shards (published list): 2, 2 with every replica live, 0 with some not live, "
+    assert shards + "0 with no live replica" in lines
+
+    # Told the cluster has three shards, it names the one with no server at all.
+    code, out, err = await run_cli(*args, "--shards", "3")
+    assert code == 0, err
+    assert "  no live replica: shard 2" in out.splitlines()
 
 
 async def test_differences_between_registered_and_published_are_listed(
@@ -302,7 +309,7 @@ async def test_malformed_children_and_snapshot_are_listed_not_fatal(
     # Invalid children are not "registered": only the valid one is missing from the list.
     assert document["differences"]["registered_not_published"] == ["ds-ok", "ds-static"]
     text = format_text(status)
-    assert "  invalid\n    empty: malformed:" in text
+    assert "  invalid (5)\n    empty: malformed:" in text
     assert "heartbeat  unreadable: not valid JSON" in text
 
     code, out, err = await run_cli(*cluster_args(zk_hosts, redis_server.url, redis_prefix))
@@ -411,3 +418,103 @@ async def test_one_address_claimed_by_several_ids_is_shown_as_a_squatting_sign(
     text = format_text(status)
     assert "one address claimed by several ids" in text
     assert "    10.0.0.7:9301: ds-real, ds-squat" in text
+
+
+def _large_status(shards: int, replicas: int, **overrides: Any) -> Any:
+    """A status of ``shards`` x ``replicas`` registered and published data servers, made
+    without I/O (the text report is a pure function of it)."""
+    from discovery.livelist.model import LiveList
+    from discovery.tools.status.model import ClusterStatus, Contender, Published, compare
+
+    registered = {
+        f"ds-{s:03d}-{r:02d}": make_instance(
+            f"ds-{s:03d}-{r:02d}", 9000, address=f"10.1.{s}.{r + 1}", shard=s, replica=r
+        )
+        for s in range(shards)
+        for r in range(replicas)
+    }
+    published = dict(overrides.pop("published", registered))
+    registered = overrides.pop("registered", registered)
+    live = LiveList(7, 3, "ss-0", 1_700_000_000_000, published)
+    contenders = (Contender("ss-0", "x__lock__0000000001", 7),)
+    status = ClusterStatus(
+        zookeeper="zk:2181",
+        redis="redis:6379/0",
+        prefix="discovery:{t}",
+        now_ms=1_700_000_001_000,
+        contenders=contenders,
+        search_servers={},
+        search_servers_invalid={},
+        data_servers=registered,
+        data_servers_invalid={},
+        heartbeat=None,
+        published=Published(live),
+        **overrides,
+    )
+    return dataclasses.replace(
+        status, differences=compare(registered, contenders, None, Published(live))
+    )
+
+
+def test_a_large_cluster_is_summarised_by_state_and_shard_with_the_problems_listed() -> None:
+    status = _large_status(60, 5, expected_shards=62)
+    registered = dict(status.data_servers)
+    # Shard 7 loses every live replica; shard 8 one; shards 60 and 61 have no server at all.
+    for r in range(5):
+        key = f"ds-007-{r:02d}"
+        registered[key] = registered[key].with_state("draining", "deploy")
+    registered["ds-008-01"] = registered["ds-008-01"].with_state("maintenance", "disk")
+    status = _large_status(60, 5, expected_shards=62, registered=registered, published=registered)
+
+    text = format_text(status)
+    lines = text.splitlines()
+    assert "data servers (300 in 60 shards): 294 serving, 5 draining, 1 maintenance" in lines
+    assert (
+        "  shards (published list): 62, 58 with every replica live, 1 with some not live, "
+        "3 with no live replica"
+    ) in lines
+    assert "  no live replica: shard 7, 60, 61" in lines
+    listed = [line for line in lines if line.startswith("    ds-")]
+    assert [line.split()[0] for line in listed] == [f"ds-007-{r:02d}" for r in range(5)] + [
+        "ds-008-01"
+    ]
+    assert "shard 7" in listed[0]
+    assert "draining (deploy)" in listed[0]
+    assert len(lines) < 30  # not one line per server
+
+    # --all: every server, by shard, as a small cluster is shown.
+    every = format_text(status, every_server=True).splitlines()
+    assert "  shard 59" in every
+    assert sum(1 for line in every if line.startswith("    ds-")) == 300
+
+    summary = status.to_dict()["data_servers"]
+    assert summary["states"] == {"serving": 294, "draining": 5, "maintenance": 1, "disabled": 0}
+    assert summary["shard_summary"] == {
+        "source": "published",
+        "total": 62,
+        "all_live": 58,
+        "some_not_live": 1,
+        "no_live_replica": [7, 60, 61],
+    }
+
+
+def test_long_difference_lists_are_cut_in_text_and_whole_in_json() -> None:
+    full = _large_status(40, 5)
+    # 120 registered servers the leader has not published (yet).
+    published = {k: v for k, v in full.data_servers.items() if int(k[3:6]) < 16}
+    status = _large_status(40, 5, published=published)
+    text = format_text(status)
+    line = next(x for x in text.splitlines() if x.startswith("  registered, not published: "))
+    assert line.endswith("… and 100 more")
+    assert len(status.to_dict()["differences"]["registered_not_published"]) == 120
+    assert "not serving, or not as published (120; the first 50;" in text
+
+
+def test_shards_flag_is_checked_and_named() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["status", "--shards", "500"]).shards == 500
+    assert parser.parse_args(["status"]).shards == 0
+    assert parser.parse_args(["status", "--all"]).all is True
+    for bad in ("-1", "x", "100001"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["status", "--shards", bad])

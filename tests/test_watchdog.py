@@ -9,6 +9,7 @@ client, so the agent registers again as soon as the link is back.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +19,7 @@ from discovery.agent.agent import Agent
 from discovery.config import ZkConfig
 from discovery.testing import TcpProxy, ZooKeeperEnsemble
 from discovery.zk.paths import DATA_SERVERS_PATH
-from discovery.zk.registration import Registration
+from discovery.zk.registration import VERIFY_AFTER_CONNECT, Registration
 from discovery.zk.session import SessionState
 from tests.conftest import SESSION_TIMEOUT
 from tests.support import (
@@ -164,6 +165,51 @@ async def test_a_registration_whose_node_vanished_without_an_event_notices_and_r
     session.client._data_watchers.clear()
     await observer.delete(path)
     stat = await eventually(lambda: observer.exists(path), timeout=10, message="re-created")
+    assert stat.ephemeral_owner == session.session_id
+    assert sample(registry, "discovery_registration_vanished_total") == 1
+    await registration.aclose()
+
+
+async def test_a_registration_reads_its_node_back_after_a_reconnection_not_only_in_its_sweep(
+    make_session: SessionFactory, proxy: TcpProxy, proxied: str
+) -> None:
+    """A zombie session comes of a reconnection: the node is read back within seconds
+    of one, though the slow sweep is an hour away."""
+    session, observer = await make_session(proxied), await make_session()
+    registry = CollectorRegistry()
+    registration = Registration(
+        session,
+        make_instance("ds-reconnected", 9303),
+        registry=registry,
+        verify_interval=3600.0,
+        rng=random.Random(5),
+    )
+    path = registration.path
+    await registration.register()
+    events = session.subscribe()
+    proxy.reset()  # the connection drops; the same session reconnects
+    await next_change(
+        events,
+        lambda e: e.state is SessionState.CONNECTED and not e.new_session,
+        "reconnected in the same session",
+        timeout=20,
+    )
+    events.close()
+    # The reconnection fired the node's watch (kazoo's NONE event): wait until the
+    # registration has set it again, then make the node vanish as a zombie session's
+    # does, with no event: kazoo forgets the watcher, another session deletes the node.
+    # (kazoo keys its watchers by the full path, chroot included.)
+    await eventually(
+        lambda: any(k.endswith(path) and w for k, w in session.client._data_watchers.items()),
+        message="re-armed",
+    )
+    session.client._data_watchers.clear()
+    await observer.delete(path)
+    stat = await eventually(
+        lambda: observer.exists(path),
+        timeout=1.5 * VERIFY_AFTER_CONNECT[1] + 5,
+        message="re-created by a check after the reconnection",
+    )
     assert stat.ephemeral_owner == session.session_id
     assert sample(registry, "discovery_registration_vanished_total") == 1
     await registration.aclose()

@@ -535,9 +535,11 @@ AGENT_OPTIONS: tuple[Option, ...] = (
     Option(
         "--verify-interval",
         "DISCOVERY_VERIFY_INTERVAL",
-        "seconds between checks that our registration still exists in ZooKeeper",
+        "seconds between the slow sweep's checks that our registration still exists "
+        "in ZooKeeper (jittered; it is also checked about 2, 10 and 30 s after every "
+        "connection)",
         type=positive_float,
-        default=10.0,
+        default=120.0,
         metavar="SECONDS",
     ),
 )

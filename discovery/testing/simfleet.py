@@ -333,10 +333,11 @@ class _Connection(asyncio.Protocol):
         elif target == b"/healthz":
             status, body = b"200 OK", _HEALTHY
         elif target == b"/_fleet/stats":
-            # For a benchmark in another process: the counts, not counted themselves.
-            body = orjson.dumps(
-                {"served": fleet.served.tolist(), "connections": fleet.connections.tolist()}
-            )
+            # For a benchmark in another process: the counts, not counted themselves
+            # (nor the connection this request came on).
+            connections = fleet.connections.tolist()
+            connections[index] -= 1
+            body = orjson.dumps({"served": fleet.served.tolist(), "connections": connections})
             transport.write(_response(b"200 OK", body))
             return
         elif target == b"/_fleet/reset":

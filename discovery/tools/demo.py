@@ -191,7 +191,8 @@ async def _start_search(cluster: _Cluster, index: int, *, newcomer: bool = False
     cluster.search[index] = await _spawn(
         *("-m", "search_server.cli", *_common(cluster), "--id", f"search-{index + 1}"),
         *("--port", str(port), "--heartbeat-interval", "0.5", "--heartbeat-ttl", "3"),
-        *("--reconcile-interval", "5"),
+        # The fleet's shards: one that loses every replica is missing from answers.
+        *("--reconcile-interval", "5", "--shards", str(cluster.shards)),
         newcomer=newcomer,
     )
 

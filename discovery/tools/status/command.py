@@ -27,12 +27,14 @@ from discovery.cli.options import (
 from discovery.config import ZkConfig
 from discovery.errors import DiscoveryError, StatusError
 
-from .format import format_text
+from .format import LIST_AT_MOST, format_text
 from .reader import CONNECT_TIMEOUT, fetch_status
 
 __all__ = ["add_parser", "run"]
 
 PROG: Final = "discovery status"
+# As the search servers' --shards allows.
+_MAX_SHARDS: Final = 100_000
 
 
 def _status_options() -> tuple[Option, ...]:
@@ -43,6 +45,17 @@ def _status_options() -> tuple[Option, ...]:
     # --log-level is the ``discovery`` command's own (see below).
     common = tuple(o for o in COMMON_OPTIONS if o.flag != "--log-level")
     return (*zk, *common)
+
+
+def _shard_count(text: str) -> int:
+    # argparse names the flag in its message: "argument --shards: ...".
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 0 <= value <= _MAX_SHARDS:
+        raise argparse.ArgumentTypeError(f"must be in 0..{_MAX_SHARDS}, got {value}")
+    return value
 
 
 def add_parser(
@@ -66,7 +79,23 @@ def add_parser(
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON document (stable keys) instead of text",
+        help="print one JSON document (stable keys, every server) instead of text",
+    )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help=f"list every data server, one per line (by default only when there are at "
+        f"most {LIST_AT_MOST}; a larger cluster is summarised by state and shard, with the "
+        "servers that need a look)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=_shard_count,
+        default=0,
+        metavar="N",
+        help="how many shards the cluster has (0 to N-1), so that a shard whose last "
+        "server left is named among those with no live replica (default 0: the shards "
+        "seen)",
     )
     parser.set_defaults(func=run)
     return parser
@@ -88,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
         return 2
     try:
-        status = asyncio.run(fetch_status(zk, cluster))
+        status = asyncio.run(fetch_status(zk, cluster, expected_shards=args.shards))
     except StatusError as exc:
         for line in str(exc).splitlines():
             print(f"{PROG}: {line}", file=sys.stderr, flush=True)
@@ -96,5 +125,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status.to_dict(), sort_keys=True, indent=2), flush=True)
     else:
-        print(format_text(status), flush=True)
+        print(format_text(status, every_server=True if args.all else None), flush=True)
     return 0

@@ -4,14 +4,21 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Final
 
 from discovery.instance import DEFAULT_WEIGHT, ServiceInstance
 from discovery.zk.maintenance import apply_marker
 
 from .model import ClusterStatus, by_id
 
-__all__ = ["format_text"]
+__all__ = ["LIST_AT_MOST", "PROBLEMS_SHOWN", "format_text"]
+
+#: Data servers listed one per line without ``--all``; a larger cluster is summarised.
+LIST_AT_MOST: Final = 100
+#: Servers in need of a look listed in a summary; the rest are counted.
+PROBLEMS_SHOWN: Final = 50
 
 
 def _when(ms: int) -> str:
@@ -45,8 +52,28 @@ def _placement(instance: ServiceInstance) -> str:
     return zone + weight
 
 
-def format_text(status: ClusterStatus) -> str:
-    """The compact, human-readable report (the command's output without ``--json``)."""
+def _some(values: Sequence[object], shown: int = 20) -> str:
+    """``values`` joined by commas, the first ``shown`` of them and how many more."""
+    text = ", ".join(str(v) for v in values[:shown])
+    return text + (f" … and {len(values) - shown} more" if len(values) > shown else "")
+
+
+def _more(count: int, cap: int | None, indent: str) -> list[str]:
+    """The line saying how many were not listed (none when all were)."""
+    if cap is None or count <= cap:
+        return []
+    return [f"{indent}… and {count - cap} more (--all or --json lists them all)"]
+
+
+def format_text(status: ClusterStatus, *, every_server: bool | None = None) -> str:
+    """The compact, human-readable report (the command's output without ``--json``).
+
+    Every data server has a line when ``every_server``, or (None) when there are at
+    most :data:`LIST_AT_MOST`; otherwise the report summarises them by state and shard
+    and lists those that need a look (not serving, in maintenance, not as published),
+    the first :data:`PROBLEMS_SHOWN`. Long lists of ids are cut the same way; the
+    ``--json`` document always has every one.
+    """
     lines: list[str] = [
         f"cluster {status.prefix}  zookeeper {status.zookeeper}  redis {status.redis}"
     ]
@@ -88,37 +115,81 @@ def format_text(status: ClusterStatus) -> str:
     diff = status.differences
     unpublished = set(diff.registered_not_published)
     mismatched = {m.id for m in diff.mismatched}
-    lines.append(f"data servers ({len(status.data_servers)} in {len(shards)} shards):")
+    states = status.states()
+    counted = ", ".join(f"{n} {state}" for state, n in states.items() if n)
+    lines.append(
+        f"data servers ({len(status.data_servers)} in {len(shards)} shards)"
+        + (f": {counted}" if counted else ":")
+    )
+    summary = status.shard_summary()
+    lines.append(
+        f"  shards ({summary.source} list): {summary.total}, {summary.all_live} with every "
+        f"replica live, {summary.some_not_live} with some not live, "
+        f"{len(summary.no_live_replica)} with no live replica"
+    )
+    if summary.no_live_replica:
+        lines.append(f"  no live replica: shard {_some(summary.no_live_replica)}")
+    every = len(status.data_servers) <= LIST_AT_MOST if every_server is None else every_server
     width = max((len(i) for i in status.data_servers), default=0)
-    for shard, servers in shards.items():
-        lines.append(f"  shard {shard}")
-        for instance in servers:
-            note = ""
-            if instance.id in unpublished:
-                note = "  [not published]"
-            elif instance.id in mismatched:
-                note = "  [differs from published]"
-            address = f"{instance.address}:{instance.port}"
-            marker = status.maintenance.get(instance.id)
-            if marker is not None:
-                # What the leader publishes: the operator's marker over the registration.
-                instance = apply_marker(instance, marker)
-            lines.append(
-                f"    {instance.id:<{width}}  {address:<21}  r{instance.payload.replica}"
-                f"{_placement(instance)}  {_state(instance)}{note}"
-            )
+
+    def server_line(instance: ServiceInstance) -> str:
+        note = ""
+        if instance.id in unpublished:
+            note = "  [not published]"
+        elif instance.id in mismatched:
+            note = "  [differs from published]"
+        address = f"{instance.address}:{instance.port}"
+        marker = status.maintenance.get(instance.id)
+        if marker is not None:
+            # What the leader publishes: the operator's marker over the registration.
+            instance = apply_marker(instance, marker)
+        shard = "" if every else f"  shard {instance.payload.shard}"
+        return (
+            f"    {instance.id:<{width}}  {address:<21}{shard}  r{instance.payload.replica}"
+            f"{_placement(instance)}  {_state(instance)}{note}"
+        )
+
+    if every:
+        for shard, servers in shards.items():
+            lines.append(f"  shard {shard}")
+            lines.extend(server_line(instance) for instance in servers)
+    else:
+        # Thousands of lines help nobody: the servers that need a look, and a way to
+        # see the rest.
+        notable = [
+            instance
+            for servers in shards.values()
+            for instance in servers
+            if instance.id in unpublished
+            or instance.id in mismatched
+            or instance.id in status.maintenance
+            or not instance.routable
+        ]
+        lines.append(
+            f"  not serving, or not as published ({len(notable)}"
+            + (f"; the first {PROBLEMS_SHOWN}" if len(notable) > PROBLEMS_SHOWN else "")
+            + "; --all lists every server):"
+        )
+        lines.extend(server_line(instance) for instance in notable[:PROBLEMS_SHOWN])
+    cap = None if every else PROBLEMS_SHOWN
     if status.data_servers_invalid:
-        lines.append("  invalid")
-        lines.extend(f"    {k}: {v}" for k, v in sorted(status.data_servers_invalid.items()))
+        invalid = sorted(status.data_servers_invalid.items())
+        lines.append(f"  invalid ({len(invalid)})")
+        lines.extend(f"    {k}: {v}" for k, v in invalid[:cap])
+        lines.extend(_more(len(invalid), cap, "    "))
     shared = status.shared_targets()
     if shared:
         # Squatting, or two servers given one address: either way not what was meant.
         lines.append("  one address claimed by several ids (squatting, or a misconfiguration)")
-        lines.extend(f"    {target}: {', '.join(ids)}" for target, ids in shared.items())
+        lines.extend(
+            f"    {target}: {_some(ids) if cap else ', '.join(ids)}"
+            for target, ids in list(shared.items())[:cap]
+        )
+        lines.extend(_more(len(shared), cap, "    "))
     if status.maintenance:
         lines.append(f"maintenance ({len(status.maintenance)}):")
         width = max(len(k) for k in status.maintenance)
-        for key in sorted(status.maintenance):
+        for key in sorted(status.maintenance)[:cap]:
             marker = status.maintenance[key]
             where = "registered" if key in status.data_servers else "not registered"
             if marker.readable:
@@ -127,6 +198,7 @@ def format_text(status: ClusterStatus) -> str:
             else:
                 detail = f"UNREADABLE marker ({marker.problem}): applied anyway"
             lines.append(f"  {key:<{width}}  {where:<14}  {detail}")
+        lines.extend(_more(len(status.maintenance), cap, "  "))
 
     if diff.in_sync:
         lines.append("differences: none")
@@ -140,13 +212,14 @@ def format_text(status: ClusterStatus) -> str:
         lines.append(f"  published list {status.published.error}")
     lines.extend(f"  leader mismatch: {m}" for m in diff.leader_mismatch)
     if diff.registered_not_published:
-        lines.append(f"  registered, not published: {', '.join(diff.registered_not_published)}")
+        lines.append(f"  registered, not published: {_some(diff.registered_not_published)}")
     if diff.published_not_registered:
-        lines.append(f"  published, not registered: {', '.join(diff.published_not_registered)}")
-    for mismatch in diff.mismatched:
+        lines.append(f"  published, not registered: {_some(diff.published_not_registered)}")
+    for mismatch in diff.mismatched[:cap]:
         changes = ", ".join(
             f"{name} {_plain(registered)} -> {_plain(published)}"
             for name, (registered, published) in sorted(mismatch.fields.items())
         )
         lines.append(f"  differs {mismatch.id} (registered -> published): {changes}")
+    lines.extend(_more(len(diff.mismatched), cap, "  "))
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from discovery.instance import ServiceInstance
+from discovery.instance import InstanceState, ServiceInstance
 from discovery.livelist.model import LiveList
 from discovery.livelist.redis.layout import Heartbeat
 from discovery.zk.maintenance import MaintenanceMarker, overlay
@@ -27,6 +27,7 @@ __all__ = [
     "Differences",
     "Mismatch",
     "Published",
+    "ShardSummary",
     "by_id",
     "compare",
 ]
@@ -113,6 +114,33 @@ class Differences:
 
 
 @dataclass(frozen=True)
+class ShardSummary:
+    """The shards by how many of their replicas are live (listed, serving, enabled).
+
+    ``source`` says which list was counted: ``published`` (what the search servers route
+    with) or, when nothing readable is published, ``registered`` (the registrations with
+    the operators' markers applied, as the leader would publish them). ``no_live_replica``
+    names every shard with none, a shard of ``0..expected-1`` with no server at all
+    among them.
+    """
+
+    source: str
+    total: int
+    all_live: int
+    some_not_live: int
+    no_live_replica: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "total": self.total,
+            "all_live": self.all_live,
+            "some_not_live": self.some_not_live,
+            "no_live_replica": list(self.no_live_replica),
+        }
+
+
+@dataclass(frozen=True)
 class ClusterStatus:
     """Everything ``discovery status`` reports; :meth:`to_dict` is the ``--json`` document.
 
@@ -120,7 +148,8 @@ class ClusterStatus:
     ``search_servers`` map ids to decoded registrations; ``*_invalid`` map the ids of
     children that are not valid ServiceInstances to the reason. ``now_ms`` is the wall
     clock when the reads finished. ``maintenance`` maps ids to the operators' markers
-    (registered or not).
+    (registered or not). ``expected_shards`` is the cluster's shard count (``--shards``;
+    0: only the shards seen), so that a shard whose last server left is named.
     """
 
     zookeeper: str
@@ -136,6 +165,7 @@ class ClusterStatus:
     published: Published
     differences: Differences = field(default_factory=Differences)
     maintenance: Mapping[str, MaintenanceMarker] = field(default_factory=dict)
+    expected_shards: int = 0
 
     @property
     def leader(self) -> Contender | None:
@@ -156,6 +186,44 @@ class ClusterStatus:
             shard: sorted(by_shard[shard], key=lambda i: (i.payload.replica, i.id))
             for shard in sorted(by_shard)
         }
+
+    def states(self) -> dict[str, int]:
+        """Registered data servers by state (markers applied), and ``disabled``: those
+        serving with ``enabled`` false."""
+        counts = dict.fromkeys((s.value for s in InstanceState), 0)
+        disabled = 0
+        for instance in overlay(self.data_servers, self.maintenance).values():
+            state = instance.payload.state
+            counts[state.value] += 1
+            disabled += state is InstanceState.SERVING and not instance.enabled
+        counts["disabled"] = disabled
+        return counts
+
+    def shard_summary(self) -> ShardSummary:
+        """The shards by live replicas, from the published list (or the registrations
+        when nothing readable is published): one pass over the servers."""
+        live_list = self.published.live
+        if live_list is not None:
+            source, servers = "published", live_list.servers
+        else:
+            source, servers = "registered", overlay(self.data_servers, self.maintenance)
+        listed: dict[int, int] = {}
+        live: dict[int, int] = {}
+        for instance in servers.values():
+            shard = instance.payload.shard
+            listed[shard] = listed.get(shard, 0) + 1
+            live[shard] = live.get(shard, 0) + instance.routable
+        absent = [s for s in range(self.expected_shards) if s not in listed]
+        no_live = sorted([s for s, n in live.items() if n == 0] + absent)
+        all_live = sum(1 for s, n in listed.items() if live[s] == n)
+        total = len(listed) + len(absent)
+        return ShardSummary(
+            source=source,
+            total=total,
+            all_live=all_live,
+            some_not_live=total - all_live - len(no_live),
+            no_live_replica=tuple(no_live),
+        )
 
     def shared_targets(self) -> dict[str, list[str]]:
         """``address:port`` claimed by more than one registered data server id, with
@@ -192,6 +260,8 @@ class ClusterStatus:
             },
             "data_servers": {
                 "count": len(self.data_servers),
+                "states": self.states(),
+                "shard_summary": self.shard_summary().to_dict(),
                 "shards": [
                     {
                         "shard": shard,
