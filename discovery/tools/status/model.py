@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Final
 
 from discovery.instance import InstanceState, ServiceInstance
@@ -187,12 +188,18 @@ class ClusterStatus:
             for shard in sorted(by_shard)
         }
 
+    @cached_property
+    def as_published(self) -> Mapping[str, ServiceInstance]:
+        """The registered data servers with the operators' markers applied, as the
+        leader publishes them (made once: the summary's parts all read it)."""
+        return overlay(self.data_servers, self.maintenance)
+
     def states(self) -> dict[str, int]:
         """Registered data servers by state (markers applied), and ``disabled``: those
         serving with ``enabled`` false."""
         counts = dict.fromkeys((s.value for s in InstanceState), 0)
         disabled = 0
-        for instance in overlay(self.data_servers, self.maintenance).values():
+        for instance in self.as_published.values():
             state = instance.payload.state
             counts[state.value] += 1
             disabled += state is InstanceState.SERVING and not instance.enabled
@@ -206,7 +213,7 @@ class ClusterStatus:
         if live_list is not None:
             source, servers = "published", live_list.servers
         else:
-            source, servers = "registered", overlay(self.data_servers, self.maintenance)
+            source, servers = "registered", self.as_published
         listed: dict[int, int] = {}
         live: dict[int, int] = {}
         for instance in servers.values():
