@@ -145,7 +145,7 @@ def _by_shard(instance: ServiceInstance) -> tuple[int, str]:
 class ListIndex:
     """One list, sorted by id and grouped by shard, with its counts by state.
 
-    Made in full once (``O(servers · log servers)``: about 0.1 s at 50,000), then moved
+    Made in full once (``O(servers · log servers)``: about 30 ms at 50,000), then moved
     along the list change by change (:meth:`add`, :meth:`remove`: a bisection and a
     list insertion each, microseconds), so that a view after a change does not pay
     for the whole list again. ``source`` is the list it indexes.
@@ -161,18 +161,33 @@ class ListIndex:
         #: Servers not routable (not serving, or disabled), by shard and id: the
         #: problems of the list itself, before ejections.
         self.unroutable: list[ServiceInstance] = []
+        # What add() does for one server, inlined: this loop is the whole cost of a
+        # first view at 50,000 (and it runs on the event loop).
+        shards, unroutable = self.shards, self.unroutable
+        by_state: Counter[InstanceState] = Counter()
+        serving = InstanceState.SERVING
+        disabled = 0
         for instance in servers.values():
             payload = instance.payload
-            entry = self.shards.get(payload.shard)
+            state = payload.state
+            by_state[state] += 1
+            entry = shards.get(payload.shard)
             if entry is None:
-                entry = self.shards[payload.shard] = _Shard([])
+                entry = shards[payload.shard] = _Shard([])
             entry.servers.append(instance)
-            self._count(instance, 1)
-            if not instance.routable:
-                self.unroutable.append(instance)
-        for entry in self.shards.values():
+            if state is not serving:
+                unroutable.append(instance)
+            elif instance.enabled:
+                entry.routable += 1
+            else:
+                disabled += 1  # serving, but its enabled flag is off
+                unroutable.append(instance)
+        self.disabled = disabled
+        for state, count in by_state.items():
+            self.states[state.value] = count
+        for entry in shards.values():
             entry.servers.sort(key=_in_shard)
-        self.unroutable.sort(key=_by_shard)
+        unroutable.sort(key=_by_shard)
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -16,7 +16,8 @@ about twice the share of one of weight 100):
   time plus the cube of its estimated queue times its service time, with the queue
   estimated as ``1 + outstanding x clients + reported queue``: the ``x clients`` is C3's
   concurrency compensation, which makes every search server assume the others send
-  like it does, so that they do not all herd onto the replica that looks best.
+  like it does, so that they do not all herd onto the replica that looks best. Of more
+  than four candidates (a subset's members) it ranks two drawn at random, not all.
 * :class:`PowerOfTwoChoices`: two random candidates, the less loaded one wins.
 
 Another policy is a new class passed as ``FanOut(picker=...)``, not an edit of the
@@ -212,7 +213,9 @@ class PowerOfTwoChoices:
 
 
 class AdaptiveReplicaSelection:
-    """The candidate of lowest C3 rank, divided by its weight.
+    """The candidate of lowest C3 rank, divided by its weight: of all the candidates
+    when there are at most ``rank_all`` of them (a shard's few copies, as Elasticsearch
+    ranks them), else of two drawn at random (the power of two choices).
 
     ``rank = R - S + q̂³ · S`` with ``R`` the response-time EWMA, ``S`` the reported
     service-time EWMA (``R`` when the data server reports none) and
@@ -220,23 +223,48 @@ class AdaptiveReplicaSelection:
     search servers sending to the same data servers (C3's concurrency compensation;
     set it as it changes with :attr:`clients`).
 
-    A replica without samples ranks first, so a new one is tried at once (unless it has
-    failed or timed out already: then its penalized response time ranks it); the
-    fan-out's warm-up keeps it to one request at a time until it has answered a few. The ranks
-    of the candidates not chosen decay a little at each pick (``decay``, through
-    :attr:`Replica.discount`, reset by its next answer), as Elasticsearch adjusts the
-    statistics of the nodes it did not pick: a replica that was slow once is tried
-    again after a while rather than starved of the samples that would show it
-    recovered. The EWMAs are left true, for the fan-out's other uses (hedge targets).
+    Why two at random above ``rank_all``: among a subset's tens of members of equal
+    speed, the lowest of all ranks is the luckiest sample (a response-time EWMA that
+    missed a cold connection, a quiet moment), and it kept winning: in
+    ``bench/bench_fleet_scale.py`` (three search servers, 34 members each) one place in
+    each subset got 9 to 23 times its fair share. Of two drawn at random, any one
+    replica wins at most about ``2/n`` of the picks however good it looks, and the
+    worse of the two still never wins (Finagle pairs its aperture with the same
+    choice). With 2 to ``rank_all`` candidates every one is ranked, so a slow copy
+    of a small shard is never picked while a faster one is there.
+
+    A replica without samples ranks first, so a new one is tried at once when it is
+    ranked (unless it has failed or timed out already: then its penalized response
+    time ranks it); the fan-out's warm-up keeps it to one request at a time until it
+    has answered a few. The ranks of the candidates that lost a pick decay a little
+    (``decay``, through :attr:`Replica.discount`, reset by its next answer), as
+    Elasticsearch adjusts the statistics of the nodes it did not pick: a replica that
+    was slow once is tried again after a while rather than starved of the samples
+    that would show it recovered. The EWMAs are left true, for the fan-out's other
+    uses (hedge targets). ``rng`` makes the draws reproducible.
+
+    Raises ``ValueError`` for ``clients`` below 1, ``decay`` outside ``[0, 1)`` or
+    ``rank_all`` below 2.
     """
 
-    def __init__(self, *, clients: int = 1, decay: float = 0.02) -> None:
+    def __init__(
+        self,
+        *,
+        clients: int = 1,
+        decay: float = 0.02,
+        rank_all: int = 4,
+        rng: random.Random | None = None,
+    ) -> None:
         if clients < 1:
             raise ValueError(f"clients must be >= 1, got {clients}")
         if not 0 <= decay < 1:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
+        if rank_all < 2:
+            raise ValueError(f"rank_all must be >= 2, got {rank_all}")
         self.clients = clients
+        self.rank_all = rank_all
         self._keep = 1.0 - decay
+        self._rng = rng if rng is not None else random.Random()
 
     def rank(self, replica: Replica) -> float:
         """The replica's C3 rank per unit of weight (lower is better)."""
@@ -254,10 +282,17 @@ class AdaptiveReplicaSelection:
         return rank * replica.discount / replica.weight
 
     def pick(self, candidates: Sequence[Replica]) -> Replica:
-        if len(candidates) == 1:
+        count = len(candidates)
+        if count == 1:
             return candidates[0]
         rank = self.rank
-        best = min(candidates, key=rank)
+        if count > self.rank_all:
+            first = self._rng.randrange(count)
+            second = self._rng.randrange(count - 1)
+            a, b = candidates[first], candidates[second + (second >= first)]
+            best = a if rank(a) <= rank(b) else b
+        else:
+            best = min(candidates, key=rank)
         keep = self._keep
         for replica in candidates:
             if replica is not best:
@@ -271,7 +306,7 @@ def make_picker(name: str, rng: random.Random | None = None) -> ReplicaPicker:
     Raises ``ValueError`` for another name.
     """
     if name == "ars":
-        return AdaptiveReplicaSelection()
+        return AdaptiveReplicaSelection(rng=rng)
     if name == "p2c":
         return PowerOfTwoChoices(rng)
     raise ValueError(f"unknown picker {name!r}: ars or p2c")

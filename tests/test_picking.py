@@ -141,11 +141,72 @@ def test_ars_decays_the_losers_so_a_slow_replica_is_tried_again() -> None:
     assert slow in picks  # its old sample decayed below the fast one's rank
 
 
+def _spread(rank_all: int) -> list[int]:
+    """Picks per place of 100 shards of 34 equally fast replicas, 170 picks each (five
+    a replica: a search server's few requests per replica at fleet scale), every
+    replica's first answer on a cold connection three times slower. Summed over the
+    shards, as ``bench_fleet_scale.py`` sums a place's requests."""
+    totals = [0] * 34
+    for shard in range(100):
+        rng = random.Random(shard)
+        replicas = [_replica(f"ds-{i:02d}", 9000 + i) for i in range(34)]
+        picker = AdaptiveReplicaSelection(rank_all=rank_all, rng=random.Random(shard))
+        for _ in range(170):
+            chosen = picker.pick(replicas)
+            totals[replicas.index(chosen)] += 1
+            cold = 3.0 if chosen.samples == 0 else 1.0
+            chosen.observe(rng.uniform(0.0015, 0.0025) * cold, None, 0)
+    return totals
+
+
+def test_ars_spreads_many_equal_candidates_evenly() -> None:
+    # A subset's tens of members: the lowest of all their ranks is the luckiest sample
+    # (one that missed the cold connection), and kept winning while the others' stale
+    # samples decayed (one place of each subset got 9 to 23 times its fair share in
+    # bench_fleet_scale.py). Of two drawn at random, no place gets 1.2x its share.
+    totals = _spread(rank_all=4)
+    fair = sum(totals) / len(totals)
+    assert max(totals) / fair < 1.2
+    assert min(totals) / fair > 0.8
+    # Ranking them all (as with at most ``rank_all`` candidates) does herd.
+    herded = _spread(rank_all=34)
+    assert max(herded) / fair > 1.4
+
+
+def test_ars_of_many_candidates_still_keeps_a_slow_one_below_its_share() -> None:
+    rng = random.Random(3)
+    replicas = [_replica(f"ds-{i:02d}", 9000 + i) for i in range(34)]
+    slow = replicas[17]
+    picker = AdaptiveReplicaSelection(rng=random.Random(3))
+    picks = 0
+    for _ in range(3400):
+        chosen = picker.pick(replicas)
+        picks += chosen is slow
+        chosen.observe(rng.uniform(0.0015, 0.0025) * (5 if chosen is slow else 1), None, 0)
+    # Its fair share is 100 of 3400; five times slower, it loses every draw against
+    # a fast one and is tried only once the decay has made its rank look good.
+    assert 0 < picks < 50
+
+
+def test_ars_ranks_every_one_of_a_few_candidates() -> None:
+    fast = [_replica(f"ds-fast-{i}", 9001 + i) for i in range(3)]
+    slow = _replica("ds-slow", 9009)
+    for replica in fast:
+        replica.observe(0.002, 0.002, 0)
+    slow.observe(0.010, 0.010, 0)
+    # Four candidates (``rank_all``): the slow one is never picked while its rank is
+    # the worst, whatever a random draw would have paired it with.
+    picker = AdaptiveReplicaSelection(decay=0, rng=random.Random(1))
+    assert all(picker.pick([slow, *fast]) is not slow for _ in range(200))
+
+
 def test_ars_refuses_bad_settings() -> None:
     with pytest.raises(ValueError, match="clients"):
         AdaptiveReplicaSelection(clients=0)
     with pytest.raises(ValueError, match="decay"):
         AdaptiveReplicaSelection(decay=1.0)
+    with pytest.raises(ValueError, match="rank_all"):
+        AdaptiveReplicaSelection(rank_all=1)
 
 
 def test_replica_statistics_are_ewmas() -> None:
