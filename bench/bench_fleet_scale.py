@@ -2,8 +2,9 @@
 same search server routing 100 (the baseline), in one run.
 
 Each case runs on a fresh local ZooKeeper and Redis (``DevCluster``) and a simulated
-fleet in its own process (``python -m discovery.testing.simfleet``: every data server
-a registration and a loopback address of its own, see that module):
+fleet in processes of its own (``python -m discovery.testing.simfleet``, 12,500 data
+servers a process: every data server a registration and a loopback address of its
+own, see that module):
 
 * **fleet**: 50,000 data servers in 500 shards of 100 replicas (``--quick``: 10,000 in
   100 shards of 100);
@@ -33,9 +34,11 @@ For each case:
      of it: the leader's watch, its 50 ms window that coalesces changes, its write to
      Redis, the search server's follower and its routing table; the window is most of
      it in both cases, so the ratio is what the size adds.
-2. **Three search servers**, in this process, with no other members: each takes a
-   third of each shard's ring (34 replicas, two of them cut by its arc's edges). The
-   load generator spreads queries over them; the fleet counts each replica's
+2. **Three search servers**, each in a process of its own (``search-server``: the
+   three hold some 51,000 sockets, more than one process may here), with no other
+   members: each takes a third of each shard's ring (34 replicas, two of them cut by
+   its arc's edges). The load generator spreads queries over them; the fleet counts
+   each replica's
    requests. Every shard has the same ring (ids in order), so a place on it has the
    same share in every shard: reported is the highest place's count, summed over the
    shards, over the mean (its fair share), and, for what it is worth, the same for
@@ -64,6 +67,7 @@ import json
 import logging
 import os
 import random
+import socket
 import statistics
 import sys
 import time
@@ -76,7 +80,7 @@ from prometheus_client import CollectorRegistry
 
 from discovery.config import ClusterConfig, ZkConfig
 from discovery.testing import DevCluster
-from discovery.testing.simfleet import raise_open_files_limit
+from discovery.testing.simfleet import address_of, raise_open_files_limit
 from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_MEMBERS_PATH
 from discovery.zk.session import ZkSession
 from search_server.config import SearchServerConfig
@@ -89,6 +93,8 @@ SESSION_TIMEOUT = 30.0
 CHROMIUM = "/usr/bin/chromium"
 SUBSET = 8
 FLEET_SEARCH_SERVERS = 100
+#: Most simulated servers in one fleet process (see Fleet).
+FLEET_PART = 12_500
 BOUNDS = {
     "memory_per_replica_bytes": 2048,
     "cpu_ratio": 1.2,
@@ -191,48 +197,68 @@ async def _run_loadgen(
 
 
 class Fleet:
-    """The simulated fleet's process, and its counts over HTTP."""
+    """The simulated fleet's processes, and their counts over HTTP.
+
+    Split into parts of at most :data:`FLEET_PART` servers, a process each (``--first``):
+    a process may hold only so many sockets (20,000 here, and no raising it without
+    ``CAP_SYS_RESOURCE``), and three search servers keep some 51,000 connections into
+    a fleet of 50,000."""
 
     def __init__(self, zk: str, size: int, shards: int) -> None:
         self.zk, self.size, self.shards = zk, size, shards
-        self.port = 0
-        self.process: asyncio.subprocess.Process | None = None
+        self.parts = [
+            (first, min(FLEET_PART, size - first)) for first in range(0, size, FLEET_PART)
+        ]
+        self.ports: list[int] = []
+        self.processes: list[asyncio.subprocess.Process] = []
 
     async def start(self) -> float:
         started = time.monotonic()
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "discovery.testing.simfleet",
-            "--zk",
-            self.zk,
-            "--size",
-            str(self.size),
-            "--shards",
-            str(self.shards),
-            stdout=asyncio.subprocess.PIPE,
-            cwd=ROOT,
-        )
-        assert self.process.stdout is not None
-        line = await asyncio.wait_for(self.process.stdout.readline(), 600)
-        if not line.startswith(b"ready "):
-            raise RuntimeError(f"the simulated fleet did not start: {line!r}")
-        self.port = int(line.split()[1])
+        for first, count in self.parts:
+            self.processes.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    *("-m", "discovery.testing.simfleet", "--zk", self.zk),
+                    *("--size", str(count), "--first", str(first), "--shards", str(self.shards)),
+                    stdout=asyncio.subprocess.PIPE,
+                    cwd=ROOT,
+                )
+            )
+        for process in self.processes:
+            assert process.stdout is not None
+            line = await asyncio.wait_for(process.stdout.readline(), 600)
+            if not line.startswith(b"ready "):
+                raise RuntimeError(f"the simulated fleet did not start: {line!r}")
+            self.ports.append(int(line.split()[1]))
         return time.monotonic() - started
 
     async def stop(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.terminate()
-            await self.process.wait()
+        for process in self.processes:
+            if process.returncode is None:
+                process.terminate()
+        for process in self.processes:
+            await process.wait()
+
+    def _urls(self, path: str) -> list[str]:
+        return [
+            f"http://{address_of(first)}:{port}{path}"
+            for (first, _), port in zip(self.parts, self.ports, strict=True)
+        ]
 
     async def stats(self, http: aiohttp.ClientSession) -> dict[str, list[int]]:
-        async with http.get(f"http://127.10.0.1:{self.port}/_fleet/stats") as response:
-            stats: dict[str, list[int]] = await response.json()
-            return stats
+        """Every server's counts, in the fleet's order (the parts' concatenated)."""
+        stats: dict[str, list[int]] = {"served": [], "connections": []}
+        for url in self._urls("/_fleet/stats"):
+            async with http.get(url) as response:
+                part = await response.json()
+            for key, values in stats.items():
+                values.extend(part[key])
+        return stats
 
     async def reset(self, http: aiohttp.ClientSession) -> None:
-        async with http.get(f"http://127.10.0.1:{self.port}/_fleet/reset") as response:
-            await response.read()
+        for url in self._urls("/_fleet/reset"):
+            async with http.get(url) as response:
+                await response.read()
 
 
 # -- one case --------------------------------------------------------------------------
@@ -513,18 +539,41 @@ async def _three_servers(
 ) -> dict[str, Any]:
     rate = args.spread_subrequests_per_second / shards
     fleet = Fleet(zk, size, shards)
-    servers = [SearchServer(_config(zk, redis, f"ss-{c}", f"three{size}")) for c in "abc"]
-    try:
-        for server in servers:
-            await server.start()
-        await fleet.start()
-        await _until(lambda: all(len(s.routed.servers) == size for s in servers), 600, "all routed")
-        await _until(
-            lambda: all(s.fanout is not None and s.fanout.position.count == 3 for s in servers),
-            60,
-            "three positions",
+    # A process each: together they hold a connection per replica of their subsets,
+    # some 51,000 sockets at 50,000 (more than one process may, see Fleet).
+    ports = [_free_port() for _ in range(3)]
+    servers = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "search_server.cli", "--zk", zk, "--redis", redis),
+            *("--cluster", f"three{size}", "--id", f"ss-{c}", "--port", str(port)),
+            *("--session-timeout", str(SESSION_TIMEOUT), "--log-level", "WARNING"),
+            *("--subset-size", str(SUBSET), "--max-in-flight", "1024", "--timeout-ms", "2000"),
+            stdin=asyncio.subprocess.DEVNULL,
+            cwd=ROOT,
         )
-        targets = [s.url for s in servers]
+        for c, port in zip("abc", ports, strict=True)
+    ]
+    targets = [f"http://127.0.0.1:{port}" for port in ports]
+    try:
+        await fleet.start()
+
+        async def ready() -> bool:
+            for url in targets:
+                try:
+                    async with http.get(f"{url}/cluster", params={"limit": "0"}) as response:
+                        view = await response.json()
+                except (aiohttp.ClientError, ValueError):
+                    return False
+                if view["summary"]["live"] != size or view["subsets"]["count"] != 3:
+                    return False
+            return True
+
+        deadline = time.monotonic() + 600
+        while not await ready():
+            if time.monotonic() > deadline:
+                raise RuntimeError("three search servers routing every data server: not in 600 s")
+            await asyncio.sleep(1.0)
         await _run_loadgen(targets, rate, args.warmup_seconds, 2000)
         await fleet.reset(http)
         load = await _run_loadgen(targets, rate, args.seconds, 2000)
@@ -557,8 +606,18 @@ async def _three_servers(
         }
     finally:
         for server in servers:
-            await server.shutdown()
+            if server.returncode is None:
+                server.terminate()
+        for server in servers:
+            await server.wait()
         await fleet.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 async def _case(name: str, size: int, shards: int, args: argparse.Namespace) -> dict[str, Any]:

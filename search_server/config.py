@@ -204,6 +204,16 @@ SEARCH_OPTIONS = (
         default=8,
     ),
     Option(
+        "--heap-freeze-above",
+        "DISCOVERY_HEAP_FREEZE_ABOVE",
+        "freeze the garbage collector's old generation once it has grown by this many "
+        "objects, so that full collections (event-loop pauses) do not grow with the "
+        "fleet; 0: never",
+        type=non_negative_int,
+        default=50_000,
+        metavar="OBJECTS",
+    ),
+    Option(
         "--max-event-streams",
         "DISCOVERY_MAX_EVENT_STREAMS",
         "dashboard event streams (GET /events) open at once; more are refused with 503",
@@ -389,6 +399,8 @@ class SearchServerConfig:
     ``retry_budget_percent`` and ``retry_budget_per_second`` bound retries and hedges
     together; ``subset_size`` is the least subset of a shard's replicas routed to (0:
     all); ``shards`` the cluster's shard count, for coverage (0: the shards seen).
+    ``heap_freeze_above`` is the growth of the collector's old generation that makes
+    the server freeze it (:mod:`search_server.heap`; 0: never).
     ``allowed_networks`` narrows where data servers may be (``--allowed-networks``).
     ``query_of_death`` holds the thresholds of the query-of-death guard (``--qod-*``).
     ``max_answer_bytes`` caps a data server's answer (``--max-answer-bytes``).
@@ -425,6 +437,7 @@ class SearchServerConfig:
     retry_budget_per_second: float = 10.0
     subset_size: int = 8
     shards: int = 0
+    heap_freeze_above: int = 50_000
     allowed_networks: NetworkPolicy = field(default_factory=NetworkPolicy)
     query_of_death: QueryOfDeathConfig = field(default_factory=QueryOfDeathConfig)
     max_answer_bytes: int = DEFAULT_MAX_BODY
@@ -456,6 +469,10 @@ class SearchServerConfig:
             raise ConfigError(f"--shards must be in 0..{_MAX_SHARDS}, got {self.shards}")
         if self.subset_size < 0:
             raise ConfigError(f"--subset-size must be at least 0, got {self.subset_size}")
+        if self.heap_freeze_above < 0:
+            raise ConfigError(
+                f"--heap-freeze-above must be at least 0, got {self.heap_freeze_above}"
+            )
         checked_id(self.server_id)
         checked_address(self.advertise, "--advertise / DISCOVERY_ADVERTISE")
         if self.zone is not None:
@@ -498,6 +515,7 @@ class SearchServerConfig:
             retry_budget_per_second=args.retry_budget_per_second,
             subset_size=args.subset_size,
             shards=args.shards,
+            heap_freeze_above=args.heap_freeze_above,
             allowed_networks=args.allowed_networks or NetworkPolicy(),
             max_answer_bytes=args.max_answer_bytes,
             query_of_death=QueryOfDeathConfig(

@@ -57,6 +57,7 @@ from .clusterview import ClusterViews, PageRequest, ViewQueryError
 from .config import SearchServerConfig
 from .dashboard import EventStream, MemberCache, QueryStats
 from .fanout import FanOut
+from .heap import HeapFreezer
 from .httpclient import HttpClient
 from .metrics import QueryOfDeathMetrics
 from .picking import AdaptiveReplicaSelection, ReplicaPicker, make_picker
@@ -244,6 +245,10 @@ class SearchServer:
                 fence_recheck_max=config.fence_recheck_max,
             )
         await stack.enter_async_context(_Peers(self.session, self.server_id, self.fanout))
+        # The live list and routing table of a large fleet out of full collections.
+        await stack.enter_async_context(
+            HeapFreezer(above=config.heap_freeze_above, registry=self.registry)
+        )
         if config.zk_fallback_after is not None:
             fallback = _ZkFallback(self.session, self.reader, config.zk_fallback_after)
             await stack.enter_async_context(fallback)
@@ -520,6 +525,12 @@ class SearchServer:
             "mass_loss_brake": brake.to_dict() if brake is not None else None,
             # True while this leader holds its term over an epoch no leader can hold.
             "fence_poisoned": self._duty is not None and self._duty.fence_poisoned,
+            # Which slice of each shard's replicas this server routes to (subsetting).
+            "subsets": {
+                "size": self.config.subset_size,
+                "rank": fanout.position.rank if fanout is not None else 0,
+                "count": fanout.position.count if fanout is not None else 1,
+            },
         }
         view.update(
             self._views.view(

@@ -60,6 +60,8 @@ async def test_cluster_view_pages_filters_and_refuses_bad_parameters(
     assert first["page"]["next"] == "ds-1"
     assert first["summary"]["servers"] == 3
     assert first["summary"]["shards"]["total"] == 2
+    # Alone among the search servers, it is 0 of 1: its subsets are whole shards.
+    assert first["subsets"] == {"size": 8, "rank": 0, "count": 1}
     _, rest = await get_json(f"{search.url}/cluster", limit="2", after=first["page"]["next"])
     assert [s["id"] for s in rest["servers"]] == ["ds-2"]
     assert rest["page"]["next"] is None

@@ -150,10 +150,43 @@ async def test_a_search_server_that_leaves_moves_the_others_subsets(
     )
 
 
+async def test_a_fleet_in_two_parts_is_one_fleet(
+    fleet_of: Callable[..., SimulatedFleet], make_session: SessionFactory
+) -> None:
+    # A benchmark splits 50,000 servers over processes (each may hold only so many
+    # sockets): the parts together register and answer as one fleet would.
+    parts = [fleet_of(size=20, shards=4, first=first) for first in (0, 20)]
+    for part in parts:
+        await part.start()
+    session = await make_session()
+    assert sorted(await session.get_children(DATA_SERVERS_PATH)) == [
+        f"sim-{i:05d}" for i in range(40)
+    ]
+    second = parts[1]
+    data, _ = await session.get(f"{DATA_SERVERS_PATH}/sim-00023")
+    registered = ServiceInstance.from_json(data)
+    assert (registered.address, registered.port) == (address_of(23), second.port)
+    assert (registered.payload.shard, registered.payload.replica) == (3, 5)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://{address_of(23)}:{second.port}/search?q=x") as response:
+            body = await response.json()
+        assert body["shard"] == 3
+        # Counted by the part, from its own 0.
+        assert second.served[3] == 1
+        # The first part does not answer for the second's addresses.
+        with pytest.raises(aiohttp.ClientError):
+            async with http.get(f"http://{address_of(23)}:{parts[0].port}/search") as response:
+                await response.read()
+
+
 async def test_the_fleet_refuses_bad_settings(zk_hosts: str) -> None:
     config = ZkConfig(hosts=zk_hosts)
-    with pytest.raises(ValueError, match="size"):
+    with pytest.raises(ValueError, match="within"):
         SimulatedFleet(config, size=0, shards=1)
+    with pytest.raises(ValueError, match="within"):
+        SimulatedFleet(config, size=2, shards=1, first=MAX_SIZE - 1)
+    with pytest.raises(ValueError, match="within"):
+        SimulatedFleet(config, size=2, shards=1, first=-1)
     with pytest.raises(ValueError, match="shards"):
         SimulatedFleet(config, size=5, shards=0)
     fleet = SimulatedFleet(config, size=5, shards=1)

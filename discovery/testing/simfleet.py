@@ -89,10 +89,13 @@ class SimulatedFleet:
     :meth:`start` and :meth:`aclose`.
 
     ``hits`` is how many hits each answer carries (at most ``k``); ``port`` 0 picks a
-    free one (:attr:`port` after :meth:`start`).
+    free one (:attr:`port` after :meth:`start`). ``first`` makes it a part of a larger
+    fleet split over processes (a process may hold only so many sockets): its servers
+    are the fleet's ``first`` to ``first + size - 1`` (their ids, addresses, shards and
+    replicas), while this object's methods and counts index them from 0.
 
-    Raises ``ValueError`` for a size out of ``1..MAX_SIZE`` or fewer than one shard or
-    session.
+    Raises ``ValueError`` for servers outside ``0..MAX_SIZE-1``, fewer than one, or
+    fewer than one shard or session.
     """
 
     def __init__(
@@ -107,21 +110,25 @@ class SimulatedFleet:
         batch: int = 250,
         port: int = 0,
         id_prefix: str = "sim",
+        first: int = 0,
     ) -> None:
-        if not 1 <= size <= MAX_SIZE:
-            raise ValueError(f"size must be in 1..{MAX_SIZE}, got {size}")
+        if first < 0 or not 1 <= size <= MAX_SIZE - first:
+            raise ValueError(
+                f"servers {first}..{first + size - 1} are not within 0..{MAX_SIZE - 1}"
+            )
         if shards < 1 or sessions < 1 or batch < 1:
             raise ValueError("shards, sessions and batch must be >= 1")
         self._zk = zk
         self.size = size
+        self.first = first
         self.shards = shards
         self.docs = docs
         self._sessions_wanted = sessions
         self._batch = batch
         self._port_wanted = port
         self.port = 0
-        self.ids = [f"{id_prefix}-{i:05d}" for i in range(size)]
-        self._by_address = {address_of(i): i for i in range(size)}
+        self.ids = [f"{id_prefix}-{first + i:05d}" for i in range(size)]
+        self._by_address = {address_of(first + i): i for i in range(size)}
         #: Requests answered, per simulated server.
         self.served = array("q", bytes(8 * size))
         #: Connections open, per simulated server.
@@ -190,17 +197,18 @@ class SimulatedFleet:
 
     def instance(self, index: int) -> ServiceInstance:
         """Simulated server ``index``'s registration."""
+        number = self.first + index
         payload = InstancePayload.from_dict(
             {
-                "shard": index % self.shards,
-                "replica": index // self.shards,
+                "shard": number % self.shards,
+                "replica": number // self.shards,
                 "docs": self.docs,
                 "version": "simulated",
                 "state": "serving",
             }
         )
         return ServiceInstance.create(
-            "data_servers", self.ids[index], address_of(index), self.port, payload
+            "data_servers", self.ids[index], address_of(number), self.port, payload
         )
 
     async def register(self, index: int) -> None:
@@ -329,7 +337,7 @@ class _Connection(asyncio.Protocol):
         parts = line.split(b" ")
         target = parts[1] if len(parts) == 3 else b""
         if target.startswith(b"/search"):
-            status, body = b"200 OK", fleet._bodies[index % fleet.shards]
+            status, body = b"200 OK", fleet._bodies[(fleet.first + index) % fleet.shards]
         elif target == b"/healthz":
             status, body = b"200 OK", _HEALTHY
         elif target == b"/_fleet/stats":
@@ -398,6 +406,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--zk", required=True, help="ZooKeeper hosts (with a chroot, if any)")
     parser.add_argument("--size", type=int, required=True, help="simulated data servers")
+    parser.add_argument(
+        "--first", type=int, default=0, help="the first one's number (a part of a larger fleet)"
+    )
     parser.add_argument("--shards", type=int, required=True, help="shards they are spread over")
     parser.add_argument("--docs", type=int, default=1000, help="documents per server")
     parser.add_argument("--sessions", type=int, default=8, help="ZooKeeper sessions")
@@ -414,6 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             docs=args.docs,
             sessions=args.sessions,
             port=args.port,
+            first=args.first,
         )
     except ValueError as exc:
         parser.error(str(exc))
