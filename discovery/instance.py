@@ -412,12 +412,14 @@ class InstancePayload:
         set_(self, "shard", _require_int("payload.shard", self.shard, 0, _JAVA_INT_MAX))
         set_(self, "replica", _require_int("payload.replica", self.replica, 0, _JAVA_INT_MAX))
         set_(self, "docs", _require_int("payload.docs", self.docs, 0, _JAVA_LONG_MAX))
-        set_(self, "version", _require_str("payload.version", self.version))
+        # Interned: the same few versions, reasons and zones across a fleet are then one
+        # string each, not one per registration (some 150 bytes a server at 50,000).
+        set_(self, "version", sys.intern(_require_str("payload.version", self.version)))
         set_(self, "state", _coerce_state("payload.state", self.state))
         if self.reason is not None:
-            set_(self, "reason", _require_str("payload.reason", self.reason))
+            set_(self, "reason", sys.intern(_require_str("payload.reason", self.reason)))
         if self.zone is not None:
-            set_(self, "zone", str(validate_zone(self.zone)))
+            set_(self, "zone", sys.intern(str(validate_zone(self.zone))))
         set_(self, "weight", validate_weight(self.weight))
         set_(self, "extra", _freeze_extra(self.extra))
 
@@ -499,7 +501,7 @@ class ServiceInstance:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "name", _require_str("name", self.name, non_empty=True))
+        set_(self, "name", sys.intern(_require_str("name", self.name, non_empty=True)))
         set_(self, "id", validate_instance_id(self.id))
         # Where every search server connects: an IP literal or an ASCII DNS name, never
         # link-local, multicast or unspecified (discovery.address).
@@ -521,7 +523,7 @@ class ServiceInstance:
         if not isinstance(self.service_type, str) or self.service_type not in SERVICE_TYPES:
             allowed = ", ".join(sorted(SERVICE_TYPES))
             _fail("serviceType", f"must be one of {allowed}, got {_describe(self.service_type)}")
-        set_(self, "service_type", str(self.service_type))
+        set_(self, "service_type", sys.intern(str(self.service_type)))
         set_(self, "uri_spec", _freeze_uri_spec(self.uri_spec))
         if not isinstance(self.enabled, bool):
             _fail("enabled", f"must be a boolean, got {_describe(self.enabled)}")

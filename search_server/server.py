@@ -625,7 +625,7 @@ class _FollowRoutes:
                     "the next query rebuilds it",
                     change.current.version,
                 )
-            # The views' index too (only once a view was asked for; microseconds).
+            # The views' index too (microseconds; a whole list at a reload).
             self._views.follow(change)
             self.current = change.current
 
