@@ -130,11 +130,14 @@ class Subset:
     members: tuple[Replica, ...]
     shares: tuple[float, ...]
     ordered: tuple[Replica, ...]
-    # The members as a set, for the spares' lookups (made once, not per request).
+    # The members as a set, for the spares' lookups, and with their shares (made
+    # once, not per request).
     _member_set: frozenset[Replica] = field(init=False, repr=False)
+    _pairs: tuple[tuple[Replica, float], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_member_set", frozenset(self.members))
+        object.__setattr__(self, "_pairs", tuple(zip(self.members, self.shares, strict=True)))
 
     @property
     def whole(self) -> bool:
@@ -151,10 +154,21 @@ class Subset:
         left, the first untried spare that is not ejected. Empty: no replica of the
         shard can take a request (the caller probes or gives up).
         """
+        if not tried and self._pairs:
+            # A query's first request to the shard, nearly always with no member
+            # ejected: the same answer as below, for a fraction of its cost (this runs
+            # for every sub-request).
+            for replica in self.members:
+                until = replica.ejected_until
+                if until is not None and now < until:
+                    break
+            else:
+                chosen = [r for r, share in self._pairs if share >= 1.0 or rng.random() < share]
+                return chosen if chosen else list(self.members)
         usable: list[Replica] = []
         edges: list[Replica] = []
         ejected = 0
-        for replica, share in zip(self.members, self.shares, strict=True):
+        for replica, share in self._pairs:
             if replica.is_ejected(now):
                 ejected += 1
             elif replica not in tried:
