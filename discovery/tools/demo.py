@@ -392,7 +392,10 @@ async def _scenario(cluster: _Cluster, args: argparse.Namespace, stop: asyncio.E
 
         ok = await scenario.phase(
             "1. start",
-            f"{nodes} registered, one leader, list published",
+            # --shards tells the search servers the fleet's shards: until a shard's
+            # servers have registered it is missing from answers, which say so.
+            f"{nodes} registered, one leader, list published (answers before that miss "
+            "the shards not registered yet: partial)",
             nothing,
             converged(every),
             timeout=300,
