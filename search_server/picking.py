@@ -236,7 +236,7 @@ class AdaptiveReplicaSelection:
     A replica without samples ranks first, so a new one is tried at once when it is
     ranked (unless it has failed or timed out already: then its penalized response
     time ranks it); the fan-out's warm-up keeps it to one request at a time until it
-    has answered a few. The ranks of the candidates that lost a pick decay a little
+    has answered a few. The rank of every candidate not chosen decays a little
     (``decay``, through :attr:`Replica.discount`, reset by its next answer), as
     Elasticsearch adjusts the statistics of the nodes it did not pick: a replica that
     was slow once is tried again after a while rather than starved of the samples
