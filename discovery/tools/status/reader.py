@@ -1,7 +1,7 @@
 """Reading a cluster's status: ZooKeeper and Redis, read once, never written.
 
 * **ZooKeeper** (through :class:`~discovery.zk.session.ZkSession`'s asynchronous reads, never a
-  blocking kazoo call on the loop; the registrations with ``multiRead``,
+  blocking kazoo call on the loop; contenders and registrations with ``multiRead``,
   :func:`~discovery.zk.multiread.read_many`): the election's contenders under
   ``/search_servers/election`` (the leader holds the lowest sequence node, and that
   node's czxid is its epoch, exactly as :mod:`discovery.zk.election` computes it), the
@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import redis.asyncio as aioredis
@@ -60,7 +60,7 @@ from discovery.zk.maintenance import read_markers
 from discovery.zk.membership import decode_child
 from discovery.zk.multiread import read_many
 from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
-from discovery.zk.session import NodeStat, ZkSession
+from discovery.zk.session import ZkSession
 
 from .model import ClusterStatus, Contender, Published, compare
 
@@ -82,8 +82,6 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT: Final = 5.0
 #: Socket connect and read timeout for Redis; no retries.
 REDIS_TIMEOUT: Final = 2.0
-# Concurrent znode reads, so that 10,000 children neither take long nor flood the server.
-_READ_CONCURRENCY: Final = 32
 # kazoo's lock recipe names contenders ``<uuid>__lock__<10-digit sequence>`` and orders
 # them by the sequence text (see kazoo.recipe.lock.Lock.contenders).
 _CONTENDER_RE: Final = re.compile(r"__lock__(-?\d{10})$")
@@ -94,23 +92,6 @@ async def _children(session: ZkSession, path: str) -> list[str]:
         return await session.get_children(path)
     except ZkNoNodeError:
         return []  # nothing ever registered there
-
-
-async def _read_all(
-    session: ZkSession, path: str, children: Iterable[str]
-) -> dict[str, tuple[bytes, NodeStat]]:
-    """Data and stat of each child; children deleted meanwhile are left out."""
-    slots = asyncio.Semaphore(_READ_CONCURRENCY)
-
-    async def read(child: str) -> tuple[str, tuple[bytes, NodeStat] | None]:
-        async with slots:
-            try:
-                return child, await session.get(f"{path}/{child}")
-            except ZkNoNodeError:
-                return child, None
-
-    results = await asyncio.gather(*(read(child) for child in children))
-    return {child: value for child, value in results if value is not None}
 
 
 async def read_directory(
@@ -145,11 +126,11 @@ async def read_contenders(session: ZkSession, path: str = SEARCH_ELECTION_PATH) 
         c: m.group(1) for c in await _children(session, path) if (m := _CONTENDER_RE.search(c))
     }
     ordered = sorted(matches, key=lambda c: matches[c])
-    nodes = await _read_all(session, path, ordered)
+    read = await read_many(session, [f"{path}/{child}" for child in ordered])
     return [
-        Contender(nodes[c][0].decode("utf-8", errors="replace"), c, nodes[c][1].czxid)
-        for c in ordered
-        if c in nodes
+        Contender(entry[0].decode("utf-8", errors="replace"), child, entry[1].czxid)
+        for child, entry in zip(ordered, read, strict=True)
+        if entry is not None
     ]
 
 
