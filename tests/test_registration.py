@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from discovery.errors import RegistrationConflictError, ZkConnectionError
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.testing import ZooKeeperEnsemble
+from discovery.testing.zookeeper import four_letter_word
 from discovery.zk.expiry import expire_session
 from discovery.zk.membership import MembershipWatcher
 from discovery.zk.paths import DATA_SERVERS_PATH
@@ -200,6 +201,36 @@ async def test_update_rewrites_in_place(make_session: SessionFactory) -> None:
         _, after = await observer.get(f"{DATA_SERVERS_PATH}/ds-drain")
         assert after.czxid == before.czxid  # the same node, not a delete and re-create
         assert after.version == before.version + 1
+
+
+def _last_zxid(ensemble: ZooKeeperEnsemble) -> int:
+    """The last transaction id the (standalone) server applied, from ``srvr``."""
+    answer = four_letter_word(ensemble.servers[0].client_port, "srvr")
+    line = next(line for line in answer.splitlines() if line.startswith("Zxid:"))
+    return int(line.split()[1], 16)
+
+
+async def test_an_update_costs_the_ensemble_one_transaction(
+    own_zk_server: ZooKeeperEnsemble,
+    make_session: SessionFactory,
+    chroot: Callable[[str], str],
+) -> None:
+    """Every write is a transaction for the quorum, a create that fails as well (an
+    error transaction, logged by every member). Updating our own node is the set
+    alone: no create first, and none when our own set fires our watch."""
+    agent = await make_session(chroot(own_zk_server.hosts))
+    instance = make_instance("ds-cost", 9108)
+    registration = Registration(agent, instance)
+    await registration.register()
+    before = await asyncio.to_thread(_last_zxid, own_zk_server)
+
+    await registration.update(instance.with_state(InstanceState.DRAINING, reason="draining"))
+    await registration.update(instance.with_state(InstanceState.DRAINING, reason="leaving"))
+    await registration.deregister()
+
+    after = await asyncio.to_thread(_last_zxid, own_zk_server)
+    assert after - before == 3  # two sets and the delete
+    await registration.aclose()
 
 
 async def test_deleted_node_is_recreated(make_session: SessionFactory) -> None:
