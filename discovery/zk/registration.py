@@ -465,6 +465,7 @@ class Registration:
                 # Vanished between create and get, or gone since we last saw it (its
                 # deletion is what woke us): create it again.
                 self._owned_session = None
+                self._metrics.registered.set(0)
                 continue
             if stat.ephemeral_owner != 0 and stat.ephemeral_owner == current_session:
                 if self._owned_session != current_session:
@@ -479,6 +480,7 @@ class Registration:
                 return
             # Not ours, whatever we last saw: it is replaced below, or waited out.
             self._owned_session = None
+            self._metrics.registered.set(0)
             if self._is_stale(data, stat.ephemeral_owner):
                 log.warning(
                     "replacing stale %s of our earlier session 0x%x",
