@@ -129,6 +129,7 @@ async def test_in_sync_cluster_shows_leader_epoch_servers_and_no_differences(
         "published_missing": False,
         "leader_mismatch": [],
     }
+    assert document["health"] == {"healthy": True, "problems": []}
     assert json.loads(json.dumps(document)) == document  # plain JSON all the way down
 
     # The command line, as an operator runs it: JSON, then text.
@@ -144,6 +145,7 @@ async def test_in_sync_cluster_shows_leader_epoch_servers_and_no_differences(
 
     code, out, err = await run_cli(*args)
     assert code == 0, err
+    assert "health     healthy" in out.splitlines()
     assert f"leader     {leader.server_id}  epoch {epoch}" in out
     lines = out.splitlines()
     shard0, shard1 = lines.index("  shard 0"), lines.index("  shard 1")
@@ -156,9 +158,11 @@ async def test_in_sync_cluster_shows_leader_epoch_servers_and_no_differences(
     assert shards + "0 with no live replica" in lines
 
     # Told the cluster has three shards, it names the one with no server at all.
+    # Degraded: exit status 1, and the verdict names the problem.
     code, out, err = await run_cli(*args, "--shards", "3")
-    assert code == 0, err
+    assert code == 1, err
     assert "  no live replica: shard 2" in out.splitlines()
+    assert "health     degraded: no_live_replica" in out.splitlines()
 
 
 async def test_differences_between_registered_and_published_are_listed(
@@ -250,11 +254,22 @@ async def test_differences_between_registered_and_published_are_listed(
     assert "heartbeat missing: no leader is publishing" in text
     assert "leader mismatch: published by 'ss-old' epoch 7" in text
 
-    # The same through the command line: exit 0, differences in the document.
+    # The same through the command line: exit 1 (degraded), differences in the document.
     code, out, err = await run_cli(
         *cluster_args(zk_hosts, redis_server.url, redis_prefix), "--json"
     )
-    assert code == 0, err
+    assert code == 1, err
+    assert json.loads(out)["health"] == {
+        "healthy": False,
+        "problems": [
+            "heartbeat_missing",
+            "leader_mismatch",
+            "registered_not_published",
+            "published_not_registered",
+            "mismatched",
+            "no_live_replica",  # shard 0: its one server published as draining
+        ],
+    }
     cli_differences = json.loads(out)["differences"]
     assert cli_differences["registered_not_published"] == ["ds-b"]
     assert cli_differences["published_not_registered"] == ["ds-c"]
@@ -312,30 +327,31 @@ async def test_malformed_children_and_snapshot_are_listed_not_fatal(
     assert "  invalid (5)\n    empty: malformed:" in text
     assert "heartbeat  unreadable: not valid JSON" in text
 
+    assert "invalid_registrations" in status.health.problems
     code, out, err = await run_cli(*cluster_args(zk_hosts, redis_server.url, redis_prefix))
-    assert code == 0, err
+    assert code == 1, err
     assert "not-json: malformed:" in out
     assert "published list invalid:" in out
 
 
-async def test_unreachable_zookeeper_exits_1_naming_it(redis_server: RedisServer) -> None:
+async def test_unreachable_zookeeper_exits_3_naming_it(redis_server: RedisServer) -> None:
     port = free_port()
     code, out, err = await run_cli(
         *("--zk", f"127.0.0.1:{port}", "--zk-connect-timeout", "1", "--redis", redis_server.url)
     )
-    assert code == 1
+    assert code == 3
     assert out == ""
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"discovery status: cannot reach ZooKeeper at 127.0.0.1:{port}: ")
     assert "Redis" not in last
 
 
-async def test_unreachable_redis_exits_1_naming_it_without_its_password(zk_hosts: str) -> None:
+async def test_unreachable_redis_exits_3_naming_it_without_its_password(zk_hosts: str) -> None:
     port = free_port()
     code, out, err = await run_cli(
         *("--zk", zk_hosts, "--redis", f"redis://:s3cret@127.0.0.1:{port}/0")
     )
-    assert code == 1
+    assert code == 3
     assert out == ""
     last = err.strip().splitlines()[-1]
     assert last.startswith(
@@ -367,8 +383,12 @@ def test_parser_options_and_log_level(capsys: pytest.CaptureFixture[str]) -> Non
         "DISCOVERY_REDIS_URL",
         "--cluster",
         "--json",
+        # What a script relies on, stated where it looks.
+        "exit status: 0 healthy; 1 degraded",
+        "no_live_replica",
+        "2 bad arguments; 3 ZooKeeper or Redis could not be reached or read",
     ):
-        assert name in help_text
+        assert name in " ".join(help_text.split())
 
 
 async def test_status_is_quiet_by_default_and_logs_connections_on_v(
@@ -376,16 +396,16 @@ async def test_status_is_quiet_by_default_and_logs_connections_on_v(
 ) -> None:
     args = cluster_args(zk_hosts, redis_server.url, redis_prefix)
     code, out, err = await run_cli(*args, log_level=None)
-    assert code == 0, err
-    assert "leader" in out
+    assert code == 1, err  # an empty cluster: no leader, nothing published
+    assert "health     degraded: no_leader, heartbeat_missing, published_missing" in out
     # An operator asked a question: the answer, not kazoo's connection log.
     assert err == ""
     code, _, err_v = await run_cli("-v", *args, log_level=None)
-    assert code == 0, err_v
+    assert code == 1, err_v
     assert " INFO kazoo.client: Connecting to " in err_v
     assert " DEBUG " not in err_v
     code, _, err_vv = await run_cli("-vv", *args, log_level=None)
-    assert code == 0, err_vv
+    assert code == 1, err_vv
     assert " DEBUG " in err_vv
 
 

@@ -7,13 +7,24 @@ and its comparison (:mod:`.model`), reading it from ZooKeeper and Redis
 
 from .command import add_parser, run
 from .format import format_text
-from .model import ClusterStatus, Contender, Differences, Mismatch, Published, compare
+from .model import (
+    PROBLEMS,
+    ClusterStatus,
+    Contender,
+    Differences,
+    Health,
+    Mismatch,
+    Published,
+    compare,
+)
 from .reader import collect_status, fetch_status
 
 __all__ = [
+    "PROBLEMS",
     "ClusterStatus",
     "Contender",
     "Differences",
+    "Health",
     "Mismatch",
     "Published",
     "add_parser",

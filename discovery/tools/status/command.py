@@ -1,8 +1,16 @@
 """The ``discovery status`` subcommand: flags, exit status, output.
 
-Exit status: 0 when both were read (whatever the differences), 1 with one line per
-failure on stderr (``discovery status: cannot reach ZooKeeper at HOSTS: ...``) when
-ZooKeeper or Redis cannot be reached or read, 2 for bad arguments.
+Exit status, for scripts (``EXIT_*``; also in ``--help``):
+
+* 0 (:data:`EXIT_HEALTHY`): both were read and the status shows none of
+  :data:`~discovery.tools.status.model.PROBLEMS`;
+* 1 (:data:`EXIT_DEGRADED`): both were read and it shows some (the report's
+  ``health`` line, the document's ``health.problems``). Right after a change the
+  published list lags the registrations for a moment: look again before acting;
+* 2 (:data:`EXIT_USAGE`): bad arguments or settings, the flag named on stderr;
+* 3 (:data:`EXIT_UNREACHABLE`): ZooKeeper or Redis could not be reached or read, one
+  line per failure on stderr (``discovery status: cannot reach ZooKeeper at HOSTS:
+  ...``), nothing on stdout.
 """
 
 from __future__ import annotations
@@ -28,9 +36,22 @@ from discovery.config import ZkConfig
 from discovery.errors import DiscoveryError, StatusError
 
 from .format import LIST_AT_MOST, format_text
+from .model import PROBLEMS
 from .reader import CONNECT_TIMEOUT, fetch_status
 
-__all__ = ["add_parser", "run"]
+__all__ = ["EXIT_DEGRADED", "EXIT_HEALTHY", "EXIT_UNREACHABLE", "EXIT_USAGE", "add_parser", "run"]
+
+EXIT_HEALTHY: Final = 0
+EXIT_DEGRADED: Final = 1
+# argparse's own for a bad flag, and ours for a bad setting.
+EXIT_USAGE: Final = 2
+EXIT_UNREACHABLE: Final = 3
+
+_EPILOG: Final = (
+    "exit status: 0 healthy; 1 degraded (the report's health line, the JSON document's "
+    "health.problems: " + ", ".join(PROBLEMS) + "); 2 bad arguments; 3 ZooKeeper or "
+    "Redis could not be reached or read"
+)
 
 PROG: Final = "discovery status"
 # As the search servers' --shards allows.
@@ -69,9 +90,9 @@ def add_parser(
             "Read the cluster once from ZooKeeper and Redis: the elected leader and its "
             "epoch, the registered search and data servers (by shard), the published live "
             "list and its age, and every difference between what is registered and what "
-            "is published. Exit status 0 when both could be read, 1 when ZooKeeper or Redis "
-            "cannot be reached or read."
+            "is published, and a verdict: healthy, or degraded with the problems named."
         ),
+        epilog=_EPILOG,
     )
     add_options(parser, _status_options())
     add_log_level_override(parser)
@@ -102,7 +123,7 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the status; 0 if ZooKeeper and Redis were read, 1 if not, 2 on bad settings."""
+    """Print the status; the exit status is in the module's docstring."""
     try:
         zk = ZkConfig(
             hosts=args.zk,
@@ -115,15 +136,15 @@ def run(args: argparse.Namespace) -> int:
         cluster = cluster_config(args)
     except DiscoveryError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_USAGE
     try:
         status = asyncio.run(fetch_status(zk, cluster, expected_shards=args.shards))
     except StatusError as exc:
         for line in str(exc).splitlines():
             print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-        return 1
+        return EXIT_UNREACHABLE
     if args.json:
         print(json.dumps(status.to_dict(), sort_keys=True, indent=2), flush=True)
     else:
         print(format_text(status, every_server=True if args.all else None), flush=True)
-    return 0
+    return EXIT_HEALTHY if status.health.healthy else EXIT_DEGRADED

@@ -74,8 +74,11 @@ def format_text(status: ClusterStatus, *, every_server: bool | None = None) -> s
     the first :data:`PROBLEMS_SHOWN`. Long lists of ids are cut the same way; the
     ``--json`` document always has every one.
     """
+    health = status.health
+    verdict = "healthy" if health.healthy else "degraded: " + ", ".join(health.problems)
     lines: list[str] = [
-        f"cluster {status.prefix}  zookeeper {status.zookeeper}  redis {status.redis}"
+        f"cluster {status.prefix}  zookeeper {status.zookeeper}  redis {status.redis}",
+        f"health     {verdict}",
     ]
     leader = status.leader
     if leader is None:
@@ -121,7 +124,7 @@ def format_text(status: ClusterStatus, *, every_server: bool | None = None) -> s
         f"data servers ({len(status.data_servers)} in {len(shards)} shards)"
         + (f": {counted}" if counted else ":")
     )
-    summary = status.shard_summary()
+    summary = status.summary
     lines.append(
         f"  shards ({summary.source} list): {summary.total}, {summary.all_live} with every "
         f"replica live, {summary.some_not_live} with some not live, "

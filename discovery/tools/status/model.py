@@ -141,6 +141,41 @@ class ShardSummary:
         }
 
 
+#: The problems a status can show, in the order :attr:`Health.problems` lists them.
+#: Stable names: scripts match on them (``discovery status --json``'s ``health``).
+PROBLEMS: Final = (
+    "no_leader",
+    "heartbeat_missing",
+    "leader_mismatch",
+    "published_missing",
+    "registered_not_published",
+    "published_not_registered",
+    "mismatched",
+    "no_live_replica",
+    "invalid_registrations",
+    "shared_targets",
+)
+
+
+@dataclass(frozen=True)
+class Health:
+    """The verdict on a status: ``healthy`` when it shows none of :data:`PROBLEMS`.
+
+    Degraded is not necessarily broken: for a moment after any change the published
+    list lags the registrations (``registered_not_published`` and the like) until the
+    leader publishes. A script that acts on a degraded verdict should look again.
+    """
+
+    problems: tuple[str, ...]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"healthy": self.healthy, "problems": list(self.problems)}
+
+
 @dataclass(frozen=True)
 class ClusterStatus:
     """Everything ``discovery status`` reports; :meth:`to_dict` is the ``--json`` document.
@@ -232,6 +267,30 @@ class ClusterStatus:
             no_live_replica=tuple(no_live),
         )
 
+    @cached_property
+    def summary(self) -> ShardSummary:
+        """:meth:`shard_summary`, made once (the verdict and the document both read it)."""
+        return self.shard_summary()
+
+    @cached_property
+    def health(self) -> Health:
+        """Which of :data:`PROBLEMS` this status shows (the exit status of ``discovery
+        status``: 0 healthy, 1 degraded)."""
+        diff = self.differences
+        shown = {
+            "no_leader": diff.no_leader,
+            "heartbeat_missing": diff.heartbeat_missing,
+            "leader_mismatch": bool(diff.leader_mismatch),
+            "published_missing": diff.published_missing,
+            "registered_not_published": bool(diff.registered_not_published),
+            "published_not_registered": bool(diff.published_not_registered),
+            "mismatched": bool(diff.mismatched),
+            "no_live_replica": bool(self.summary.no_live_replica),
+            "invalid_registrations": bool(self.data_servers_invalid or self.search_servers_invalid),
+            "shared_targets": bool(self.shared_targets()),
+        }
+        return Health(tuple(problem for problem in PROBLEMS if shown[problem]))
+
     def shared_targets(self) -> dict[str, list[str]]:
         """``address:port`` claimed by more than one registered data server id, with
         the ids: a sign of squatting (an identity registering a real server's address
@@ -246,6 +305,7 @@ class ClusterStatus:
         leader = self.leader
         live = self.published.live
         return {
+            "health": self.health.to_dict(),
             "zookeeper": self.zookeeper,
             "redis": self.redis,
             "prefix": self.prefix,
@@ -268,7 +328,7 @@ class ClusterStatus:
             "data_servers": {
                 "count": len(self.data_servers),
                 "states": self.states(),
-                "shard_summary": self.shard_summary().to_dict(),
+                "shard_summary": self.summary.to_dict(),
                 "shards": [
                     {
                         "shard": shard,
