@@ -241,11 +241,11 @@ class _StandIn:
     * ``unimplemented``: answer UNIMPLEMENTED once every earlier request is answered,
       then close the connection (a ZooKeeper before 3.6);
     * ``refuse``: answer MARSHALLINGERROR, keep the connection;
-    * ``cut``: forward, but close the connection right after a ``multiRead`` answer,
-      from the ``cut_after``-th on, that leaves another ``multiRead`` unanswered
-      (once). Requests kazoo has not sent yet are not lost with a connection (it
-      sends them after reconnecting), so only an answer owed makes the loss midway:
-      under load, the batches after the cut-off one were at times not sent yet.
+    * ``cut``: forward, but close the connection instead of passing on the
+      ``cut_after``-th ``multiRead`` answer (once), so that an answer is owed when the
+      connection goes. Requests kazoo has not sent yet are not lost with a connection
+      (it sends them after reconnecting): a cut just after an answer lost nothing
+      whenever, under load, the next batch had not been sent yet.
 
     :attr:`multi_reads` counts the ``multiRead`` requests seen.
     """
@@ -255,7 +255,6 @@ class _StandIn:
         self._target = (host, int(port))
         self._mode = mode
         self._cut_left = cut_after
-        self._cut_done = False
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.2)
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
@@ -320,8 +319,7 @@ class _StandIn:
                             link.close()
                             return
                         continue
-                    with self._lock:
-                        link.multi_read_xids.add(xid)
+                    link.multi_read_xids.add(xid)
                 with link.owed:
                     link.outstanding += 1
                 link.server.sendall(packet)
@@ -341,25 +339,18 @@ class _StandIn:
             while True:
                 packet = self._packet(link.server)
                 (xid,) = struct.unpack_from("!i", packet, 4)
+                if self._mode == "cut" and xid in link.multi_read_xids:
+                    with self._lock:
+                        self._cut_left -= 1
+                        cut = self._cut_left == 0
+                    if cut:
+                        link.close()
+                        return
                 link.send_to_client(packet)
                 if xid != -1:  # -1: a watch notification, not an answer
                     with link.owed:
                         link.outstanding -= 1
                         link.owed.notify_all()
-                cut = False
-                with self._lock:
-                    if self._mode == "cut" and xid in link.multi_read_xids:
-                        link.multi_read_xids.discard(xid)
-                        self._cut_left -= 1
-                        cut = (
-                            not self._cut_done
-                            and self._cut_left <= 0
-                            and bool(link.multi_read_xids)
-                        )
-                        self._cut_done |= cut
-                if cut:
-                    link.close()
-                    return
         except (OSError, struct.error):
             link.close()
 
@@ -438,7 +429,7 @@ async def test_a_connection_lost_midway_raises_a_connection_error(
     for chunk in range(0, 1000, 500):
         await create_nodes(zk_session, dict(list(nodes.items())[chunk : chunk + 500]))
     paths = list(nodes)
-    # Cut after the second answer: the first batch alone, then four in flight.
+    # The first batch is answered; the connection goes instead of the second answer.
     flaky = stand_in("cut", cut_after=2)
     session = await make_session(flaky.address + suffix(zk_hosts))
 
