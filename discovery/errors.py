@@ -186,7 +186,12 @@ class DevClusterError(DiscoveryError):
 
 class StatusError(DiscoveryError):
     """``discovery status``: ZooKeeper or Redis could not be reached or read; one line per
-    failure."""
+    failure. ``refused`` is true when one of them answered but refused (credentials or
+    ACL), which retrying cannot fix."""
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class FencedError(DiscoveryError):

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
+import functools
 import inspect
 import io
+import json
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import jsonschema
 from prometheus_client import CollectorRegistry
 
 from data_server.index import InvertedIndex
@@ -353,3 +357,27 @@ async def published_term(leader: SearchServer) -> Leadership:
     term = leader.election.leadership
     assert term is not None, f"{leader.server_id} does not lead"
     return term
+
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "docs" / "schemas"
+
+
+@functools.cache
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    schema = json.loads((SCHEMAS / f"{name}.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def schema_errors(document: Any, schema: str) -> list[str]:
+    """Where ``document`` departs from ``docs/schemas/<schema>.schema.json``, one line each."""
+    errors = sorted(_validator(schema).iter_errors(document), key=lambda e: list(e.path))
+    return [f"{list(e.path)}: {e.message}" for e in errors]
+
+
+def conforming(document: Any, schema: str) -> Any:
+    """``document``, after checking it against ``docs/schemas/<schema>.schema.json``: the
+    ``--json`` output scripts rely on is the one documented, key for key."""
+    errors = schema_errors(document, schema)
+    assert not errors, "\n".join(errors[:10])
+    return document

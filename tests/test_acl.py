@@ -200,7 +200,7 @@ async def test_zk_init_command_and_its_errors(
     assert "digest:ds-other:READ|CREATE" in data_servers["acl"]
 
     wrong_admin = [*args[:4], "admin:guess", *args[5:]]
-    assert await asyncio.to_thread(cli.main, wrong_admin) == 1
+    assert await asyncio.to_thread(cli.main, wrong_admin) == 4  # refused
     assert "wrong password for the admin user 'admin'" in capsys.readouterr().err
 
     # A directory a data server created before zk-init: the admin may not change it.
@@ -211,7 +211,7 @@ async def test_zk_init_command_and_its_errors(
         await early.ensure_path(DATA_SERVERS_PATH)
     finally:
         await early.aclose()
-    assert await asyncio.to_thread(cli.main, [args[0], "--zk", fresh, *args[3:]]) == 1
+    assert await asyncio.to_thread(cli.main, [args[0], "--zk", fresh, *args[3:]]) == 4
     assert "cannot set the ACL of" in capsys.readouterr().err
 
     overlapping = [*args[:8], DATA, *args[9:]]

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
 from discovery.config import ClusterConfig, RedisConfig, ZkConfig
-from discovery.errors import ConfigError, RedisAuthError, RedisPermissionError
+from discovery.errors import ConfigError, RedisAuthError, RedisPermissionError, StatusError
 from discovery.livelist.redis.conn import (
     RedisRole,
     acl_user_line,
@@ -32,6 +32,7 @@ from discovery.livelist.redis.conn import (
 from discovery.livelist.redis.layout import RedisKeys
 from discovery.livelist.redis.publisher import LivePublisher
 from discovery.testing import RedisServer
+from discovery.tools.main import main as discovery_main
 from discovery.tools.status import fetch_status
 from search_server.config import SearchServerConfig, build_parser
 from search_server.server import SearchServer
@@ -308,6 +309,17 @@ async def test_reader_only_user_follows_the_list_and_cannot_write(
     )
     assert status.published.live is not None
     assert set(status.published.live.servers) == {"ds-b0", "ds-b1"}
+    # A wrong password is a refusal, not an outage: exit 4, which retrying cannot fix.
+    wrong = RedisConfig(username="reader", password="not-it")
+    with pytest.raises(StatusError, match="cannot reach Redis") as refused:
+        await fetch_status(
+            ZkConfig(hosts=zk_hosts, connect_timeout=20),
+            ClusterConfig(cluster=cluster_of(redis_prefix), redis_url=acl_redis.url, redis=wrong),
+        )
+    assert refused.value.refused
+    argv = ["status", "--zk", zk_hosts, "--cluster", cluster_of(redis_prefix)]
+    argv += ["--redis", acl_redis.client_url("reader", "not-it")]
+    assert await asyncio.to_thread(discovery_main, argv) == 4
 
 
 async def test_a_leader_without_publishing_rights_resigns_and_pauses(

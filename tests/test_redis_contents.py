@@ -494,7 +494,7 @@ async def test_an_impossible_epoch_holds_the_leader_without_a_loop_until_the_fen
 
     args = ["--zk", zk_hosts, "--redis", redis_server.url, "--cluster", cluster_of(redis_prefix)]
     code, out, err = await run_fence("check", *args)
-    assert code == 3, err
+    assert code == 1, err  # needs attention: poisoned
     assert f"epoch {poison}" in out
     assert "POISONED" in out
     assert "discovery fence repair" in out
@@ -545,7 +545,7 @@ async def test_fence_command_refuses_a_healthy_fence_and_names_flags(
     assert document["highest_possible_epoch"] >= term.epoch
     # Nothing to repair: refused, naming --force; nothing written.
     code, out, err = await run_fence("repair", *args)
-    assert code == 3
+    assert code == 1  # nothing written
     assert "--force" in err
     assert "not poisoned" in err
     assert leader.reader is not None
@@ -575,11 +575,11 @@ async def test_fence_command_refuses_a_healthy_fence_and_names_flags(
     code, _, err = await run_fence(
         "check", "--zk", zk_hosts, "--redis", f"redis://:s3cret@127.0.0.1:{port}/0"
     )
-    assert code == 1
+    assert code == 3  # unreachable
     assert f"cannot use Redis at redis://:***@127.0.0.1:{port}/0" in err
     assert "s3cret" not in err
     code, _, err = await run_fence(
         "check", "--zk", f"127.0.0.1:{free_port()}", "--zk-connect-timeout", "1", *args[2:]
     )
-    assert code == 1
+    assert code == 3
     assert "cannot use ZooKeeper" in err

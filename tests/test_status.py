@@ -17,16 +17,19 @@ from discovery.livelist.redis.layout import RedisKeys
 from discovery.livelist.redis.publisher import LivePublisher
 from discovery.testing import RedisServer, free_port
 from discovery.tools.main import build_parser
-from discovery.tools.status import collect_status, format_text
+from discovery.tools.status import PROBLEMS, collect_status, format_text
 from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from tests.support import (
+    SCHEMAS,
     DataServerFactory,
     SearchServerFactory,
     SessionFactory,
     cluster_of,
+    conforming,
     eventually,
     make_instance,
     reap,
+    schema_errors,
     waited,
 )
 
@@ -97,7 +100,7 @@ async def test_in_sync_cluster_shows_leader_epoch_servers_and_no_differences(
     epoch = leader.election.leadership.epoch
 
     status = await collect_status(await make_session(), client, redis_prefix)
-    document = status.to_dict()
+    document = conforming(status.to_dict(), "status")
     assert document["leader"]["id"] == leader.server_id
     assert document["leader"]["epoch"] == epoch
     assert document["contenders"][0]["id"] == leader.server_id
@@ -136,7 +139,7 @@ async def test_in_sync_cluster_shows_leader_epoch_servers_and_no_differences(
     args = cluster_args(zk_hosts, redis_server.url, redis_prefix)
     code, out, err = await run_cli(*args, "--json")
     assert code == 0, err
-    cli_document = json.loads(out)
+    cli_document = conforming(json.loads(out), "status")
     assert cli_document["leader"]["id"] == leader.server_id
     assert cli_document["leader"]["epoch"] == epoch
     assert data_server_ids(cli_document) == {"ds-0": 0, "ds-1": 1}
@@ -190,7 +193,7 @@ async def test_differences_between_registered_and_published_are_listed(
     version = await publisher.publish_full(published)
 
     status = await collect_status(session, client, redis_prefix)
-    differences = status.to_dict()["differences"]
+    differences = conforming(status.to_dict(), "status")["differences"]
     assert differences["in_sync"] is False
     assert differences["registered_not_published"] == ["ds-b"]
     assert differences["published_not_registered"] == ["ds-c"]
@@ -239,7 +242,7 @@ async def test_differences_between_registered_and_published_are_listed(
     await client.delete(RedisKeys(redis_prefix).leader)
 
     status = await collect_status(session, client, redis_prefix)
-    document = status.to_dict()
+    document = conforming(status.to_dict(), "status")
     assert document["leader"]["id"] == "ss-new"
     assert document["leader"]["epoch"] == first.czxid
     assert [c["id"] for c in document["contenders"]] == ["ss-new", "ss-next"]
@@ -259,7 +262,7 @@ async def test_differences_between_registered_and_published_are_listed(
         *cluster_args(zk_hosts, redis_server.url, redis_prefix), "--json"
     )
     assert code == 1, err
-    assert json.loads(out)["health"] == {
+    assert conforming(json.loads(out), "status")["health"] == {
         "healthy": False,
         "problems": [
             "heartbeat_missing",
@@ -270,7 +273,7 @@ async def test_differences_between_registered_and_published_are_listed(
             "no_live_replica",  # shard 0: its one server published as draining
         ],
     }
-    cli_differences = json.loads(out)["differences"]
+    cli_differences = conforming(json.loads(out), "status")["differences"]
     assert cli_differences["registered_not_published"] == ["ds-b"]
     assert cli_differences["published_not_registered"] == ["ds-c"]
     assert cli_differences["heartbeat_missing"] is True
@@ -306,7 +309,7 @@ async def test_malformed_children_and_snapshot_are_listed_not_fatal(
     await client.set(keys.leader, b"{", px=60_000)
 
     status = await collect_status(session, client, redis_prefix)
-    document = status.to_dict()
+    document = conforming(status.to_dict(), "status")
     assert data_server_ids(document) == {"ds-ok": 3, "ds-static": 4}
     invalid = {entry["id"]: entry["reason"] for entry in document["data_servers"]["invalid"]}
     assert set(invalid) == {"not-json", "empty", "wrong-id", "no-port", "persistent-dyn"}
@@ -386,7 +389,8 @@ def test_parser_options_and_log_level(capsys: pytest.CaptureFixture[str]) -> Non
         # What a script relies on, stated where it looks.
         "exit status: 0 healthy; 1 degraded",
         "no_live_replica",
-        "2 bad arguments; 3 ZooKeeper or Redis could not be reached or read",
+        "2 bad arguments (the flag is named); 3 ZooKeeper or Redis could not be reached",
+        "4 ZooKeeper or Redis refused (credentials or ACL",
     ):
         assert name in " ".join(help_text.split())
 
@@ -432,7 +436,7 @@ async def test_one_address_claimed_by_several_ids_is_shown_as_a_squatting_sign(
     )
 
     status = await collect_status(real, client, redis_prefix)
-    assert status.to_dict()["data_servers"]["shared_targets"] == [
+    assert conforming(status.to_dict(), "status")["data_servers"]["shared_targets"] == [
         {"target": "10.0.0.7:9301", "ids": ["ds-real", "ds-squat"]}
     ]
     text = format_text(status)
@@ -507,7 +511,7 @@ def test_a_large_cluster_is_summarised_by_state_and_shard_with_the_problems_list
     assert "  shard 59" in every
     assert sum(1 for line in every if line.startswith("    ds-")) == 300
 
-    summary = status.to_dict()["data_servers"]
+    summary = conforming(status.to_dict(), "status")["data_servers"]
     assert summary["states"] == {"serving": 294, "draining": 5, "maintenance": 1, "disabled": 0}
     assert summary["shard_summary"] == {
         "source": "published",
@@ -526,7 +530,8 @@ def test_long_difference_lists_are_cut_in_text_and_whole_in_json() -> None:
     text = format_text(status)
     line = next(x for x in text.splitlines() if x.startswith("  registered, not published: "))
     assert line.endswith("… and 100 more")
-    assert len(status.to_dict()["differences"]["registered_not_published"]) == 120
+    differences = conforming(status.to_dict(), "status")["differences"]
+    assert len(differences["registered_not_published"]) == 120
     assert "not serving, or not as published (120; the first 50;" in text
 
 
@@ -538,3 +543,16 @@ def test_shards_flag_is_checked_and_named() -> None:
     for bad in ("-1", "x", "100001"):
         with pytest.raises(SystemExit):
             parser.parse_args(["status", "--shards", bad])
+
+
+def test_the_documented_schema_names_every_problem_and_rejects_undocumented_keys() -> None:
+    schema = json.loads((SCHEMAS / "status.schema.json").read_text())
+    health = schema["properties"]["health"]["properties"]["problems"]["items"]
+    assert tuple(health["enum"]) == PROBLEMS  # the names scripts match on, in order
+    document = conforming(_large_status(2, 2).to_dict(), "status")
+    # A key the schema does not document, a state it does not know: both are caught.
+    document["data_servers"]["shards"][0]["servers"][0]["colour"] = "red"
+    document["published"]["servers"][0]["state"] = "sleeping"
+    errors = schema_errors(document, "status")
+    assert any("'colour' was unexpected" in e for e in errors), errors
+    assert any("'sleeping' is not one of" in e for e in errors), errors

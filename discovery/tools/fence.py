@@ -25,10 +25,12 @@ publishing and raises ``discovery_leader_fence_poisoned`` (alert
   real leader holds lets older leaders' writes through until that leader publishes
   again, and makes every search server take the stored list whatever its version.
 
-Exit status: 0 done (``check``: the fence needs no repair), 1 ZooKeeper or Redis could
-not be read or written, or ``P:meta`` changed during the repair (nothing written; run
-it again), 2 bad arguments, 3 ``check``: the fence is poisoned (run ``repair``);
-``repair``: refused, the fence is not poisoned (``--force`` overrides).
+Exit status (the scheme of every ``discovery`` command, :mod:`discovery.tools.exitcodes`):
+0 done (``check``: the fence needs no repair; ``repair``: repaired); 1 ``check``: the
+fence is poisoned (run ``repair``), ``repair``: nothing written, because the fence is
+not poisoned (``--force`` overrides) or ``P:meta`` changed during the repair (run it
+again); 2 bad arguments; 3 ZooKeeper or Redis could not be read or written; 4 either
+refused the credentials (the message names the flags).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from discovery.errors import (
     DiscoveryError,
     RedisAccessError,
     RedisOperationError,
+    ZkAuthError,
     ZkError,
 )
 from discovery.livelist.redis.conn import RedisRole, make_redis
@@ -68,6 +71,14 @@ from discovery.zk.epochs import EpochVerdict, FenceCheck, highest_possible_epoch
 from discovery.zk.paths import SEARCH_ELECTION_PATH
 from discovery.zk.session import ZkSession
 
+from .exitcodes import (
+    EPILOG,
+    EXIT_ATTENTION,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+)
 from .maint import default_by
 from .status.model import Contender
 from .status.reader import read_contenders
@@ -80,7 +91,11 @@ CONNECT_TIMEOUT: Final = 5.0
 #: Socket timeouts for Redis; no retries.
 REDIS_TIMEOUT: Final = 2.0
 #: ``check``: the fence is poisoned; ``repair``: refused, it is not.
-EXIT_POISONED: Final = 3
+EXIT_POISONED: Final = EXIT_ATTENTION
+_EPILOG: Final = (
+    "exit status: 0 fine / repaired; 1 check: poisoned, repair: nothing written (not "
+    "poisoned, see --force, or P:meta changed meanwhile: run it again); " + EPILOG
+)
 # The settings that concern this command: ZooKeeper, Redis and the cluster name.
 _SKIPPED = frozenset({"--log-level", "--admin-token"})
 
@@ -229,10 +244,9 @@ def add_parser(
             "epoch no leader can hold (above ZooKeeper's election pzxid) stops every "
             "leader and pins every reader; the leader then holds its term without "
             "publishing (metric discovery_leader_fence_poisoned, alert "
-            "DiscoveryFencePoisoned). Exit status 0 fine / repaired, 1 ZooKeeper or Redis "
-            "failed (or P:meta changed during a repair), 2 bad arguments, 3 check: "
-            "poisoned; repair: refused (not poisoned, see --force)."
+            "DiscoveryFencePoisoned)."
         ),
+        epilog=_EPILOG,
     )
     actions = parser.add_subparsers(dest="fence_action", metavar="ACTION", required=True)
     check = actions.add_parser(
@@ -240,8 +254,9 @@ def add_parser(
         help="compare the stored epoch with ZooKeeper's (read-only)",
         description=(
             "Read P:meta, then ZooKeeper, and say whether the stored epoch is one a "
-            "leader can hold. Exit status 3 if it is not (run `discovery fence repair`)."
+            "leader can hold. Exit status 1 if it is not (run `discovery fence repair`)."
         ),
+        epilog=_EPILOG,
     )
     _common(check)
     repair = actions.add_parser(
@@ -254,6 +269,7 @@ def add_parser(
             "at its next try of the fence (within the search servers' "
             "--fence-recheck-max). Writes with the publishing credentials."
         ),
+        epilog=_EPILOG,
     )
     repair.add_argument(
         "--force",
@@ -286,13 +302,16 @@ def run(args: argparse.Namespace) -> int:
         )
     except DiscoveryError as exc:  # ConfigError, naming the flag
         _err(str(exc))
-        return 2
+        return EXIT_USAGE
     redis_where = redact_url(cluster.redis_url)
     try:
         return asyncio.run(_run(args, zk, cluster))
+    except ZkAuthError as exc:
+        _err(f"ZooKeeper at {zk.hosts} refused: {exc} (check --zk-auth)")
+        return EXIT_REFUSED
     except ZkError as exc:
         _err(f"cannot use ZooKeeper at {zk.hosts}: {' '.join(str(exc).split())}")
-        return 1
+        return EXIT_UNREACHABLE
     except RedisAccessError as exc:
         credentials = (
             "--redis-publish-username / --redis-publish-password"
@@ -300,10 +319,10 @@ def run(args: argparse.Namespace) -> int:
             else "--redis-username / --redis-password"
         )
         _err(f"Redis at {redis_where} refused: {exc} (check {credentials})")
-        return 1
+        return EXIT_REFUSED
     except RedisOperationError as exc:
         _err(f"cannot use Redis at {redis_where}: {' '.join(str(exc).split())}")
-        return 1
+        return EXIT_UNREACHABLE
 
 
 def _client(cluster: ClusterConfig, role: RedisRole) -> aioredis.Redis:
@@ -324,7 +343,7 @@ async def _run(args: argparse.Namespace, zk: ZkConfig, cluster: ClusterConfig) -
         report = await collect(session, reader, cluster.redis_prefix)
         if args.fence_action == "check":
             _print(args, report, None)
-            return EXIT_POISONED if report.poisoned else 0
+            return EXIT_POISONED if report.poisoned else EXIT_OK
         if not (report.poisoned or args.force):
             _print(args, report, None)
             _err(
@@ -350,8 +369,8 @@ async def _run(args: argparse.Namespace, zk: ZkConfig, cluster: ClusterConfig) -
                 f"{RedisKeys(cluster.redis_prefix).meta} changed since it was checked; "
                 "nothing was written: run the command again"
             )
-            return 1
-        return 0
+            return EXIT_ATTENTION
+        return EXIT_OK
     finally:
         await reader.aclose()
         await session.aclose()

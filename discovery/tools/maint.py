@@ -15,9 +15,15 @@ ACLs, the admin identity: no other role may write markers), timeouts.
 * ``clear`` of an id without a marker changes nothing, says so, and exits 0: the
   command is idempotent, so a script may clear whatever it set without checking first.
 
-Exit status: 0 done (or nothing to do), 1 ZooKeeper unreachable or refused the
-operation (a missing right names ``--zk-auth``), 2 bad arguments (an invalid id, a
-missing or blank ``--reason``), with the message naming the argument.
+Exit status (the scheme of every ``discovery`` command, :mod:`discovery.tools.exitcodes`):
+0 done (or nothing to do), 2 bad arguments (an invalid id, a missing or blank
+``--reason``; the message names the argument), 3 ZooKeeper could not be reached or
+failed the operation, 4 ZooKeeper refused it (the message names ``--zk-auth``). No
+action exits 1: maintenance is set or cleared, or the command failed.
+
+``--json`` documents: ``set`` and ``clear`` as :func:`_report_set` and
+:func:`_report_clear` build them; ``list``'s schema is
+``docs/schemas/maint-list.schema.json``.
 """
 
 from __future__ import annotations
@@ -61,11 +67,14 @@ from discovery.zk.membership import decode_child
 from discovery.zk.paths import DATA_SERVERS_PATH, MAINTENANCE_PATH
 from discovery.zk.session import ZkSession
 
+from .exitcodes import EPILOG, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
+
 __all__ = ["add_parser", "clear_marker", "list_markers", "run", "set_marker"]
 
 PROG: Final = "discovery maint"
 #: ``--zk-connect-timeout`` default: an operator at a prompt wants an answer in seconds.
 CONNECT_TIMEOUT: Final = 5.0
+_EPILOG: Final = "exit status: 0 done (clearing an absent marker is not an error); " + EPILOG
 
 
 # -- argument types ------------------------------------------------------------------------
@@ -216,6 +225,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add_log_level_override(parser)
     add_verbose_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.epilog = _EPILOG
 
 
 def add_parser(
@@ -229,10 +239,9 @@ def add_parser(
             "Operator maintenance that a restart cannot undo: a persistent marker "
             f"{MAINTENANCE_PATH}/ID in ZooKeeper, which the leader applies: the server stays "
             "listed, as 'maintenance' with the reason, and gets no queries until the marker "
-            "is cleared. With zk-init's ACLs, use the admin identity (--zk-auth). Exit "
-            "status 0 done (clearing an absent marker is not an error), 1 ZooKeeper "
-            "unreachable or refused, 2 bad arguments."
+            "is cleared. With zk-init's ACLs, use the admin identity (--zk-auth)."
         ),
+        epilog=_EPILOG,
     )
     actions = parser.add_subparsers(dest="maint_action", metavar="ACTION", required=True)
 
@@ -302,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
             )
     except DiscoveryError as exc:  # ConfigError, InvalidMarkerError
         _err(str(exc))
-        return 2
+        return EXIT_USAGE
     try:
         return asyncio.run(_run(zk, args, marker))
     except ZkAuthError as exc:
@@ -310,10 +319,10 @@ def run(args: argparse.Namespace) -> int:
             f"ZooKeeper refused: {exc}. Maintenance markers are written with the admin "
             "identity that `discovery zk-init` set up: --zk-auth / DISCOVERY_ZK_AUTH"
         )
-        return 1
+        return EXIT_REFUSED
     except ZkError as exc:
         _err(f"cannot use ZooKeeper at {zk.hosts}: {' '.join(str(exc).split())}")
-        return 1
+        return EXIT_UNREACHABLE
 
 
 async def _run(zk: ZkConfig, args: argparse.Namespace, marker: MaintenanceMarker | None) -> int:
@@ -332,7 +341,7 @@ async def _run(zk: ZkConfig, args: argparse.Namespace, marker: MaintenanceMarker
             _report_list(args, await list_markers(session))
     finally:
         await session.aclose()
-    return 0
+    return EXIT_OK
 
 
 def _report_set(

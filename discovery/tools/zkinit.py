@@ -39,6 +39,8 @@ from discovery.zk.paths import (
 )
 from discovery.zk.session import ZkSession
 
+from .exitcodes import EPILOG, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
+
 __all__ = [
     "ZK_INIT_OPTIONS",
     "AclLayout",
@@ -331,9 +333,9 @@ def add_parser(
             "only one that may set maintenance markers), data servers "
             "(create only: a data server removes its node by ending its session), search "
             "servers (hold the election); everyone may read. Existing nodes get their ACLs "
-            "set, so running it again repairs them. Exit status 0 on success, 1 when "
-            "ZooKeeper refused or could not be reached, 2 for bad arguments."
+            "set, so running it again repairs them."
         ),
+        epilog="exit status: 0 done; " + EPILOG,
     )
     add_options(parser, ZK_INIT_OPTIONS)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -352,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
     ]
     if missing:
         print(f"{PROG}: required: {', '.join(missing)}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_USAGE
     try:
         layout = AclLayout(
             DigestId.parse(args.admin_auth), args.data_identities, args.search_identities
@@ -366,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except DiscoveryError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_USAGE
     if not chroot:
         print(
             f"{PROG}: warning: --zk names no chroot; the ZooKeeper root keeps its ACL, so "
@@ -379,14 +381,14 @@ def run(args: argparse.Namespace) -> int:
         results = asyncio.run(_bootstrap(zk, layout, chroot))
     except ZkError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return EXIT_REFUSED if isinstance(exc, ZkAuthError) else EXIT_UNREACHABLE
     if args.json:
         document = {"chroot": chroot, "nodes": [r.to_dict() for r in results]}
         print(json.dumps(document, indent=2, sort_keys=True), flush=True)
     else:
         for result in results:
             print(f"{result.action:<9} {result.path}  {' '.join(describe_acl(result.acl))}")
-    return 0
+    return EXIT_OK
 
 
 async def _bootstrap(zk: ZkConfig, layout: AclLayout, chroot: str) -> list[NodeResult]:

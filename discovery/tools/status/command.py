@@ -1,6 +1,7 @@
 """The ``discovery status`` subcommand: flags, exit status, output.
 
-Exit status, for scripts (``EXIT_*``; also in ``--help``):
+Exit status, for scripts (the scheme of every ``discovery`` command,
+:mod:`discovery.tools.exitcodes`; also in ``--help``):
 
 * 0 (:data:`EXIT_HEALTHY`): both were read and the status shows none of
   :data:`~discovery.tools.status.model.PROBLEMS`;
@@ -10,7 +11,11 @@ Exit status, for scripts (``EXIT_*``; also in ``--help``):
 * 2 (:data:`EXIT_USAGE`): bad arguments or settings, the flag named on stderr;
 * 3 (:data:`EXIT_UNREACHABLE`): ZooKeeper or Redis could not be reached or read, one
   line per failure on stderr (``discovery status: cannot reach ZooKeeper at HOSTS:
-  ...``), nothing on stdout.
+  ...``), nothing on stdout;
+* 4 (:data:`EXIT_REFUSED`): as 3, but one of them refused the credentials or lacked
+  a right (``--zk-auth``, ``--redis-username`` / ``--redis-password``).
+
+The ``--json`` document's schema is ``docs/schemas/status.schema.json``.
 """
 
 from __future__ import annotations
@@ -35,22 +40,34 @@ from discovery.cli.options import (
 from discovery.config import ZkConfig
 from discovery.errors import DiscoveryError, StatusError
 
+from ..exitcodes import (
+    EPILOG,
+    EXIT_ATTENTION,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+)
 from .format import LIST_AT_MOST, format_text
 from .model import PROBLEMS
 from .reader import CONNECT_TIMEOUT, fetch_status
 
-__all__ = ["EXIT_DEGRADED", "EXIT_HEALTHY", "EXIT_UNREACHABLE", "EXIT_USAGE", "add_parser", "run"]
+__all__ = [
+    "EXIT_DEGRADED",
+    "EXIT_HEALTHY",
+    "EXIT_REFUSED",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "add_parser",
+    "run",
+]
 
-EXIT_HEALTHY: Final = 0
-EXIT_DEGRADED: Final = 1
-# argparse's own for a bad flag, and ours for a bad setting.
-EXIT_USAGE: Final = 2
-EXIT_UNREACHABLE: Final = 3
+EXIT_HEALTHY: Final = EXIT_OK
+EXIT_DEGRADED: Final = EXIT_ATTENTION
 
 _EPILOG: Final = (
     "exit status: 0 healthy; 1 degraded (the report's health line, the JSON document's "
-    "health.problems: " + ", ".join(PROBLEMS) + "); 2 bad arguments; 3 ZooKeeper or "
-    "Redis could not be reached or read"
+    "health.problems: " + ", ".join(PROBLEMS) + "); " + EPILOG
 )
 
 PROG: Final = "discovery status"
@@ -142,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     except StatusError as exc:
         for line in str(exc).splitlines():
             print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-        return EXIT_UNREACHABLE
+        return EXIT_REFUSED if exc.refused else EXIT_UNREACHABLE
     if args.json:
         print(json.dumps(status.to_dict(), sort_keys=True, indent=2), flush=True)
     else:

@@ -42,6 +42,7 @@ from discovery.errors import (
     RedisAccessError,
     RedisOperationError,
     StatusError,
+    ZkAuthError,
     ZkError,
     ZkNoNodeError,
 )
@@ -254,6 +255,10 @@ async def _gather_first_error(*aws: Awaitable[Any]) -> list[Any]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+# Answers that retrying with the same credentials cannot change.
+_REFUSALS: Final = (ZkAuthError, RedisAccessError)
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
@@ -282,6 +287,10 @@ async def _open_redis(cluster: ClusterConfig) -> aioredis.Redis:
     )
     try:
         await client.ping()
+    except Exception as exc:
+        await client.aclose()
+        # Refused credentials must say so (exit 4), not pass for an outage.
+        raise translate_redis_error(exc) from exc
     except BaseException:
         await client.aclose()
         raise
@@ -295,7 +304,8 @@ async def fetch_status(
 
     Raises:
         StatusError: one line per system that could not be reached or read, naming it
-            and where (Redis passwords are not shown).
+            and where (Redis passwords are not shown); ``refused`` when one refused our
+            credentials or lacked a right.
     """
     redis_where = redact_url(cluster.redis_url)
     zk_result, redis_result = await asyncio.gather(
@@ -303,6 +313,7 @@ async def fetch_status(
     )
     try:
         failures: list[str] = []
+        refused = False
         for what, where, result in (
             ("ZooKeeper", zk.hosts, zk_result),
             ("Redis", redis_where, redis_result),
@@ -311,8 +322,9 @@ async def fetch_status(
                 if not isinstance(result, Exception):
                     raise result  # KeyboardInterrupt, CancelledError
                 failures.append(f"cannot reach {what} at {where}: {_one_line(result)}")
+                refused = refused or isinstance(result, _REFUSALS)
         if failures:
-            raise StatusError("\n".join(failures))
+            raise StatusError("\n".join(failures), refused=refused)
         assert isinstance(zk_result, ZkSession)
         assert isinstance(redis_result, aioredis.Redis)
         try:
@@ -320,9 +332,15 @@ async def fetch_status(
                 zk_result, redis_result, cluster.redis_prefix, expected_shards=expected_shards
             )
         except ZkError as exc:
-            raise StatusError(f"cannot read ZooKeeper at {zk.hosts}: {_one_line(exc)}") from exc
+            raise StatusError(
+                f"cannot read ZooKeeper at {zk.hosts}: {_one_line(exc)}",
+                refused=isinstance(exc, _REFUSALS),
+            ) from exc
         except (RedisOperationError, RedisAccessError) as exc:
-            raise StatusError(f"cannot read Redis at {redis_where}: {_one_line(exc)}") from exc
+            raise StatusError(
+                f"cannot read Redis at {redis_where}: {_one_line(exc)}",
+                refused=isinstance(exc, _REFUSALS),
+            ) from exc
     finally:
         if isinstance(zk_result, ZkSession):
             await zk_result.aclose()
