@@ -13,7 +13,7 @@ DEB_PACKAGES := zookeeper redis-server redis-sentinel default-jre-headless chrom
   docker-compose iproute2 iptables prometheus
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-packages test test-fast lint typecheck pytest demo devcluster bench chaos chaos-ci soak \
+.PHONY: setup system-packages test test-fast lint typecheck docs pytest demo devcluster bench chaos chaos-ci soak \
   docker-engine image compose-check clean
 
 setup: system-packages $(STAMP)
@@ -43,7 +43,7 @@ lint: setup
 	$(BIN)/lint-imports
 
 typecheck: setup
-	$(BIN)/mypy discovery data_server search_server
+	$(BIN)/mypy discovery data_server search_server examples
 
 # The suite runs on PYTEST_WORKERS parallel workers (pytest-xdist), each with a ZooKeeper
 # and a Redis of its own for the session: most tests wait on servers and timeouts, not
@@ -59,7 +59,15 @@ PYTEST := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=20 
 pytest: setup
 	$(PYTEST)
 
-test: lint typecheck pytest
+# The documentation site (mkdocs.yml) into DOCS_SITE: strict, so a broken link, anchor or
+# docstring reference, a missing example or a failing `--help` is an error; offline (no
+# fonts, inventories or downloads). tests/test_docs.py builds its own copy and opens the
+# API reference in Chromium.
+DOCS_SITE ?= site
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(DOCS_SITE)
+
+test: lint typecheck docs pytest
 
 # The tests that need no ZooKeeper, Redis, network namespace, server process, Chromium
 # or docker-compose (markers: tests/conftest.py and pyproject.toml), in well under a
@@ -72,6 +80,31 @@ test-fast: setup
 	  REDIS_SENTINEL=/nonexistent/redis-sentinel REDIS_CLI=/nonexistent/redis-cli \
 	  DISCOVERY_TEST_CHROMIUM=/nonexistent/chromium \
 	  $(PYTEST) -m "$(FAST_TIER)"
+
+# Python 3.13 (Debian trixie's): deploy/py313/root.sh makes a trixie root with debootstrap
+# in PY313_ROOT (default /var/cache/search-discovery/trixie-root, outside the tree) once,
+# with trixie's ZooKeeper, Redis and Java and a venv of the project, and runs the tests
+# there in a mount and PID namespace of their own. About a minute to make the root and
+# 20 s for its venv; a second once made (rebuilt when root.sh or deploy/py313/packages
+# change, the venv when pyproject.toml does). The network partition tests skip there
+# (no ip/iptables: see root.sh). `test-py313` is the whole suite (as `make pytest`;
+# Chromium and docker-compose are added to the root for it); `test-py313-ci` is CI's
+# share (.ci/run): the fast tier as `test-fast` runs it, then the integration tests
+# marked `smoke` (registration, the agent, election and publishing, the live list,
+# fan-out, the status command, real processes, Sentinel, TLS, the installed wheel).
+PY313       := deploy/py313/root.sh
+PY313_PYTEST = /opt/venv/bin/pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=20 \
+  -p no:cacheprovider $(PYTEST_ARGS)
+.PHONY: test-py313 test-py313-ci
+test-py313:
+	$(PY313) run --full $(PY313_PYTEST)
+
+test-py313-ci:
+	$(PY313) run env JAVA=/nonexistent/java REDIS_SERVER=/nonexistent/redis-server \
+	  REDIS_SENTINEL=/nonexistent/redis-sentinel REDIS_CLI=/nonexistent/redis-cli \
+	  DISCOVERY_TEST_CHROMIUM=/nonexistent/chromium \
+	  $(PY313_PYTEST) -m "$(FAST_TIER)"
+	$(PY313) run $(PY313_PYTEST) -m smoke
 
 devcluster: setup
 	$(BIN)/discovery devcluster
@@ -162,4 +195,4 @@ compose-check: image
 	$(BIN)/python deploy/compose_check.py --compose "$(COMPOSE)"
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache site

@@ -30,10 +30,10 @@ kept as ``__cause__``.
     │   ├── RedisAuthError
     │   └── RedisPermissionError
     ├── MalformedLiveListError              a stored list or change that cannot be used
-    │   └── MalformedMetaError              the list's meta record (Redis ``P:meta``)
+    │   └── MalformedMetaError              the list's meta record (Redis P:meta)
     ├── OverloadedError                     the fan-out refused a query (answer 503)
     ├── DevClusterError                     a local ZooKeeper/Redis (discovery.testing)
-    └── StatusError                         ``discovery status`` could not read a system
+    └── StatusError                         `discovery status` could not read a system
 """
 
 from __future__ import annotations

@@ -20,9 +20,12 @@ about twice the share of one of weight 100):
   than four candidates (a subset's members) it ranks two drawn at random, not all.
 * :class:`PowerOfTwoChoices`: two random candidates, the less loaded one wins.
 
-Another policy is a new class passed as ``FanOut(picker=...)``, not an edit of the
-fan-out. A picker runs on the fan-out's event loop for every sub-request and must be
-fast, is not thread-safe, and must never raise for a non-empty list of candidates.
+Another policy is a new class passed as ``FanOut(picker=...)``,
+``SearchServer(config, picker=...)`` or, for a whole ``search-server`` process with its
+flags, ``search_server.cli.main(picker=...)`` (``examples/custom_picker.py``), not an
+edit of the fan-out. A picker runs on the fan-out's event loop for every sub-request
+and must be fast, is not thread-safe, and must never raise for a non-empty list of
+candidates.
 """
 
 from __future__ import annotations

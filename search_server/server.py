@@ -79,9 +79,10 @@ class SearchServer:
     :class:`~discovery.livelist.redis.RedisLiveStore` on ``config.cluster`` that the server
     opens and closes itself, with the heartbeat TTL and reconcile interval of ``config``
     (a store passed in brings its own and stays the caller's to close). ``picker``
-    chooses a replica per shard for the fan-out (default
-    :class:`~search_server.picking.PowerOfTwoChoices`). Metrics go to ``registry`` (a
-    fresh one if None).
+    chooses a replica per shard for the fan-out (default: the one ``config.picker``
+    names, :class:`~search_server.picking.AdaptiveReplicaSelection` unless ``--picker
+    p2c``); ``search_server.cli.main(picker=...)`` runs a search server with one of
+    your own. Metrics go to ``registry`` (a fresh one if None).
     """
 
     def __init__(

@@ -358,7 +358,7 @@ class _AdminRecorder:
 
 def _context(cluster: _AdminRecorder, model: set[str]) -> FaultContext:
     observer = SimpleNamespace(model=model)
-    return FaultContext(cluster, observer, ChaosConfig(), random.Random(1))  # type: ignore[arg-type]
+    return FaultContext(cluster, observer, ChaosConfig(partitions=False), random.Random(1))  # type: ignore[arg-type]
 
 
 def test_probes_fail_for_the_block_and_pass_again_however_it_ends() -> None:
@@ -460,7 +460,7 @@ def test_the_next_fault_waits_for_every_zookeeper_server_to_serve() -> None:
     observer = SimpleNamespace(
         violate=lambda invariant, detail: violations.append((invariant, detail))
     )
-    ctx = FaultContext(cluster, observer, ChaosConfig(), random.Random(1))  # type: ignore[arg-type]
+    ctx = FaultContext(cluster, observer, ChaosConfig(partitions=False), random.Random(1))  # type: ignore[arg-type]
 
     took = asyncio.run(ensemble_whole(ctx, "zk_quorum_loss", timeout=10.0))
     assert took is not None

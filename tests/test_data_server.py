@@ -60,6 +60,7 @@ def _state(server: DataServer) -> AgentState:
     return server.agent.status().state
 
 
+@pytest.mark.smoke
 async def test_registers_only_when_ready_with_the_brief_payload(
     make_session: SessionFactory, make_data_server: DataServerFactory
 ) -> None:
@@ -344,6 +345,7 @@ async def test_admin_without_token_is_refused_from_other_hosts(
     ("fault", "kind"),
     [({"mode": "slow", "delay_ms": 400}, "slow"), ({"mode": "error", "rate": 1.0}, "error")],
 )
+@pytest.mark.smoke
 async def test_failing_probes_take_the_server_offline_and_recovery_brings_it_back(
     make_session: SessionFactory,
     make_data_server: DataServerFactory,

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
+import pytest
 
 from data_server.corpus import sample_queries
 from discovery.adminauth import admin_headers
@@ -48,6 +49,7 @@ async def _instance(session: Any, instance_id: str) -> ServiceInstance | None:
     return ServiceInstance.from_json(data)
 
 
+@pytest.mark.smoke
 async def test_sigterm_drains_without_failing_a_request(
     zk_hosts: str, make_session: SessionFactory
 ) -> None:

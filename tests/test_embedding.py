@@ -1,4 +1,7 @@
-"""The agent embedded in a plain threaded server, as the README shows it."""
+"""The agent embedded in a plain threaded server, as examples/threaded_data_server.py
+embeds it, in this process: offline while its health check fails, back once it passes,
+and departures announced even while a registration is in flight. (The example itself
+runs as a process in tests/test_examples.py.)"""
 
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ def threaded_server() -> Iterator[ThreadingHTTPServer]:
 
 
 def _agent(instance_id: str, server: ThreadingHTTPServer, zk_hosts: str) -> Agent:
-    """An agent for ``server``, as the README embeds it: its /healthz is the probe."""
+    """An agent for ``server``, as the example embeds it: its /healthz is the probe."""
     port = server.server_address[1]
     instance = ServiceInstance.create(
         "data_servers",
@@ -66,6 +69,7 @@ def _agent(instance_id: str, server: ThreadingHTTPServer, zk_hosts: str) -> Agen
     )
 
 
+@pytest.mark.smoke
 async def test_threaded_server_registers_goes_offline_and_drains(
     zk_hosts: str, make_session: SessionFactory, threaded_server: ThreadingHTTPServer
 ) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import re
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -397,9 +398,10 @@ def test_an_address_is_quoted_in_a_bounded_excerpt() -> None:
 @pytest.mark.parametrize(
     ("endpoint", "kind"),
     [
-        # The IDNA codec refuses a label over 63 characters: UnicodeError, not OSError.
-        (Endpoint.of("a" * 70 + ".example", 9001), "UnicodeError"),
-        (Endpoint.of("a..example", 9001), "UnicodeError"),
+        # The IDNA codec refuses a label over 63 characters: UnicodeError, not OSError
+        # (its subclass UnicodeEncodeError since Python 3.13).
+        (Endpoint.of("a" * 70 + ".example", 9001), "Unicode(Encode)?Error"),
+        (Endpoint.of("a..example", 9001), "Unicode(Encode)?Error"),
         # Built without Endpoint.of: what the loop raises for them reaches the client.
         (Endpoint("127.0.0.1", 70000, b" HTTP/1.1\r\nHost: x\r\n\r\n"), "OverflowError"),
         (Endpoint("127.0.0.1\x00", 9001, b" HTTP/1.1\r\nHost: x\r\n\r\n"), "ValueError"),
@@ -413,7 +415,7 @@ async def test_any_exception_while_connecting_fails_that_request_only(
         await fails(client.get(endpoint, b"/"), f"cannot connect to .*{kind}")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1  # once per exception type, not once per request
-    assert kind in warnings[0].getMessage()
+    assert re.search(kind, warnings[0].getMessage())
 
 
 async def test_a_name_is_connected_to_only_at_an_address_the_networks_admit(

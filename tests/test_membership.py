@@ -117,6 +117,7 @@ async def test_burst_of_registrations_is_coalesced(
         changes.close()
 
 
+@pytest.mark.smoke
 async def test_subscription_diffs_added_changed_removed(
     persistent: bool, make_session: SessionFactory
 ) -> None:

@@ -145,6 +145,7 @@ def test_the_dashboard_page_and_type_marker_are_installed(installed: Path) -> No
     assert typed == "True"
 
 
+@pytest.mark.smoke
 async def test_installed_servers_register_lead_and_answer_a_query(
     installed: Path, zk_hosts: str, redis_server: RedisServer, redis_prefix: str
 ) -> None:

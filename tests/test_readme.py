@@ -1,16 +1,17 @@
-"""The README's aiohttp embedding example, executed as written against a real ZooKeeper.
+"""The README: its one code block, the shortest embedding of the agent, executed as
+written against a real ZooKeeper; and its links, which must lead somewhere.
 
-The example's ``python`` block (the one with ``cleanup_ctx``) is exec'd unchanged;
-only its deployment constants (``ZK_HOSTS``, ``ADVERTISE``, ``PORT``, ``INSTANCE_ID``,
-``SHARD``, ``AGENT_CONFIG``) are replaced in the resulting namespace, which its
-functions read when they run.
+The block is exec'd unchanged (not as ``__main__``, so nothing runs on its own); only
+its deployment constants (``ZK_HOSTS``, ``ADVERTISE``, ``PORT``) are replaced in the
+resulting namespace, which ``main()`` reads when it runs, and ``Agent`` by a subclass
+that records the agent made, to check its state at the end. The complete programs are
+in ``examples/`` (``tests/test_examples.py``).
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
-import dataclasses
 import re
 import signal
 from collections.abc import Callable, Mapping
@@ -19,45 +20,38 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 import discovery
-from discovery import AgentState, InstanceState, MembershipWatcher, ServiceInstance
+from discovery import Agent, AgentState, InstanceState, MembershipWatcher, ServiceInstance
 from discovery.testing import free_port
-from tests.support import FAST_AGENT, SessionFactory, eventually, within
+from tests.support import SessionFactory, eventually, waited, within
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 SECTION = "## Embedding the agent"
-WAIT = 15.0  # seconds for any one thing to be observed
-#: The watchers' session timeout. A draining node exists only for the drain grace; with
-#: the fixtures' 2 s sessions, a stall of a loaded machine (parallel test workers) can
-#: cost the watcher its connection (kazoo gives up after 2/3 of the timeout), and a
-#: re-read after the reconnect may come after the node has gone. "Draining not observed"
-#: failed that way, most likely, on a loaded machine.
+WAIT = 20.0  # seconds for any one thing to be observed
+#: The watcher's session timeout: a draining node exists only for the drain grace, and
+#: a watcher that lost its connection to a stall of a loaded machine could re-read
+#: after the node has gone.
 WATCHER_SESSION_TIMEOUT = 10.0
 
 Members = Mapping[str, ServiceInstance]
 
 
 def readme_example() -> tuple[str, int]:
-    """The aiohttp example's source and the README line its code starts on."""
+    """The README's one ``python`` block (in :data:`SECTION`) and the line it starts on."""
     text = README.read_text(encoding="utf-8")
+    blocks = list(re.finditer(r"^```python\n(.*?)^```$", text, re.S | re.M))
+    assert len(blocks) == 1, f"expected one ```python block in README.md, found {len(blocks)}"
     section = re.search(rf"^{re.escape(SECTION)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
     assert section, f"README.md has no {SECTION!r} section"
-    blocks = [
-        block
-        for block in re.finditer(r"^```python\n(.*?)^```$", section.group(1), re.S | re.M)
-        if "cleanup_ctx" in block.group(1)
-    ]
-    assert len(blocks) == 1, (
-        f"expected one ```python block with cleanup_ctx in {SECTION!r}, found {len(blocks)}"
-    )
-    offset = section.start(1) + blocks[0].start(1)
-    return blocks[0].group(1), text.count("\n", 0, offset) + 1
+    assert section.start(1) <= blocks[0].start() < section.end(1), f"the block is not in {SECTION}"
+    return blocks[0].group(1), text.count("\n", 0, blocks[0].start(1)) + 1
 
 
-def load_example(**constants: object) -> dict[str, Any]:
-    """Exec the example unchanged (not as ``__main__``), then override ``constants``."""
+def load_example(**constants: object) -> tuple[dict[str, Any], list[Agent]]:
+    """Exec the example unchanged (not as ``__main__``), then override ``constants``;
+    the namespace, and the list its ``main()`` will add the agent it makes to."""
     source, first_line = readme_example()
     # Padded so that a traceback names the README's own line numbers.
     code = compile("\n" * (first_line - 1) + source, str(README), "exec")
@@ -66,46 +60,19 @@ def load_example(**constants: object) -> dict[str, Any]:
     for name, value in constants.items():
         assert name in namespace, f"the README example has no constant {name}"
         namespace[name] = value
-    return namespace
+    made: list[Agent] = []
+
+    class RecordedAgent(Agent):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    assert namespace["Agent"] is Agent
+    namespace["Agent"] = RecordedAgent
+    return namespace, made
 
 
-async def observe(
-    watcher: MembershipWatcher,
-    predicate: Callable[[Members], bool],
-    what: str,
-    *,
-    task: asyncio.Task[Any] | None = None,
-) -> Members:
-    """Wait (with a deadline) until the watched membership satisfies ``predicate``.
-
-    On a timeout, the failure names ``what``, the members seen, and the exception
-    ``task`` (the example's ``main()``) ended with, if it did.
-    """
-    try:
-        return await watcher.wait_until(predicate, timeout=WAIT)
-    except TimeoutError:
-        failed = task is not None and task.done() and not task.cancelled()
-        cause = task.exception() if failed and task is not None else None
-        raise AssertionError(
-            f"{what} not observed within {WAIT}s (members: {dict(watcher.members)}"
-            + (f"; main() failed: {cause!r})" if cause else ")")
-        ) from cause
-
-
-def draining(instance_id: str) -> Callable[[Members], bool]:
-    return lambda m: instance_id in m and m[instance_id].payload.state is InstanceState.DRAINING
-
-
-async def search_status(port: int) -> int:
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http,
-        http.get(f"http://127.0.0.1:{port}/search", params={"q": "x"}) as response,
-    ):
-        assert isinstance((await response.json())["hits"], list)
-        return response.status
-
-
-def test_example_imports_only_the_public_discovery_package() -> None:
+def test_the_example_imports_only_the_public_discovery_package() -> None:
     tree = ast.parse(readme_example()[0])
     from_discovery: list[str] = []
     for node in ast.walk(tree):
@@ -121,117 +88,93 @@ def test_example_imports_only_the_public_discovery_package() -> None:
     )
 
 
-async def test_example_main_registers_then_drains_on_sigterm_while_answering(
-    zk_hosts: str, make_session: SessionFactory
+def test_the_readme_links_lead_to_files_of_the_repository() -> None:
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    local = [link for link in links if "://" not in link]
+    for required in ("examples/README.md", "docs/index.md", "docs/embedding.md"):
+        assert required in local, f"README.md does not link {required}"
+    missing = [link for link in local if not (ROOT / link).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+async def observe(
+    watcher: MembershipWatcher,
+    predicate: Callable[[Members], bool],
+    what: str,
+    task: asyncio.Task[Any],
+) -> Members:
+    """Wait (with a deadline) until the watched membership satisfies ``predicate``; on a
+    timeout, fail naming ``what``, the members seen and what ``main()`` failed with."""
+    try:
+        return await watcher.wait_until(predicate, timeout=WAIT)
+    except TimeoutError:
+        failed = task.done() and not task.cancelled()
+        cause = task.exception() if failed else None
+        raise AssertionError(
+            f"{what} not observed within {WAIT}s (members: {dict(watcher.members)}"
+            + (f"; main() failed: {cause!r})" if cause else ")")
+        ) from cause
+
+
+async def search_status(port: int) -> int:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http,
+        http.get(f"http://127.0.0.1:{port}/search", params={"q": "x"}) as response,
+    ):
+        assert isinstance((await response.json())["hits"], list)
+        return response.status
+
+
+async def test_the_example_registers_then_drains_on_sigterm_while_answering(
+    make_session: SessionFactory, zk_hosts: str
 ) -> None:
     port = free_port()
-    example = load_example(
-        ZK_HOSTS=zk_hosts,
-        ADVERTISE="127.0.0.1",
-        PORT=port,
-        INSTANCE_ID="readme-main",
-        SHARD=3,
-        # Quick probes; a grace long enough to query the server while it drains, and
-        # for the watcher to read the draining node before it goes: on a machine
-        # loaded by parallel test workers, 3 s was once not enough for that read.
-        AGENT_CONFIG=dataclasses.replace(FAST_AGENT, drain_grace=5.0),
-    )
+    example, agents = load_example(ZK_HOSTS=zk_hosts, ADVERTISE="127.0.0.1", PORT=port)
     loop = asyncio.get_running_loop()
     default_sigterm = signal.getsignal(signal.SIGTERM)
-    watcher = MembershipWatcher(
-        await make_session(session_timeout=WATCHER_SESSION_TIMEOUT), coalesce_window=0
-    )
-    await watcher.start()
-    main = asyncio.create_task(example["main"]())
-    try:
-        members = await observe(
-            watcher, lambda m: "readme-main" in m, "readme-main registered", task=main
-        )
-        node = members["readme-main"]
-        assert (node.address, node.port, node.payload.shard) == ("127.0.0.1", port, 3)
-        assert node.routable
-
-        # main() installs its handler right after it starts listening; a SIGTERM
-        # before that would end the test run, so wait for the handler to be there.
-        await eventually(
-            lambda: signal.getsignal(signal.SIGTERM) is not default_sigterm,
-            message="main()'s SIGTERM handler",
-        )
-        signal.raise_signal(signal.SIGTERM)
-        members = await observe(
-            watcher, draining("readme-main"), "readme-main draining after SIGTERM", task=main
-        )
-        assert not members["readme-main"].routable
-        # The point of draining first: search servers stop routing here while we answer.
+    session = await make_session(session_timeout=WATCHER_SESSION_TIMEOUT)
+    async with MembershipWatcher(session, coalesce_window=0) as watcher:
+        main = asyncio.create_task(example["main"]())
         try:
-            status = await search_status(port)
-        except aiohttp.ClientConnectionError as exc:
-            raise AssertionError(f"the server stopped answering while draining: {exc}") from exc
-        assert status == 200, f"/search answered HTTP {status} while draining"
-        await observe(watcher, lambda m: "readme-main" not in m, "readme-main removed", task=main)
-
-        async with within(WAIT, "main() to return after the drain"):
-            await main
-        assert example["app"][example["AGENT"]].status().state is AgentState.STOPPED
-        with pytest.raises(aiohttp.ClientConnectionError):
-            await search_status(port)
-    finally:
-        if not main.done():
-            main.cancel()
-            await asyncio.gather(main, return_exceptions=True)
-        loop.remove_signal_handler(signal.SIGTERM)
-        if default_sigterm is not None:
-            signal.signal(signal.SIGTERM, default_sigterm)
-        await watcher.aclose()
-
-
-async def test_example_cleanup_ctx_alone_drains_and_removes(
-    zk_hosts: str, make_session: SessionFactory
-) -> None:
-    """Without main()'s early drain (as under ``web.run_app``), ``runner.cleanup()``
-    still announces the departure (draining), then removes the node."""
-    port = free_port()
-    example = load_example(
-        ZK_HOSTS=zk_hosts,
-        ADVERTISE="127.0.0.1",
-        PORT=port,
-        INSTANCE_ID="readme-cleanup",
-        SHARD=5,
-        # The draining node lives for the grace: the watcher must read it before it goes
-        # (a data-change event carries no data). 1 s was once too short for that read
-        # with three test workers loading the machine (CI run H).
-        AGENT_CONFIG=dataclasses.replace(FAST_AGENT, drain_grace=5.0),
-    )
-    app = example["app"]
-    runner = web.AppRunner(app)
-    cleanup: asyncio.Task[None] | None = None
-    async with MembershipWatcher(
-        await make_session(session_timeout=WATCHER_SESSION_TIMEOUT), coalesce_window=0
-    ) as watcher:
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, "127.0.0.1", port).start()
-            members = await observe(
-                watcher, lambda m: "readme-cleanup" in m, "readme-cleanup registered"
-            )
-            node = members["readme-cleanup"]
-            assert (node.address, node.port, node.payload.shard) == ("127.0.0.1", port, 5)
+            members = await observe(watcher, lambda m: "ds-7" in m, "ds-7 registered", main)
+            node = members["ds-7"]
+            assert (node.address, node.port, node.payload.shard) == ("127.0.0.1", port, 7)
             assert node.routable
             assert await search_status(port) == 200
 
-            cleanup = asyncio.create_task(runner.cleanup())
-            await observe(
-                watcher, draining("readme-cleanup"), "readme-cleanup draining in runner.cleanup()"
+            # main() installs its handler right after the agent started; a SIGTERM before
+            # that would end the test run, so wait for the handler to be there.
+            await eventually(
+                lambda: signal.getsignal(signal.SIGTERM) is not default_sigterm,
+                message="main()'s SIGTERM handler",
             )
-            await observe(watcher, lambda m: "readme-cleanup" not in m, "readme-cleanup removed")
-            async with within(WAIT, "runner.cleanup() to return"):
-                await cleanup
-            assert app[example["AGENT"]].status().state is AgentState.STOPPED
+            signal.raise_signal(signal.SIGTERM)
+
+            def draining(m: Members) -> bool:
+                return "ds-7" in m and m["ds-7"].payload.state is InstanceState.DRAINING
+
+            members = await observe(watcher, draining, "ds-7 draining after SIGTERM", main)
+            assert not members["ds-7"].routable
+            # The point of draining first: search servers stop routing here while we
+            # still answer.
+            try:
+                status = await search_status(port)
+            except aiohttp.ClientConnectionError as exc:
+                raise AssertionError(f"stopped answering while draining: {exc}") from exc
+            assert status == 200, f"/search answered HTTP {status} while draining"
+            await observe(watcher, lambda m: "ds-7" not in m, "ds-7 removed", main)
+
+            async with within(WAIT, "main() to return after the drain"):
+                await main
+            assert [agent.status().state for agent in agents] == [AgentState.STOPPED]
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await search_status(port)
         finally:
-            if cleanup is None:
-                await runner.cleanup()
-            elif not cleanup.done():
-                # A failed wait above: let the cleanup finish (bounded) before the
-                # fixtures remove the chroot.
-                async with within(WAIT, "the interrupted runner.cleanup() to finish"):
-                    await asyncio.gather(cleanup, return_exceptions=True)
+            if not main.done():
+                main.cancel()
+                await waited(
+                    asyncio.gather(main, return_exceptions=True), "main() cancelled", timeout=30
+                )
+            loop.remove_signal_handler(signal.SIGTERM)
+            if default_sigterm is not None:
+                signal.signal(signal.SIGTERM, default_sigterm)

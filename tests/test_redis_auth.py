@@ -404,6 +404,7 @@ def tls_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
+@pytest.mark.smoke
 async def test_search_servers_read_and_publish_over_tls(
     tls_redis: RedisServer,
     make_search_server: SearchServerFactory,

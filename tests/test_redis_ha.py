@@ -179,6 +179,7 @@ def test_failed_start_stops_the_data_servers(
 
 @pytest.mark.integration
 @pytest.mark.timeout(90)
+@pytest.mark.smoke
 async def test_sentinel_group_replicates_and_fails_over(tmp_path: Path) -> None:
     group = RedisSentinelGroup(tmp_path / "ha", down_after_ms=DOWN_AFTER_MS)
     hosts = ",".join(f"{h}:{p}" for h, p in group.sentinel_addresses)

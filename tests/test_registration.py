@@ -30,6 +30,7 @@ from tests.support import (
 )
 
 
+@pytest.mark.smoke
 async def test_register_is_seen_with_payload_and_deregister_removes_it(
     make_session: SessionFactory,
 ) -> None:
@@ -59,6 +60,7 @@ async def test_register_is_seen_with_payload_and_deregister_removes_it(
         await registration.aclose()
 
 
+@pytest.mark.smoke
 async def test_expired_session_loses_node_and_registration_recreates_it(
     make_session: SessionFactory,
 ) -> None:

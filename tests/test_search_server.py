@@ -73,6 +73,7 @@ async def test_cluster_view_pages_filters_and_refuses_bad_parameters(
         assert name in body["error"]
 
 
+@pytest.mark.smoke
 async def test_three_search_servers_one_leader_same_list(
     make_search_server: SearchServerFactory, make_data_server: DataServerFactory
 ) -> None:
@@ -133,6 +134,7 @@ async def test_a_stopping_search_server_fails_readiness_first_and_answers_throug
         await get_json(f"{url}/readyz")
 
 
+@pytest.mark.smoke
 async def test_leader_expiry_hands_over_to_a_higher_epoch_and_the_old_one_is_fenced(
     make_search_server: SearchServerFactory,
     make_data_server: DataServerFactory,
@@ -177,6 +179,7 @@ async def test_leader_expiry_hands_over_to_a_higher_epoch_and_the_old_one_is_fen
     assert all(live_ids(s) == {"ds-a"} for s in search)
 
 
+@pytest.mark.smoke
 async def test_data_server_offline_drained_or_gone_leaves_every_list(
     make_search_server: SearchServerFactory, make_data_server: DataServerFactory
 ) -> None:
@@ -289,6 +292,7 @@ def _cluster_age(server: SearchServer) -> int | None:
     return server.cluster_view()["age_ms"]
 
 
+@pytest.mark.smoke
 async def test_search_merges_all_shards_like_direct_queries(
     make_search_server: SearchServerFactory, make_data_server: DataServerFactory
 ) -> None:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import pytest
 
 from discovery.testing import RedisServer, free_port
 from tests.support import cluster_of, eventually, reap, waited
@@ -43,6 +44,7 @@ async def _cluster(port: int) -> dict[str, Any] | None:
         return None
 
 
+@pytest.mark.smoke
 async def test_killed_leader_is_replaced_by_a_higher_epoch(
     zk_hosts: str, redis_server: RedisServer, redis_prefix: str
 ) -> None:

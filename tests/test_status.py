@@ -75,6 +75,7 @@ def data_server_ids(document: dict[str, Any]) -> dict[str, int]:
     }
 
 
+@pytest.mark.smoke
 async def test_in_sync_cluster_shows_leader_epoch_servers_and_no_differences(
     zk_hosts: str,
     redis_server: RedisServer,

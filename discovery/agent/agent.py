@@ -159,10 +159,12 @@ class Agent:
 
     @property
     def instance(self) -> ServiceInstance:
+        """The instance as the agent was given it (its state is the agent's to set)."""
         return self._instance
 
     @property
     def registry(self) -> CollectorRegistry:
+        """The registry holding the agent's, registration's and session's metrics."""
         return self._registry
 
     @property
@@ -224,6 +226,7 @@ class Agent:
         self._thread.run(self._take_offline_admin(reason))
 
     async def atake_offline(self, reason: str = "admin") -> None:
+        """The awaitable :meth:`take_offline`."""
         await self._on_agent_loop(self._take_offline_admin(reason))
 
     def bring_online(self) -> None:
@@ -231,6 +234,7 @@ class Agent:
         self._thread.run(self._bring_online())
 
     async def abring_online(self) -> None:
+        """The awaitable :meth:`bring_online`."""
         await self._on_agent_loop(self._bring_online())
 
     def update_instance(self, instance: ServiceInstance) -> None:
@@ -259,6 +263,8 @@ class Agent:
         self._thread.run(self._drain(grace))
 
     async def adrain(self, grace: float | None = None) -> None:
+        """The awaitable :meth:`drain`: waits out the grace period without blocking the
+        caller's loop, which keeps serving meanwhile."""
         await self._on_agent_loop(self._drain(grace))
 
     def stop(self) -> None:
@@ -270,6 +276,7 @@ class Agent:
                 self._stop_thread()
 
     async def astop(self) -> None:
+        """The awaitable :meth:`stop` (also ``aclose``)."""
         if self._thread.running:
             try:
                 await self._on_agent_loop(self._stop())
