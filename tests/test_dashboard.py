@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,23 +23,11 @@ from discovery.adminauth import admin_headers
 from discovery.testing.simfleet import SimulatedFleet
 from search_server.dashboard import QueryStats
 from search_server.server import SearchServer
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, UI_TIMEOUT_MS, playwright_api
 from tests.support import DataServerFactory, SearchServerFactory, eventually, within
 
-CHROMIUM = os.environ.get("DISCOVERY_TEST_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOT = Path(__file__).resolve().parent.parent / "bench" / "results" / "dashboard.png"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# Browser waits (ms): generous for a loaded CI box; each ends as soon as the page agrees.
-UI_TIMEOUT_MS = 20_000
 
 
 async def _live_count(search: SearchServer, count: int) -> None:
@@ -197,30 +184,11 @@ async def test_events_stream_snapshots_and_ends_with_its_client_and_on_shutdown(
 # -- the page in a real browser ----------------------------------------------------------
 
 
-def _playwright() -> Any:
-    """Playwright's async API, and Chromium present; a clear failure otherwise."""
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(
-            f"Chromium not found at {CHROMIUM}: `make setup` installs the Debian package "
-            "`chromium` (or: apt-get install chromium)",
-            pytrace=False,
-        )
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        pytest.fail(
-            "the Python package `playwright` is missing: `make setup` installs the dev "
-            "extra (pip install -e '.[dev]')",
-            pytrace=False,
-        )
-    return async_playwright
-
-
 @pytest.mark.browser
 async def test_dashboard_in_chromium_shows_a_server_going_offline_without_reload(
     make_search_server: SearchServerFactory, make_data_server: DataServerFactory
 ) -> None:
-    async_playwright = _playwright()
+    async_playwright = playwright_api()
     from playwright.async_api import TimeoutError as PlaywrightTimeoutError
     from playwright.async_api import expect
 
@@ -309,7 +277,7 @@ async def test_dashboard_in_chromium_shows_a_large_cluster_as_a_grid_of_shards(
 ) -> None:
     """Above 200 data servers the page shows one cell per shard, a shard's replicas a
     click away, and a shard that lost every replica in red among the problems."""
-    async_playwright = _playwright()
+    async_playwright = playwright_api()
     from playwright.async_api import expect
 
     shards, replicas = 30, 8

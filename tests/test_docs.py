@@ -30,21 +30,9 @@ from urllib.parse import unquote, urldefrag, urlsplit
 import pytest
 import yaml
 
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, UI_TIMEOUT_MS, playwright_api
+
 ROOT = Path(__file__).resolve().parent.parent
-# As tests/test_dashboard.py launches it (the fast tier points this nowhere).
-CHROMIUM = os.environ.get("DISCOVERY_TEST_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-# Browser waits (ms): generous for a loaded CI box.
-UI_TIMEOUT_MS = 20_000
 # The programs the embedding, search-server and live-list pages include whole.
 EXAMPLES = {
     "embedding": [
@@ -194,25 +182,6 @@ def test_site_builds_strict_and_offline_with_the_repositorys_own_text(site: Path
 # -- the Agent reference page in a real browser ----------------------------------------
 
 
-def _playwright() -> Any:
-    """Playwright's async API, and Chromium present; a clear failure otherwise."""
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(
-            f"Chromium not found at {CHROMIUM}: `make setup` installs the Debian package "
-            "`chromium` (or: apt-get install chromium)",
-            pytrace=False,
-        )
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        pytest.fail(
-            "the Python package `playwright` is missing: `make setup` installs the dev "
-            "extra (pip install -e '.[dev]')",
-            pytrace=False,
-        )
-    return async_playwright
-
-
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     """Files of the site; a directory without ``index.html`` is a 404, not a listing."""
 
@@ -242,7 +211,7 @@ def served(site: Path) -> Iterator[str]:
 async def test_agent_reference_renders_in_chromium_and_every_link_resolves(
     served: str,
 ) -> None:
-    async_playwright = _playwright()
+    async_playwright = playwright_api()
     from playwright.async_api import expect
 
     origin = served
