@@ -32,6 +32,7 @@ from discovery.zk.maintenance import (
 from discovery.zk.paths import DATA_SERVERS_PATH, MAINTENANCE_PATH
 from discovery.zk.session import ZkSession
 from search_server.server import SearchServer
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, UI_TIMEOUT_MS, playwright_api
 from tests.support import (
     DataServerFactory,
     SearchServerFactory,
@@ -596,9 +597,7 @@ async def test_dashboard_shows_maintenance_with_its_reason(
     make_search_server: SearchServerFactory,
     make_data_server: DataServerFactory,
 ) -> None:
-    from tests.test_dashboard import CHROMIUM, CHROMIUM_ARGS, UI_TIMEOUT_MS, _playwright
-
-    async_playwright = _playwright()
+    async_playwright = playwright_api()
     from playwright.async_api import expect
 
     for i in range(2):
