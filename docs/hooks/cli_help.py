@@ -14,6 +14,7 @@ Docs tooling only: nothing in the packages imports it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import re
@@ -27,13 +28,11 @@ MARKER = re.compile(
     r"^(?P<indent>[ \t]*)<!-- help: (?P<command>[a-z][a-z0-9 -]*?) -->[ \t]*$", re.M
 )
 WIDTH = "88"
-_cache: dict[str, str] = {}
 
 
+@functools.cache
 def command_help(command: str) -> str:
     """What ``<command> --help`` prints (``command``: a console script and subcommands)."""
-    if command in _cache:
-        return _cache[command]
     script, *subcommands = command.split()
     found = entry_points(group="console_scripts", name=script)
     if not found:
@@ -57,7 +56,6 @@ def command_help(command: str) -> str:
     text = out.getvalue().rstrip()
     if not text.startswith("usage:"):
         raise PluginError(f"{command} --help printed no usage: {text[:200]!r}")
-    _cache[command] = text
     return text
 
 

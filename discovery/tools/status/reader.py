@@ -287,12 +287,11 @@ async def _open_redis(cluster: ClusterConfig) -> aioredis.Redis:
     )
     try:
         await client.ping()
-    except Exception as exc:
+    except BaseException as exc:
         await client.aclose()
-        # Refused credentials must say so (exit 4), not pass for an outage.
-        raise translate_redis_error(exc) from exc
-    except BaseException:
-        await client.aclose()
+        if isinstance(exc, Exception):
+            # Refused credentials must say so (exit 4), not pass for an outage.
+            raise translate_redis_error(exc) from exc
         raise
     return client
 
