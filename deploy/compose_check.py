@@ -74,7 +74,7 @@ SENTINELS = 3
 # search servers + data servers + Prometheus itself + the ZooKeeper exporter + one
 # redis-exporter target per Redis node and sentinel (deploy/prometheus.yml)
 TARGETS = len(SEARCH_SERVERS) + DATA_SERVERS + 1 + 1 + len(REDIS_NODES) + SENTINELS
-ALERT_RULES = 11
+ALERT_RULES = 12
 # The deploy day's stated outcome: no query fails, fewer than this share come back partial.
 DEPLOY_PARTIAL_LIMIT = 0.01
 # What the exporters must report once all is up: every ZooKeeper member answering mntr,

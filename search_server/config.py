@@ -149,6 +149,16 @@ SEARCH_OPTIONS = (
         default=50,
     ),
     Option(
+        "--panic-threshold",
+        "DISCOVERY_PANIC_THRESHOLD",
+        "percent of a shard's replicas (of two or more) that must be left un-ejected for "
+        "its routing to heed ejections; below it the shard routes to all of them (panic: "
+        "many ejected at once is more likely load than broken servers; 0 disables)",
+        type=int_range(0, 100),
+        default=50,
+        metavar="PERCENT",
+    ),
+    Option(
         "--picker",
         "DISCOVERY_PICKER",
         "how a shard's replica is chosen: ars (adaptive replica selection: response "
@@ -422,6 +432,7 @@ class SearchServerConfig:
     eject_after: int = 3
     eject_cooldown: float = 10.0
     max_ejected_percent: int = 50
+    panic_percent: int = 50
     heartbeat_interval: float = 1.0
     heartbeat_ttl: float = 5.0
     reconcile_interval: float = 5.0
@@ -501,6 +512,7 @@ class SearchServerConfig:
             eject_after=args.eject_after,
             eject_cooldown=args.eject_cooldown,
             max_ejected_percent=args.max_ejected_percent,
+            panic_percent=args.panic_threshold,
             heartbeat_interval=args.heartbeat_interval,
             heartbeat_ttl=args.heartbeat_ttl,
             reconcile_interval=args.reconcile_interval,

@@ -66,9 +66,14 @@ class OutlierEjection:
         self._probe_interval = probe_interval
         self._cap_logged_at = -_CAP_LOG_INTERVAL
         self._cap_refusals = 0
+        #: Ejections refused because the cap was reached (the cluster's panic: many
+        #: servers failing at once is more likely our trouble than theirs).
+        self.capped = 0
         # The replicas ejected at some point and not yet seen expired: the ejection cap
         # and ejected() look at these, never at every replica routed to.
         self._ejected: set[Replica] = set()
+        # The same, by shard: the fan-out's panic threshold asks per shard, per query.
+        self._by_shard: dict[int, set[Replica]] = {}
 
     def record_failure(self, replica: Replica, now: float, *, routable: int, detail: str) -> bool:
         """Count a failure or timeout of ``replica``; True if it is ejected for it now.
@@ -92,6 +97,7 @@ class OutlierEjection:
         # No probe before an interval: the failures were just seen.
         replica.next_probe = now + self._probe_interval
         self._ejected.add(replica)
+        self._by_shard.setdefault(replica.shard, set()).add(replica)
         log.warning(
             "ejecting data server %s (%s:%d, shard %d) for %.1fs after %d consecutive "
             "failures; last: %s",
@@ -116,6 +122,7 @@ class OutlierEjection:
         # one line per interval, with the count, keeps the log (and the CPU it costs,
         # when the stall is CPU) bounded.
         self._cap_refusals += 1
+        self.capped += 1
         if now - self._cap_logged_at >= _CAP_LOG_INTERVAL:
             log.warning(
                 "not ejecting more data servers: %d of %d already ejected (cap "
@@ -155,7 +162,7 @@ class OutlierEjection:
             log.info("data server %s answers again after its ejection", replica.instance.id)
         replica.failures = 0
         replica.ejected_until = None
-        self._ejected.discard(replica)
+        self._forget(replica)
 
     def ejected(self, now: float) -> set[Replica]:
         """The replicas ejected at ``now`` (forgetting those whose cool-down ran out).
@@ -163,8 +170,28 @@ class OutlierEjection:
         The set is this object's own: do not modify it.
         """
         expired = [r for r in self._ejected if not r.is_ejected(now)]
-        self._ejected.difference_update(expired)
+        for replica in expired:
+            self._forget(replica)
         return self._ejected
+
+    def ejected_in(self, shard: int, now: float) -> int:
+        """How many replicas of ``shard`` are ejected at ``now``: O(1) while none is (the
+        usual case), else O(those ejected)."""
+        ejected = self._by_shard.get(shard)
+        if not ejected:
+            return 0
+        expired = [r for r in ejected if not r.is_ejected(now)]
+        for replica in expired:
+            self._forget(replica)
+        return len(ejected)
+
+    def _forget(self, replica: Replica) -> None:
+        self._ejected.discard(replica)
+        shard = self._by_shard.get(replica.shard)
+        if shard is not None:
+            shard.discard(replica)
+            if not shard:
+                del self._by_shard[replica.shard]
 
     def probe(
         self, replicas: Iterable[Replica], tried: Container[Replica], now: float

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections import OrderedDict
@@ -84,6 +85,7 @@ from discovery.livelist.model import LiveListChange
 from .ejection import OutlierEjection
 from .hedging import HedgePolicy
 from .httpclient import HttpClient, Response, SubrequestClient, SubrequestError
+from .looplag import LoopLagMonitor
 from .merging import (
     BadAnswer,
     FailureReason,
@@ -166,8 +168,10 @@ class _ShardCall:
         "hedge_timer",
         "hits",
         "outcome",
+        "panic",
         "reason",
         "replicas",
+        "routable",
         "shard",
         "shard_docs",
         "subset",
@@ -182,6 +186,11 @@ class _ShardCall:
         self.replicas = route.members
         self.subset = route.subset
         self.shard_docs = route.docs
+        # How many routable replicas the shard has (not only its subset's members): the
+        # base of the panic threshold.
+        self.routable = len(route.replicas)
+        # The shard's routing ignores ejections for this query (see FanOut._panicking).
+        self.panic = False
         # What the replica that answered holds (coverage).
         self.docs = 0
         # Why the shard failed, if it does: a failure, unless it had no replica at all
@@ -207,12 +216,28 @@ class _Query:
     deadline when it is sent.
     """
 
-    __slots__ = ("deadline", "deferred", "k", "loop", "open_calls", "target", "total", "waiter")
+    __slots__ = (
+        "deadline",
+        "deferred",
+        "k",
+        "loop",
+        "open_calls",
+        "started",
+        "target",
+        "total",
+        "waiter",
+    )
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, target: bytes, k: int, deadline: float
+        self,
+        loop: asyncio.AbstractEventLoop,
+        target: bytes,
+        k: int,
+        started: float,
+        deadline: float,
     ) -> None:
         self.loop = loop
+        self.started = started
         self.target = target
         self.k = k
         self.deadline = deadline
@@ -223,8 +248,21 @@ class _Query:
         self.waiter: asyncio.Future[None] = loop.create_future()
 
 
-# A data server's answers that say it is overloaded rather than broken.
-_OVERLOAD_STATUSES = frozenset({429, 503})
+# A data server's answers that say it is overloaded rather than broken: full (429), not
+# taking requests now (503), or its budget spent before the search could start (504: the
+# request waited in its queue that long). A refusal, not a failure: never a step towards
+# ejection (see FanOut._on_answer).
+_OVERLOAD_STATUSES = frozenset({429, 503, 504})
+#: Seconds a replica that answered "overloaded" gets no first request while its shard has
+#: another candidate (``FanOut(overload_backoff=...)``): its ``Retry-After`` says a
+#: second; half of that, since the others may fill up too.
+OVERLOAD_BACKOFF = 0.5
+#: Share of a shard's routable replicas that must be left un-ejected for its routing to
+#: heed ejections (``FanOut(panic_threshold=...)``, Envoy's healthy panic threshold and
+#: its default): below it, the shard routes to all of them (see FanOut._panicking).
+PANIC_THRESHOLD = 0.5
+# Seconds between two log lines saying that shards route in panic.
+_PANIC_LOG_INTERVAL = 10.0
 # Distinct unroutable targets whose exclusion is remembered as logged.
 _MAX_LOGGED_SKIPS = 1024
 #: How late past its deadline a query may wake and still charge the replicas it waited
@@ -288,6 +326,9 @@ class FanOut:
         subsetter: Subsetter | None = None,
         rng: random.Random | None = None,
         shards: int = 0,
+        panic_threshold: float = PANIC_THRESHOLD,
+        overload_backoff: float = OVERLOAD_BACKOFF,
+        loop_lag: LoopLagMonitor | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -303,6 +344,18 @@ class FanOut:
             raise ValueError(f"warmup_samples must be >= 0, got {warmup_samples}")
         if not stall_grace > 0:
             raise ValueError(f"stall_grace must be > 0 seconds, got {stall_grace}")
+        if not 0 <= panic_threshold <= 1:
+            raise ValueError(f"panic_threshold must be in 0..1, got {panic_threshold}")
+        if not overload_backoff >= 0:
+            raise ValueError(f"overload_backoff must be >= 0 seconds, got {overload_backoff}")
+        self._panic_threshold = panic_threshold
+        self._overload_backoff = overload_backoff
+        # Replicas that answered "overloaded", until when (the fan-out's clock): kept
+        # here, not on the Replica, and nearly always empty.
+        self._overloaded: dict[Replica, float] = {}
+        self._panic_logged_at = -_PANIC_LOG_INTERVAL
+        self._panic_shards: set[int] = set()
+        self._loop_lag = loop_lag
         self._owns_client = client is None
         self._client: SubrequestClient = client if client is not None else HttpClient()
         self._max_in_flight = max_in_flight
@@ -503,7 +556,7 @@ class FanOut:
         started = loop.time()
         table = self._routing_table(servers)
         target = ("/search?" + urlencode({"q": query, "k": k}) + "&timeout_ms=").encode("ascii")
-        q = _Query(loop, target, k, started + timeout_ms / 1000)
+        q = _Query(loop, target, k, started, started + timeout_ms / 1000)
         if len(self._shard_routes) > len(table):
             # Shards have left the table: forget their routes (and their replicas).
             present = {shard for shard, _ in table}
@@ -530,9 +583,7 @@ class FanOut:
             # abandon what is still in flight.
             now = loop.time()
             timed_out = now >= q.deadline
-            # Woken this late, this search server was not running at its deadline (a
-            # CPU stall of its machine): what is still out says nothing of the replicas.
-            blame = now - q.deadline <= self._stall_grace
+            blame = timed_out and self._blame(q, now)
             for call in calls:
                 if not call.done:
                     self._abandon(q, call, timed_out, blame=blame)
@@ -548,14 +599,18 @@ class FanOut:
         see :meth:`~search_server.subsetting.Subset.candidates`), or, when none is left,
         its draining ones (a last resort)."""
         tried = call.tried
+        # In panic the shard's ejections are not heeded: judged at a time past them all.
+        seen = math.inf if call.panic else now
         if call.subset is None:
-            usable = [r for r in call.replicas if r not in tried and not r.is_ejected(now)]
+            usable = [r for r in call.replicas if r not in tried and not r.is_ejected(seen)]
         else:
-            usable = call.subset.candidates(tried, now, self._rng)
+            usable = call.subset.candidates(tried, seen, self._rng)
         if not usable:
             reserve = self._routes.reserve(call.shard)
-            return [r for r in reserve if r not in tried and not r.is_ejected(now)]
+            return [r for r in reserve if r not in tried and not r.is_ejected(seen)]
         if len(usable) > 1:
+            if self._overloaded:
+                usable = self._not_overloaded(usable, now) or usable
             zone = self.zone
             if zone is not None:
                 local = [r for r in usable if r.zone == zone]
@@ -574,9 +629,16 @@ class FanOut:
 
     def _next_attempt(self, q: _Query, call: _ShardCall, *, retry: bool = False) -> bool:
         """Send the shard's first request or a ``retry``; False if no replica is left,
-        or, for a retry, the retry budget is spent."""
+        or, for a retry, the retry budget is spent (or, after an overload refusal, every
+        replica left has refused too: a retry would only add to the overload)."""
         clock_now = self._clock()
+        if not call.tried and self._panic_threshold > 0:
+            call.panic = self._panicking(call, clock_now)
         candidates = self._candidates(call, clock_now)
+        if candidates and retry and call.reason == "overload" and self._overloaded:
+            candidates = self._not_overloaded(candidates, clock_now)
+            if not candidates:
+                return False
         if not candidates:
             probe = self._ejection.probe(call.replicas, call.tried, clock_now)
             if probe is None or (retry and not self._spend("retry")):
@@ -589,7 +651,11 @@ class FanOut:
         primary = self.picker.pick(candidates)
         if self._last_resort(call, primary):
             self.metrics.last_resort.inc()
-        self._send(q, call, primary, hedge=False)
+        # In panic, a request to an ejected replica is also its probe: an answer ends
+        # its ejection.
+        self._send(
+            q, call, primary, hedge=False, probe=call.panic and primary.is_ejected(clock_now)
+        )
         if (
             self._hedging.enabled
             and call.hedge_timer is None
@@ -597,6 +663,56 @@ class FanOut:
         ):
             self._hedge_in(q, call, now, self._hedging.delay(call.replicas, primary))
         return True
+
+    def _panicking(self, call: _ShardCall, now: float) -> bool:
+        """Whether the shard routes in panic for this query: fewer than
+        ``panic_threshold`` of its routable replicas are left un-ejected. Then its
+        ejections are not heeded: the load is spread over all of them, as Envoy does
+        below its healthy panic threshold, rather than piled onto the few left (which a
+        busy minute would then eject in turn). O(1) while none of the shard's replicas is
+        ejected."""
+        routable = call.routable
+        if routable < 2:
+            # A shard's only replica has no share to protect: routing to it while it is
+            # ejected would make every query wait for it if it hangs, the outage this
+            # product exists to end. Its half-open probe ends the ejection within a
+            # second of its answering again.
+            return False
+        ejected = self._ejection.ejected_in(call.shard, now)
+        if ejected == 0:
+            return False
+        if routable - min(ejected, routable) >= self._panic_threshold * routable:
+            return False
+        self.metrics.panic.labels(scope="shard").inc()
+        self._panic_shards.add(call.shard)
+        if now - self._panic_logged_at >= _PANIC_LOG_INTERVAL:
+            shards = sorted(self._panic_shards)
+            log.warning(
+                "routing %d shard(s) in panic (fewer than %.0f%% of their replicas left "
+                "un-ejected): their ejections are not heeded, the load goes to all their "
+                "replicas; shards %s%s",
+                len(shards),
+                self._panic_threshold * 100,
+                ", ".join(map(str, shards[:10])),
+                "..." if len(shards) > 10 else "",
+            )
+            self._panic_logged_at = now
+            self._panic_shards.clear()
+        return True
+
+    def _not_overloaded(self, replicas: list[Replica], now: float) -> list[Replica]:
+        """``replicas`` less those that answered "overloaded" less than
+        ``overload_backoff`` ago (forgetting those whose backoff is over)."""
+        overloaded = self._overloaded
+        left = []
+        for replica in replicas:
+            until = overloaded.get(replica)
+            if until is None:
+                left.append(replica)
+            elif until <= now:
+                del overloaded[replica]
+                left.append(replica)
+        return left
 
     def _spend(self, kind: ExtraRequest) -> bool:
         """Take an extra request from the retry budget; count it if refused."""
@@ -649,14 +765,26 @@ class FanOut:
         if q.total >= 4 and 2 * (q.total - q.open_calls) < q.total:
             q.deferred.append(call)
             return
+        started = call.attempts[0].started
+        if self._loop_lag is not None and self._loop_lag.lagged_since(started):
+            # Our own loop fell behind while the request was out: its answer may be
+            # waiting in the socket, and a hedge would add load to a machine that has
+            # none to spare.
+            self.metrics.hedges.labels(result="own_lag").inc()
+            return
         now = q.loop.time()
-        waited = now - call.attempts[0].started
-        # A replica whose p95 is above what we waited would not beat the request out.
+        waited = now - started
+        clock_now = self._clock()
+        # A replica whose p95 is above what we waited would not beat the request out,
+        # and one that has just refused for overload would only refuse again: when no
+        # other is left, the slowness is the whole shard's and a hedge cannot help.
         candidates = [
             r
-            for r in self._candidates(call, self._clock())
+            for r in self._candidates(call, clock_now)
             if r.window is None or r.window.p95 is None or r.window.p95 <= waited
         ]
+        if candidates and self._overloaded:
+            candidates = self._not_overloaded(candidates, clock_now)
         if not candidates:
             return
         if not (self._hedging.budget.available and self._spend("hedge")):
@@ -672,7 +800,7 @@ class FanOut:
         hedge = self.picker.pick(candidates)
         if self._last_resort(call, hedge):
             self.metrics.last_resort.inc()
-        self._send(q, call, hedge, hedge=True)
+        self._send(q, call, hedge, hedge=True, probe=call.panic and hedge.is_ejected(clock_now))
         self.metrics.hedges.labels(result="sent").inc()
 
     def _on_answer(self, q: _Query, call: _ShardCall, attempt: _Attempt) -> None:
@@ -696,8 +824,16 @@ class FanOut:
             hits = ranked_hits(decoded, call.shard, q.k)
         except (SubrequestError, ValueError) as error:
             # ValueError: a BadAnswer or undecodable JSON (orjson.JSONDecodeError).
-            replica.penalize(elapsed)
-            self._record_failure(replica, "error", _describe(error))
+            if overloaded:
+                # A refusal, not a failure: the replica said at once that it is full.
+                # No step towards ejection and no latency penalty (a busy minute must
+                # cost capacity, never replicas); it gets no first request for a moment
+                # while its shard has another.
+                self._overloaded[replica] = self._clock() + self._overload_backoff
+                self.metrics.shard_requests.labels(result="overload").inc()
+            else:
+                replica.penalize(elapsed)
+                self._record_failure(replica, "error", _describe(error))
             call.outcome = "failed"
             call.reason = "overload" if overloaded else "error"
             if call.attempts:
@@ -755,6 +891,28 @@ class FanOut:
                 spread = self._hedging.spread(late.replicas, late.attempts[0].replica)
                 self._hedge_in(q, late, now, spread)
 
+    def _blame(self, q: _Query, now: float) -> bool:
+        """Whether the requests still out at ``q``'s deadline may be charged to their
+        replicas as timeouts (their latency, their run of failures towards ejection).
+
+        Not when the lateness may be ours or everyone's: woken more than
+        ``stall_grace`` past the deadline (this search server was not running at it); its
+        loop lagged while the query was out (an answer may have sat in a socket unread);
+        or fewer than half of a query's shards (of four or more) had answered (the whole
+        query was late: a busy machine, not a slow replica). A timeout is blamed on a
+        replica only when it is an outlier of a query that otherwise went on time.
+        """
+        if now - q.deadline > self._stall_grace:
+            why = "stall"
+        elif self._loop_lag is not None and self._loop_lag.lagged_since(q.started):
+            why = "lag"
+        elif q.total >= 4 and 2 * q.open_calls > q.total:
+            why = "systemic"
+        else:
+            return True
+        self.metrics.unblamed.labels(why=why).inc(q.open_calls)
+        return False
+
     def _abandon(self, q: _Query, call: _ShardCall, timed_out: bool, *, blame: bool) -> None:
         """End a call still open at the deadline (``timed_out``) or at a cancellation.
 
@@ -807,9 +965,13 @@ class FanOut:
     def _record_failure(self, replica: Replica, result: str, detail: str) -> None:
         self.metrics.shard_requests.labels(result=result).inc()
         routable = self._routes.routable
-        if self._ejection.record_failure(replica, self._clock(), routable=routable, detail=detail):
+        ejection = self._ejection
+        capped = ejection.capped
+        if ejection.record_failure(replica, self._clock(), routable=routable, detail=detail):
             self.metrics.ejections.inc()
             return
+        if ejection.capped != capped:
+            self.metrics.panic.labels(scope="cluster").inc()
         instance = replica.instance
         log.debug(
             "data server %s (%s:%d) %s: %s",

@@ -15,8 +15,10 @@ from .merging import DEGRADED_REASONS
 
 __all__ = [
     "HEDGE_RESULTS",
+    "PANIC_SCOPES",
     "QUERY_OUTCOMES",
     "SHARD_RESULTS",
+    "UNBLAMED_REASONS",
     "FanOutMetrics",
     "QueryOfDeathMetrics",
 ]
@@ -24,9 +26,13 @@ __all__ = [
 #: Label values of ``search_server_fanout_queries_total{outcome}``.
 QUERY_OUTCOMES = ("complete", "partial", "overloaded")
 #: Label values of ``search_server_fanout_shard_requests_total{result}``.
-SHARD_RESULTS = ("ok", "error", "timeout")
+SHARD_RESULTS = ("ok", "error", "timeout", "overload")
 #: Label values of ``search_server_fanout_hedges_total{result}``.
-HEDGE_RESULTS = ("sent", "won", "over_budget")
+HEDGE_RESULTS = ("sent", "won", "over_budget", "own_lag")
+#: Label values of ``search_server_fanout_panic_total{scope}``.
+PANIC_SCOPES = ("shard", "cluster")
+#: Label values of ``search_server_fanout_unblamed_timeouts_total{why}``.
+UNBLAMED_REASONS = ("stall", "lag", "systemic")
 
 
 class FanOutMetrics:
@@ -65,7 +71,9 @@ class FanOutMetrics:
         )
         self.shard_requests = Counter(
             "search_server_fanout_shard_requests",
-            "Requests to data servers, by result (ok, error, timeout).",
+            "Requests to data servers, by result (ok, error, timeout, overload = the data "
+            "server refused at once with 429, 503 or 504: not a failure, never a step "
+            "towards ejection).",
             ["result"],
             registry=registry,
         )
@@ -85,7 +93,9 @@ class FanOutMetrics:
         self.hedges = Counter(
             "search_server_fanout_hedges",
             "Hedged sub-requests: sent (a shard's answer was later than its recent p95), "
-            "won (the hedge answered first), over_budget (not sent: the budget was spent).",
+            "won (the hedge answered first), over_budget (not sent: the budget was spent), "
+            "own_lag (not sent: this search server's event loop lagged while the request "
+            "was out, so the lateness may be its own).",
             ["result"],
             registry=registry,
         )
@@ -98,6 +108,24 @@ class FanOutMetrics:
         self.ejections = Counter(
             "search_server_fanout_ejections",
             "Times a data server was ejected for consecutive failures or timeouts.",
+            registry=registry,
+        )
+        self.panic = Counter(
+            "search_server_fanout_panic",
+            "Routing decisions made in panic, by scope: shard (a query's shard had fewer "
+            "than the panic threshold of its replicas un-ejected, and was routed to all of "
+            "them) or cluster (an ejection refused because the cap of ejected servers was "
+            "reached).",
+            ["scope"],
+            registry=registry,
+        )
+        self.unblamed = Counter(
+            "search_server_fanout_unblamed_timeouts",
+            "Shards still out at a query's deadline whose replicas were not charged with "
+            "the timeout, by why: stall (woken late past the deadline), lag (this search "
+            "server's loop lagged during the query) or systemic (most of the query's "
+            "shards were late).",
+            ["why"],
             registry=registry,
         )
         self.routing_updates = Counter(
@@ -132,6 +160,10 @@ class FanOutMetrics:
             self.routing_updates.labels(kind=kind)
         for kind in ("retry", "hedge"):
             self.budget_refused.labels(kind=kind)
+        for scope in PANIC_SCOPES:
+            self.panic.labels(scope=scope)
+        for why in UNBLAMED_REASONS:
+            self.unblamed.labels(why=why)
         for reason in DEGRADED_REASONS:
             self.degraded.labels(reason=reason)
 

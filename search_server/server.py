@@ -59,6 +59,7 @@ from .dashboard import EventStream, MemberCache, QueryStats
 from .fanout import FanOut
 from .heap import HeapFreezer
 from .httpclient import HttpClient
+from .looplag import LoopLagMonitor
 from .metrics import QueryOfDeathMetrics
 from .picking import AdaptiveReplicaSelection, ReplicaPicker, make_picker
 from .querydeath import Quarantine, QueryOfDeathGuard, normalise
@@ -205,12 +206,17 @@ class SearchServer:
         # a name only where --allowed-networks admits what it resolves to.
         client = HttpClient(max_body=config.max_answer_bytes, networks=config.allowed_networks)
         stack.push_async_callback(client.aclose)
+        # How far behind this server's own loop is: its lateness is never blamed on a
+        # data server (a timeout while it lagged charges no replica, sends no hedge).
+        loop_lag = await stack.enter_async_context(LoopLagMonitor(registry=self.registry))
         self.fanout = FanOut(
             client,
             max_in_flight=config.max_in_flight,
             eject_after=config.eject_after,
             eject_cooldown=config.eject_cooldown,
             max_ejected_share=config.max_ejected_percent / 100,
+            panic_threshold=config.panic_percent / 100,
+            loop_lag=loop_lag,
             registry=self.registry,
             picker=self._picker if self._picker is not None else make_picker(config.picker),
             zone=config.zone,

@@ -1,0 +1,299 @@
+"""Overload is not failure: the fan-out's guards against turning load into ejections.
+
+The data servers here are scripted at the sub-request client (:class:`_Scripted`): each
+port answers at once, answers "overloaded" or never answers, as the test says, so that
+each rule is seen alone and deterministically. Real data servers refusing for real are
+in ``test_data_server_overload.py`` and the end-to-end figures in
+``bench/bench_overload.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+
+from discovery.instance import ServiceInstance
+from search_server.fanout import FanOut
+from search_server.httpclient import Endpoint, Response
+from search_server.looplag import LoopLagMonitor
+from tests.support import FakeClock, make_instance, sample, shard_counts
+
+OK = "ok"
+FULL = "full"  # 429 at once
+HANG = "hang"  # no answer until the request is abandoned
+
+
+class _Scripted:
+    """A sub-request client whose answers each test scripts by port: ``OK`` (a valid
+    answer for the port's shard, at once), ``FULL`` (429) or ``HANG``. Counts the
+    requests per port."""
+
+    def __init__(self, shard_of: dict[int, int]) -> None:
+        self.shard_of = shard_of
+        self.behaviour: dict[int, str] = dict.fromkeys(shard_of, OK)
+        self.sent: Counter[int] = Counter()
+
+    def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
+        port = endpoint.port
+        self.sent[port] += 1
+        future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        behaviour = self.behaviour[port]
+        if behaviour == OK:
+            hits = [{"id": f"d{port}", "score": 1.0}]
+            body = {"hits": hits, "shard": self.shard_of[port], "took_ms": 0.1}
+            future.set_result((200, orjson.dumps(body)))
+        elif behaviour == FULL:
+            future.set_result((429, b'{"error":"overloaded"}'))
+        return future  # HANG: never resolved; the fan-out cancels it at the deadline
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _cluster(shards: int, replicas: int) -> tuple[list[ServiceInstance], _Scripted]:
+    servers = [
+        make_instance(f"ds-{s}-{r}", 20_000 + 10 * s + r, shard=s, replica=r)
+        for s in range(shards)
+        for r in range(replicas)
+    ]
+    return servers, _Scripted({i.port: i.payload.shard for i in servers})
+
+
+def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return sample(registry, f"search_server_fanout_{name}", **labels)
+
+
+async def test_overload_refusals_never_eject_and_the_shard_is_answered_by_another_replica(
+    registry: CollectorRegistry,
+) -> None:
+    servers, client = _cluster(shards=1, replicas=2)
+    full, other = servers[0].port, servers[1].port
+    client.behaviour[full] = FULL
+    clock = FakeClock()
+    # One failure would eject: only the refusals' being no failure keeps it in.
+    fanout = FanOut(client, registry=registry, eject_after=1, clock=clock, hedge_ratio=0)
+
+    for _ in range(20):
+        result = await fanout.search(servers, "a", 10, 500)
+        assert result.shards == shard_counts(1, 1)
+        clock.advance(0.05)
+
+    assert fanout.ejected() == set()
+    replica = fanout.replica(servers[0])
+    assert replica is not None
+    assert replica.failures == 0
+    assert _sample(registry, "ejections_total") == 0
+    refusals = _sample(registry, "shard_requests_total", result="overload")
+    assert refusals == client.sent[full] >= 1
+    assert _sample(registry, "shard_requests_total", result="error") == 0
+    # After a refusal it gets no first request for the backoff (0.5 s = 10 queries here):
+    # 20 queries over 1 s asked it at most about twice, the other replica took the rest.
+    assert client.sent[full] <= 3
+    assert client.sent[other] == 20
+
+
+async def test_a_shard_whose_replicas_all_refuse_is_not_retried_round_them(
+    registry: CollectorRegistry,
+) -> None:
+    servers, client = _cluster(shards=1, replicas=3)
+    for instance in servers:
+        client.behaviour[instance.port] = FULL
+    fanout = FanOut(client, registry=registry, eject_after=1, clock=FakeClock(), hedge_ratio=0)
+
+    first = await fanout.search(servers, "a", 10, 500)
+    # The first query tries each replica once (each refusal sends the retry elsewhere).
+    assert first.shards == shard_counts(1, 0, failed=1)
+    assert first.coverage is not None
+    assert first.coverage.degraded == ("overload",)
+    assert sum(client.sent.values()) == 3
+
+    # Then, every replica refused within the backoff: one request a query, no retry
+    # (a retry would only add to the overload), and still no ejection.
+    for _ in range(5):
+        result = await fanout.search(servers, "a", 10, 500)
+        assert result.shards == shard_counts(1, 0, failed=1)
+    assert sum(client.sent.values()) == 3 + 5
+    assert fanout.ejected() == set()
+
+
+async def test_a_late_replica_is_blamed_only_when_the_rest_of_the_query_was_on_time(
+    registry: CollectorRegistry,
+) -> None:
+    servers, client = _cluster(shards=4, replicas=1)
+    fanout = FanOut(client, registry=registry, eject_after=1, hedge_ratio=0)
+
+    # Three of four shards late: the whole query was late (a busy machine), no one's
+    # fault. Reported timed out, charged to no replica.
+    for instance in servers[:3]:
+        client.behaviour[instance.port] = HANG
+    result = await fanout.search(servers, "a", 10, 100)
+    assert result.shards == shard_counts(4, 1, timed_out=3)
+    assert fanout.ejected() == set()
+    assert _sample(registry, "unblamed_timeouts_total", why="systemic") == 3
+
+    # One of four late while the others answered: an outlier, charged and ejected.
+    for instance in servers[1:3]:
+        client.behaviour[instance.port] = OK
+    result = await fanout.search(servers, "a", 10, 100)
+    assert result.shards == shard_counts(4, 3, timed_out=1)
+    assert fanout.ejected() == {servers[0].id}
+    assert _sample(registry, "shard_requests_total", result="timeout") == 4
+
+
+async def test_a_timeout_while_the_search_servers_own_loop_lagged_blames_no_replica(
+    registry: CollectorRegistry,
+) -> None:
+    servers, client = _cluster(shards=4, replicas=1)
+    client.behaviour[servers[0].port] = HANG
+    async with LoopLagMonitor(interval=0.01, threshold=0.05) as lag:
+        fanout = FanOut(client, registry=registry, eject_after=1, hedge_ratio=0, loop_lag=lag)
+        # The loop blocked for 0.2 s during the query, well inside its 0.5 s deadline
+        # (so the stall rule, a wake-up late past the deadline, does not apply).
+        asyncio.get_running_loop().call_later(0.05, time.sleep, 0.2)
+        result = await fanout.search(servers, "a", 10, 500)
+        assert result.shards == shard_counts(4, 3, timed_out=1)
+        assert _sample(registry, "unblamed_timeouts_total", why="lag") == 1
+        assert fanout.ejected() == set()
+
+        # The same outlier with the loop on time is charged.
+        await _until(lambda: not lag.lagged_since(asyncio.get_running_loop().time() - 0.01))
+        result = await fanout.search(servers, "a", 10, 300)
+        assert fanout.ejected() == {servers[0].id}
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_shard_with_most_replicas_ejected_routes_to_all_of_them_in_panic(
+    registry: CollectorRegistry,
+) -> None:
+    servers, client = _cluster(shards=2, replicas=2)
+    shard0 = [i for i in servers if i.payload.shard == 0]
+    for instance in shard0:
+        client.behaviour[instance.port] = HANG
+    clock = FakeClock()
+    fanout = FanOut(
+        client,
+        registry=registry,
+        eject_after=1,
+        max_ejected_share=1.0,
+        eject_cooldown=600,
+        probe_interval=600,
+        clock=clock,
+        hedge_ratio=0,
+    )
+    # Shard 0's two replicas time out in turn (the other shard on time: blamed) and are
+    # both ejected.
+    for _ in range(2):
+        await fanout.search(servers, "a", 10, 100)
+    assert fanout.ejected() == {i.id for i in shard0}
+
+    # Now they answer again. No probe is due for ten minutes; in panic (0 of 2 left
+    # un-ejected, below half) the shard is routed to them all the same, and an answer
+    # ends an ejection.
+    for instance in shard0:
+        client.behaviour[instance.port] = OK
+    result = await fanout.search(servers, "a", 10, 500)
+    assert result.shards == shard_counts(2, 2)
+    assert _sample(registry, "panic_total", scope="shard") == 1
+    assert len(fanout.ejected()) == 1
+
+
+async def test_without_a_panic_threshold_an_ejected_shard_waits_for_its_probe(
+    registry: CollectorRegistry,
+) -> None:
+    """The previous test's contrast: with the threshold at 0 the shard fails at once
+    until a half-open probe is due."""
+    servers, client = _cluster(shards=2, replicas=2)
+    shard0 = [i for i in servers if i.payload.shard == 0]
+    for instance in shard0:
+        client.behaviour[instance.port] = HANG
+    fanout = FanOut(
+        client,
+        registry=registry,
+        eject_after=1,
+        max_ejected_share=1.0,
+        eject_cooldown=600,
+        probe_interval=600,
+        clock=FakeClock(),
+        hedge_ratio=0,
+        panic_threshold=0,
+    )
+    for _ in range(2):
+        await fanout.search(servers, "a", 10, 100)
+    for instance in shard0:
+        client.behaviour[instance.port] = OK
+    result = await fanout.search(servers, "a", 10, 500)
+    assert result.shards == shard_counts(2, 1, failed=1)
+    assert _sample(registry, "panic_total", scope="shard") == 0
+
+
+async def test_the_ejection_cap_counts_as_the_clusters_panic(
+    registry: CollectorRegistry,
+) -> None:
+    servers, client = _cluster(shards=4, replicas=1)
+    fanout = FanOut(client, registry=registry, eject_after=1, max_ejected_share=0.5)
+    # One outlier per query, a different one each time: two are ejected, then the cap.
+    for instance in servers:
+        client.behaviour = dict.fromkeys(client.shard_of, OK)
+        client.behaviour[instance.port] = HANG
+        await fanout.search(servers, "a", 10, 100)
+    assert len(fanout.ejected()) == 2
+    assert _sample(registry, "panic_total", scope="cluster") == 2
+
+
+@pytest.mark.parametrize("lagging", [False, True])
+async def test_no_hedge_while_the_search_servers_own_loop_lags(
+    registry: CollectorRegistry, lagging: bool
+) -> None:
+    servers, client = _cluster(shards=1, replicas=2)
+    slow = servers[0]
+    lag = LoopLagMonitor(threshold=0.05)  # fed by hand below, not started
+    fanout = FanOut(
+        client,
+        registry=registry,
+        loop_lag=lag,
+        picker=_Only(slow.id),
+        hedge_ratio=1.0,
+        hedge_burst=10,
+    )
+    # Enough answers for a latency window (the p95 the hedge waits for).
+    for _ in range(40):
+        await fanout.search(servers, "a", 10, 500)
+    client.behaviour[slow.port] = HANG
+    if lagging:
+        # The loop fell behind while the request was out: its answer may be in the
+        # socket, unread; a hedge would only add load.
+        # Runs once the query has sent its request, before its hedge timer is due.
+        loop = asyncio.get_running_loop()
+        loop.call_soon(lambda: lag.observe(due=0.0, now=loop.time()))
+    sent = client.sent[servers[1].port]
+    result = await fanout.search(servers, "a", 10, 300)
+    hedged = client.sent[servers[1].port] - sent
+    if lagging:
+        assert hedged == 0
+        assert result.shards == shard_counts(1, 0, timed_out=1)
+        assert _sample(registry, "hedges_total", result="own_lag") == 1
+    else:
+        assert hedged == 1
+        assert result.shards == shard_counts(1, 1)
+
+
+class _Only:
+    """Picks the replica of the given instance id whenever it is a candidate."""
+
+    def __init__(self, instance_id: str) -> None:
+        self._id = instance_id
+
+    def pick(self, candidates: list) -> object:  # type: ignore[type-arg]
+        return next((r for r in candidates if r.instance.id == self._id), candidates[0])
