@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from discovery import __version__
+from discovery.agent.probes import PROBE_HEADER, PROBE_HEADER_VALUE
 from discovery.cli.options import (
     AGENT_OPTIONS,
     COMMON_OPTIONS,
@@ -44,6 +45,8 @@ from discovery.instance import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_CONCURRENT_SEARCHES",
+    "DEFAULT_MAX_TIMEOUT_MS",
     "DEFAULT_SEARCH_TIMEOUT_MS",
     "MAX_TIMEOUT_MS",
     "DataServerConfig",
@@ -54,11 +57,25 @@ __all__ = [
 ]
 
 
-#: Largest ``timeout_ms`` a search request may give (and ``--search-timeout-ms``): ten
-#: minutes, the search servers' own upper bound; a larger one is a client's mistake.
+#: Largest ``timeout_ms`` a search request may give without a 400 (and the bound of
+#: ``--search-timeout-ms`` and ``--max-timeout-ms``): ten minutes, the bound of the search
+#: servers' own ``--max-timeout-ms``, so that whatever a search server may send is
+#: accepted here; a larger one is a client's mistake. What the data server works is
+#: further clamped to ``--max-timeout-ms``.
 MAX_TIMEOUT_MS = 600_000
+#: Default of ``--max-timeout-ms``: the search servers' own default maximum (their
+#: ``--max-timeout-ms``), so no search here works longer than any query could wait for it.
+DEFAULT_MAX_TIMEOUT_MS = 10_000
 #: Budget of a search request without ``timeout_ms``.
 DEFAULT_SEARCH_TIMEOUT_MS = 1000
+#: Default of ``--max-concurrent-searches``. Searches in progress share the event loop
+#: slice by slice (about 0.5 ms each); ordinary ones end within their first slice and
+#: never overlap, so only expensive ones count. At 8, each still gets an eighth of the
+#: loop: about 56 ms of work within the search servers' default budget (500 ms, less
+#: the 10 % margin), enough for the worst-case query of a 10,000-document shard (about
+#: 54 ms pruned, bench/results/worst_case.json); a ninth would slow all eight past it.
+#: And a probe or an ordinary search waits at most about 8 slices (4 ms) for its turn.
+DEFAULT_MAX_CONCURRENT_SEARCHES = 8
 
 
 def zone_list(text: str) -> tuple[str, ...]:
@@ -122,6 +139,29 @@ SERVER_OPTIONS = (
         type=int_range(1, MAX_TIMEOUT_MS),
         default=DEFAULT_SEARCH_TIMEOUT_MS,
         metavar="MS",
+    ),
+    Option(
+        "--max-timeout-ms",
+        "DISCOVERY_MAX_TIMEOUT_MS",
+        "longest budget a search works: a request's larger timeout_ms (up to "
+        f"{MAX_TIMEOUT_MS}; more is refused with 400) is clamped to it, not refused; the "
+        "default is the search servers' own maximum, past which no query waits for the "
+        f"answer; at least --search-timeout-ms (1..{MAX_TIMEOUT_MS})",
+        type=int_range(1, MAX_TIMEOUT_MS),
+        default=DEFAULT_MAX_TIMEOUT_MS,
+        metavar="MS",
+    ),
+    Option(
+        "--max-concurrent-searches",
+        "DISCOVERY_MAX_CONCURRENT_SEARCHES",
+        "searches in progress at once (they share the event loop; ordinary ones end "
+        "within one slice of about 0.5 ms, so only expensive or held ones count): one "
+        "more is answered at once with HTTP 429 and Retry-After: 1, before any search "
+        f"work; the agent's probes (header {PROBE_HEADER}: {PROBE_HEADER_VALUE}) are "
+        "never refused nor counted",
+        type=positive_int,
+        default=DEFAULT_MAX_CONCURRENT_SEARCHES,
+        metavar="N",
     ),
     Option(
         "--shutdown-timeout",
@@ -220,7 +260,9 @@ class DataServerConfig:
 
     ``zone`` (None: no zone) and ``weight`` go into the registered payload; ``http``
     bounds slow clients at the HTTP edge; ``search_timeout_ms`` is the budget of a search
-    request that gives no ``timeout_ms``. The constructor raises :class:`ConfigError`
+    request that gives no ``timeout_ms``, ``max_timeout_ms`` the longest budget any search
+    works (a larger ``timeout_ms`` is clamped to it); ``max_concurrent_searches`` caps the
+    searches in progress (probes aside). The constructor raises :class:`ConfigError`
     naming the flag of a bad value. The repr shows no secret (those of ``zk`` and
     ``cluster`` are hidden).
     """
@@ -242,6 +284,8 @@ class DataServerConfig:
     weight: int = DEFAULT_WEIGHT
     http: HttpEdgeConfig = field(default_factory=HttpEdgeConfig)
     search_timeout_ms: int = DEFAULT_SEARCH_TIMEOUT_MS
+    max_timeout_ms: int = DEFAULT_MAX_TIMEOUT_MS
+    max_concurrent_searches: int = DEFAULT_MAX_CONCURRENT_SEARCHES
 
     def __post_init__(self) -> None:
         checked_id(self.instance_id)
@@ -251,6 +295,23 @@ class DataServerConfig:
             raise ConfigError(
                 f"--search-timeout-ms / DISCOVERY_SEARCH_TIMEOUT_MS must be in "
                 f"1..{MAX_TIMEOUT_MS}, got {self.search_timeout_ms}"
+            )
+        if not 1 <= self.max_timeout_ms <= MAX_TIMEOUT_MS:
+            raise ConfigError(
+                f"--max-timeout-ms / DISCOVERY_MAX_TIMEOUT_MS must be in "
+                f"1..{MAX_TIMEOUT_MS}, got {self.max_timeout_ms}"
+            )
+        if self.search_timeout_ms > self.max_timeout_ms:
+            # The default budget would be clamped on every request: say so at start.
+            raise ConfigError(
+                f"--search-timeout-ms / DISCOVERY_SEARCH_TIMEOUT_MS ({self.search_timeout_ms}) "
+                f"must not exceed --max-timeout-ms / DISCOVERY_MAX_TIMEOUT_MS "
+                f"({self.max_timeout_ms})"
+            )
+        if self.max_concurrent_searches < 1:
+            raise ConfigError(
+                f"--max-concurrent-searches / DISCOVERY_MAX_CONCURRENT_SEARCHES must be at "
+                f"least 1, got {self.max_concurrent_searches}"
             )
         # The parser checked flags and variables already; this catches programmatic
         # configs, before the registration would fail with a payload error.
@@ -292,6 +353,8 @@ class DataServerConfig:
             weight=args.weight,
             http=http_edge_config(args),
             search_timeout_ms=args.search_timeout_ms,
+            max_timeout_ms=args.max_timeout_ms,
+            max_concurrent_searches=args.max_concurrent_searches,
         )
 
 

@@ -6,6 +6,13 @@ server is ready; the agent registers after its first good probe (a real search o
 HTTP). Shutdown is the drain: the agent marks the node ``draining`` and keeps it
 for the grace period while we keep answering, removes it, then the HTTP server stops
 accepting, finishes in-flight requests, and the agent closes its session.
+
+Overload is not failure: a search arriving while ``--max-concurrent-searches`` searches
+are in progress is answered at once with 429 and ``Retry-After`` (see
+:mod:`.admission`), before any search work; the agent's probes (marked by
+:data:`~discovery.agent.probes.PROBE_HEADER`) are never refused for it, so a full
+server does not fail its own health check. No search works longer than
+``--max-timeout-ms``: a larger ``timeout_ms`` is clamped to it.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from discovery import __version__
 from discovery.adminauth import refuse_admin
 from discovery.agent.agent import Agent, AgentState
 from discovery.agent.loopthread import LoopThread
-from discovery.agent.probes import SearchProbe
+from discovery.agent.probes import PROBE_HEADER, PROBE_HEADER_VALUE, SearchProbe
 from discovery.errors import BadRequestError, ConfigError, ZkConnectionError
 from discovery.http import (
     MAX_QUERY_LENGTH,
@@ -36,17 +43,22 @@ from discovery.httpedge import KEEPALIVE_TIMEOUT, HeaderGuard
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.zk.expiry import expire_session
 
+from .admission import SearchAdmission
 from .config import MAX_TIMEOUT_MS, DataServerConfig
 from .corpus import Document, generate_documents, load_jsonl, sample_queries
 from .faults import Fault, FaultInjector
 from .index import InvertedIndex
 from .searching import run_search, work_deadline
 
-__all__ = ["MAX_K", "MAX_QUERY_LENGTH", "DataServer"]
+__all__ = ["MAX_K", "MAX_QUERY_LENGTH", "RETRY_AFTER_S", "DataServer"]
 
 log = logging.getLogger(__name__)
 
 MAX_K = 1000
+#: ``Retry-After`` of a search refused because the server is full (429), in seconds: the
+#: searches in progress are expensive ones (ordinary ones end within one slice) and end
+#: within about a second, the data server's default budget.
+RETRY_AFTER_S = 1
 
 
 class _Metrics:
@@ -87,6 +99,24 @@ class _Metrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
             registry=registry,
         )
+        self.in_progress = Gauge(
+            "data_server_searches_in_progress",
+            "Searches in progress that count against --max-concurrent-searches (held by "
+            "an injected fault included, the agent's probes not).",
+            registry=registry,
+        )
+        self.limit = Gauge(
+            "data_server_max_concurrent_searches",
+            "The cap on searches in progress (--max-concurrent-searches); more are "
+            "answered with 429.",
+            registry=registry,
+        )
+        self.clamped = Counter(
+            "data_server_search_timeout_clamped",
+            "Search requests whose timeout_ms exceeded --max-timeout-ms, worked with "
+            "that maximum instead.",
+            registry=registry,
+        )
 
 
 class DataServer:
@@ -109,7 +139,11 @@ class DataServer:
         self._metrics = _Metrics(self.registry)
         # The hot path's counter child, looked up once rather than per request.
         self._ok = self._metrics.requests.labels(status="200")
-        self._searching = 0
+        self._full = self._metrics.requests.labels(status="429")
+        # The cap on searches in progress; read by the gauge when scraped.
+        self._admission = SearchAdmission(config.max_concurrent_searches)
+        self._metrics.in_progress.set_function(lambda: self._admission.in_progress)
+        self._metrics.limit.set(config.max_concurrent_searches)
         self.faults = FaultInjector()
         self.drain_requested = asyncio.Event()
         self.index: InvertedIndex | None = None
@@ -126,6 +160,15 @@ class DataServer:
         if self.agent is not None:
             return self.agent.instance.id
         return self.config.instance_id or f"ds-{self.config.advertise}-{self.config.port}"
+
+    @property
+    def searches_in_progress(self) -> int:
+        """Searches in progress that count against ``--max-concurrent-searches`` (the
+        agent's probes aside), as the gauge ``data_server_searches_in_progress`` shows."""
+        return self._admission.in_progress
+
+    # The name tests used before the admission counted searches.
+    _searching = searches_in_progress
 
     @property
     def url(self) -> str:
@@ -261,10 +304,13 @@ class DataServer:
         """``GET /search?q=&k=&timeout_ms=``: the top k, within the request's budget.
 
         The search runs in slices that yield to the loop (see :mod:`.searching`); when
-        the budget (``timeout_ms``, else ``--search-timeout-ms``) less its margin runs
-        out it stops and answers with the best hits so far and ``"cut": true``. When
-        it ran out before the search could start (an injected delay, a long queue):
-        504 with a JSON error. Bad parameters: 400 naming the parameter.
+        the budget (``timeout_ms`` clamped to ``--max-timeout-ms``, else
+        ``--search-timeout-ms``) less its margin runs out it stops and answers with
+        the best hits so far and ``"cut": true``. When it ran out before the search
+        could start (an injected delay, a long queue): 504 with a JSON error. Bad
+        parameters: 400 naming the parameter, first. Then, with
+        ``--max-concurrent-searches`` searches in progress: 429 at once (a probe
+        is never refused; see :mod:`.admission`).
         """
         arrived = time.monotonic()
         started = time.perf_counter()
@@ -280,8 +326,17 @@ class DataServer:
             self._metrics.requests.labels(status="400").inc()
             raise  # json_errors answers 400 naming the parameter and counts it
         assert params.timeout_ms is not None
-        deadline = work_deadline(arrived, params.timeout_ms)
-        self._searching += 1
+        # Past the search servers' own maximum no query waits for the answer: work no
+        # longer than that, rather than refuse a client that asked for more.
+        budget_ms = min(params.timeout_ms, self.config.max_timeout_ms)
+        deadline = work_deadline(arrived, budget_ms)
+        # A probe is admitted even when the server is full, and not counted against the
+        # cap; it still runs here, on the same loop, so a blocked loop still fails it.
+        probe = request.headers.get(PROBE_HEADER) == PROBE_HEADER_VALUE
+        if not self._admission.try_enter(priority=probe):
+            return self._refuse_full()
+        if budget_ms < params.timeout_ms:
+            self._metrics.clamped.inc()
         try:
             if await self.faults.apply():
                 return self._count(json_error(500, "injected error"))
@@ -290,9 +345,9 @@ class DataServer:
                 return self._count(
                     web.json_response(
                         {
-                            "error": f"the search's budget of {params.timeout_ms} ms ran "
+                            "error": f"the search's budget of {budget_ms} ms ran "
                             "out before it could start",
-                            "timeout_ms": params.timeout_ms,
+                            "timeout_ms": budget_ms,
                         },
                         status=504,
                     )
@@ -316,15 +371,30 @@ class DataServer:
                     ],
                     "shard": self.config.shard,
                     "took_ms": round(took * 1000, 3),
-                    "queue": self._searching - 1,
+                    "queue": self._admission.total - 1,
                     "cut": outcome.cut,
                 }
             )
         finally:
-            self._searching -= 1
+            self._admission.leave(priority=probe)
         self._metrics.latency.observe(took)
         self._ok.inc()
         return web.Response(body=body, content_type="application/json")
+
+    def _refuse_full(self) -> web.Response:
+        """429 for a search arriving at a full server: at once, no search work done."""
+        admission = self._admission
+        self._full.inc()
+        return web.json_response(
+            {
+                "error": f"this data server is full: {admission.in_progress} searches in "
+                f"progress, its limit is {admission.limit}; retry later or elsewhere",
+                "in_progress": admission.in_progress,
+                "limit": admission.limit,
+            },
+            status=429,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
 
     def _count(self, response: web.Response) -> web.Response:
         self._metrics.requests.labels(status=str(response.status)).inc()

@@ -10,6 +10,16 @@ dead one for a fan-out that waits for the slowest shard.
 The default for a data server is :class:`SearchProbe`: a real search query against
 the server's own HTTP endpoint, so the probe exercises the same path (event loop,
 index, serialisation) as the queries of the search servers.
+
+**HTTP contract: the probe header.** :class:`HttpProbe` and :class:`SearchProbe` send
+``X-Discovery-Probe: 1`` (:data:`PROBE_HEADER`, :data:`PROBE_HEADER_VALUE`) with every
+request. Any server may give such requests priority, and should not refuse them for
+load: a server that sheds load (our data server answers 429 when it has its cap of
+searches in progress) must not fail its own health check because it is full, or load
+alone would take it offline. The request must still be served the ordinary way (the
+same event loop, the same index), or the probe would no longer see a blocked or broken
+server. The header is a hint, not a credential: a client that sends it only escapes
+the load shedding, never any check.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import inspect
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 import aiohttp
 from yarl import URL
@@ -27,6 +37,8 @@ from yarl import URL
 from discovery.errors import ProbeFailed
 
 __all__ = [
+    "PROBE_HEADER",
+    "PROBE_HEADER_VALUE",
     "CallableProbe",
     "HttpProbe",
     "Probe",
@@ -34,6 +46,12 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The header that marks an agent's health probe (see the module doc: part of the HTTP
+#: contract between agents and the servers they probe).
+PROBE_HEADER: Final = "X-Discovery-Probe"
+#: Its value.
+PROBE_HEADER_VALUE: Final = "1"
 
 
 @runtime_checkable
@@ -46,8 +64,9 @@ class Probe(Protocol):
 class HttpProbe:
     """GET ``url`` and expect ``expect_status``.
 
-    The aiohttp session is created on first use on the agent's loop (sessions belong
-    to one loop) and closed by :meth:`aclose`.
+    Every request carries :data:`PROBE_HEADER` (see the module doc). The aiohttp
+    session is created on first use on the agent's loop (sessions belong to one loop)
+    and closed by :meth:`aclose`.
     """
 
     def __init__(self, url: str, *, expect_status: int = 200) -> None:
@@ -62,6 +81,7 @@ class HttpProbe:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(force_close=True),
                 timeout=aiohttp.ClientTimeout(total=None),
+                headers={PROBE_HEADER: PROBE_HEADER_VALUE},
             )
         return self._session
 
