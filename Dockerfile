@@ -38,7 +38,8 @@ RUN set -e; \
         pip install /tmp/src; \
     fi; \
     rm -rf /tmp/wheels /tmp/src; \
-    search-server --version; data-server --version; discovery --version
+    search-server --version; data-server --version; discovery --version; \
+    install -d -o discovery -g discovery -m 0700 /var/lib/discovery
 
 USER discovery
 # Search server, one data server, a fleet's first port. Every setting is a flag or a

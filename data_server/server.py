@@ -49,6 +49,7 @@ from .corpus import Document, generate_documents, load_jsonl, sample_queries
 from .faults import Fault, FaultInjector
 from .index import InvertedIndex
 from .searching import run_search, work_deadline
+from .snapshot import IndexSnapshots, SnapshotKey
 
 __all__ = ["MAX_K", "MAX_QUERY_LENGTH", "RETRY_AFTER_S", "DataServer"]
 
@@ -81,7 +82,13 @@ class _Metrics:
         self.terms = Gauge("data_server_terms", "Distinct terms in the index.", registry=registry)
         self.index_build_seconds = Gauge(
             "data_server_index_build_seconds",
-            "Time it took to load and index the shard.",
+            "Time it took to load and index the shard (or to load its snapshot).",
+            registry=registry,
+        )
+        self.from_snapshot = Gauge(
+            "data_server_index_from_snapshot",
+            "1 when the shard's index was loaded from its snapshot (--index-snapshot-dir), "
+            "0 when it was built.",
             registry=registry,
         )
         self.cut = Counter(
@@ -252,7 +259,26 @@ class DataServer:
         log.info("data server %s stopped", self.instance_id)
 
     def _build_index(self) -> InvertedIndex:
+        """The shard's index: from its snapshot when ``--index-snapshot-dir`` holds one
+        of the same documents, else built (and then saved there)."""
         config = self.config
+        snapshots = key = None
+        if config.index_snapshot_dir is not None:
+            snapshots = IndexSnapshots(config.index_snapshot_dir)
+            try:
+                key = (
+                    SnapshotKey.from_file(config.docs_file, shard=config.shard, version=__version__)
+                    if config.docs_file is not None
+                    else SnapshotKey.generated(
+                        shard=config.shard, seed=config.seed, docs=config.docs, version=__version__
+                    )
+                )
+            except OSError as exc:
+                raise ConfigError(f"--docs-file: {exc}") from exc
+            index = snapshots.load(key)
+            if index is not None:
+                self._metrics.from_snapshot.set(1)
+                return index
         documents: list[Document]
         if config.docs_file is not None:
             try:
@@ -261,7 +287,10 @@ class DataServer:
                 raise ConfigError(f"--docs-file: {exc}") from exc
         else:
             documents = generate_documents(config.docs, shard=config.shard, seed=config.seed)
-        return InvertedIndex(documents)
+        index = InvertedIndex(documents)
+        if snapshots is not None and key is not None:
+            snapshots.save(key, index)
+        return index
 
     def _instance(self) -> ServiceInstance:
         config = self.config
