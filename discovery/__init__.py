@@ -24,6 +24,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
 from discovery.agent.agent import Agent, AgentState, AgentStatus
+from discovery.agent.pressure import CpuPressure, PressureReading, PsiCpuPressure, ThreadRunDelay
 from discovery.agent.probes import CallableProbe, HttpProbe, Probe, SearchProbe
 from discovery.config import AgentConfig, ClusterConfig, RedisConfig, ZkConfig
 from discovery.errors import (
@@ -90,6 +91,7 @@ __all__ = [
     "CallableProbe",
     "ClusterConfig",
     "ConfigError",
+    "CpuPressure",
     "DiscoveryError",
     "FencedError",
     "HttpProbe",
@@ -113,8 +115,10 @@ __all__ = [
     "MembershipWatcher",
     "OverloadedError",
     "PayloadTooLargeError",
+    "PressureReading",
     "Probe",
     "ProbeFailed",
+    "PsiCpuPressure",
     "RedisAccessError",
     "RedisAuthError",
     "RedisConfig",
@@ -130,6 +134,7 @@ __all__ = [
     "SessionEvent",
     "SessionState",
     "StoreError",
+    "ThreadRunDelay",
     "ZkAuthError",
     "ZkBadVersionError",
     "ZkConfig",

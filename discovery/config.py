@@ -59,6 +59,14 @@ class AgentConfig:
             (:data:`~discovery.zk.registration.VERIFY_AFTER_CONNECT`); the sweep
             bounds the rest. 50,000 servers at 120 s cost about 420 reads a second
             across the ensemble (5,000 at 10 s).
+        busy_grace: seconds for which a slow or timed-out probe is excused ("busy",
+            counted neither as a failure nor as a success) when the server's thread
+            waiting for a CPU during it (the machine busy, not the server stuck)
+            explains the slowness (see
+            :class:`~discovery.agent.policy.HealthPolicy`), counted from the first
+            excused probe of an unbroken run of failed probes; 0 excuses nothing.
+            Load alone must not take servers offline all together, but a server
+            that stays slow for this long on a starved machine does go.
     """
 
     probe_interval: float = 1.0
@@ -71,6 +79,7 @@ class AgentConfig:
     flap_cooldown: float = 120.0
     drain_grace: float = 5.0
     verify_interval: float = 120.0
+    busy_grace: float = 120.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -88,6 +97,13 @@ class AgentConfig:
         for name in ("fall", "rise", "flap_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)!r}")
+        # Written so that NaN fails too (every comparison with NaN is false); an
+        # infinite grace would excuse a starved server's slowness for ever.
+        if not 0 <= self.busy_grace < float("inf"):
+            raise ConfigError(
+                "--probe-busy-grace / DISCOVERY_PROBE_BUSY_GRACE: busy_grace must be a "
+                f"finite number >= 0, got {self.busy_grace!r}"
+            )
 
 
 @dataclass(frozen=True)

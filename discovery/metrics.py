@@ -165,7 +165,8 @@ class AgentMetrics:
         )
         self.probes = Counter(
             "discovery_agent_probes",
-            "Health probes run, by result (ok, error, timeout, slow).",
+            "Health probes run, by result (ok, error, timeout, slow; busy: slow or timed "
+            "out, but excused because the server's thread waiting for a CPU explains it).",
             ["result"],
             registry=registry,
         )
@@ -189,6 +190,12 @@ class AgentMetrics:
         self.damped = Counter(
             "discovery_agent_flap_damped",
             "Times a flapping server was held offline for a cool-down.",
+            registry=registry,
+        )
+        self.busy_guard = Gauge(
+            "discovery_agent_busy_guard",
+            "1 while slow probes can be excused as busy (CPU pressure readable and "
+            "--probe-busy-grace above 0), 0 otherwise.",
             registry=registry,
         )
 

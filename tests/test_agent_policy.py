@@ -379,3 +379,199 @@ def test_any_probe_sequence_follows_the_diagram_and_counts_the_trailing_run(
         assert (policy.consecutive_successes, policy.consecutive_failures) == (
             (run, 0) if ok else (0, run)
         )
+
+
+# -- busy, not sick: slowness the machine's CPU stall explains ---------------------------
+
+
+def slow(latency: float = 0.8, stall: float | None = 0.9, kind: str = "slow") -> ProbeResult:
+    """A probe that answered (``kind="slow"``) or timed out after ``latency`` seconds,
+    while the machine was stalled ``stall`` of the time (None: unknown)."""
+    return ProbeResult(False, kind, latency, f"{kind} after {latency:g}s", stall_share=stall)
+
+
+def _busy_policy(clock: FakeClock, **config: Any) -> HealthPolicy:
+    """A serving policy with max_latency 0.5 and a busy grace of 10 s (unless given)."""
+    return _serving(clock, **{"max_latency": 0.5, "busy_grace": 10.0, **config})
+
+
+def test_a_slow_probe_the_stall_explains_is_excused_as_neither_failure_nor_success() -> None:
+    clock = FakeClock()
+    policy = _busy_policy(clock, fall=3)
+    for _ in range(9):  # three times fall, within the grace
+        assert policy.observe(slow()) == Decision(
+            Action.STAY, AgentState.SERVING, None, excused=True
+        )
+        clock.advance(1)
+    assert policy.state is AgentState.SERVING
+    assert (policy.consecutive_failures, policy.consecutive_successes) == (0, 0)
+    last = policy.last_probe
+    assert last is not None
+    assert (last.ok, last.kind, last.latency, last.stall_share) == (False, "busy", 0.8, 0.9)
+    assert last.reason == "slow after 0.8s; excused: the CPU was stalled 90% of it"
+    assert policy.busy_for() == 9.0
+
+
+@pytest.mark.parametrize(
+    ("result", "excused"),
+    [
+        # latency * (1 - stall) <= max_latency (0.5), its boundary included.
+        pytest.param(slow(1.0, 0.5), True, id="exactly-at-the-bound"),
+        pytest.param(slow(1.0, 0.25), False, id="above-the-bound"),
+        pytest.param(slow(0.625, 0.25), True, id="below-the-bound"),
+        pytest.param(slow(1.0, 0.5, "timeout"), True, id="a-timeout-likewise"),
+        pytest.param(slow(1.0, 0.25, "timeout"), False, id="a-timeout-above-the-bound"),
+        pytest.param(slow(5.0, 1.5), True, id="stall-clamped-to-1"),
+        pytest.param(slow(0.6, -0.5), False, id="stall-clamped-to-0"),
+        pytest.param(slow(0.6, None), False, id="stall-unknown"),
+        pytest.param(slow(0.6, float("nan")), False, id="stall-nan"),
+        pytest.param(slow(0.6, 1.0, "error"), False, id="an-error-never"),
+    ],
+)
+def test_what_the_stall_explains(result: ProbeResult, excused: bool) -> None:
+    policy = _busy_policy(FakeClock())
+    decision = policy.observe(result)
+    assert decision.excused is excused
+    assert policy.consecutive_failures == (0 if excused else 1)
+    assert policy.last_probe is not None
+    assert policy.last_probe.kind == ("busy" if excused else result.kind)
+
+
+def test_errors_are_never_excused_however_stalled_the_machine() -> None:
+    policy = _busy_policy(FakeClock(), fall=3)
+    error = ProbeResult(False, "error", 0.01, "HTTP 503", stall_share=1.0)
+    assert _feed(policy, error, error) == [Action.STAY, Action.STAY]
+    decision = policy.observe(error)
+    assert decision == Decision(
+        Action.LEAVE, AgentState.OFFLINE, "3 failed probes, last: HTTP 503", excused=False
+    )
+    assert policy.busy_for() is None
+
+
+@pytest.mark.parametrize(
+    ("later", "excused"),
+    [
+        pytest.param(10.0, True, id="exactly-busy_grace-after-the-first-is-excused"),
+        pytest.param(10.001, False, id="later-counts"),
+    ],
+)
+def test_the_busy_grace_boundary(later: float, excused: bool) -> None:
+    clock = FakeClock()
+    policy = _busy_policy(clock)
+    assert policy.observe(slow()).excused
+    clock.advance(later)
+    assert policy.observe(slow()).excused is excused
+    assert policy.busy_for() == pytest.approx(later)
+
+
+def test_after_the_grace_slow_probes_count_and_take_the_server_offline() -> None:
+    clock = FakeClock()
+    policy = _busy_policy(clock, fall=3)
+    assert policy.observe(slow()).excused
+    clock.advance(10.5)
+    assert _feed(policy, slow(), slow()) == [Action.STAY, Action.STAY]
+    assert policy.consecutive_failures == 2
+    decision = policy.observe(slow(kind="timeout"))
+    assert decision.action is Action.LEAVE
+    assert not decision.excused
+    # The reason says why a stalled machine's slowness counted after all.
+    assert decision.reason == (
+        "3 failed probes, last: timeout after 0.8s (not excused: CPU-stall grace of 10s used up)"
+    )
+    assert policy.state is AgentState.OFFLINE
+
+
+def test_the_grace_runs_from_the_first_excuse_through_errors_until_a_good_probe() -> None:
+    clock = FakeClock()
+    policy = _busy_policy(clock, fall=10)
+    # Failures before the first excuse do not start the grace.
+    assert _feed(policy, failed(), slow(stall=0.1)) == [Action.STAY] * 2
+    assert policy.busy_for() is None
+    clock.advance(5)
+    assert policy.observe(slow()).excused  # the grace starts here
+    clock.advance(4)
+    assert not policy.observe(failed()).excused  # an error does not end the run...
+    clock.advance(7)
+    assert not policy.observe(slow()).excused  # ...so 11 s after the first, used up
+    assert policy.busy_for() == 11.0
+    assert policy.consecutive_failures == 4
+    # A good probe ends the run: the next slow one opens a grace of its own.
+    assert policy.observe(OK).action is Action.STAY
+    assert policy.busy_for() is None
+    clock.advance(1)
+    assert policy.observe(slow()).excused
+    assert policy.busy_for() == 0.0
+
+
+def test_busy_grace_zero_excuses_nothing() -> None:
+    policy = _busy_policy(FakeClock(), busy_grace=0.0, fall=2)
+    decisions = [policy.observe(slow(stall=1.0)) for _ in range(2)]
+    assert [d.excused for d in decisions] == [False, False]
+    assert decisions[-1].action is Action.LEAVE
+    assert policy.busy_for() is None
+
+
+def test_an_excuse_keeps_the_failures_and_breaks_a_run_of_good_probes() -> None:
+    clock = FakeClock()
+    policy = _busy_policy(clock, fall=3, rise=2)
+    # Failures stand across an excuse: an erroring server still reaches fall.
+    assert _feed(policy, failed(), failed(), slow()) == [Action.STAY] * 3
+    assert policy.consecutive_failures == 2
+    assert policy.observe(failed()).action is Action.LEAVE
+    # rise asks for good probes in a row: an excused slow one between them breaks it.
+    assert _feed(policy, OK, slow(), OK) == [Action.STAY] * 3
+    assert policy.consecutive_successes == 1
+    assert policy.state is AgentState.OFFLINE
+    assert policy.observe(OK).action is Action.READMIT
+
+
+def test_an_excusable_probe_before_ready_or_after_drain_changes_nothing() -> None:
+    policy = _policy(FakeClock(), ready=False, max_latency=0.5, busy_grace=10.0)
+    assert policy.observe(slow()) == Decision(Action.STAY, AgentState.STARTING)
+    assert (policy.last_probe, policy.busy_for()) == (None, None)
+    policy.set_ready()
+    policy.observe(OK)
+    policy.drain()
+    assert not policy.observe(slow()).excused
+    assert policy.busy_for() is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["ok", "error", "stalled", "unstalled"]),
+            st.sampled_from([0.0, 0.5, 1.0, 3.0, 10.0]),
+        ),
+        max_size=80,
+    ),
+    grace=st.sampled_from([0.0, 1.0, 5.0, 30.0]),
+    fall=st.integers(1, 4),
+)
+def test_excuses_stay_within_the_grace_of_the_first_in_a_run(
+    steps: list[tuple[str, float]], grace: float, fall: int
+) -> None:
+    clock = FakeClock()
+    policy = _policy(clock, fall=fall, max_latency=0.5, busy_grace=grace)
+    results = {
+        "ok": OK,
+        "error": ProbeResult(False, "error", 0.01, "HTTP 503", stall_share=1.0),
+        "stalled": slow(0.8, 0.9),
+        "unstalled": slow(0.8, 0.0),
+    }
+    first_excuse: float | None = None
+    counted = 0  # failures counted since the last good probe
+    for name, wait in steps:
+        clock.advance(wait)
+        decision = policy.observe(results[name])
+        if name == "ok":
+            first_excuse, counted = None, 0
+        if decision.excused:
+            # Only slowness the stall explains, only within the grace of the run's first.
+            assert name == "stalled"
+            first_excuse = clock.now if first_excuse is None else first_excuse
+            assert clock.now - first_excuse <= grace
+            assert decision.action is Action.STAY
+        elif name != "ok":
+            counted += 1
+        assert policy.consecutive_failures == counted

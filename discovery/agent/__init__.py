@@ -5,6 +5,10 @@
 * :mod:`~discovery.agent.policy`: :class:`HealthPolicy`, which decides when the server
   is admitted, taken offline or held out: no I/O, its clock passed in.
 * :mod:`~discovery.agent.probes`: the :class:`Probe` protocol and its implementations.
+* :mod:`~discovery.agent.pressure`: the :class:`CpuPressure` protocol (how long the
+  server waited for a CPU during a probe), :class:`ThreadRunDelay` (the default: one
+  thread's run delay, Linux schedstat) and :class:`PsiCpuPressure` (the machine's
+  stall, Linux PSI).
 * :mod:`~discovery.agent.loopthread`: :class:`LoopThread`, an event loop in a thread
   of its own, for servers that are not asyncio.
 """
@@ -12,6 +16,7 @@
 from discovery.agent.agent import Agent, AgentStatus
 from discovery.agent.loopthread import LoopThread
 from discovery.agent.policy import Action, AgentState, Decision, HealthPolicy, ProbeResult
+from discovery.agent.pressure import CpuPressure, PressureReading, PsiCpuPressure, ThreadRunDelay
 from discovery.agent.probes import CallableProbe, HttpProbe, Probe, SearchProbe
 
 __all__ = [
@@ -20,11 +25,15 @@ __all__ = [
     "AgentState",
     "AgentStatus",
     "CallableProbe",
+    "CpuPressure",
     "Decision",
     "HealthPolicy",
     "HttpProbe",
     "LoopThread",
+    "PressureReading",
     "Probe",
     "ProbeResult",
+    "PsiCpuPressure",
     "SearchProbe",
+    "ThreadRunDelay",
 ]

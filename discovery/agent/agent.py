@@ -29,6 +29,18 @@ What to do when is decided by a :class:`~discovery.agent.policy.HealthPolicy`, a
 object fed the probes' results and a clock (its module spells the rules out); the
 agent carries its decisions out with ZooKeeper calls, metrics and logs.
 
+Around each probe the agent reads a CPU pressure
+(:class:`~discovery.agent.pressure.CpuPressure`) and gives the policy the share of
+the probe's time spent waiting for a CPU: a probe slow only because the machine is
+busy is excused for a bounded time (``busy_grace``), so that load does not take every
+server of a machine offline at once. By default the pressure is the run delay of the
+thread that constructed the agent
+(:class:`~discovery.agent.pressure.ThreadRunDelay`): the time the server's own thread
+was runnable but given no CPU, so that a hung or slowed server, whose thread is
+blocked or asleep rather than waiting for a CPU, is never excused, however busy the
+machine. Where the pressure is unknown (not Linux) nothing is excused: the "busy
+guard" is off, which is logged once at info and shown in the status.
+
 The public methods are thread-safe and come in two flavours: blocking ones for
 threaded servers (``start``, ``drain``, ``stop``...) and awaitable ones for asyncio
 servers (``astart``, ``adrain``, ``astop``...), which wait without blocking the
@@ -49,7 +61,8 @@ from typing import Any, TypeVar
 from prometheus_client import CollectorRegistry
 
 from discovery.agent.loopthread import LoopThread
-from discovery.agent.policy import Action, AgentState, HealthPolicy, ProbeResult
+from discovery.agent.policy import Action, AgentState, Decision, HealthPolicy, ProbeResult
+from discovery.agent.pressure import CpuPressure, PressureReading, ThreadRunDelay, stall_share
 from discovery.agent.probes import Probe
 from discovery.config import AgentConfig, ZkConfig
 from discovery.errors import DiscoveryError, InvalidInstanceError, ProbeFailed, ZkError
@@ -65,6 +78,10 @@ __all__ = ["Agent", "AgentState", "AgentStatus", "ProbeResult"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# At most one warning per agent in this many seconds about probes excused as busy: a
+# starved machine excuses one probe a second for up to busy_grace.
+_BUSY_LOG_INTERVAL = 30.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,11 @@ class AgentStatus:
     damped_for: float | None  # seconds of cool-down left
     # Why we are not registered although we want to be: another session holds our id.
     conflict: str | None = None
+    # Whether a slow probe can be excused as busy now: CPU pressure known (at the last
+    # reading) and a busy grace above 0.
+    busy_guard: bool = False
+    # Seconds since the first excused probe of the current run of failed ones.
+    busy_for: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -101,9 +123,14 @@ class AgentStatus:
                 "kind": self.last_probe.kind,
                 "latency_ms": round(self.last_probe.latency * 1000, 3),
                 "reason": self.last_probe.reason,
+                "stall_share": None
+                if self.last_probe.stall_share is None
+                else round(self.last_probe.stall_share, 3),
             },
             "damped_for_s": self.damped_for,
             "conflict": self.conflict,
+            "busy_guard": self.busy_guard,
+            "busy_for_s": self.busy_for,
         }
 
 
@@ -119,6 +146,14 @@ class Agent:
         loop_thread: a shared :class:`LoopThread` (a fleet shares one); by default
             the agent starts and stops one of its own.
         clock: monotonic seconds, for flap-damping windows and probe latency.
+        pressure: the CPU pressure read before and after each probe. By default
+            :class:`~discovery.agent.pressure.ThreadRunDelay` of the thread calling
+            this constructor (its native id is taken here, not on the agent's loop
+            thread), which must be the thread that answers the probe: an asyncio
+            server constructs the agent on its event loop. A server whose requests
+            are served by other threads passes ``ThreadRunDelay(tid)`` of one of
+            them, or :class:`~discovery.agent.pressure.PsiCpuPressure` for the
+            machine's stall (which excuses a hung server on a busy machine too).
     """
 
     def __init__(
@@ -132,6 +167,7 @@ class Agent:
         loop_thread: LoopThread | None = None,
         base_path: str = DATA_SERVERS_PATH,
         clock: Callable[[], float] = time.monotonic,
+        pressure: CpuPressure | None = None,
     ) -> None:
         self._instance = instance
         self._probe = probe
@@ -142,6 +178,9 @@ class Agent:
         self._thread = loop_thread or LoopThread(f"agent-{instance.id}")
         self._base_path = base_path
         self._clock = clock
+        # ThreadRunDelay() takes the calling thread's id: this constructor runs on the
+        # embedder's thread (the server's event loop), never on self._thread.
+        self._pressure = pressure if pressure is not None else ThreadRunDelay()
         self._metrics = AgentMetrics(self._registry, [s.value for s in AgentState])
         # Everything below is touched only on the agent's loop, except the immutable
         # status snapshot, which other threads read.
@@ -153,6 +192,13 @@ class Agent:
         # ready event only starts the probe loop; the policy's flag is the one shown.
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
+        # Whether the last pressure reading was known (None: none taken yet); a change
+        # is logged, so a machine without the source says so once, not every probe.
+        self._pressure_known: bool | None = None
+        # The warning about excused probes, rate-limited: when it was last logged and
+        # how many probes were excused since.
+        self._busy_logged_at: float | None = None
+        self._busy_unlogged = 0
         self._status = self._snapshot()
 
     # -- public, thread-safe --------------------------------------------------
@@ -319,6 +365,9 @@ class Agent:
             await session.aclose()
             raise
         self._session = session
+        # Read once now, so that a machine without the source says so at start-up rather
+        # than at the first probe.
+        self._read_pressure()
         self._registration = Registration(
             session,
             self._instance,
@@ -349,6 +398,7 @@ class Agent:
             started = self._clock()
             result = await self._probe_once()
             if self._policy.finished:
+                self._count(result, excused=False)
                 return
             await self._decide(result)
             # The next probe is due one interval after this one started; an admin
@@ -361,6 +411,7 @@ class Agent:
 
     async def _probe_once(self) -> ProbeResult:
         config = self._config
+        before = self._read_pressure()
         started = self._clock()
         try:
             async with asyncio.timeout(config.probe_timeout):
@@ -389,17 +440,85 @@ class Agent:
                 )
             else:
                 result = ProbeResult(True, "ok", latency)
-        self._metrics.probes.labels(result=result.kind).inc()
+        share = stall_share(before, self._read_pressure())
+        result = dataclasses.replace(result, stall_share=share)
+        if not result.ok:
+            log.debug(
+                "probe of %s failed: %s (CPU stalled: %s)",
+                self._instance.id,
+                result.reason,
+                "unknown" if share is None else f"{share:.0%}",
+            )
+        return result
+
+    def _read_pressure(self) -> PressureReading | None:
+        """A reading of the CPU pressure, None if unknown; a change between known and
+        unknown is logged."""
+        try:
+            reading = self._pressure.read()
+        except Exception as exc:  # an extension point: a failure means "unknown"
+            if self._pressure_known is not False:  # said once, not at every probe
+                log.debug("reading CPU pressure failed: %s: %s", type(exc).__name__, exc)
+            reading = None
+        known = reading is not None
+        if known != self._pressure_known:
+            if not known:
+                log.info(
+                    "busy guard off for %s: no CPU pressure from %r, so slow probes are "
+                    "never excused as busy",
+                    self._instance.id,
+                    self._pressure,
+                )
+            elif self._pressure_known is not None:
+                log.info("busy guard on again for %s: CPU pressure readable", self._instance.id)
+            self._pressure_known = known
+            self._metrics.busy_guard.set(1 if self._guard_active() else 0)
+        return reading
+
+    def _guard_active(self) -> bool:
+        return bool(self._pressure_known) and self._config.busy_grace > 0
+
+    def _count(self, result: ProbeResult, *, excused: bool) -> None:
+        self._metrics.probes.labels(result="busy" if excused else result.kind).inc()
         if result.kind in ("ok", "slow"):
             self._metrics.probe_seconds.observe(result.latency)
-        if not result.ok:
-            log.debug("probe of %s failed: %s", self._instance.id, result.reason)
-        return result
+
+    def _log_excused(self, result: ProbeResult) -> None:
+        """Warn that a probe was excused as busy, at most once per
+        30 s (``_BUSY_LOG_INTERVAL``), with the figures."""
+        self._busy_unlogged += 1
+        now = self._clock()
+        if self._busy_logged_at is not None and now - self._busy_logged_at < _BUSY_LOG_INTERVAL:
+            return
+        busy_for = self._policy.busy_for() or 0.0
+        share = result.stall_share or 0.0
+        log.warning(
+            "%s: probe %s in %.0f ms (bound %.0f ms) while the machine's CPU was stalled "
+            "%.0f%% of the time: excused as busy (%d excused since the last such warning; "
+            "excusing for %.0fs of a %gs grace)",
+            self._instance.id,
+            "timed out" if result.kind == "timeout" else "answered",
+            result.latency * 1000,
+            self._config.max_latency * 1000,
+            share * 100,
+            self._busy_unlogged,
+            busy_for,
+            self._config.busy_grace,
+        )
+        self._busy_logged_at = now
+        self._busy_unlogged = 0
 
     async def _decide(self, result: ProbeResult) -> None:
         """Carry out the policy's decision on ``result`` (the policy is already in its
         new state)."""
         decision = self._policy.observe(result)
+        self._count(result, excused=decision.excused)
+        if decision.excused:
+            self._log_excused(result)
+        await self._carry_out(decision, result)
+        self._publish()
+
+    async def _carry_out(self, decision: Decision, result: ProbeResult) -> None:
         action = decision.action
         if action is Action.ADMIT:
             await self._admit("ready")
@@ -415,7 +534,6 @@ class Agent:
             self._metrics.readmissions.inc()
             log.info("%s is healthy again; re-registering", self._instance.id)
             await self._admit(None)
-        self._publish()
 
     async def _admit(self, why: str | None) -> None:
         assert self._registration is not None
@@ -550,6 +668,7 @@ class Agent:
     def _snapshot(self) -> AgentStatus:
         policy = self._policy
         damped_for = policy.damped_for()
+        busy_for = policy.busy_for()
         return AgentStatus(
             state=policy.state,
             reason=policy.reason,
@@ -559,4 +678,6 @@ class Agent:
             consecutive_successes=policy.consecutive_successes,
             last_probe=policy.last_probe,
             damped_for=None if damped_for is None else round(damped_for, 3),
+            busy_guard=self._guard_active(),
+            busy_for=None if busy_for is None else round(busy_for, 3),
         )

@@ -9,13 +9,32 @@ requests (:meth:`~HealthPolicy.take_offline`, :meth:`~HealthPolicy.bring_online`
 :meth:`~HealthPolicy.drain`, :meth:`~HealthPolicy.stop`), and carries out what it
 decides: registering, deregistering, counting and logging.
 
-The rules (``rise``, ``fall`` and ``flap_*`` from :class:`~discovery.config.AgentConfig`):
+The rules (``rise``, ``fall``, ``flap_*``, ``max_latency`` and ``busy_grace`` from
+:class:`~discovery.config.AgentConfig`):
 
 * Probes count once the server is ready (:meth:`~HealthPolicy.set_ready`) and until
   it drains or stops; before and after, a result changes nothing, not even the counts.
 * A good probe resets the count of consecutive failures, a failed one the count of
   consecutive successes. The counts go on in every state (the status shows them);
   only :meth:`~HealthPolicy.bring_online` resets both.
+* Busy, not sick: a probe that failed as ``slow`` or ``timeout`` is **excused**
+  (:attr:`Decision.excused`, kind ``busy``) when the CPU stall during it (by default
+  the time the server's own thread waited for a CPU, see
+  :mod:`discovery.agent.pressure`) explains its slowness: without the stalled share of
+  its wall time it would have met the bound, ``latency * (1 - stall_share) <=
+  max_latency``. Errors are never excused, nor is anything while the stall share is
+  unknown. Excuses last at most
+  ``busy_grace`` seconds (0: none at all), counted from the first excused probe of an
+  unbroken run of failed probes, its last instant included; after that, slow and
+  timed-out probes fail again until a good probe ends the run (nothing else ends it,
+  not even :meth:`~HealthPolicy.bring_online`). Why: on a machine short
+  of CPU every server's probe is slow at once, and taking them all offline together
+  turns load into an outage; a server slow for that long does go.
+* An excused probe is neither a failure nor a success: it keeps the count of
+  consecutive failures (it is no evidence of health, so an erroring server whose
+  other probes are excused still reaches ``fall``) and resets the count of
+  consecutive successes (``rise`` asks for good answers in a row, and a slow answer
+  is not one, so a starved server is not re-admitted on answers between slow ones).
 * STARTING: one good probe admits the server (:attr:`Action.ADMIT`).
 * SERVING: ``fall`` consecutive failures take it offline (:attr:`Action.LEAVE`).
 * OFFLINE: ``rise`` consecutive good probes re-admit it (:attr:`Action.READMIT`),
@@ -37,7 +56,9 @@ begun or returned. Not thread-safe: the agent uses it only on its own loop.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -63,15 +84,26 @@ class AgentState(enum.StrEnum):
 # Probes change nothing any more in these states: the server is on its way out.
 _FINISHED = (AgentState.DRAINING, AgentState.STOPPED)
 
+# The failures that the machine's CPU stall may excuse: slowness, not wrong answers.
+_EXCUSABLE_KINDS = frozenset({"slow", "timeout"})
+
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """One probe's outcome. ``kind`` is ok, error, timeout or slow."""
+    """One probe's outcome.
+
+    ``kind`` is ok, error, timeout or slow as the agent measured it, or busy: a slow
+    or timed-out probe the policy excused (only :attr:`HealthPolicy.last_probe` shows
+    that kind). ``stall_share`` is the share, in [0, 1], of the probe's wall time
+    during which the server was stalled waiting for a CPU (the pressure source's
+    reading, :func:`~discovery.agent.pressure.stall_share`), None when unknown.
+    """
 
     ok: bool
     kind: str
     latency: float
     reason: str | None = None
+    stall_share: float | None = None
 
 
 class Action(enum.Enum):
@@ -87,20 +119,23 @@ class Action(enum.Enum):
 @dataclass(frozen=True)
 class Decision:
     """The policy's answer to a probe: the ``action`` to carry out, and the ``state``
-    the policy is in from now on, with its ``reason`` (:attr:`HealthPolicy.reason`)."""
+    the policy is in from now on, with its ``reason`` (:attr:`HealthPolicy.reason`);
+    ``excused`` if the probe failed but was excused as busy (then the action is STAY)."""
 
     action: Action
     state: AgentState
     reason: str | None = None
+    excused: bool = False
 
 
 class HealthPolicy:
     """The policy; see the module docstring.
 
     Args:
-        config: the thresholds (``fall``, ``rise``) and flap damping (``flap_max``,
-            ``flap_window``, ``flap_cooldown``); the other fields are not its business.
-        clock: monotonic seconds, for the flap window and the cool-down.
+        config: the thresholds (``fall``, ``rise``), flap damping (``flap_max``,
+            ``flap_window``, ``flap_cooldown``) and the busy excuse (``max_latency``,
+            ``busy_grace``); the other fields are not its business.
+        clock: monotonic seconds, for the flap window, the cool-down and the busy grace.
     """
 
     def __init__(
@@ -118,6 +153,9 @@ class HealthPolicy:
         # flap window when the next re-admission is due.
         self._readmissions: deque[float] = deque()
         self._damped_until: float | None = None
+        # When the first probe of the current run of failed ones was excused as busy;
+        # None when none was (or a good probe ended the run).
+        self._busy_since: float | None = None
 
     @property
     def state(self) -> AgentState:
@@ -147,8 +185,16 @@ class HealthPolicy:
 
     @property
     def last_probe(self) -> ProbeResult | None:
-        """The last result that counted (see :meth:`observe`)."""
+        """The last result observed while probes count (see :meth:`observe`); an
+        excused one with kind ``busy``."""
         return self._last_probe
+
+    def busy_for(self) -> float | None:
+        """Seconds since the first excused probe of the current run of failed probes
+        (past ``busy_grace`` once the excuse is used up); None if none was excused."""
+        if self._busy_since is None:
+            return None
+        return max(0.0, self._clock() - self._busy_since)
 
     def damped_for(self) -> float | None:
         """Seconds of cool-down left while DAMPED (0 once it is over); None otherwise."""
@@ -165,6 +211,19 @@ class HealthPolicy:
         if not self._ready or self.finished:
             return Decision(Action.STAY, self._state, self._reason)
         config = self.config
+        now = self._clock()
+        if result.ok:
+            self._busy_since = None  # a good probe ends the run
+        elif config.busy_grace > 0 and self._explained_by_stall(result):
+            if self._busy_since is None:
+                self._busy_since = now
+            if now - self._busy_since <= config.busy_grace:
+                return self._excuse(result)
+            result = dataclasses.replace(
+                result,
+                reason=f"{result.reason} (not excused: CPU-stall grace of "
+                f"{config.busy_grace:g}s used up)",
+            )
         self._last_probe = result
         if result.ok:
             self._successes += 1
@@ -173,7 +232,6 @@ class HealthPolicy:
             self._failures += 1
             self._successes = 0
         state = self._state
-        now = self._clock()
         if state is AgentState.STARTING and result.ok:
             return self._move(Action.ADMIT, AgentState.SERVING, None)
         if state is AgentState.SERVING and self._failures >= config.fall:
@@ -229,6 +287,27 @@ class HealthPolicy:
     def stop(self) -> None:
         """Go STOPPED, from any state."""
         self._set(AgentState.STOPPED, None)
+
+    def _explained_by_stall(self, result: ProbeResult) -> bool:
+        """Whether ``result`` is a slow or timed-out probe that would have met
+        ``max_latency`` without the machine's CPU stall: the rule, whatever the grace."""
+        share = result.stall_share
+        if result.kind not in _EXCUSABLE_KINDS or share is None or not math.isfinite(share):
+            return False
+        share = min(1.0, max(0.0, share))
+        return result.latency * (1.0 - share) <= self.config.max_latency
+
+    def _excuse(self, result: ProbeResult) -> Decision:
+        share = min(1.0, max(0.0, result.stall_share or 0.0))
+        self._last_probe = dataclasses.replace(
+            result,
+            kind="busy",
+            reason=f"{result.reason}; excused: the CPU was stalled {share:.0%} of it",
+        )
+        # Neither a failure nor a success (see the module docstring): the failures
+        # stand, a run of good probes is broken.
+        self._successes = 0
+        return Decision(Action.STAY, self._state, self._reason, excused=True)
 
     def _readmit(self, now: float) -> Decision:
         self._readmissions.append(now)

@@ -58,6 +58,7 @@ __all__ = [
     "listen_options",
     "log_level",
     "network_list",
+    "non_negative_float",
     "non_negative_int",
     "parse_env",
     "port_number",
@@ -124,6 +125,17 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
 
 
@@ -488,6 +500,18 @@ AGENT_OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS",
     ),
     Option(
+        "--probe-busy-grace",
+        "DISCOVERY_PROBE_BUSY_GRACE",
+        "seconds for which slow or timed-out probes are excused (counted as neither "
+        "failed nor good) while the server's own thread waiting for a CPU (its Linux "
+        "schedstat run delay: the machine was busy) explains their slowness, from the "
+        "first excused probe until a good one; a hung or blocked server is never "
+        "excused (0: never excuse)",
+        type=non_negative_float,
+        default=120.0,
+        metavar="SECONDS",
+    ),
+    Option(
         "--fall",
         "DISCOVERY_PROBE_FALL",
         "consecutive failed probes that take the server offline",
@@ -599,6 +623,7 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
         probe_interval=args.probe_interval,
         probe_timeout=args.probe_timeout,
         max_latency=args.probe_max_latency,
+        busy_grace=args.probe_busy_grace,
         fall=args.fall,
         rise=args.rise,
         flap_max=args.flap_max,
