@@ -38,6 +38,7 @@ from discovery.livelist.brake import MassLossBrakeConfig
 
 from .httpclient import DEFAULT_MAX_BODY
 from .querydeath import QueryOfDeathConfig
+from .slowstart import SlowStart
 
 # Most shards --shards may name: every one is a sub-request of every query.
 _MAX_SHARDS = 100_000
@@ -290,6 +291,33 @@ SEARCH_OPTIONS = (
         default=DEFAULT_MAX_BODY,
         metavar="BYTES",
     ),
+    # Slow start (search_server/slowstart.py).
+    Option(
+        "--slow-start-window",
+        "DISCOVERY_SLOW_START_WINDOW",
+        "seconds over which a data server new to this search server (joined, restarted, "
+        "back from offline) ramps up to its full share of its shard's requests (0: off)",
+        type=_non_negative_float,
+        default=30.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--slow-start-aggression",
+        "DISCOVERY_SLOW_START_AGGRESSION",
+        "shape of the ramp: the weight is weight x (elapsed / window) ^ (1 / A); 1 is "
+        "linear, more ramps faster early on",
+        type=positive_float,
+        default=1.0,
+        metavar="A",
+    ),
+    Option(
+        "--slow-start-min-weight",
+        "DISCOVERY_SLOW_START_MIN_WEIGHT",
+        "least share of its weight a ramping data server has, from its first second (0 < F <= 1)",
+        type=_fraction,
+        default=0.1,
+        metavar="F",
+    ),
     # The query-of-death guard (search_server/querydeath.py).
     Option(
         "--qod-strikes",
@@ -455,6 +483,7 @@ class SearchServerConfig:
     http: HttpEdgeConfig = field(default_factory=HttpEdgeConfig)
     max_event_streams: int = 64
     drain_grace: float = 2.0
+    slow_start: SlowStart = field(default_factory=SlowStart)
 
     def __post_init__(self) -> None:
         if self.max_answer_bytes < 1:
@@ -540,6 +569,11 @@ class SearchServerConfig:
             http=http_edge_config(args),
             max_event_streams=args.max_event_streams,
             drain_grace=args.drain_grace,
+            slow_start=SlowStart(
+                window=args.slow_start_window,
+                aggression=args.slow_start_aggression,
+                min_weight=args.slow_start_min_weight,
+            ),
             mass_loss=MassLossBrakeConfig(
                 fraction=args.mass_loss_fraction,
                 window=args.mass_loss_window,

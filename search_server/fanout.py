@@ -17,8 +17,9 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   yet tried by this query, in the search server's own ``zone`` when a usable replica
   is there (other zones otherwise), and **warmed up**: a replica with fewer than
   ``warmup_samples`` answers from this search server gets one request at a time, as
-  Finagle's probation does, so that a replica that has just joined (and ranks first
-  for lack of samples) is not sent a flood before anyone knows its speed.
+  Finagle's probation does, so that a replica that has just joined is not sent a flood
+  before anyone knows its speed; and its share **ramps** over a window (slow start,
+  :mod:`.slowstart`) from a tenth of its weight.
 * **Hedged requests**: one more request to another replica when a shard's request is
   out longer than its replicas' recent p95, within a budget of ``hedge_ratio`` of the
   sub-requests (:mod:`.hedging` says when, and keeps the budget). The budget is kept
@@ -106,6 +107,7 @@ from .picking import (
 )
 from .retrybudget import ExtraRequest, RetryBudget
 from .routing import RoutingTable
+from .slowstart import Ramps, SlowStart
 from .subsetting import DeterministicAperture, Position, Subset, Subsetter
 
 # FanOutResult is what FanOut.search returns: importable with it.
@@ -329,6 +331,7 @@ class FanOut:
         panic_threshold: float = PANIC_THRESHOLD,
         overload_backoff: float = OVERLOAD_BACKOFF,
         loop_lag: LoopLagMonitor | None = None,
+        slow_start: SlowStart | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -380,11 +383,14 @@ class FanOut:
         self.picker: ReplicaPicker = picker if picker is not None else AdaptiveReplicaSelection()
         self._in_flight = 0
         self.networks = networks if networks is not None else NetworkPolicy()
+        # Replicas in slow start (none when it is off, as by default here).
+        self._ramps = Ramps(slow_start if slow_start is not None else SlowStart(window=0.0))
         # Replicas by shard for the last list fanned out to or followed.
         self._routes = RoutingTable(
             clock,
             admit=self._admit if self.networks.narrows else None,
             on_skip=self._skipped,
+            on_new=self._new_replica,
         )
         # Targets whose exclusion was logged (bounded): one line each, not one per list.
         self._logged_skips: OrderedDict[str, None] = OrderedDict()
@@ -467,6 +473,11 @@ class FanOut:
     def _admit(self, instance: ServiceInstance) -> str | None:
         problem = self.networks.problem(instance.address)
         return None if problem is None else f"not_allowed: {problem}"
+
+    def _new_replica(self, replica: Replica) -> None:
+        """A target new to this fan-out: its weight ramps (slow start)."""
+        self._ramps.add(replica, self._clock())
+        self.metrics.slow_start.set(len(self._ramps))
 
     def _skipped(self, instance: ServiceInstance, problem: str) -> None:
         """A listed server left out of the routing table: counted, logged once."""
@@ -555,6 +566,8 @@ class FanOut:
         loop = asyncio.get_running_loop()
         started = loop.time()
         table = self._routing_table(servers)
+        if self._ramps.refresh(self._clock()):  # at most every 0.1 s, while any ramps
+            self.metrics.slow_start.set(len(self._ramps))
         target = ("/search?" + urlencode({"q": query, "k": k}) + "&timeout_ms=").encode("ascii")
         q = _Query(loop, target, k, started, started + timeout_ms / 1000)
         if len(self._shard_routes) > len(table):

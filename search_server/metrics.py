@@ -143,6 +143,12 @@ class FanOutMetrics:
             ["why"],
             registry=registry,
         )
+        self.slow_start = Gauge(
+            "search_server_fanout_slow_start_replicas",
+            "Replicas whose weight is ramping up (slow start: new to this search server "
+            "within --slow-start-window).",
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "search_server_fanout_in_flight",
             "Queries currently in the fan-out (admission control refuses beyond the limit).",

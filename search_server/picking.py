@@ -7,8 +7,9 @@ server reported, its consecutive failures. It narrows a shard's replicas to the
 candidates (routable, not ejected, not yet tried by this query, in its own zone when
 one there is usable, warmed up or idle) and asks its :class:`ReplicaPicker` for one.
 
-Two pickers, both weighted by the payload's ``weight`` (a replica of weight 200 takes
-about twice the share of one of weight 100):
+Two pickers, both weighted by the replica's :attr:`Replica.weight`: the payload's
+``weight`` (a replica of weight 200 takes about twice the share of one of weight 100),
+scaled down while the replica is in slow start (:mod:`.slowstart`):
 
 * :class:`AdaptiveReplicaSelection` (the default; chosen on ``bench/bench_fanout.py``'s
   skew figures): Elasticsearch's adaptive replica selection, after the C3 paper
@@ -17,7 +18,9 @@ about twice the share of one of weight 100):
   estimated as ``1 + outstanding x clients + reported queue``: the ``x clients`` is C3's
   concurrency compensation, which makes every search server assume the others send
   like it does, so that they do not all herd onto the replica that looks best. Of more
-  than four candidates (a subset's members) it ranks two drawn at random, not all.
+  than four candidates (a subset's members) it ranks two drawn at random, not all. A
+  replica it has no answer from yet is given a prior, the typical statistics of the
+  candidates it has answers from, rather than the best rank.
 * :class:`PowerOfTwoChoices`: two random candidates, the less loaded one wins.
 
 Another policy is a new class passed as ``FanOut(picker=...)``,
@@ -44,6 +47,7 @@ __all__ = [
     "AdaptiveReplicaSelection",
     "LatencyWindow",
     "PowerOfTwoChoices",
+    "Prior",
     "Replica",
     "ReplicaPicker",
     "make_picker",
@@ -52,6 +56,10 @@ __all__ = [
 
 #: Weight of the newest sample in the EWMAs (Elasticsearch's ARS uses the same).
 EWMA_ALPHA = 0.3
+
+#: The response time and service time (seconds) a replica without samples is ranked
+#: with by :class:`AdaptiveReplicaSelection` (see :meth:`~AdaptiveReplicaSelection.prior`).
+Prior = tuple[float, float]
 
 
 def target_key(instance: ServiceInstance) -> str:
@@ -76,6 +84,13 @@ class Replica:
     server saw, the search time the data server reported (``took_ms``) and the requests
     it reported in flight (``queue``); ``samples`` counts the answers behind them and
     ``sent`` the requests sent (hedges included).
+
+    ``base_weight`` is the registered weight (the payload's, 1-1000) and ``weight`` the
+    one the pickers use: the same, except while the replica is in slow start
+    (``ramp_start`` is then when its ramp began, on the fan-out's clock), when
+    :class:`~search_server.slowstart.SlowStart` moves it from ``min_weight`` of
+    ``base_weight`` up to ``base_weight``. A float, since a share of a small weight
+    is not a whole number (and must not round to 0: the pickers divide by it).
     """
 
     key: str
@@ -83,7 +98,8 @@ class Replica:
     endpoint: Endpoint
     shard: int
     zone: str | None
-    weight: int
+    weight: float
+    base_weight: int
     outstanding: int = 0
     sent: int = 0
     samples: int = 0
@@ -100,6 +116,8 @@ class Replica:
     discount: float = 1.0
     # Its recent response times, for the fan-out's hedging (made at its first answer).
     window: LatencyWindow | None = None
+    # When its slow start began (None: not ramping; see search_server.slowstart).
+    ramp_start: float | None = None
 
     @classmethod
     def of(cls, instance: ServiceInstance) -> Replica:
@@ -110,8 +128,19 @@ class Replica:
             endpoint=Endpoint.of(instance.address, instance.port),
             shard=payload.shard,
             zone=payload.zone,
-            weight=payload.weight,
+            weight=float(payload.weight),
+            base_weight=payload.weight,
         )
+
+    def reweigh(self, base_weight: int) -> None:
+        """The registered weight is now ``base_weight`` (a new payload): ``weight``
+        follows at once, at the same share of it while the replica ramps (its next
+        refresh by :class:`~search_server.slowstart.SlowStart` sets it exactly)."""
+        if self.ramp_start is None:
+            self.weight = float(base_weight)
+        elif base_weight != self.base_weight:
+            self.weight = self.weight * base_weight / self.base_weight
+        self.base_weight = base_weight
 
     def is_ejected(self, now: float) -> bool:
         return self.ejected_until is not None and now < self.ejected_until
@@ -236,15 +265,31 @@ class AdaptiveReplicaSelection:
     choice). With 2 to ``rank_all`` candidates every one is ranked, so a slow copy
     of a small shard is never picked while a faster one is there.
 
-    A replica without samples ranks first, so a new one is tried at once when it is
-    ranked (unless it has failed or timed out already: then its penalized response
-    time ranks it); the fan-out's warm-up keeps it to one request at a time until it
-    has answered a few. The rank of every candidate not chosen decays a little
-    (``decay``, through :attr:`Replica.discount`, reset by its next answer), as
-    Elasticsearch adjusts the statistics of the nodes it did not pick: a replica that
-    was slow once is tried again after a while rather than starved of the samples
-    that would show it recovered. The EWMAs are left true, for the fan-out's other
-    uses (hedge targets). ``rng`` makes the draws reproducible.
+    **A replica without samples** (no answer and no penalty yet: new, restarted, back
+    from offline) is ranked with a *prior*: the median ``R`` and median ``S`` of the
+    candidates that have samples (of the other drawn one, when two are drawn), with
+    its own requests in flight in ``q̂`` and its own weight and discount, as if it
+    were a typical replica of its shard. It used to rank first (rank 0), whatever it
+    had in flight: every request until its first answer went to it (the flood of a new
+    node that Elasticsearch's adaptive selection has, elastic/elasticsearch#147579),
+    which only the fan-out's warm-up cap held to one at a time. Why the statistics and
+    not a typical *rank*: a rank holds its replica's load (``outstanding``, the
+    reported queue), and borrowing the others' load would ignore the newcomer's own,
+    so it would keep winning ties until it answered; with its own ``q̂`` each request
+    sent to it makes it look busier, as for any replica. Why the median: one sick
+    candidate (a penalized response time ten times the others') drags a mean with it,
+    not a median, and a new replica is assumed to be like most of its shard, not like
+    the average of a healthy and a sick one (of two, the median is their mean). Only
+    when no candidate has samples does it rank first, as nothing is known of any.
+    A replica that has only failed or timed out so far ranks by what that cost (its
+    penalized response time), not by the prior.
+
+    The rank of every candidate not chosen decays a little (``decay``, through
+    :attr:`Replica.discount`, reset by its next answer), as Elasticsearch adjusts the
+    statistics of the nodes it did not pick: a replica that was slow once, or a new
+    one whose prior ranks it below the best, is tried again after a while rather than
+    starved of the samples that would show what it is. The EWMAs are left true, for
+    the fan-out's other uses (hedge targets). ``rng`` makes the draws reproducible.
 
     Raises ``ValueError`` for ``clients`` below 1, ``decay`` outside ``[0, 1)`` or
     ``rank_all`` below 2.
@@ -269,20 +314,39 @@ class AdaptiveReplicaSelection:
         self._keep = 1.0 - decay
         self._rng = rng if rng is not None else random.Random()
 
-    def rank(self, replica: Replica) -> float:
-        """The replica's C3 rank per unit of weight (lower is better)."""
+    def rank(self, replica: Replica, prior: Prior | None = None) -> float:
+        """The replica's C3 rank per unit of weight (lower is better).
+
+        ``prior`` (see :meth:`prior`) stands in for the statistics of a replica without
+        samples; without one, such a replica ranks 0.0, first.
+        """
         if replica.samples == 0:
-            # Unknown: tried at once. But one that has only failed or timed out so far
-            # ranks by what that cost (penalize() raised its response time), not first:
-            # a peer that never answers (a trickle, a hang) was otherwise picked first
-            # again after every ejection, each time costing a hedge or the shard.
-            if replica.seconds == 0.0:
-                return 0.0
-            return replica.seconds * replica.discount / replica.weight
-        service = replica.service
+            if replica.seconds != 0.0:
+                # It has only failed or timed out so far: it ranks by what that cost
+                # (penalize() raised its response time), neither first nor typical: a
+                # peer that never answers (a trickle, a hang) was otherwise picked
+                # first again after every ejection, each time costing a hedge or the
+                # shard.
+                return replica.seconds * replica.discount / replica.weight
+            if prior is None:
+                return 0.0  # nothing known of any candidate: tried at once
+            seconds, service = prior
+        else:
+            seconds, service = replica.seconds, replica.service
         q_hat = 1.0 + replica.outstanding * self.clients + replica.queue
-        rank = replica.seconds - service + q_hat * q_hat * q_hat * service
+        rank = seconds - service + q_hat * q_hat * q_hat * service
         return rank * replica.discount / replica.weight
+
+    @staticmethod
+    def prior(candidates: Sequence[Replica]) -> Prior | None:
+        """The ``(R, S)`` a replica without samples is ranked with among ``candidates``:
+        the medians of the response-time and service-time EWMAs of those with samples;
+        None if none has any."""
+        seconds = [r.seconds for r in candidates if r.samples]
+        if not seconds:
+            return None
+        service = [r.service for r in candidates if r.samples]
+        return _median(seconds), _median(service)
 
     def pick(self, candidates: Sequence[Replica]) -> Replica:
         count = len(candidates)
@@ -293,14 +357,36 @@ class AdaptiveReplicaSelection:
             first = self._rng.randrange(count)
             second = self._rng.randrange(count - 1)
             a, b = candidates[first], candidates[second + (second >= first)]
-            best = a if rank(a) <= rank(b) else b
+            if a.samples and b.samples:
+                best = a if rank(a) <= rank(b) else b
+            else:
+                # A replica without samples is ranked as if it were like the other one.
+                rank_a = rank(a, (b.seconds, b.service)) if b.samples else rank(a)
+                rank_b = rank(b, (a.seconds, a.service)) if a.samples else rank(b)
+                best = a if rank_a <= rank_b else b
         else:
             best = min(candidates, key=rank)
+            # Without a prior, a replica without samples ranks 0.0 and so wins: only
+            # then is it worth ranking them again with one (the common path pays one
+            # check, not a scan).
+            if best.samples == 0 and best.seconds == 0.0:
+                prior = self.prior(candidates)
+                if prior is not None:
+                    best = min(candidates, key=lambda replica: rank(replica, prior))
         keep = self._keep
         for replica in candidates:
             if replica is not best:
                 replica.discount *= keep
         return best
+
+
+def _median(values: list[float]) -> float:
+    """The median of ``values`` (not empty; sorted in place): few, so sorting is cheap."""
+    values.sort()
+    middle = len(values) // 2
+    if len(values) % 2:
+        return values[middle]
+    return (values[middle - 1] + values[middle]) / 2
 
 
 def make_picker(name: str, rng: random.Random | None = None) -> ReplicaPicker:

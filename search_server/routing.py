@@ -64,8 +64,10 @@ class RoutingTable:
         *,
         admit: Callable[[ServiceInstance], str | None] | None = None,
         on_skip: Callable[[ServiceInstance, str], None] | None = None,
+        on_new: Callable[[Replica], None] | None = None,
     ) -> None:
         self._clock = clock
+        self._on_new = on_new
         self._admit = admit
         self._on_skip = on_skip
         self.source: object = None
@@ -186,7 +188,14 @@ class RoutingTable:
         problem = self._admit(instance) if self._admit is not None else None
         if problem is None:
             try:
-                return _updated(known.get(target_key(instance)), instance)
+                old = known.get(target_key(instance))
+                replica = _updated(old, instance)
+                # A target new to the table (slow start); not in the first table, whose
+                # replicas are all new at once (ramping them together would change no
+                # share, and cost a refresh of every one for the window).
+                if old is None and self._on_new is not None and self.source is not None:
+                    self._on_new(replica)
+                return replica
             except Exception as exc:
                 problem = f"cannot route to it: {type(exc).__name__}: {exc}"[:300]
         if self._on_skip is not None:
@@ -282,7 +291,8 @@ def _updated(replica: Replica | None, instance: ServiceInstance) -> Replica:
         return Replica.of(instance)
     payload = instance.payload
     replica.instance = instance
-    replica.shard, replica.zone, replica.weight = payload.shard, payload.zone, payload.weight
+    replica.shard, replica.zone = payload.shard, payload.zone
+    replica.reweigh(payload.weight)
     return replica
 
 

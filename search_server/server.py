@@ -229,6 +229,7 @@ class SearchServer:
             ),
             subsetter=DeterministicAperture(config.subset_size),
             shards=config.shards,
+            slow_start=config.slow_start,
         )
         stack.push_async_callback(self.fanout.aclose)
         self._routes = await stack.enter_async_context(
