@@ -36,6 +36,7 @@ from discovery.errors import ConfigError
 from discovery.instance import validate_zone
 from discovery.livelist.brake import MassLossBrakeConfig
 
+from .admission import ConcurrencyLimit, FixedLimit, GradientLimit
 from .httpclient import DEFAULT_MAX_BODY
 from .querydeath import QueryOfDeathConfig
 from .slowstart import SlowStart
@@ -73,6 +74,13 @@ def _picker(text: str) -> str:
     return value
 
 
+def _admission(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ADMISSIONS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(ADMISSIONS)}, got {text!r}")
+    return value
+
+
 def _percent(text: str) -> float:
     value = _non_negative_float(text)
     if value > 100:
@@ -82,6 +90,8 @@ def _percent(text: str) -> float:
 
 #: The replica pickers ``--picker`` names.
 PICKERS = ("ars", "p2c")
+#: Values of ``--admission``.
+ADMISSIONS = ("gradient", "fixed")
 
 SEARCH_OPTIONS = (
     *listen_options(8080, "ss"),
@@ -123,9 +133,41 @@ SEARCH_OPTIONS = (
     Option(
         "--max-in-flight",
         "DISCOVERY_MAX_IN_FLIGHT",
-        "queries fanned out at once; more are refused with 503 instead of queued",
+        "most queries fanned out at once (the adaptive limit's ceiling, or the limit "
+        "itself with --admission fixed); more are refused with 503 instead of queued",
         type=positive_int,
         default=256,
+    ),
+    Option(
+        "--admission",
+        "DISCOVERY_ADMISSION",
+        "how many queries are admitted at once: gradient (a limit that follows latency: "
+        "past the knee the excess is refused at once with 503 and the admitted queries "
+        "keep inside their deadline) or fixed (--max-in-flight)",
+        type=_admission,
+        default="gradient",
+    ),
+    Option(
+        "--admission-min-limit",
+        "DISCOVERY_ADMISSION_MIN_LIMIT",
+        "the least the gradient limit falls to (queries in flight always admitted)",
+        type=positive_int,
+        default=4,
+    ),
+    Option(
+        "--admission-initial-limit",
+        "DISCOVERY_ADMISSION_INITIAL_LIMIT",
+        "the gradient limit at start (at least --admission-min-limit; --max-in-flight caps both)",
+        type=positive_int,
+        default=20,
+    ),
+    Option(
+        "--admission-tolerance",
+        "DISCOVERY_ADMISSION_TOLERANCE",
+        "how many times its usual latency a query may take before the gradient limit "
+        "comes down (nor, whatever the usual, above two fifths of --timeout-ms)",
+        type=positive_float,
+        default=2.0,
     ),
     Option(
         "--eject-after",
@@ -457,6 +499,10 @@ class SearchServerConfig:
     default_timeout_ms: int = 500
     max_timeout_ms: int = 10_000
     max_in_flight: int = 256
+    admission: str = "gradient"
+    admission_min_limit: int = 4
+    admission_initial_limit: int = 20
+    admission_tolerance: float = 2.0
     eject_after: int = 3
     eject_cooldown: float = 10.0
     max_ejected_percent: int = 50
@@ -491,6 +537,20 @@ class SearchServerConfig:
         if self.max_event_streams < 1:
             raise ConfigError(
                 f"--max-event-streams must be at least 1, got {self.max_event_streams}"
+            )
+        if self.admission not in ADMISSIONS:
+            raise ConfigError(
+                f"--admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}"
+            )
+        if not 1 <= self.admission_min_limit <= self.admission_initial_limit:
+            raise ConfigError(
+                "--admission-min-limit must be at least 1 and at most "
+                f"--admission-initial-limit, got {self.admission_min_limit} and "
+                f"{self.admission_initial_limit}"
+            )
+        if not self.admission_tolerance >= 1:
+            raise ConfigError(
+                f"--admission-tolerance must be at least 1, got {self.admission_tolerance}"
             )
         if self.picker not in PICKERS:
             raise ConfigError(f"--picker must be one of {', '.join(PICKERS)}, got {self.picker!r}")
@@ -527,6 +587,23 @@ class SearchServerConfig:
             raise ConfigError("--fence-recheck-max must be positive")
 
     @classmethod
+    def concurrency_limit(self) -> ConcurrencyLimit:
+        """The admission's limit these settings describe (a new one per call)."""
+        if self.admission == "fixed":
+            return FixedLimit(self.max_in_flight)
+        # --max-in-flight caps the others (a small one is a fixed limit in effect).
+        initial = min(self.admission_initial_limit, self.max_in_flight)
+        return GradientLimit(
+            initial=initial,
+            min_limit=min(self.admission_min_limit, initial),
+            max_limit=self.max_in_flight,
+            tolerance=self.admission_tolerance,
+            # Two fifths of the default deadline: a fan-out's p99 is about twice its
+            # mean, and the admitted queries' must stay inside the deadline.
+            ceiling=0.4 * self.default_timeout_ms / 1000,
+        )
+
+    @classmethod
     def from_args(cls, args: argparse.Namespace) -> SearchServerConfig:
         return cls(
             zk=zk_config(args),
@@ -538,6 +615,10 @@ class SearchServerConfig:
             default_timeout_ms=args.timeout_ms,
             max_timeout_ms=args.max_timeout_ms,
             max_in_flight=args.max_in_flight,
+            admission=args.admission,
+            admission_min_limit=args.admission_min_limit,
+            admission_initial_limit=args.admission_initial_limit,
+            admission_tolerance=args.admission_tolerance,
             eject_after=args.eject_after,
             eject_cooldown=args.eject_cooldown,
             max_ejected_percent=args.max_ejected_percent,

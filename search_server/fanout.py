@@ -83,6 +83,7 @@ from discovery.errors import OverloadedError
 from discovery.instance import ServiceInstance
 from discovery.livelist.model import LiveListChange
 
+from .admission import ConcurrencyLimit, FixedLimit
 from .ejection import OutlierEjection
 from .hedging import HedgePolicy
 from .httpclient import HttpClient, Response, SubrequestClient, SubrequestError
@@ -263,6 +264,9 @@ OVERLOAD_BACKOFF = 0.5
 #: heed ejections (``FanOut(panic_threshold=...)``, Envoy's healthy panic threshold and
 #: its default): below it, the shard routes to all of them (see FanOut._panicking).
 PANIC_THRESHOLD = 0.5
+# Seconds after a query was refused for the in-flight limit during which no hedge is
+# sent (FanOut._hedge).
+_SHED_HEDGE_PAUSE = 1.0
 # Seconds between two log lines saying that shards route in panic.
 _PANIC_LOG_INTERVAL = 10.0
 # Distinct unroutable targets whose exclusion is remembered as logged.
@@ -331,6 +335,7 @@ class FanOut:
         panic_threshold: float = PANIC_THRESHOLD,
         overload_backoff: float = OVERLOAD_BACKOFF,
         loop_lag: LoopLagMonitor | None = None,
+        admission: ConcurrencyLimit | None = None,
         slow_start: SlowStart | None = None,
     ) -> None:
         if max_in_flight < 1:
@@ -359,6 +364,14 @@ class FanOut:
         self._panic_logged_at = -_PANIC_LOG_INTERVAL
         self._panic_shards: set[int] = set()
         self._loop_lag = loop_lag
+        # How many queries may be in flight now (never more than max_in_flight): by
+        # default the fixed max_in_flight; the search server passes a GradientLimit.
+        self._admission: ConcurrencyLimit = (
+            admission if admission is not None else FixedLimit(max_in_flight)
+        )
+        # When a query was last refused for the limit (the fan-out's clock): hedges
+        # stop for a while, since a hedge is load a shedding server cannot spare.
+        self._shed_at = -math.inf
         self._owns_client = client is None
         self._client: SubrequestClient = client if client is not None else HttpClient()
         self._max_in_flight = max_in_flight
@@ -379,6 +392,7 @@ class FanOut:
         self.zone = zone
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = FanOutMetrics(self.registry)
+        self.metrics.admission_limit.set(self._admission.limit)
         self._clock = clock
         self.picker: ReplicaPicker = picker if picker is not None else AdaptiveReplicaSelection()
         self._in_flight = 0
@@ -455,18 +469,31 @@ class FanOut:
         if timeout_ms < 1:
             raise ValueError(f"timeout_ms must be >= 1, got {timeout_ms}")
         # No await before this check and the increment: admission is atomic on the loop.
-        if self._in_flight >= self._max_in_flight:
+        limit = min(self._admission.limit, self._max_in_flight)
+        if self._in_flight >= limit:
             self.metrics.queries.labels(outcome="overloaded").inc()
-            raise OverloadedError(
-                f"{self._in_flight} queries in flight, the limit is {self._max_in_flight}"
-            )
+            self._shed_at = self._clock()
+            raise OverloadedError(f"{self._in_flight} queries in flight, the limit is {limit}")
         self._in_flight += 1
+        in_flight = self._in_flight
         self.metrics.in_flight.inc()
         try:
-            return await self._fan_out(servers, query, k, timeout_ms)
+            result = await self._fan_out(servers, query, k, timeout_ms)
         finally:
             self._in_flight -= 1
             self.metrics.in_flight.dec()
+        coverage = result.coverage
+        dropped = coverage is not None and (
+            "deadline" in coverage.degraded or "overload" in coverage.degraded
+        )
+        self._admission.on_sample(self._clock(), result.took_ms / 1000, in_flight, dropped)
+        self.metrics.admission_limit.set(self._admission.limit)
+        return result
+
+    @property
+    def admission(self) -> ConcurrencyLimit:
+        """The in-flight limit this fan-out admits queries under."""
+        return self._admission
 
     # -- routing table ----------------------------------------------------------------
 
@@ -779,6 +806,11 @@ class FanOut:
             q.deferred.append(call)
             return
         started = call.attempts[0].started
+        if self._clock() - self._shed_at < _SHED_HEDGE_PAUSE:
+            # This search server is refusing queries for want of capacity: a hedge
+            # would take it from the queries it admitted.
+            self.metrics.hedges.labels(result="shedding").inc()
+            return
         if self._loop_lag is not None and self._loop_lag.lagged_since(started):
             # Our own loop fell behind while the request was out: its answer may be
             # waiting in the socket, and a hedge would add load to a machine that has

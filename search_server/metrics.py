@@ -28,7 +28,7 @@ QUERY_OUTCOMES = ("complete", "partial", "overloaded")
 #: Label values of ``search_server_fanout_shard_requests_total{result}``.
 SHARD_RESULTS = ("ok", "error", "timeout", "overload")
 #: Label values of ``search_server_fanout_hedges_total{result}``.
-HEDGE_RESULTS = ("sent", "won", "over_budget", "own_lag")
+HEDGE_RESULTS = ("sent", "won", "over_budget", "own_lag", "shedding")
 #: Label values of ``search_server_fanout_panic_total{scope}``.
 PANIC_SCOPES = ("shard", "cluster")
 #: Label values of ``search_server_fanout_unblamed_timeouts_total{why}``.
@@ -95,7 +95,8 @@ class FanOutMetrics:
             "Hedged sub-requests: sent (a shard's answer was later than its recent p95), "
             "won (the hedge answered first), over_budget (not sent: the budget was spent), "
             "own_lag (not sent: this search server's event loop lagged while the request "
-            "was out, so the lateness may be its own).",
+            "was out, so the lateness may be its own), shedding (not sent: this search "
+            "server refused a query for its in-flight limit within the last second).",
             ["result"],
             registry=registry,
         )
@@ -147,6 +148,12 @@ class FanOutMetrics:
             "search_server_fanout_slow_start_replicas",
             "Replicas whose weight is ramping up (slow start: new to this search server "
             "within --slow-start-window).",
+            registry=registry,
+        )
+        self.admission_limit = Gauge(
+            "search_server_admission_limit",
+            "Queries this search server admits at once now (adaptive: it follows the "
+            "latency; beyond it a query is refused at once with 503).",
             registry=registry,
         )
         self.in_flight = Gauge(

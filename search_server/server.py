@@ -216,6 +216,7 @@ class SearchServer:
             eject_cooldown=config.eject_cooldown,
             max_ejected_share=config.max_ejected_percent / 100,
             panic_threshold=config.panic_percent / 100,
+            admission=config.concurrency_limit(),
             loop_lag=loop_lag,
             registry=self.registry,
             picker=self._picker if self._picker is not None else make_picker(config.picker),
@@ -412,7 +413,11 @@ class SearchServer:
             result = await self.fanout.search(servers, query, k, timeout_ms)
         except OverloadedError as exc:
             self.query_stats.record_overloaded()
-            return json_error(503, f"overloaded: {exc}")
+            # Shed at once, before any work: the client may retry, here in a moment or
+            # on another search server (a load balancer's cue, as a data server's 429).
+            refused = json_error(503, f"overloaded: {exc}")
+            refused.headers["Retry-After"] = "1"
+            return refused
         shards = result.shards
         # A missing shard is no fault of the query: only the shards asked count.
         self.query_guard.record(

@@ -18,7 +18,9 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
+from discovery.errors import OverloadedError
 from discovery.instance import ServiceInstance
+from search_server.admission import FixedLimit, GradientLimit
 from search_server.fanout import FanOut
 from search_server.httpclient import Endpoint, Response
 from search_server.looplag import LoopLagMonitor
@@ -38,6 +40,8 @@ class _Scripted:
         self.shard_of = shard_of
         self.behaviour: dict[int, str] = dict.fromkeys(shard_of, OK)
         self.sent: Counter[int] = Counter()
+        # Seconds an OK answer takes (0: at once).
+        self.delay = 0.0
 
     def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
         port = endpoint.port
@@ -47,7 +51,13 @@ class _Scripted:
         if behaviour == OK:
             hits = [{"id": f"d{port}", "score": 1.0}]
             body = {"hits": hits, "shard": self.shard_of[port], "took_ms": 0.1}
-            future.set_result((200, orjson.dumps(body)))
+            answer = (200, orjson.dumps(body))
+            if self.delay:
+                asyncio.get_running_loop().call_later(
+                    self.delay, lambda: future.done() or future.set_result(answer)
+                )
+            else:
+                future.set_result(answer)
         elif behaviour == FULL:
             future.set_result((429, b'{"error":"overloaded"}'))
         return future  # HANG: never resolved; the fan-out cancels it at the deadline
@@ -297,3 +307,49 @@ class _Only:
 
     def pick(self, candidates: list) -> object:  # type: ignore[type-arg]
         return next((r for r in candidates if r.instance.id == self._id), candidates[0])
+
+
+async def test_a_query_late_for_its_deadline_lowers_the_admission_limit_one_without_replica_not(
+    registry: CollectorRegistry,
+) -> None:
+    servers, client = _cluster(shards=1, replicas=1)
+    limit = GradientLimit(initial=10, min_limit=2, backoff=0.5, backoff_interval=0)
+    fanout = FanOut(client, registry=registry, admission=limit, hedge_ratio=0, shards=2)
+    assert sample(registry, "search_server_admission_limit") == 10
+    # Shard 1 has no replica at all: partial, but not for want of capacity.
+    result = await fanout.search(servers, "a", 10, 200)
+    assert result.coverage is not None
+    assert result.coverage.degraded == ("no_replica",)
+    assert limit.limit == 10
+    # Shard 0 late for the deadline: the system was too slow, the limit halves.
+    client.behaviour[servers[0].port] = HANG
+    result = await fanout.search(servers, "a", 10, 50)
+    assert result.coverage is not None
+    assert "deadline" in result.coverage.degraded
+    assert limit.limit == 5
+    assert sample(registry, "search_server_admission_limit") == 5
+
+
+async def test_no_hedge_while_the_search_server_is_shedding(registry: CollectorRegistry) -> None:
+    servers, client = _cluster(shards=1, replicas=2)
+    slow = servers[0]
+    client.delay = 0.02
+    fanout = FanOut(
+        client,
+        registry=registry,
+        admission=FixedLimit(1),
+        picker=_Only(slow.id),
+        hedge_ratio=1.0,
+        hedge_burst=10,
+    )
+    for _ in range(40):  # a latency window: hedges are due about 20 ms after a send
+        await fanout.search(servers, "a", 10, 500)
+    client.behaviour[slow.port] = HANG
+    first = asyncio.create_task(fanout.search(servers, "a", 10, 300))
+    await asyncio.sleep(0)  # the first query is in flight, its hedge not yet due
+    with pytest.raises(OverloadedError):
+        await fanout.search(servers, "a", 10, 300)
+    result = await first
+    assert result.shards == shard_counts(1, 0, timed_out=1)
+    assert client.sent[servers[1].port] == 0
+    assert _sample(registry, "hedges_total", result="shedding") == 1

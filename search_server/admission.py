@@ -1,0 +1,209 @@
+"""How many queries a search server fans out at once: a limit that follows latency.
+
+Queueing is how the original system fell over, so a search server never queues a query:
+past its in-flight limit it answers 503 at once (:class:`~discovery.errors.OverloadedError`
+in :meth:`~search_server.fanout.FanOut.search`). A fixed limit (256) is no protection:
+on a 2-core machine the search servers and the data servers share the CPU, and past the
+knee (about 70 queries a second for the demo's three search servers and 100 data
+servers) every admitted query made the others slower until nearly every answer hit its
+500 ms deadline and came back partial, with 8 to 60 queries in flight per search
+server and nothing shed. What must be kept is the goodput, complete answers a second,
+not the throughput.
+
+:class:`GradientLimit` (the default; after Netflix's ``Gradient2Limit`` in
+``concurrency-limits``, as Envoy's adaptive concurrency filter) moves the limit with the
+ratio of the latency now to the latency the search server usually has:
+
+* ``short``, the mean latency of the last window of queries (half a second), against
+  ``long``, an EWMA of the last ``long_window`` windows: the baseline. When ``short``
+  falls far below ``long`` (an overload is over), ``long`` decays quickly towards it,
+  so a baseline inflated by an overload does not keep the limit high afterwards.
+* ``gradient = clamp(min(tolerance x long, ceiling) / short, 0.5, 1)``: 1 while
+  queries take up to ``tolerance`` times their usual time, and never more than
+  ``ceiling`` (a share of the deadline), less beyond. The ceiling is what keeps the
+  admitted queries inside their deadline under a sustained overload: the baseline,
+  an average of what the latency was, creeps up with it (Gradient2's known drift), so
+  the tolerance alone would let the limit climb until answers came back partial. The new limit is
+  ``limit x gradient + queue`` (``queue = sqrt(limit)``: room to probe upwards, so a
+  cluster that got faster is found), smoothed by ``smoothing``, kept in
+  ``[min_limit, max_limit]``. At equilibrium queries take about ``tolerance`` times
+  their unloaded time, or the ceiling, and the excess is shed.
+* It does not grow while fewer than half of the limit are in flight: then the
+  latency says nothing of a higher limit (an idle search server would otherwise climb
+  to the maximum, and the first burst would be admitted whole).
+* A **dropped** query (it came back partial because of its deadline or an overload
+  refusal: the system was already too slow) multiplies the limit by ``backoff`` (0.9),
+  at most once per ``backoff_interval`` (1 s), so that one stall's burst of late
+  answers lowers it once, not to its minimum.
+
+:class:`FixedLimit` is the old behaviour (``--admission fixed``). Both are pure: no
+clock of their own (``now`` is passed in), no I/O, not thread-safe; the fan-out calls
+them on its loop.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol, runtime_checkable
+
+__all__ = ["ConcurrencyLimit", "FixedLimit", "GradientLimit"]
+
+
+@runtime_checkable
+class ConcurrencyLimit(Protocol):
+    """How many queries may be in flight at once (the admission's seam)."""
+
+    @property
+    def limit(self) -> int:
+        """The current limit, at least 1."""
+        ...
+
+    def on_sample(self, now: float, latency: float, in_flight: int, dropped: bool) -> None:
+        """An admitted query ended at ``now`` after ``latency`` seconds; ``in_flight``
+        queries were in flight when it was admitted (itself included: what the latency
+        was measured under); ``dropped`` if it came back partial for its deadline or an
+        overload refusal."""
+        ...
+
+
+class FixedLimit:
+    """A constant limit (the behaviour before issue 40). Raises ``ValueError`` below 1."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self._limit = limit
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    def on_sample(self, now: float, latency: float, in_flight: int, dropped: bool) -> None:
+        pass
+
+
+class GradientLimit:
+    """A limit that follows the gradient of latency (see the module docstring).
+
+    Defaults, for queries with a 500 ms deadline whose unloaded latency is tens of
+    milliseconds: start at ``initial`` 20 (a search server starting in a busy cluster
+    admits a burst's worth, not 256); never below ``min_limit`` 4 (a few queries in
+    flight are always allowed, so the latency that would raise the limit again is
+    measured) nor above ``max_limit`` 256 (the old fixed limit); ``tolerance`` 2 (a
+    fan-out waits for the slowest of its shards, and its latency doubles between a
+    quiet and a busy second without any overload); ``ceiling`` 0.2 s (two fifths of
+    the default 500 ms deadline: a fan-out's p99 is about twice its mean, and the
+    admitted queries' p99 must stay inside the deadline); ``smoothing`` 0.2; one update
+    per ``window`` (0.5 s, at least ``min_window_samples`` 5 queries) with the window's
+    mean latency as the short-term one; a baseline over ``long_window`` 60 windows.
+
+    Raises ``ValueError`` for limits out of order or below 1, a tolerance below 1, a
+    ceiling that is not a positive number, a smoothing or backoff outside (0, 1], or
+    windows below 1.
+    """
+
+    def __init__(
+        self,
+        *,
+        initial: int = 20,
+        min_limit: int = 4,
+        max_limit: int = 256,
+        tolerance: float = 2.0,
+        ceiling: float = 0.2,
+        smoothing: float = 0.2,
+        long_window: int = 60,
+        window: float = 0.5,
+        min_window_samples: int = 5,
+        backoff: float = 0.9,
+        backoff_interval: float = 1.0,
+    ) -> None:
+        if not 1 <= min_limit <= initial <= max_limit:
+            raise ValueError(
+                f"limits must satisfy 1 <= min ({min_limit}) <= initial ({initial}) "
+                f"<= max ({max_limit})"
+            )
+        if not tolerance >= 1:
+            raise ValueError(f"tolerance must be >= 1, got {tolerance}")
+        if not (ceiling > 0 and math.isfinite(ceiling)):
+            raise ValueError(f"ceiling must be a positive number of seconds, got {ceiling}")
+        if not 0 < smoothing <= 1:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
+        if not 0 < backoff <= 1:
+            raise ValueError(f"backoff must be in (0, 1], got {backoff}")
+        if long_window < 1:
+            raise ValueError(f"long_window must be at least 1 window, got {long_window}")
+        if not window > 0 or min_window_samples < 1:
+            raise ValueError("window must be > 0 seconds and min_window_samples >= 1")
+        if not backoff_interval >= 0:
+            raise ValueError(f"backoff_interval must be >= 0, got {backoff_interval}")
+        self.min_limit = min_limit
+        self.max_limit = max_limit
+        self.tolerance = tolerance
+        self.ceiling = ceiling
+        self._smoothing = smoothing
+        self._long_alpha = 2 / (long_window + 1)
+        self._window = window
+        self._min_window_samples = min_window_samples
+        # The window being filled: its start, samples, latency sum, most in flight.
+        self._window_start: float | None = None
+        self._window_count = 0
+        self._window_sum = 0.0
+        self._window_in_flight = 0
+        self._backoff = backoff
+        self._backoff_interval = backoff_interval
+        self._estimate = float(initial)
+        self.short: float | None = None
+        self.long: float | None = None
+        self._backed_off_at = -math.inf
+        #: Multiplicative decreases for dropped queries, since start (for metrics).
+        self.backoffs = 0
+
+    @property
+    def limit(self) -> int:
+        return int(self._estimate)
+
+    @property
+    def estimate(self) -> float:
+        """The limit before rounding down."""
+        return self._estimate
+
+    def on_sample(self, now: float, latency: float, in_flight: int, dropped: bool) -> None:
+        if not (latency >= 0 and math.isfinite(latency)):
+            return  # a clock gone wrong says nothing of the load
+        if dropped and now - self._backed_off_at >= self._backoff_interval:
+            self._backed_off_at = now
+            self.backoffs += 1
+            self._estimate = max(self.min_limit, self._estimate * self._backoff)
+        # One update per window of samples, with their mean: a fan-out's latency is
+        # the slowest of its shards and varies a lot from one query to the next, and
+        # answers report on the limit of one latency ago, so an update per query
+        # overshot (the limit climbed faster than the latency it raised came back).
+        if self._window_start is None:
+            self._window_start = now
+        self._window_count += 1
+        self._window_sum += latency
+        self._window_in_flight = max(self._window_in_flight, in_flight)
+        if now - self._window_start < self._window or self._window_count < self._min_window_samples:
+            return
+        mean = self._window_sum / self._window_count
+        in_flight = self._window_in_flight
+        self._window_start = now
+        self._window_count = 0
+        self._window_sum = 0.0
+        self._window_in_flight = 0
+        short, long = mean, self.long
+        if long is None:
+            long = mean
+        else:
+            long += self._long_alpha * (mean - long)
+            if long > 2 * short:
+                # The overload is over: the baseline it inflated comes down quickly.
+                long = 0.95 * long + 0.05 * short
+        self.short, self.long = short, long
+        if 2 * in_flight < self._estimate:
+            return  # app-limited: the latency says nothing of a higher limit
+        wanted = min(self.tolerance * long, self.ceiling)
+        gradient = 1.0 if short <= 0 else max(0.5, min(1.0, wanted / short))
+        target = self._estimate * gradient + math.sqrt(self._estimate)
+        estimate = self._estimate + self._smoothing * (target - self._estimate)
+        self._estimate = max(float(self.min_limit), min(float(self.max_limit), estimate))
