@@ -86,10 +86,12 @@ class GradientLimit:
     """A limit that follows the gradient of latency (see the module docstring).
 
     Defaults, for queries with a 500 ms deadline whose unloaded latency is tens of
-    milliseconds: start at ``initial`` 20 (a search server starting in a busy cluster
-    admits a burst's worth, not 256); never below ``min_limit`` 4 (a few queries in
-    flight are always allowed, so the latency that would raise the limit again is
-    measured) nor above ``max_limit`` 256 (the old fixed limit); ``tolerance`` 2 (a
+    milliseconds: start at ``initial`` 10 (a search server starting in a busy cluster
+    admits a burst's worth, not 256; a fan-out of tens of shards at a few queries in
+    flight already keeps a small machine's cores busy); never below ``min_limit`` 1 (a
+    query is always admitted, so the latency that would raise the limit again is
+    measured; on a machine short of CPU one query at a time may be all that ends
+    inside its deadline) nor above ``max_limit`` 256 (the old fixed limit); ``tolerance`` 2 (a
     fan-out waits for the slowest of its shards, and its latency doubles between a
     quiet and a busy second without any overload); ``ceiling`` 0.2 s (two fifths of
     the default 500 ms deadline: a fan-out's p99 is about twice its mean, and the
@@ -105,8 +107,8 @@ class GradientLimit:
     def __init__(
         self,
         *,
-        initial: int = 20,
-        min_limit: int = 4,
+        initial: int = 10,
+        min_limit: int = 1,
         max_limit: int = 256,
         tolerance: float = 2.0,
         ceiling: float = 0.2,
@@ -152,6 +154,7 @@ class GradientLimit:
         self._backoff = backoff
         self._backoff_interval = backoff_interval
         self._estimate = float(initial)
+        self._initial = initial
         self.short: float | None = None
         self.long: float | None = None
         self._backed_off_at = -math.inf
@@ -170,7 +173,13 @@ class GradientLimit:
     def on_sample(self, now: float, latency: float, in_flight: int, dropped: bool) -> None:
         if not (latency >= 0 and math.isfinite(latency)):
             return  # a clock gone wrong says nothing of the load
-        if dropped and now - self._backed_off_at >= self._backoff_interval:
+        if (
+            dropped
+            and 2 * in_flight >= self._estimate
+            and now - self._backed_off_at >= self._backoff_interval
+        ):
+            # Late answers while the limit binds: the system was too slow for it. (At a
+            # light load they are one bad server's, which no limit would cure.)
             self._backed_off_at = now
             self.backoffs += 1
             self._estimate = max(self.min_limit, self._estimate * self._backoff)
@@ -200,10 +209,22 @@ class GradientLimit:
                 # The overload is over: the baseline it inflated comes down quickly.
                 long = 0.95 * long + 0.05 * short
         self.short, self.long = short, long
-        if 2 * in_flight < self._estimate:
-            return  # app-limited: the latency says nothing of a higher limit
         wanted = min(self.tolerance * long, self.ceiling)
         gradient = 1.0 if short <= 0 else max(0.5, min(1.0, wanted / short))
-        target = self._estimate * gradient + math.sqrt(self._estimate)
+        if 2 * in_flight < self._estimate:
+            # App-limited: the limit does not bind, so the latency says nothing of a
+            # higher one; it only comes down, when the latency says the cluster is
+            # slower than it should be (a machine short of CPU: what is in flight now
+            # already takes too long, and the limit must fall below it to shed), or
+            # back up towards where it started, never past it, once all is well (so
+            # that bursts over a long run do not ratchet it down for good).
+            if gradient < 1.0:
+                target = self._estimate * gradient
+            elif self._estimate < self._initial:
+                target = min(float(self._initial), self._estimate + math.sqrt(self._estimate))
+            else:
+                return
+        else:
+            target = self._estimate * gradient + math.sqrt(self._estimate)
         estimate = self._estimate + self._smoothing * (target - self._estimate)
         self._estimate = max(float(self.min_limit), min(float(self.max_limit), estimate))

@@ -152,14 +152,15 @@ SEARCH_OPTIONS = (
         "DISCOVERY_ADMISSION_MIN_LIMIT",
         "the least the gradient limit falls to (queries in flight always admitted)",
         type=positive_int,
-        default=4,
+        default=1,
     ),
     Option(
         "--admission-initial-limit",
         "DISCOVERY_ADMISSION_INITIAL_LIMIT",
-        "the gradient limit at start (at least --admission-min-limit; --max-in-flight caps both)",
+        "the gradient limit at start, and where it returns to once the load is light "
+        "(at least --admission-min-limit; --max-in-flight caps both)",
         type=positive_int,
-        default=20,
+        default=10,
     ),
     Option(
         "--admission-tolerance",
@@ -500,8 +501,8 @@ class SearchServerConfig:
     max_timeout_ms: int = 10_000
     max_in_flight: int = 256
     admission: str = "gradient"
-    admission_min_limit: int = 4
-    admission_initial_limit: int = 20
+    admission_min_limit: int = 1
+    admission_initial_limit: int = 10
     admission_tolerance: float = 2.0
     eject_after: int = 3
     eject_cooldown: float = 10.0
@@ -586,7 +587,6 @@ class SearchServerConfig:
         if not self.fence_recheck_max > 0:
             raise ConfigError("--fence-recheck-max must be positive")
 
-    @classmethod
     def concurrency_limit(self) -> ConcurrencyLimit:
         """The admission's limit these settings describe (a new one per call)."""
         if self.admission == "fixed":

@@ -264,6 +264,9 @@ OVERLOAD_BACKOFF = 0.5
 #: heed ejections (``FanOut(panic_threshold=...)``, Envoy's healthy panic threshold and
 #: its default): below it, the shard routes to all of them (see FanOut._panicking).
 PANIC_THRESHOLD = 0.5
+# Late shards a query may have for their timeouts to still be blamed on their replicas
+# (or a tenth of its shards, if more): more are a slow machine's, not outliers.
+_OUTLIERS = 2
 # Seconds after a query was refused for the in-flight limit during which no hedge is
 # sent (FanOut._hedge).
 _SHED_HEDGE_PAUSE = 1.0
@@ -482,13 +485,34 @@ class FanOut:
         finally:
             self._in_flight -= 1
             self.metrics.in_flight.dec()
-        coverage = result.coverage
-        dropped = coverage is not None and (
-            "deadline" in coverage.degraded or "overload" in coverage.degraded
+        self._admission.on_sample(
+            self._clock(), self._latency(result), in_flight, self._dropped(result)
         )
-        self._admission.on_sample(self._clock(), result.took_ms / 1000, in_flight, dropped)
         self.metrics.admission_limit.set(self._admission.limit)
         return result
+
+    def _latency(self, result: FanOutResult) -> float:
+        """What a query's latency tells the admission: its fan-out's time, plus how far
+        behind this server's own loop is (a request waits that long before its fan-out
+        starts: a search server short of CPU is slow before any data server is)."""
+        lag = self._loop_lag.last_lag if self._loop_lag is not None else 0.0
+        return result.took_ms / 1000 + lag
+
+    @staticmethod
+    def _dropped(result: FanOutResult) -> bool:
+        """The query came back partial because the system was too slow: a quarter of the
+        shards asked (at least two) late or refused, with a deadline or an overload
+        among the reasons. One bad data server's shard is not the admission's business:
+        no limit would cure it."""
+        coverage = result.coverage
+        if coverage is None or not (
+            "deadline" in coverage.degraded or "overload" in coverage.degraded
+        ):
+            return False
+        shards = result.shards
+        late = shards["timed_out"] + shards["failed"]
+        asked = shards["total"] - shards.get("missing", 0)
+        return late >= max(2, asked / 4)
 
     @property
     def admission(self) -> ConcurrencyLimit:
@@ -943,15 +967,22 @@ class FanOut:
         Not when the lateness may be ours or everyone's: woken more than
         ``stall_grace`` past the deadline (this search server was not running at it); its
         loop lagged while the query was out (an answer may have sat in a socket unread);
-        or fewer than half of a query's shards (of four or more) had answered (the whole
-        query was late: a busy machine, not a slow replica). A timeout is blamed on a
-        replica only when it is an outlier of a query that otherwise went on time.
+        it refused queries for its in-flight limit meanwhile or within a second before
+        (it was at its capacity);
+        or more of the query's shards were late than outliers make (more than two, and
+        more than a tenth of them: a busy machine or a stalled process of many data
+        servers, not a slow replica). A timeout is blamed on a replica only when it is an
+        outlier of a query that otherwise went on time.
         """
         if now - q.deadline > self._stall_grace:
             why = "stall"
         elif self._loop_lag is not None and self._loop_lag.lagged_since(q.started):
             why = "lag"
-        elif q.total >= 4 and 2 * q.open_calls > q.total:
+        elif self._clock() - self._shed_at <= now - q.started + _SHED_HEDGE_PAUSE:
+            # Refusing queries for its limit while this one ran (or just before): the
+            # search server was at its capacity, and a late shard is the load's.
+            why = "shedding"
+        elif q.open_calls > max(_OUTLIERS, q.total // 10):
             why = "systemic"
         else:
             return True

@@ -32,7 +32,7 @@ HEDGE_RESULTS = ("sent", "won", "over_budget", "own_lag", "shedding")
 #: Label values of ``search_server_fanout_panic_total{scope}``.
 PANIC_SCOPES = ("shard", "cluster")
 #: Label values of ``search_server_fanout_unblamed_timeouts_total{why}``.
-UNBLAMED_REASONS = ("stall", "lag", "systemic")
+UNBLAMED_REASONS = ("stall", "lag", "shedding", "systemic")
 
 
 class FanOutMetrics:
@@ -124,8 +124,9 @@ class FanOutMetrics:
             "search_server_fanout_unblamed_timeouts",
             "Shards still out at a query's deadline whose replicas were not charged with "
             "the timeout, by why: stall (woken late past the deadline), lag (this search "
-            "server's loop lagged during the query) or systemic (most of the query's "
-            "shards were late).",
+            "server's loop lagged during the query), shedding (it refused queries for its "
+            "in-flight limit meanwhile) or systemic (more of the query's shards were late "
+            "than outliers make).",
             ["why"],
             registry=registry,
         )

@@ -142,11 +142,11 @@ def test_run_delay_is_the_second_schedstat_counter_in_seconds_at_the_clock(
     clock = FakeClock()
     pressure = ThreadRunDelay(path=path, clock=clock)
     assert isinstance(pressure, CpuPressure)
-    assert pressure.read() == PressureReading(stalled=2.5, at=1000.0)
+    assert pressure.read() == PressureReading(stalled=2.5, at=1000.0, busy=3.73456789)
     # Read afresh every time: the counter and the clock move on.
     path.write_text("1234567890 3000000000 43\n")
     clock.advance(2)
-    assert pressure.read() == PressureReading(stalled=3.0, at=1002.0)
+    assert pressure.read() == PressureReading(stalled=3.0, at=1002.0, busy=4.23456789)
 
 
 def test_run_delay_of_a_thread_by_its_id() -> None:
@@ -651,3 +651,45 @@ async def test_a_faulty_data_server_on_a_busy_machine_is_not_excused(
     assert await absent(observer, path)
     assert _probes(agent, "busy") == 0
     server.faults.set(Fault())
+
+
+@pytest.mark.skipif(not HAS_SCHEDSTAT, reason="needs /proc/<pid>/task/<tid>/schedstat")
+async def test_a_data_server_whose_loop_is_saturated_by_its_work_stays_registered(
+    make_data_server: DataServerFactory, make_session: SessionFactory
+) -> None:
+    """Load alone never takes a data server offline: a loop so busy that its own probe
+    times out is serving, not stuck (its thread runs all along), so the probe is
+    excused. The contrast, a loop blocked as long (idle thread), is
+    ``test_a_faulty_data_server_on_a_busy_machine_is_not_excused`` and the blocked-loop
+    test of test_data_server_process.py."""
+    server = await make_data_server()
+    agent = server.agent
+    assert agent is not None
+    observer = await make_session()
+    path = f"{DATA_SERVERS_PATH}/{server.instance_id}"
+    stop = asyncio.Event()
+
+    async def saturate() -> None:
+        # Work in 0.3 s stretches with a loop turn between them: every turn of this
+        # loop (the data server's, this test's) waits for one, and a probe needs a few.
+        while not stop.is_set():
+            end = time.perf_counter() + 0.3
+            while time.perf_counter() < end:
+                pass
+            await asyncio.sleep(0)
+
+    worker = asyncio.create_task(saturate())
+    try:
+        await eventually(
+            lambda: _probes(agent, "busy") >= 2 * FAST_AGENT.fall,
+            timeout=60,
+            message="probes excused as busy",
+        )
+        assert agent.status().state is AgentState.SERVING
+    finally:
+        stop.set()
+        await worker
+    assert await observer.exists(path) is not None
+    last = agent.status().last_probe
+    assert last is not None
+    assert sample(agent.registry, "discovery_agent_forced_offline_total", reason="timeout") == 0

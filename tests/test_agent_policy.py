@@ -8,6 +8,7 @@ deregisters, counts and logs) is shown end to end by the agent's integration tes
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -575,3 +576,30 @@ def test_excuses_stay_within_the_grace_of_the_first_in_a_run(
         elif name != "ok":
             counted += 1
         assert policy.consecutive_failures == counted
+
+
+@pytest.mark.parametrize(
+    ("busy", "kind", "excused"),
+    [
+        (0.95, "timeout", True),  # serving without a pause: load
+        (0.95, "slow", True),
+        (0.9, "slow", True),  # the bound itself
+        (0.85, "timeout", False),  # idle a sixth of the time: stuck somewhere, not busy
+        (None, "timeout", False),  # unknown (a machine-wide source)
+        (1.0, "error", False),  # a wrong answer is never load's
+    ],
+)
+def test_a_probe_slow_while_the_servers_thread_was_busy_all_along_is_excused(
+    busy: float | None, kind: str, excused: bool
+) -> None:
+    """A loop saturated by the searches it serves answers its probe late, yet it is
+    serving, not stuck: load, which must not take it offline. Its thread was running or
+    waiting for a CPU nearly all of the probe (a stuck one is blocked in between)."""
+    clock = FakeClock()
+    policy = _busy_policy(clock, fall=1)
+    result = dataclasses.replace(slow(latency=1.0, stall=0.0, kind=kind), busy_share=busy)
+    if kind == "error":
+        result = dataclasses.replace(result, ok=False)
+    decision = policy.observe(result)
+    assert decision.excused is excused
+    assert (policy.state is AgentState.SERVING) is excused

@@ -62,7 +62,13 @@ from prometheus_client import CollectorRegistry
 
 from discovery.agent.loopthread import LoopThread
 from discovery.agent.policy import Action, AgentState, Decision, HealthPolicy, ProbeResult
-from discovery.agent.pressure import CpuPressure, PressureReading, ThreadRunDelay, stall_share
+from discovery.agent.pressure import (
+    CpuPressure,
+    PressureReading,
+    ThreadRunDelay,
+    busy_share,
+    stall_share,
+)
 from discovery.agent.probes import Probe
 from discovery.config import AgentConfig, ZkConfig
 from discovery.errors import DiscoveryError, InvalidInstanceError, ProbeFailed, ZkError
@@ -126,6 +132,9 @@ class AgentStatus:
                 "stall_share": None
                 if self.last_probe.stall_share is None
                 else round(self.last_probe.stall_share, 3),
+                "busy_share": None
+                if self.last_probe.busy_share is None
+                else round(self.last_probe.busy_share, 3),
             },
             "damped_for_s": self.damped_for,
             "conflict": self.conflict,
@@ -440,8 +449,11 @@ class Agent:
                 )
             else:
                 result = ProbeResult(True, "ok", latency)
-        share = stall_share(before, self._read_pressure())
-        result = dataclasses.replace(result, stall_share=share)
+        after = self._read_pressure()
+        share = stall_share(before, after)
+        result = dataclasses.replace(
+            result, stall_share=share, busy_share=busy_share(before, after)
+        )
         if not result.ok:
             log.debug(
                 "probe of %s failed: %s (CPU stalled: %s)",
@@ -492,15 +504,17 @@ class Agent:
             return
         busy_for = self._policy.busy_for() or 0.0
         share = result.stall_share or 0.0
+        busy = result.busy_share
         log.warning(
             "%s: probe %s in %.0f ms (bound %.0f ms) while the machine's CPU was stalled "
-            "%.0f%% of the time: excused as busy (%d excused since the last such warning; "
-            "excusing for %.0fs of a %gs grace)",
+            "%.0f%% of the time (the server's thread busy %s): excused as busy (%d "
+            "excused since the last such warning; excusing for %.0fs of a %gs grace)",
             self._instance.id,
             "timed out" if result.kind == "timeout" else "answered",
             result.latency * 1000,
             self._config.max_latency * 1000,
             share * 100,
+            "?" if busy is None else f"{busy:.0%}",
             self._busy_unlogged,
             busy_for,
             self._config.busy_grace,

@@ -84,6 +84,11 @@ class AgentState(enum.StrEnum):
 # Probes change nothing any more in these states: the server is on its way out.
 _FINISHED = (AgentState.DRAINING, AgentState.STOPPED)
 
+#: Share of a probe's time the server's thread must have been running or waiting for a
+#: CPU (busy, not blocked) for its slowness to be load's: a saturated loop is serving,
+#: a stuck one (hung, blocked, sleeping, waiting for the GIL) is idle in between.
+BUSY_SHARE = 0.9
+
 # The failures that the machine's CPU stall may excuse: slowness, not wrong answers.
 _EXCUSABLE_KINDS = frozenset({"slow", "timeout"})
 
@@ -104,6 +109,7 @@ class ProbeResult:
     latency: float
     reason: str | None = None
     stall_share: float | None = None
+    busy_share: float | None = None
 
 
 class Action(enum.Enum):
@@ -289,20 +295,29 @@ class HealthPolicy:
         self._set(AgentState.STOPPED, None)
 
     def _explained_by_stall(self, result: ProbeResult) -> bool:
-        """Whether ``result`` is a slow or timed-out probe that would have met
-        ``max_latency`` without the machine's CPU stall: the rule, whatever the grace."""
+        """Whether ``result`` is a slow or timed-out probe that load explains: it would
+        have met ``max_latency`` without the CPU stall, or the server's thread was busy
+        (running or waiting for a CPU) nearly all along, serving, not stuck. The rule,
+        whatever the grace."""
+        if result.kind not in _EXCUSABLE_KINDS:
+            return False
+        busy = result.busy_share
+        if busy is not None and math.isfinite(busy) and busy >= BUSY_SHARE:
+            return True
         share = result.stall_share
-        if result.kind not in _EXCUSABLE_KINDS or share is None or not math.isfinite(share):
+        if share is None or not math.isfinite(share):
             return False
         share = min(1.0, max(0.0, share))
         return result.latency * (1.0 - share) <= self.config.max_latency
 
     def _excuse(self, result: ProbeResult) -> Decision:
         share = min(1.0, max(0.0, result.stall_share or 0.0))
+        why = f"the CPU was stalled {share:.0%} of it"
+        if result.busy_share is not None:
+            busy = min(1.0, max(0.0, result.busy_share))
+            why += f", the server's thread busy {busy:.0%}"
         self._last_probe = dataclasses.replace(
-            result,
-            kind="busy",
-            reason=f"{result.reason}; excused: the CPU was stalled {share:.0%} of it",
+            result, kind="busy", reason=f"{result.reason}; excused: {why}"
         )
         # Neither a failure nor a success (see the module docstring): the failures
         # stand, a run of good probes is broken.

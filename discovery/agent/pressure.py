@@ -68,6 +68,7 @@ __all__ = [
     "PressureReading",
     "PsiCpuPressure",
     "ThreadRunDelay",
+    "busy_share",
     "stall_share",
 ]
 
@@ -94,10 +95,14 @@ class PressureReading:
             between two readings mean anything.
         at: monotonic seconds when it was read, on the source's own clock, so that
             the share of two readings does not depend on the agent's clock.
+        busy: cumulative seconds the measured thread was running or waiting for a CPU
+            (not blocked, not sleeping), where the source knows it (a thread's, not
+            the machine's: None for PSI).
     """
 
     stalled: float
     at: float
+    busy: float | None = None
 
 
 @runtime_checkable
@@ -137,17 +142,19 @@ class _CounterFile:
             self._note_unknown(f"{type(exc).__name__}: {exc.strerror or exc}")
             return None
         at = self._clock()
-        stalled = self._parse(data)
-        if stalled is None:
+        parsed = self._parse(data)
+        if parsed is None:
             self._note_unknown(f"expected {self._expected}, got {data[:120]!r}")
             return None
         if self._problem is not None:
             log.debug("CPU pressure readable again from %s", self.path)
             self._problem = None
-        return PressureReading(stalled, at)
+        stalled, busy = parsed
+        return PressureReading(stalled, at, busy)
 
-    def _parse(self, data: bytes) -> float | None:
-        """The counter in seconds; None if ``data`` is not what the file should hold."""
+    def _parse(self, data: bytes) -> tuple[float, float | None] | None:
+        """The stalled and busy counters in seconds; None if ``data`` is not what the
+        file should hold."""
         raise NotImplementedError
 
     def _note_unknown(self, problem: str) -> None:
@@ -182,12 +189,13 @@ class ThreadRunDelay(_CounterFile):
 
     _expected = "three counters '<ns on a CPU> <ns waiting> <timeslices>'"
 
-    def _parse(self, data: bytes) -> float | None:
+    def _parse(self, data: bytes) -> tuple[float, float | None] | None:
         # "<ns on a CPU> <ns waiting on a runqueue> <timeslices>\n"
         fields = data.split()
         if len(fields) != 3 or not all(field.isdigit() for field in fields):
             return None
-        return int(fields[1]) / 1e9
+        waiting = int(fields[1]) / 1e9
+        return waiting, int(fields[0]) / 1e9 + waiting
 
     def __repr__(self) -> str:
         return f"ThreadRunDelay(tid={self.tid}, path={self.path!r})"
@@ -212,9 +220,9 @@ class PsiCpuPressure(_CounterFile):
 
     _expected = "a line 'some ... total=<microseconds>'"
 
-    def _parse(self, data: bytes) -> float | None:
+    def _parse(self, data: bytes) -> tuple[float, float | None] | None:
         total = _some_total(data)
-        return None if total is None else total / 1e6
+        return None if total is None else (total / 1e6, None)
 
     def __repr__(self) -> str:
         return f"PsiCpuPressure({self.path!r})"
@@ -233,6 +241,19 @@ def _some_total(data: bytes) -> int | None:
                 return int(value)
         return None
     return None
+
+
+def busy_share(before: PressureReading | None, after: PressureReading | None) -> float | None:
+    """The share, in [0, 1], of the time between two readings the thread was running
+    or waiting for a CPU (not blocked nor sleeping); None if unknown (PSI knows no
+    thread) or the readings span no time."""
+    if before is None or after is None or before.busy is None or after.busy is None:
+        return None
+    wall = after.at - before.at
+    busy = after.busy - before.busy
+    if not (wall > 0 and math.isfinite(wall) and math.isfinite(busy)):
+        return None
+    return min(1.0, max(0.0, busy / wall))
 
 
 def stall_share(before: PressureReading | None, after: PressureReading | None) -> float | None:
