@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from discovery.agent.loopthread import LoopThread
 from discovery.cli.entrypoint import stop_on_signals
+from discovery.looplag import LoopLagMonitor
 
 from .config import FleetConfig
 from .server import DataServer
@@ -73,7 +74,13 @@ async def run_worker(config: FleetConfig, worker: int) -> None:
     indices = config.worker_slice(worker)
     loop_thread = LoopThread(f"fleet-{worker}-agents")
     loop_thread.start()
-    servers = [DataServer(config.slot(i), loop_thread=loop_thread) for i in indices]
+    # One lag monitor for the loop the servers share (a timer each would be 40 wake-ups
+    # a second per server).
+    loop_lag = LoopLagMonitor()
+    loop_lag.start()
+    servers = [
+        DataServer(config.slot(i), loop_thread=loop_thread, loop_lag=loop_lag) for i in indices
+    ]
     stop = stop_on_signals()
     slots = asyncio.Semaphore(_START_CONCURRENCY)
     started_at = time.monotonic()
@@ -116,6 +123,7 @@ async def run_worker(config: FleetConfig, worker: int) -> None:
             return_exceptions=True,
         )
         loop_thread.stop()
+        await loop_lag.aclose()
 
 
 async def _shutdown_after(delay: float, server: DataServer) -> None:

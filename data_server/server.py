@@ -41,6 +41,7 @@ from discovery.http import (
 )
 from discovery.httpedge import KEEPALIVE_TIMEOUT, HeaderGuard
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
+from discovery.looplag import LoopLagMonitor
 from discovery.zk.expiry import expire_session
 
 from .admission import SearchAdmission
@@ -139,10 +140,20 @@ class DataServer:
         *,
         registry: CollectorRegistry | None = None,
         loop_thread: LoopThread | None = None,
+        loop_lag: LoopLagMonitor | None = None,
     ) -> None:
         self.config = config
         self.registry = registry if registry is not None else CollectorRegistry()
         self._loop_thread = loop_thread
+        # How long a request waits in this loop before its handler runs (it is spent
+        # from its budget). A fleet passes the one monitor of its shared loop; alone,
+        # the server starts its own with :meth:`start` and stops it at shutdown.
+        self._owns_loop_lag = loop_lag is None
+        self.loop_lag = (
+            loop_lag
+            if loop_lag is not None
+            else LoopLagMonitor(registry=self.registry, metric="data_server_event_loop_lag_seconds")
+        )
         self._metrics = _Metrics(self.registry)
         # The hot path's counter child, looked up once rather than per request.
         self._ok = self._metrics.requests.labels(status="200")
@@ -233,6 +244,8 @@ class DataServer:
             self._edge.close()
             await runner.cleanup()
             raise
+        if self._owns_loop_lag:
+            self.loop_lag.start()
         self.agent.set_ready()
         log.info(
             "data server %s: %d documents indexed, listening on %s:%d",
@@ -256,6 +269,8 @@ class DataServer:
             await self._runner.cleanup()
         if self.agent is not None:
             await self.agent.astop()
+        if self._owns_loop_lag:
+            await self.loop_lag.aclose()
         log.info("data server %s stopped", self.instance_id)
 
     def _build_index(self) -> InvertedIndex:
@@ -358,7 +373,16 @@ class DataServer:
         # Past the search servers' own maximum no query waits for the answer: work no
         # longer than that, rather than refuse a client that asked for more.
         budget_ms = min(params.timeout_ms, self.config.max_timeout_ms)
-        deadline = work_deadline(arrived, budget_ms)
+        # The request waited in this loop, about its current lag, before this handler
+        # ran: that time is spent too. Past a search server's deadline the answer helps
+        # nobody, and an overloaded server searching for requests already given up
+        # stays overloaded after the load has passed (the 504 below is cheap).
+        # (Only a lag the monitor counts as one: a few milliseconds late is any busy
+        # loop's noise, not a queue.)
+        lag = self.loop_lag.last_lag
+        deadline = work_deadline(
+            arrived - (lag if lag > self.loop_lag.threshold else 0.0), budget_ms
+        )
         # A probe is admitted even when the server is full, and not counted against the
         # cap; it still runs here, on the same loop, so a blocked loop still fails it.
         probe = request.headers.get(PROBE_HEADER) == PROBE_HEADER_VALUE

@@ -60,9 +60,10 @@ class AgentConfig:
             bounds the rest. 50,000 servers at 120 s cost about 420 reads a second
             across the ensemble (5,000 at 10 s).
         busy_grace: seconds for which a slow or timed-out probe is excused ("busy",
-            counted neither as a failure nor as a success) when the server's thread
-            waiting for a CPU during it (the machine busy, not the server stuck)
-            explains the slowness (see
+            counted neither as a failure nor as a success) when load explains the
+            slowness: the server's thread waited for a CPU during it (the machine
+            busy) or was busy nearly all along (a loop saturated by its work), not
+            stuck (see
             :class:`~discovery.agent.policy.HealthPolicy`), counted from the first
             excused probe of an unbroken run of failed probes; 0 excuses nothing.
             Load alone must not take servers offline all together, but a server

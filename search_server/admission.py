@@ -23,18 +23,23 @@ ratio of the latency now to the latency the search server usually has:
   ``ceiling`` (a share of the deadline), less beyond. The ceiling is what keeps the
   admitted queries inside their deadline under a sustained overload: the baseline,
   an average of what the latency was, creeps up with it (Gradient2's known drift), so
-  the tolerance alone would let the limit climb until answers came back partial. The new limit is
-  ``limit x gradient + queue`` (``queue = sqrt(limit)``: room to probe upwards, so a
-  cluster that got faster is found), smoothed by ``smoothing``, kept in
-  ``[min_limit, max_limit]``. At equilibrium queries take about ``tolerance`` times
-  their unloaded time, or the ceiling, and the excess is shed.
-* It does not grow while fewer than half of the limit are in flight: then the
-  latency says nothing of a higher limit (an idle search server would otherwise climb
-  to the maximum, and the first burst would be admitted whole).
-* A **dropped** query (it came back partial because of its deadline or an overload
-  refusal: the system was already too slow) multiplies the limit by ``backoff`` (0.9),
-  at most once per ``backoff_interval`` (1 s), so that one stall's burst of late
-  answers lowers it once, not to its minimum.
+  the tolerance alone would let the limit climb until answers came back partial.
+* Below 1 the limit is multiplied by the gradient at once: a fan-out's latency climbs
+  steeply near the knee (every shard's answer waits in a busier queue), and a smoothed
+  decrease left it over the cliff for seconds with every answer partial. At 1 it grows
+  gently, by ``smoothing x sqrt(limit)`` a window (room to probe upwards, so a cluster
+  that got faster is found); always within ``[min_limit, max_limit]``. At equilibrium
+  queries take about ``tolerance`` times their unloaded time, or the ceiling, and the
+  excess is shed.
+* It does not grow while fewer than half of the limit are in flight: then the latency
+  says nothing of a higher limit (an idle search server would otherwise climb to the
+  maximum, and the first burst would be admitted whole). It still comes down when the
+  latency says so (what is in flight already takes too long: a machine short of CPU),
+  and climbs back towards where it started, never past it, once all is well.
+* A **dropped** query (it came back partial because a quarter of its shards were late
+  or refused: the system was already too slow) multiplies the limit by ``backoff``
+  (0.7) while the limit binds, at most once per ``backoff_interval`` (1 s), so that
+  one stall's burst of late answers lowers it once, not to its minimum.
 
 :class:`FixedLimit` is the old behaviour (``--admission fixed``). Both are pure: no
 clock of their own (``now`` is passed in), no I/O, not thread-safe; the fan-out calls
@@ -116,7 +121,7 @@ class GradientLimit:
         long_window: int = 60,
         window: float = 0.5,
         min_window_samples: int = 5,
-        backoff: float = 0.9,
+        backoff: float = 0.7,
         backoff_interval: float = 1.0,
     ) -> None:
         if not 1 <= min_limit <= initial <= max_limit:
@@ -224,7 +229,15 @@ class GradientLimit:
                 target = min(float(self._initial), self._estimate + math.sqrt(self._estimate))
             else:
                 return
+        elif gradient < 1.0:
+            # Too slow: down at once. A fan-out's latency climbs steeply near the knee
+            # (every shard's answer waits in a busier queue), and a smoothed decrease
+            # left the limit over the cliff for seconds, every answer partial.
+            target = self._estimate * gradient
+            self._estimate = max(float(self.min_limit), target)
+            return
         else:
-            target = self._estimate * gradient + math.sqrt(self._estimate)
+            # Fast enough: up, gently, by a share of the queue a higher limit allows.
+            target = self._estimate + math.sqrt(self._estimate)
         estimate = self._estimate + self._smoothing * (target - self._estimate)
         self._estimate = max(float(self.min_limit), min(float(self.max_limit), estimate))

@@ -82,12 +82,12 @@ from discovery.address import NetworkPolicy
 from discovery.errors import OverloadedError
 from discovery.instance import ServiceInstance
 from discovery.livelist.model import LiveListChange
+from discovery.looplag import LoopLagMonitor
 
 from .admission import ConcurrencyLimit, FixedLimit
 from .ejection import OutlierEjection
 from .hedging import HedgePolicy
 from .httpclient import HttpClient, Response, SubrequestClient, SubrequestError
-from .looplag import LoopLagMonitor
 from .merging import (
     BadAnswer,
     FailureReason,

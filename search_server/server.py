@@ -45,6 +45,7 @@ from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.leader import LeaderDuty
 from discovery.livelist.model import LiveList, LiveListChange, LiveListFollower, LiveListStore
 from discovery.livelist.redis.store import RedisLiveStore
+from discovery.looplag import LoopLagMonitor
 from discovery.zk.acl import SEARCH_SERVER_ACCESS, check_access
 from discovery.zk.election import LeaderElection, Leadership
 from discovery.zk.maintenance import MaintenanceWatcher, overlay
@@ -59,7 +60,6 @@ from .dashboard import EventStream, MemberCache, QueryStats
 from .fanout import FanOut
 from .heap import HeapFreezer
 from .httpclient import HttpClient
-from .looplag import LoopLagMonitor
 from .metrics import QueryOfDeathMetrics
 from .picking import AdaptiveReplicaSelection, ReplicaPicker, make_picker
 from .querydeath import Quarantine, QueryOfDeathGuard, normalise

@@ -30,6 +30,7 @@ from tests.support import (
     eventually,
     frequent_terms,
     get_json,
+    loop_settled,
     more_probes,
     sample,
     waited,
@@ -159,6 +160,7 @@ async def test_a_search_past_its_budget_answers_with_the_best_so_far_marked_cut(
     index = server.index
     assert index is not None
     worst = frequent_terms(index, 150)  # about 100 ms of work, far more than 15
+    await loop_settled(server)
     normal = sample_queries(1, variant=6)[0]
 
     status, body = await _get(server, "/search", q=worst, k="10", timeout_ms="20")

@@ -36,6 +36,7 @@ from tests.support import (
     DataServerFactory,
     eventually,
     frequent_terms,
+    loop_settled,
     more_probes,
     sample,
     waited,
@@ -166,6 +167,7 @@ async def test_timeout_ms_beyond_the_maximum_is_clamped_to_it(
     server = await make_data_server(docs=20_000, max_timeout_ms=20, search_timeout_ms=20)
     assert server.index is not None
     worst = frequent_terms(server.index, 150)  # about 100 ms of work, far more than 20
+    await loop_settled(server)
 
     # Asked for ten minutes, worked for 20 ms: cut, as with a budget of 20 ms (without the
     # clamp it would run to its end).
@@ -321,3 +323,24 @@ async def test_probes_send_the_probe_header(
         await plain.aclose()
     assert seen == [("/search", "1"), ("/search", "1"), ("/healthz", "1")]
     assert (PROBE_HEADER, PROBE_HEADER_VALUE) == ("X-Discovery-Probe", "1")
+
+
+async def test_the_time_a_request_waited_in_the_loop_is_spent_from_its_budget(
+    make_data_server: DataServerFactory,
+) -> None:
+    """A request that queued in an overloaded loop past its deadline is answered at once
+    with 504, not searched for a search server that has given up on it."""
+    server = await make_data_server()
+    status, _, _ = await _search(server, q="a", timeout_ms="200")
+    assert status == 200
+    # The loop running 0.3 s behind (its monitor stopped, so the figure stays).
+    await server.loop_lag.aclose()
+    server.loop_lag.observe(due=0.0, now=0.3)
+    timeouts = sample(server.registry, "data_server_search_cut_total", answer="timeout")
+    status, _, body = await _search(server, q="a", timeout_ms="200")
+    assert status == 504
+    assert body["timeout_ms"] == 200
+    assert sample(server.registry, "data_server_search_cut_total", answer="timeout") == timeouts + 1
+    # A budget longer than the wait is still searched.
+    status, _, _ = await _search(server, q="a", timeout_ms="1000")
+    assert status == 200

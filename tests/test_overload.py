@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry
 
 from discovery.errors import OverloadedError
 from discovery.instance import ServiceInstance
+from discovery.looplag import LoopLagMonitor
 from search_server.admission import FixedLimit, GradientLimit
 from search_server.fanout import FanOut
 from search_server.httpclient import Endpoint, Response
-from search_server.looplag import LoopLagMonitor
 from tests.support import FakeClock, make_instance, sample, shard_counts
 
 OK = "ok"

@@ -38,8 +38,11 @@ thread that constructed the agent
 (:class:`~discovery.agent.pressure.ThreadRunDelay`): the time the server's own thread
 was runnable but given no CPU, so that a hung or slowed server, whose thread is
 blocked or asleep rather than waiting for a CPU, is never excused, however busy the
-machine. Where the pressure is unknown (not Linux) nothing is excused: the "busy
-guard" is off, which is logged once at info and shown in the status.
+machine. A probe during which that thread was busy (running or waiting for a CPU)
+nearly all along is excused too: a loop saturated by its searches is serving (a loop
+spinning forever looks the same, and goes after ``busy_grace``). Where the pressure is
+unknown (not Linux) nothing is excused: the "busy guard" is off, which is logged once
+at info and shown in the status.
 
 The public methods are thread-safe and come in two flavours: blocking ones for
 threaded servers (``start``, ``drain``, ``stop``...) and awaitable ones for asyncio

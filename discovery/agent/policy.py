@@ -22,8 +22,10 @@ The rules (``rise``, ``fall``, ``flap_*``, ``max_latency`` and ``busy_grace`` fr
   the time the server's own thread waited for a CPU, see
   :mod:`discovery.agent.pressure`) explains its slowness: without the stalled share of
   its wall time it would have met the bound, ``latency * (1 - stall_share) <=
-  max_latency``. Errors are never excused, nor is anything while the stall share is
-  unknown. Excuses last at most
+  max_latency``, or the server's thread was busy (running or waiting for a CPU) at
+  least :data:`BUSY_SHARE` (90 %) of it: a loop saturated by its work is serving, a
+  stuck one is blocked in between. Errors are never excused, nor is anything while
+  the shares are unknown. Excuses last at most
   ``busy_grace`` seconds (0: none at all), counted from the first excused probe of an
   unbroken run of failed probes, its last instant included; after that, slow and
   timed-out probes fail again until a good probe ends the run (nothing else ends it,

@@ -18,8 +18,14 @@ a reading, a few milliseconds under ordinary scheduling, counts at the next one)
 thread that is blocked does not: hung in a syscall or on a lock, sleeping (an
 ``asyncio.sleep``, an idle event loop waiting for an answer that never comes, a
 ``time.sleep`` on the loop), or waiting for the GIL (a futex sleep). So a hung or
-slowed server is never excused, however busy the machine, and a server starved of CPU
-by other processes is. The thread is the one that constructs the
+slowed server whose thread is blocked or asleep is never excused, however busy the
+machine, and a server starved of CPU by other processes is. A reading of a thread
+also carries ``busy``, its time on a CPU plus its run delay (:func:`busy_share`): the
+policy excuses as well a probe during which the thread was busy nearly all along
+(``BUSY_SHARE`` of :mod:`discovery.agent.policy`), a loop saturated by its own
+searches; a loop stuck *spinning* on the CPU (an endless computation that never
+yields) looks the same, and is excused too, for at most ``busy_grace``, then goes.
+The thread is the one that constructs the
 :class:`~discovery.agent.agent.Agent` (``threading.get_native_id()`` there, not the
 agent's own loop thread): an asyncio server such as
 :class:`~data_server.server.DataServer` constructs it on its event loop, the thread

@@ -503,10 +503,11 @@ AGENT_OPTIONS: tuple[Option, ...] = (
         "--probe-busy-grace",
         "DISCOVERY_PROBE_BUSY_GRACE",
         "seconds for which slow or timed-out probes are excused (counted as neither "
-        "failed nor good) while the server's own thread waiting for a CPU (its Linux "
-        "schedstat run delay: the machine was busy) explains their slowness, from the "
-        "first excused probe until a good one; a hung or blocked server is never "
-        "excused (0: never excuse)",
+        "failed nor good) while load explains their slowness: the server's own thread "
+        "waited for a CPU (its Linux schedstat run delay: the machine was busy) or was "
+        "busy 90%% of the time (a loop saturated by its work), from the first excused "
+        "probe until a good one; a hung, blocked or sleeping server is never excused "
+        "(0: never excuse)",
         type=non_negative_float,
         default=120.0,
         metavar="SECONDS",

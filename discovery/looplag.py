@@ -1,7 +1,8 @@
-"""How far behind the search server's own event loop is: so that its lateness is not
-blamed on the data servers.
+"""How far behind a server's own event loop is, so that its own lateness is not blamed
+on others.
 
-A sub-request that "times out" while the search server's loop was too busy to read its
+A search server's fan-out asks it before blaming a replica for a timeout. A
+sub-request that "times out" while the search server's loop was too busy to read its
 answer says nothing about the replica: the answer may have been in the socket for a
 while. On a machine short of CPU (a deploy, a restart's indexing, a burst of queries)
 every sub-request looked late at once, each replica was charged, ejected, and the load
@@ -11,6 +12,12 @@ on the loop every ``interval`` seconds and measures how late it fires; a latenes
 The fan-out asks :meth:`LoopLagMonitor.lagged_since` before charging a replica with a
 timeout or sending a hedge: if the loop lagged since the request was sent, the
 lateness may be ours.
+
+A data server asks it how long a request has waited in its loop before its handler
+ran: that wait is spent from the request's budget, so that a request that queued past
+its deadline is answered at once (504) instead of searched for a search server that has
+given up on it (work for nobody, which kept an overloaded fleet overloaded after the
+load had passed).
 
 The timer is a ``call_at`` chain, not a task: at 40 wake-ups a second it costs a few
 microseconds each. Used as an async context manager (or :meth:`start` /
@@ -38,9 +45,9 @@ LAG_THRESHOLD = 0.05
 class LoopLagMonitor:
     """Measures the lateness of a timer on the running loop (see the module doc).
 
-    ``registry`` gets the histogram ``search_server_event_loop_lag_seconds`` (lateness of
-    each wake-up) when given. Raises ``ValueError`` for a non-positive interval or a
-    negative threshold.
+    ``registry`` gets the histogram ``metric`` (default
+    ``search_server_event_loop_lag_seconds``: the lateness of each wake-up) when given.
+    Raises ``ValueError`` for a non-positive interval or a negative threshold.
     """
 
     def __init__(
@@ -49,6 +56,7 @@ class LoopLagMonitor:
         interval: float = 0.025,
         threshold: float = LAG_THRESHOLD,
         registry: CollectorRegistry | None = None,
+        metric: str = "search_server_event_loop_lag_seconds",
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval}")
@@ -66,9 +74,10 @@ class LoopLagMonitor:
             None
             if registry is None
             else Histogram(
-                "search_server_event_loop_lag_seconds",
-                "How late the search server's event loop ran a timer (its own lag: a "
-                "sub-request timing out meanwhile is not blamed on its replica).",
+                metric,
+                "How late this server's event loop ran a timer: its own lag (a search "
+                "server blames no replica for a timeout meanwhile; a data server counts "
+                "it against a request's budget).",
                 buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
                 registry=registry,
             )
