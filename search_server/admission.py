@@ -18,9 +18,12 @@ ratio of the latency now to the latency the search server usually has:
   ``long``, an EWMA of the last ``long_window`` windows: the baseline. When ``short``
   falls far below ``long`` (an overload is over), ``long`` decays quickly towards it,
   so a baseline inflated by an overload does not keep the limit high afterwards.
-* ``gradient = clamp(min(tolerance x long, ceiling) / short, 0.5, 1)``: 1 while
-  queries take up to ``tolerance`` times their usual time, and never more than
-  ``ceiling`` (a share of the deadline), less beyond. The ceiling is what keeps the
+* ``gradient = clamp(min(max(tolerance x long, ceiling / 4), ceiling) / short, 0.5,
+  1)``: 1 while queries take up to ``tolerance`` times their usual time (or a quarter
+  of the ceiling, whichever is more) and never more than ``ceiling`` (a share of the
+  deadline), less beyond. The fan-out feeds it the time a query spent *waiting*: its
+  latency less the longest search a data server reported for it, so that an expensive
+  query's own cost does not read as overload. The ceiling is what keeps the
   admitted queries inside their deadline under a sustained overload: the baseline,
   an average of what the latency was, creeps up with it (Gradient2's known drift), so
   the tolerance alone would let the limit climb until answers came back partial.
@@ -214,7 +217,10 @@ class GradientLimit:
                 # The overload is over: the baseline it inflated comes down quickly.
                 long = 0.95 * long + 0.05 * short
         self.short, self.long = short, long
-        wanted = min(self.tolerance * long, self.ceiling)
+        # Never below a quarter of the ceiling: the baseline is the queueing of a quiet
+        # cluster, a few milliseconds, and twice that is no sign of overload (a burst, an
+        # expensive query's neighbours).
+        wanted = min(max(self.tolerance * long, self.ceiling / 4), self.ceiling)
         gradient = 1.0 if short <= 0 else max(0.5, min(1.0, wanted / short))
         if 2 * in_flight < self._estimate:
             # App-limited: the limit does not bind, so the latency says nothing of a

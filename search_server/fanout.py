@@ -225,6 +225,7 @@ class _Query:
         "k",
         "loop",
         "open_calls",
+        "service",
         "started",
         "target",
         "total",
@@ -249,6 +250,9 @@ class _Query:
         # Calls whose hedge came due while most shards were still out (see _hedge).
         self.deferred: list[_ShardCall] = []
         self.waiter: asyncio.Future[None] = loop.create_future()
+        # The longest search time a data server reported for this query (at most the
+        # time its answer took): what of the query's latency was work, not queueing.
+        self.service = 0.0
 
 
 # A data server's answers that say it is overloaded rather than broken: full (429), not
@@ -481,22 +485,30 @@ class FanOut:
         in_flight = self._in_flight
         self.metrics.in_flight.inc()
         try:
-            result = await self._fan_out(servers, query, k, timeout_ms)
+            result, service = await self._fan_out(servers, query, k, timeout_ms)
         finally:
             self._in_flight -= 1
             self.metrics.in_flight.dec()
-        self._admission.on_sample(
-            self._clock(), self._latency(result), in_flight, self._dropped(result)
-        )
+        coverage = result.coverage
+        if coverage is None or "cut" not in coverage.degraded:
+            # A query a data server cut at its budget is an expensive one: its time and
+            # its refusals are its own cost, not the cluster's queue. Counted, a storm
+            # of them drove the limit down and refused everyone's ordinary queries.
+            self._admission.on_sample(
+                self._clock(), self._latency(result, service), in_flight, self._dropped(result)
+            )
         self.metrics.admission_limit.set(self._admission.limit)
         return result
 
-    def _latency(self, result: FanOutResult) -> float:
-        """What a query's latency tells the admission: its fan-out's time, plus how far
-        behind this server's own loop is (a request waits that long before its fan-out
-        starts: a search server short of CPU is slow before any data server is)."""
+    def _latency(self, result: FanOutResult, service: float) -> float:
+        """What a query's latency tells the admission: the time it spent waiting, not
+        working. Its fan-out's time less the longest search a data server reported for
+        it (an expensive query is slow by its own cost: counted whole, a storm of them
+        drove the limit down and refused everyone's ordinary queries; what overload adds
+        is queueing), plus how far behind this server's own loop is (a request waits
+        that long before its fan-out starts)."""
         lag = self._loop_lag.last_lag if self._loop_lag is not None else 0.0
-        return result.took_ms / 1000 + lag
+        return max(0.0, result.took_ms / 1000 - service) + lag
 
     @staticmethod
     def _dropped(result: FanOutResult) -> bool:
@@ -613,7 +625,7 @@ class FanOut:
         query: str,
         k: int,
         timeout_ms: int,
-    ) -> FanOutResult:
+    ) -> tuple[FanOutResult, float]:
         loop = asyncio.get_running_loop()
         started = loop.time()
         table = self._routing_table(servers)
@@ -655,7 +667,7 @@ class FanOut:
         took_ms = (loop.time() - started) * 1000
         result = merge(calls, k, took_ms, missing)
         self._count_query(result, took_ms)
-        return result
+        return result, q.service
 
     def _candidates(self, call: _ShardCall, now: float) -> list[Replica]:
         """The shard's replicas a request may go to now: its routable ones not yet
@@ -920,6 +932,8 @@ class FanOut:
             return
         service, queue = feedback(decoded)
         replica.observe(elapsed, service, queue)
+        if service is not None and service > q.service:
+            q.service = min(service, elapsed)
         window = replica.window
         if window is None:
             window = replica.window = LatencyWindow()

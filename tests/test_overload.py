@@ -40,8 +40,9 @@ class _Scripted:
         self.shard_of = shard_of
         self.behaviour: dict[int, str] = dict.fromkeys(shard_of, OK)
         self.sent: Counter[int] = Counter()
-        # Seconds an OK answer takes (0: at once).
+        # Seconds an OK answer takes (0: at once), and the search time it reports.
         self.delay = 0.0
+        self.took_ms = 0.1
 
     def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
         port = endpoint.port
@@ -50,7 +51,7 @@ class _Scripted:
         behaviour = self.behaviour[port]
         if behaviour == OK:
             hits = [{"id": f"d{port}", "score": 1.0}]
-            body = {"hits": hits, "shard": self.shard_of[port], "took_ms": 0.1}
+            body = {"hits": hits, "shard": self.shard_of[port], "took_ms": self.took_ms}
             answer = (200, orjson.dumps(body))
             if self.delay:
                 asyncio.get_running_loop().call_later(
@@ -359,3 +360,21 @@ async def test_no_hedge_while_the_search_server_is_shedding(registry: CollectorR
     assert result.shards == shard_counts(1, 0, timed_out=1)
     assert client.sent[servers[1].port] == hedged
     assert _sample(registry, "hedges_total", result="shedding") == shedding + 1
+
+
+@pytest.mark.parametrize("searching", [True, False])
+async def test_an_expensive_querys_own_search_time_does_not_lower_the_limit(
+    registry: CollectorRegistry, searching: bool
+) -> None:
+    """A query slow by its own cost (the data servers report they searched that long) is
+    not queueing: a storm of them must not refuse everyone's ordinary queries. The same
+    latency spent waiting (a data server reporting a short search) lowers the limit."""
+    servers, client = _cluster(shards=1, replicas=1)
+    client.delay = 0.05
+    client.took_ms = 50.0 if searching else 0.1
+    # One update per query; 10 ms of queueing is the most the limit accepts.
+    limit = GradientLimit(initial=2, min_limit=1, ceiling=0.01, window=1e-9, min_window_samples=1)
+    fanout = FanOut(client, registry=registry, admission=limit, hedge_ratio=0)
+    for _ in range(5):
+        await fanout.search(servers, "a", 10, 500)
+    assert (limit.limit >= 2) is searching
