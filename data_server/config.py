@@ -27,6 +27,7 @@ from discovery.cli.options import (
     http_edge_config,
     int_range,
     listen_options,
+    non_negative_float,
     non_negative_int,
     port_number,
     positive_float,
@@ -223,6 +224,17 @@ FLEET_OPTIONS = (
         type=zone_list,
         metavar="A,B,...",
     ),
+    Option(
+        "--start-spread",
+        "DISCOVERY_FLEET_START_SPREAD",
+        "seconds over which each worker's servers start (connect, probe, register), "
+        "evenly spaced, as the machines a fleet stands for would each on their own CPU: "
+        "started in one burst, a restarted fleet starves the servers still answering on "
+        "a shared machine (0: as fast as they can)",
+        type=non_negative_float,
+        default=0.0,
+        metavar="SECONDS",
+    ),
 )
 
 
@@ -383,8 +395,13 @@ class FleetConfig:
     shards: int
     first_index: int = 0
     zones: tuple[str, ...] = ()
+    start_spread: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.start_spread < float("inf"):
+            raise ConfigError(
+                f"--start-spread must be a finite number of seconds >= 0, got {self.start_spread}"
+            )
         if self.zones and self.template.zone is not None:
             # Which would win is not obvious; make the operator choose.
             raise ConfigError(
@@ -435,4 +452,5 @@ class FleetConfig:
             shards=args.shards or args.count,
             first_index=args.first_index,
             zones=args.zones or (),
+            start_spread=args.start_spread,
         )

@@ -4,8 +4,9 @@ Each simulated server is a full :class:`~data_server.server.DataServer` with its
 port, shard, ZooKeeper session and agent; the servers of one process share its event
 loop and one agent :class:`~discovery.agent.loopthread.LoopThread`. The parent process starts
 P workers (``data-server fleet --worker I``), forwards SIGINT/SIGTERM to them, and
-exits non-zero if any worker failed. On a signal a worker's servers begin their drains
-spread over 2 s, as independent machines would, not all in one burst.
+exits non-zero if any worker failed. A worker starts its servers spread over
+``--start-spread`` seconds and, on a signal, begins their drains spread over 2 s, as
+independent machines would, not all in one burst on a shared CPU.
 
 Caveat of sharing a loop: a ``hang`` fault with ``block_loop`` blocks every server of
 that worker process, not just one.
@@ -85,7 +86,9 @@ async def run_worker(config: FleetConfig, worker: int) -> None:
     slots = asyncio.Semaphore(_START_CONCURRENCY)
     started_at = time.monotonic()
 
-    async def start(server: DataServer) -> None:
+    async def start(delay: float, server: DataServer) -> None:
+        if delay > 0:
+            await asyncio.sleep(delay)
         async with slots:
             await server.start()
 
@@ -95,7 +98,8 @@ async def run_worker(config: FleetConfig, worker: int) -> None:
         # and make them flap during start-up.
         for server in servers:
             await server.load()
-        await asyncio.gather(*(start(server) for server in servers))
+        spread = config.start_spread
+        await asyncio.gather(*(start(i * spread / len(servers), s) for i, s in enumerate(servers)))
         log.info(
             "fleet worker %d: %d servers started in %.1fs",
             worker,

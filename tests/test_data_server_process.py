@@ -197,3 +197,33 @@ async def test_fleet_of_20_in_2_processes_registers_all_and_deregisters_on_stop(
             await waited(watcher.wait_until(lambda m: not m, timeout=15), "all 20 deregistered")
         finally:
             await reap(process)
+
+
+async def test_a_fleet_spreads_its_starts_over_start_spread(
+    zk_hosts: str, make_session: SessionFactory
+) -> None:
+    # Four servers over 4 s start at 0, 1, 2 and 3 s: the last registers about 3 s
+    # after the first (without the spread, within a few hundred milliseconds). The
+    # bound is loose: a cold first start, or a late watch, eats into it.
+    observer = await make_session()
+    args: Sequence[str] = (
+        *("fleet", "--zk", zk_hosts, "--count", "4", "--procs", "1", "--base-port", "0"),
+        *("--start-spread", "4", *FAST_FLAGS),
+    )
+    loop = asyncio.get_running_loop()
+    async with MembershipWatcher(observer, coalesce_window=0.01) as watcher:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "data_server.cli", *args
+        )
+        try:
+            await waited(watcher.wait_until(lambda m: len(m) >= 1, timeout=60), "a first server")
+            first = loop.time()
+            members = await waited(
+                watcher.wait_until(lambda m: len(m) == 4, timeout=60), "all 4 registered"
+            )
+            assert loop.time() - first >= 1.5
+            assert sorted(members) == [f"ds-{i:04d}" for i in range(4)]
+            process.send_signal(signal.SIGTERM)
+            assert await waited(process.wait(), "the fleet to exit after SIGTERM", timeout=60) == 0
+        finally:
+            await reap(process)

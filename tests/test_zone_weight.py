@@ -243,6 +243,8 @@ def test_fleet_zone_and_weight_apply_to_every_server() -> None:
         (["--zones", "a,b c"], "argument --zones: not a zone name"),
         (["--zones", "a,b,a"], "argument --zones: zone 'a' is listed twice"),
         (["--zones", "a,b", "--zone", "c"], "--zones (DISCOVERY_FLEET_ZONES) and --zone"),
+        (["--start-spread", "-1"], "argument --start-spread: must be a finite number >= 0"),
+        (["--start-spread", "inf"], "argument --start-spread: must be a finite number >= 0"),
     ],
 )
 def test_bad_fleet_zones_are_named(
@@ -250,6 +252,12 @@ def test_bad_fleet_zones_are_named(
 ) -> None:
     message = exit_message(data_server_cli.main, ["fleet", "--count", "3", *argv], capsys)
     assert expected in message
+
+
+def test_fleet_start_spread(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert fleet_config("--count", "1", "--procs", "1").start_spread == 0
+    monkeypatch.setenv("DISCOVERY_FLEET_START_SPREAD", "5")
+    assert fleet_config("--count", "1", "--procs", "1").start_spread == 5
 
 
 def test_fleet_zones_with_blanks(monkeypatch: pytest.MonkeyPatch) -> None:
