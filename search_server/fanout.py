@@ -489,16 +489,29 @@ class FanOut:
         finally:
             self._in_flight -= 1
             self.metrics.in_flight.dec()
-        coverage = result.coverage
-        if coverage is None or "cut" not in coverage.degraded:
-            # A query a data server cut at its budget is an expensive one: its time and
-            # its refusals are its own cost, not the cluster's queue. Counted, a storm
-            # of them drove the limit down and refused everyone's ordinary queries.
+        dropped = self._dropped(result)
+        if self._tells_the_load(result, dropped):
             self._admission.on_sample(
-                self._clock(), self._latency(result, service), in_flight, self._dropped(result)
+                self._clock(), self._latency(result, service), in_flight, dropped
             )
         self.metrics.admission_limit.set(self._admission.limit)
         return result
+
+    @staticmethod
+    def _tells_the_load(result: FanOutResult, dropped: bool) -> bool:
+        """Whether a query's latency is a sample of this cluster's queueing. Not when a
+        data server cut it at its budget (an expensive query: its time and refusals are
+        its own cost; counted, a storm of them drove the limit down and refused
+        everyone's ordinary queries), nor when a few of its shards were late and the
+        rest on time (it waited for the deadline because of one slow or starting
+        server, which no limit cures: counted, each such query halved the limit, and
+        three of them at start-up refused queries at 20 a second)."""
+        coverage = result.coverage
+        if coverage is None:
+            return True
+        if "cut" in coverage.degraded:
+            return False
+        return dropped or "deadline" not in coverage.degraded
 
     def _latency(self, result: FanOutResult, service: float) -> float:
         """What a query's latency tells the admission: the time it spent waiting, not

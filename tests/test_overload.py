@@ -378,3 +378,30 @@ async def test_an_expensive_querys_own_search_time_does_not_lower_the_limit(
     for _ in range(5):
         await fanout.search(servers, "a", 10, 500)
     assert (limit.limit >= 2) is searching
+
+
+async def test_a_few_late_shards_are_not_a_sample_of_the_load(
+    registry: CollectorRegistry,
+) -> None:
+    """A query that waited for its deadline because one shard of four was late says
+    nothing of the queue (no limit cures one slow server); two of four late do."""
+    servers, client = _cluster(shards=4, replicas=1)
+    # An update per query after the first; any latency over 10 ms would lower the
+    # limit. No backoff.
+    limit = GradientLimit(
+        initial=4, min_limit=1, ceiling=0.01, window=1e-9, min_window_samples=1, backoff=1.0
+    )
+    fanout = FanOut(client, registry=registry, admission=limit, hedge_ratio=0)
+    client.behaviour[servers[0].port] = HANG
+    for _ in range(3):
+        result = await fanout.search(servers, "a", 10, 50)
+        assert result.shards["timed_out"] == 1
+    assert limit.limit == 4
+    # (The first server, late three times while the rest was on time, is ejected by
+    # now: its shard is failed at once.)
+    client.behaviour[servers[1].port] = HANG
+    client.behaviour[servers[2].port] = HANG
+    result = await fanout.search(servers, "a", 10, 50)
+    assert result.shards["timed_out"] == 2
+    await fanout.search(servers, "a", 10, 50)  # a window is two samples
+    assert limit.limit < 4
