@@ -415,7 +415,9 @@ class DataServer:
                 self._metrics.cut.labels(answer="hits").inc()
             took = time.perf_counter() - started
             # took_ms and queue (the other searches in progress here) are the feedback
-            # the search servers' adaptive replica selection ranks replicas by.
+            # the search servers' adaptive replica selection ranks replicas by; work_ms
+            # (the search's CPU time) tells their admission what of a slow answer was
+            # this query's own cost rather than waiting.
             body = orjson.dumps(
                 {
                     "hits": [
@@ -424,6 +426,7 @@ class DataServer:
                     ],
                     "shard": self.config.shard,
                     "took_ms": round(took * 1000, 3),
+                    "work_ms": round(outcome.work * 1000, 3),
                     "queue": self._admission.total - 1,
                     "cut": outcome.cut,
                 }
