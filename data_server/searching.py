@@ -81,15 +81,12 @@ def work_deadline(arrived: float, budget_ms: int) -> float:
 @dataclass(frozen=True, slots=True)
 class SearchOutcome:
     """What :func:`run_search` found: the ``hits`` (the top k, or the best found so far
-    when ``cut``), how many slices it took and the longest of them, in seconds, and
-    ``work``, the CPU seconds its slices took (its own cost: not the time it waited
-    between slices for other searches, nor for a CPU)."""
+    when ``cut``), how many slices it took and the longest of them, in seconds."""
 
     hits: list[Hit]
     cut: bool
     slices: int
     longest_slice: float
-    work: float = 0.0
 
 
 async def run_search(
@@ -98,7 +95,6 @@ async def run_search(
     *,
     slice_work: int = SLICE_WORK,
     clock: Callable[[], float] = time.monotonic,
-    cpu_clock: Callable[[], float] = time.thread_time,
     on_slice: Callable[[float], None] | None = None,
     hand_over_gil: bool = True,
 ) -> SearchOutcome:
@@ -106,19 +102,15 @@ async def run_search(
     ``clock()`` reaches ``deadline`` (checked after each slice and after each yield).
 
     The first slice always runs (the caller checks the deadline before starting).
-    ``on_slice`` is called with each slice's duration (a metric's ``observe``);
-    ``cpu_clock`` (this thread's CPU time) measures the outcome's ``work``.
+    ``on_slice`` is called with each slice's duration (a metric's ``observe``).
     ``hand_over_gil=False`` leaves out the release of the GIL between slices, only to
     measure what it is for (bench/bench_worst_case.py).
     """
     slices = 0
     longest = 0.0
-    work = 0.0
     while True:
         started = clock()
-        cpu_started = cpu_clock()
         done = search.step(slice_work)
-        work += cpu_clock() - cpu_started
         ended = clock()
         elapsed = ended - started
         slices += 1
@@ -127,7 +119,7 @@ async def run_search(
         if on_slice is not None:
             on_slice(elapsed)
         if done:
-            return SearchOutcome(search.hits(), False, slices, longest, work)
+            return SearchOutcome(search.hits(), False, slices, longest)
         if ended >= deadline:
             break
         if hand_over_gil:
@@ -137,4 +129,4 @@ async def run_search(
         await asyncio.sleep(0)
         if clock() >= deadline:
             break
-    return SearchOutcome(search.hits(), True, slices, longest, work)
+    return SearchOutcome(search.hits(), True, slices, longest)

@@ -415,9 +415,7 @@ class DataServer:
                 self._metrics.cut.labels(answer="hits").inc()
             took = time.perf_counter() - started
             # took_ms and queue (the other searches in progress here) are the feedback
-            # the search servers' adaptive replica selection ranks replicas by; work_ms
-            # (the search's CPU time) tells their admission what of a slow answer was
-            # this query's own cost rather than waiting.
+            # the search servers' adaptive replica selection ranks replicas by.
             body = orjson.dumps(
                 {
                     "hits": [
@@ -426,7 +424,6 @@ class DataServer:
                     ],
                     "shard": self.config.shard,
                     "took_ms": round(took * 1000, 3),
-                    "work_ms": round(outcome.work * 1000, 3),
                     "queue": self._admission.total - 1,
                     "cut": outcome.cut,
                 }

@@ -97,7 +97,6 @@ from .merging import (
     feedback,
     merge,
     ranked_hits,
-    reported_work,
 )
 from .metrics import FanOutMetrics
 from .picking import (
@@ -251,7 +250,7 @@ class _Query:
         # Calls whose hedge came due while most shards were still out (see _hedge).
         self.deferred: list[_ShardCall] = []
         self.waiter: asyncio.Future[None] = loop.create_future()
-        # The longest search work a data server reported for this query (at most the
+        # The longest search time a data server reported for this query (at most the
         # time its answer took): what of the query's latency was work, not queueing.
         self.service = 0.0
 
@@ -516,13 +515,11 @@ class FanOut:
 
     def _latency(self, result: FanOutResult, service: float) -> float:
         """What a query's latency tells the admission: the time it spent waiting, not
-        working. Its fan-out's time less the most CPU a data server reported its search
-        took (``work_ms``; an expensive query is slow by its own cost: counted whole, a
-        storm of them drove the limit down and refused everyone's ordinary queries; what
-        overload adds is queueing, and a search's wall time, ``took_ms``, holds its
-        waits for other searches and for a CPU, which subtracted hid the overload),
-        plus how far behind this server's own loop is (a request waits that long
-        before its fan-out starts)."""
+        working. Its fan-out's time less the longest search a data server reported for
+        it (an expensive query is slow by its own cost: counted whole, a storm of them
+        drove the limit down and refused everyone's ordinary queries; what overload adds
+        is queueing), plus how far behind this server's own loop is (a request waits
+        that long before its fan-out starts)."""
         lag = self._loop_lag.last_lag if self._loop_lag is not None else 0.0
         return max(0.0, result.took_ms / 1000 - service) + lag
 
@@ -948,9 +945,8 @@ class FanOut:
             return
         service, queue = feedback(decoded)
         replica.observe(elapsed, service, queue)
-        work = reported_work(decoded, service)
-        if work is not None and work > q.service:
-            q.service = min(work, elapsed)
+        if service is not None and service > q.service:
+            q.service = min(service, elapsed)
         window = replica.window
         if window is None:
             window = replica.window = LatencyWindow()

@@ -35,7 +35,6 @@ __all__ = [
     "feedback",
     "merge",
     "ranked_hits",
-    "reported_work",
 ]
 
 #: Most fields one hit may carry (``id``, ``score``, ``title``... are a handful).
@@ -269,16 +268,6 @@ def feedback(body: dict[str, Any]) -> tuple[float | None, float | None]:
         service = took / 1000
     reported = float(queue) if type(queue) is int and 0 <= queue < 1_000_000 else None
     return service, reported
-
-
-def reported_work(body: dict[str, Any], service: float | None) -> float | None:
-    """The CPU seconds a data server says its search took (``work_ms``), if sane; else
-    its whole search time ``service`` (a data server that does not report its work:
-    the time its search waited for others' is then taken as its own cost)."""
-    work = body.get("work_ms")
-    if (type(work) is float or type(work) is int) and 0 <= work < 3.6e6:
-        return work / 1000
-    return service
 
 
 def merge(

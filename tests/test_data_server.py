@@ -104,7 +104,6 @@ async def test_search_answers_top_k_hits(make_data_server: DataServerFactory) ->
         assert status == 200
         assert body["shard"] == 2
         assert isinstance(body["took_ms"], float)
-        assert 0 <= body["work_ms"] <= body["took_ms"] + 0.01  # CPU time, within its wall
         scores = [hit["score"] for hit in body["hits"]]
         assert len(scores) <= 5
         assert scores == sorted(scores, reverse=True)

@@ -20,7 +20,6 @@ from search_server.merging import (
     feedback,
     merge,
     ranked_hits,
-    reported_work,
 )
 
 
@@ -182,24 +181,6 @@ def test_feedback_is_taken_only_when_sane(
     body: dict[str, Any], expected: tuple[float | None, float | None]
 ) -> None:
     assert feedback(body) == expected
-
-
-@pytest.mark.parametrize(
-    ("body", "expected"),
-    [
-        ({"work_ms": 2, "took_ms": 12}, 0.002),
-        ({"took_ms": 12}, 0.012),  # no work reported: the whole search time
-        ({"work_ms": -1, "took_ms": 12}, 0.012),
-        ({"work_ms": "2", "took_ms": 12}, 0.012),
-        ({"work_ms": 4e6}, None),
-        ({}, None),
-    ],
-)
-def test_reported_work_falls_back_to_the_search_time(
-    body: dict[str, Any], expected: float | None
-) -> None:
-    service, _ = feedback(body)
-    assert reported_work(body, service) == expected
 
 
 def test_coverage_counts_the_documents_searched_and_names_every_reason() -> None:
