@@ -605,7 +605,7 @@ async def test_a_query_woken_late_charges_no_replica_with_its_timeouts(
     await _set_fault(http, hung, mode="hang")
     try:
         # The stall itself: this loop blocked from before the deadline to well after it.
-        asyncio.get_running_loop().call_later(0.2, time.sleep, 0.5)
+        asyncio.get_running_loop().call_later(0.2, time.sleep, 0.5)  # ok-sleep: the stall
         result = await fanout.search(servers, QUERIES[0], 10, 300)
 
         assert result.shards == shard_counts(1, 0, timed_out=1)

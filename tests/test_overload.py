@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
 
 import orjson
 import pytest
@@ -24,7 +23,7 @@ from discovery.looplag import LoopLagMonitor
 from search_server.admission import FixedLimit, GradientLimit
 from search_server.fanout import FanOut
 from search_server.httpclient import Endpoint, Response
-from tests.support import FakeClock, make_instance, sample, shard_counts
+from tests.support import FakeClock, eventually, make_instance, sample, shard_counts
 
 OK = "ok"
 FULL = "full"  # 429 at once
@@ -166,23 +165,19 @@ async def test_a_timeout_while_the_search_servers_own_loop_lagged_blames_no_repl
         fanout = FanOut(client, registry=registry, eject_after=1, hedge_ratio=0, loop_lag=lag)
         # The loop blocked for 0.2 s during the query, well inside its 0.5 s deadline
         # (so the stall rule, a wake-up late past the deadline, does not apply).
-        asyncio.get_running_loop().call_later(0.05, time.sleep, 0.2)
+        asyncio.get_running_loop().call_later(0.05, time.sleep, 0.2)  # ok-sleep: the fault
         result = await fanout.search(servers, "a", 10, 500)
         assert result.shards == shard_counts(4, 3, timed_out=1)
         assert _sample(registry, "unblamed_timeouts_total", why="lag") == 1
         assert fanout.ejected() == set()
 
         # The same outlier with the loop on time is charged.
-        await _until(lambda: not lag.lagged_since(asyncio.get_running_loop().time() - 0.01))
+        await eventually(
+            lambda: not lag.lagged_since(asyncio.get_running_loop().time() - 0.01),
+            message="the loop on time again",
+        )
         result = await fanout.search(servers, "a", 10, 300)
         assert fanout.ejected() == {servers[0].id}
-
-
-async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_a_shard_with_most_replicas_ejected_routes_to_all_of_them_in_panic(
@@ -353,7 +348,7 @@ async def test_no_hedge_while_the_search_server_is_shedding(registry: CollectorR
     hedged = client.sent[servers[1].port]  # the priming's own hedges, if any
     shedding = sample(registry, "search_server_fanout_hedges_total", result="shedding")
     first = asyncio.create_task(fanout.search(servers, "a", 10, 300))
-    await asyncio.sleep(0)  # the first query is in flight, its hedge not yet due
+    await asyncio.sleep(0)  # ok-sleep: one turn; the first query in flight, no hedge due
     with pytest.raises(OverloadedError):
         await fanout.search(servers, "a", 10, 300)
     result = await first
