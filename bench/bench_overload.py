@@ -92,6 +92,8 @@ SEARCH_COUNTERS = {
     "limit": ("search_server_admission_limit", {}),
     "in_flight": ("search_server_fanout_in_flight", {}),
 }
+#: What a step's timeline records every 0.5 s.
+TIMELINE = ("complete", "refused", "partial", "limit", "in_flight")
 DATA_COUNTERS = {
     "forced_offline": ("discovery_agent_forced_offline_total", {}),
     "429": ("data_server_search_requests_total", {"status": "429"}),
@@ -206,9 +208,16 @@ class Bench:
         s0, d0 = await self.counters()
         hey = Hey(self.system.search_ports, rate, self.seconds)
         started = time.monotonic()
+        # The limits and what is in flight every 0.5 s, to see how the limit moves
+        # within a step (a step's goodput is its mean).
+        samples: list[dict[str, float]] = []
+        sampler = asyncio.create_task(self._sample(started, samples))
         try:
             statuses, admitted = await asyncio.to_thread(hey.results)
         finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
             hey.kill()
         elapsed = time.monotonic() - started
         s1, d1 = await self.counters()
@@ -227,9 +236,21 @@ class Bench:
             "search": {k: round(v) for k, v in search.items()},
             "data": {k: round(v) for k, v in data.items()},
             "seconds": round(elapsed, 1),
+            "timeline": samples,
         }
         print(_line(row), flush=True)
         return row
+
+    async def _sample(self, started: float, samples: list[dict[str, float]]) -> None:
+        while True:
+            counters = await scrape(self.http, self.system.search_ports, SEARCH_COUNTERS)
+            samples.append(
+                {
+                    "t": round(time.monotonic() - started, 2),
+                    **{k: counters[k] for k in TIMELINE},
+                }
+            )
+            await asyncio.sleep(0.5)
 
     async def timeline(
         self, rate: float, hog_seconds: float
