@@ -5,12 +5,13 @@ Starts a real local ZooKeeper and Redis (``DevCluster``) and the demo's topology
 search servers, 100 data servers, 50 shards x 2 replicas, as ``bench_throughput.py``
 starts it: a 2-process fleet and 7 data servers of their own), then drives it with
 Debian's ``hey`` (``apt-get install hey``; installed here when missing and run as root):
-one ``hey`` per search server, each worker sending at most ``q`` queries a second
-(``-q``) with keep-alive, so that the offered load is ``workers x q`` whatever the
-answers do, as long as an answer takes less than a worker's interval (``q`` is kept at
-2 or less, and every answer, refused or not, comes within the 500 ms deadline): an open
-loop. Each query is ``GET /search?q=..&k=10&timeout_ms=500``, one of three queries per
-search server.
+up to 16 ``hey`` processes per search server started in even phases of a worker's
+interval (one ``hey``'s workers send in lockstep, see ``Hey``), each worker sending at
+most ``q`` queries a second (``-q``) with keep-alive, so that the offered load is
+``workers x q`` whatever the answers do, as long as an answer takes less than a
+worker's interval (``q`` is kept at 2 or less, and every answer, refused or not, comes
+within the 500 ms deadline): an open loop, arrivals spread evenly. Each query is
+``GET /search?q=..&k=10&timeout_ms=500``, one of three queries per search server.
 
 Per level of offered load (``--seconds`` each) it reports, from ``hey``'s per-request
 CSV: answers by status and the p50 / p99 of the admitted ones (200); from the search
@@ -77,6 +78,8 @@ MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0)
 # Most queries a second one hey worker sends: an answer (at most the deadline) must come
 # within its interval, or the worker falls behind and the loop closes.
 PER_WORKER = 2.0
+#: At most this many hey processes per search server, started in even phases (see Hey).
+PHASES = 16
 
 SEARCH_COUNTERS = {
     "complete": ("search_server_fanout_queries_total", {"outcome": "complete"}),
@@ -143,27 +146,47 @@ def nearest_rank(values: list[float], q: float) -> float | None:
 
 
 class Hey:
-    """One ``hey`` per search server at ``rate`` queries a second in all."""
+    """``hey`` processes at ``rate`` queries a second in all, in even phases.
+
+    One ``hey``'s workers all start their ``-q`` tickers at once, so they send in
+    lockstep: ten workers at 2 q/s each are a burst of ten every 500 ms (measured:
+    within 2 ms), not 20 queries a second spread over it. A burst that size is not the
+    open loop this benchmark means, and an in-flight limit admits at most its limit of
+    each burst whatever the cluster could do between them (goodput came out as twice
+    the summed limits at 3x). So each search server gets up to ``PHASES`` ``hey``
+    processes, the workers shared among them, the n-th started ``n / PHASES`` of a
+    worker's interval after the first: arrivals in small groups, evenly spread.
+    """
 
     def __init__(self, ports: list[int], rate: float, seconds: float) -> None:
         per_server = rate / len(ports)
         workers = max(1, math.ceil(per_server / PER_WORKER))
-        self.offered = workers * (per_server / workers) * len(ports)
+        per_worker = per_server / workers
+        self.offered = workers * per_worker * len(ports)
         queries = sample_queries(len(ports), variant=40)
-        self.procs = [
-            subprocess.Popen(
-                [
-                    "hey", "-z", f"{seconds}s", "-c", str(workers),
-                    "-q", f"{per_server / workers:.4f}", "-t", "5", "-o", "csv",
-                    f"http://127.0.0.1:{port}/search?q={quote(queries[i])}&k=10"
-                    f"&timeout_ms={TIMEOUT_MS}",
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
+        phases = min(workers, PHASES)
+        interval = 1 / per_worker
+        self.procs: list[subprocess.Popen[str]] = []
+        for i, port in enumerate(ports):
+            url = (
+                f"http://127.0.0.1:{port}/search?q={quote(queries[i])}&k=10&timeout_ms={TIMEOUT_MS}"
             )
-            for i, port in enumerate(ports)
-        ]  # fmt: skip
+            for phase in range(phases):
+                count = workers // phases + (phase < workers % phases)
+                # sh sleeps, then becomes hey (exec: the same pid, so kill() reaches it).
+                delay = (phase + i / len(ports)) * interval / phases
+                self.procs.append(
+                    subprocess.Popen(
+                        [
+                            "sh", "-c", 'sleep "$0"; exec "$@"', f"{delay:.4f}",
+                            "hey", "-z", f"{seconds}s", "-c", str(count),
+                            "-q", f"{per_worker:.4f}", "-t", "5", "-o", "csv", url,
+                        ],
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL,
+                        text=True,
+                    )
+                )  # fmt: skip
 
     def results(self) -> tuple[dict[str, int], list[float]]:
         """Answers by status code, and the latencies (seconds) of the 200s."""
@@ -542,7 +565,8 @@ def main() -> int:
             "topology": "the demo's: 3 search servers, 100 data servers (50 shards x 2), "
             "ZooKeeper of one node, Redis",
             "session_timeout_s": SESSION_TIMEOUT,
-            "load": f"hey (Debian), one per search server, <= {PER_WORKER} q/s per worker, "
+            "load": f"hey (Debian), <= {PHASES} per search server in even phases, "
+            f"<= {PER_WORKER} q/s per worker, "
             f"keep-alive; timeout_ms {TIMEOUT_MS}",
             "after": {"commit": head, "uncommitted_changes": dirty.splitlines()},
             "before": {"rev": args.baseline_rev},
