@@ -135,6 +135,7 @@ async def test_a_departure_during_a_registration_in_flight_is_announced(
     # still be marked draining before it goes (and a drain keep its grace), not be
     # deleted unannounced; the same for an operator's take_offline().
     agent = _agent("ds-inflight", threaded_server, zk_hosts)
+    test_loop = asyncio.get_running_loop()
     reply = threading.Event()  # holds back the create's reply until the departure began
     released_in_time: list[bool] = []
     observer = await make_session()
@@ -163,7 +164,13 @@ async def test_a_departure_during_a_registration_in_flight_is_announced(
                 # (a watch, then a read) can find the node gone before it reads the
                 # mark, and could not tell that from a node deleted unannounced. A
                 # node deleted unmarked waits here in vain and fails the test below.
-                await waited(watcher.wait_until(marked, timeout=10), "the mark, seen")
+                # This runs on the agent's loop thread; the watcher belongs to the
+                # test's loop (its condition is bound to the loop that first waits on
+                # it), so the wait runs there.
+                seen = asyncio.run_coroutine_threadsafe(
+                    watcher.wait_until(marked, timeout=10), test_loop
+                )
+                await waited(asyncio.wrap_future(seen), "the mark, seen")
                 await delete(*args, **kwargs)
 
             session.delete = delete_once_seen  # type: ignore[method-assign]
