@@ -154,8 +154,9 @@ class Hey:
     open loop this benchmark means, and an in-flight limit admits at most its limit of
     each burst whatever the cluster could do between them (goodput came out as twice
     the summed limits at 3x). So each search server gets up to ``PHASES`` ``hey``
-    processes, the workers shared among them, the n-th started ``n / PHASES`` of a
-    worker's interval after the first: arrivals in small groups, evenly spread.
+    processes, the workers shared among them, the n-th started n / (its number of
+    processes) of a worker's interval after the first, each search server's set offset
+    a little from the others': arrivals in small groups, evenly spread.
     """
 
     def __init__(self, ports: list[int], rate: float, seconds: float) -> None:
