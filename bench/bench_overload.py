@@ -59,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -232,16 +233,12 @@ class Bench:
         s0, d0 = await self.counters()
         hey = Hey(self.system.search_ports, rate, self.seconds)
         started = time.monotonic()
-        # The limits and what is in flight every 0.5 s, to see how the limit moves
-        # within a step (a step's goodput is its mean).
-        samples: list[dict[str, float]] = []
-        sampler = asyncio.create_task(self._sample(started, samples))
         try:
-            statuses, admitted = await asyncio.to_thread(hey.results)
+            # The limits and what is in flight every 0.5 s, to see how the limit moves
+            # within a step (a step's goodput is its mean).
+            async with self.sampling(started, TIMELINE) as samples:
+                statuses, admitted = await asyncio.to_thread(hey.results)
         finally:
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
             hey.kill()
         elapsed = time.monotonic() - started
         s1, d1 = await self.counters()
@@ -265,16 +262,28 @@ class Bench:
         print(_line(row), flush=True)
         return row
 
-    async def _sample(self, started: float, samples: list[dict[str, float]]) -> None:
-        while True:
-            counters = await scrape(self.http, self.system.search_ports, SEARCH_COUNTERS)
-            samples.append(
-                {
-                    "t": round(time.monotonic() - started, 2),
-                    **{k: counters[k] for k in TIMELINE},
-                }
-            )
-            await asyncio.sleep(0.5)
+    @contextlib.asynccontextmanager
+    async def sampling(
+        self, started: float, keys: tuple[str, ...]
+    ) -> AsyncIterator[list[dict[str, float]]]:
+        """The search servers' ``keys`` counters every 0.5 s while inside, each sample
+        with its time ``t`` from ``started``."""
+        samples: list[dict[str, float]] = []
+
+        async def sample() -> None:
+            while True:
+                counters = await scrape(self.http, self.system.search_ports, SEARCH_COUNTERS)
+                t = round(time.monotonic() - started, 2)
+                samples.append({"t": t, **{k: counters[k] for k in keys}})
+                await asyncio.sleep(0.5)
+
+        task = asyncio.create_task(sample())
+        try:
+            yield samples
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def timeline(
         self, rate: float, hog_seconds: float
@@ -286,34 +295,23 @@ class Bench:
         hey = Hey(self.system.search_ports, rate, total)
         started = time.monotonic()
         hogs: list[subprocess.Popen[bytes]] = []
-        samples: list[dict[str, float]] = []
-        hog_window: list[float] = []
         try:
-            while time.monotonic() - started < total:
-                now = time.monotonic() - started
-                if not hogs and not hog_window and now >= hog_seconds:
-                    hogs = start_hogs(2)
-                    hog_window.append(now)
-                if hogs and now >= 2 * hog_seconds:
-                    for hog in hogs:
-                        hog.kill()
-                        hog.wait()
-                    hogs = []
-                    hog_window.append(time.monotonic() - started)
-                counters = await scrape(self.http, self.system.search_ports, SEARCH_COUNTERS)
-                samples.append({"t": round(time.monotonic() - started, 2), **counters})
-                await asyncio.sleep(0.5)
-            statuses, admitted = await asyncio.to_thread(hey.results)
+            async with self.sampling(started, tuple(SEARCH_COUNTERS)) as samples:
+                await asyncio.sleep(hog_seconds)
+                hogs_from = time.monotonic() - started
+                hogs = start_hogs(2)
+                await asyncio.sleep(hog_seconds)
+                stop_hogs(hogs)
+                hogs_until = time.monotonic() - started
+                statuses, admitted = await asyncio.to_thread(hey.results)
         finally:
-            for hog in hogs:
-                hog.kill()
-                hog.wait()
+            stop_hogs(hogs)
             hey.kill()
         s1, d1 = await self.counters()
         summary = {
             "offered_qps": round(hey.offered, 1),
-            "hogs_from_s": round(hog_window[0], 1) if hog_window else None,
-            "hogs_until_s": round(hog_window[1], 1) if len(hog_window) > 1 else None,
+            "hogs_from_s": round(hogs_from, 1),
+            "hogs_until_s": round(hogs_until, 1),
             "statuses": statuses,
             "admitted_p99_ms": _ms(nearest_rank(admitted, 0.99)),
             "search": {k: round(v) for k, v in delta(s1, s0).items()},
@@ -326,6 +324,14 @@ def start_hogs(count: int) -> list[subprocess.Popen[bytes]]:
     """``count`` processes that keep a CPU busy (``yes > /dev/null``); started at once,
     killed by the caller."""
     return [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(count)]
+
+
+def stop_hogs(hogs: list[subprocess.Popen[bytes]]) -> None:
+    """Kill and reap what :func:`start_hogs` started (again: a no-op)."""
+    for hog in hogs:
+        if hog.poll() is None:
+            hog.kill()
+        hog.wait()
 
 
 def _ms(seconds: float | None) -> float | None:
