@@ -22,6 +22,7 @@ from discovery.zk.paths import DATA_SERVERS_PATH
 from discovery.zk.registration import Registration
 from discovery.zk.session import SessionState
 from tests.support import (
+    BULK_OPERATION_TIMEOUT,
     SessionFactory,
     eventually,
     make_instance,
@@ -369,7 +370,10 @@ async def test_thousands_of_invalid_children_cost_only_what_changes(
     make_session: SessionFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    session, agent = await make_session(), await make_session()
+    # Thousands of creates: on a loaded machine one waits behind the others longer than
+    # the tests' 2 s default operation timeout, which is not what this test is about.
+    session = await make_session(operation_timeout=BULK_OPERATION_TIMEOUT)
+    agent = await make_session(operation_timeout=BULK_OPERATION_TIMEOUT)
     registry = CollectorRegistry()
     await session.ensure_path(DATA_SERVERS_PATH)
     count = 5000
