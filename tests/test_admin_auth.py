@@ -19,7 +19,7 @@ import pytest
 from data_server.server import DataServer
 from discovery.adminauth import ADMIN_HEADER, admin_headers
 from discovery.agent.agent import AgentState
-from tests.support import DataServerFactory, sample
+from tests.support import DataServerFactory, eventually, sample
 
 TOKEN = "s3cret-token"
 
@@ -27,6 +27,15 @@ TOKEN = "s3cret-token"
 def _state(server: DataServer) -> AgentState:
     assert server.agent is not None
     return server.agent.status().state
+
+
+async def _serving(make: DataServerFactory, admin_token: str | None = None) -> DataServer:
+    """A data server whose agent has passed its first probes: registered is not yet
+    serving (on a loaded machine the agent may still be STARTING), and every test here
+    asserts that a refused request left it SERVING."""
+    server = await make(admin_token=admin_token)
+    await eventually(lambda: _state(server) is AgentState.SERVING, message="agent serving")
+    return server
 
 
 async def _post(server: DataServer, path: str, **kwargs: Any) -> tuple[int, dict[str, Any]]:
@@ -76,7 +85,7 @@ def _refused(server: DataServer, reason: str) -> float:
 async def test_a_non_ascii_authorization_header_gets_401_not_500(
     make_data_server: DataServerFactory, value: bytes
 ) -> None:
-    server = await make_data_server(admin_token=TOKEN)
+    server = await _serving(make_data_server, TOKEN)
     answer = await _raw_post(server, "/admin/offline", b"Authorization: " + value + b"\r\n")
     assert answer.startswith(b"HTTP/1.1 401 "), answer
     assert b"WWW-Authenticate: Bearer" in answer
@@ -91,7 +100,7 @@ async def test_a_non_ascii_authorization_header_gets_401_not_500(
 async def test_without_a_token_admin_needs_the_admin_header_even_from_loopback(
     make_data_server: DataServerFactory,
 ) -> None:
-    server = await make_data_server()
+    server = await _serving(make_data_server)
     port = server.port
     # What a web page can send to http://127.0.0.1:<port> without a preflight: a form.
     form = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -128,7 +137,7 @@ async def test_without_a_token_admin_needs_the_admin_header_even_from_loopback(
 async def test_with_a_token_a_browsers_cross_site_request_is_refused_all_the_same(
     make_data_server: DataServerFactory,
 ) -> None:
-    server = await make_data_server(admin_token=TOKEN)
+    server = await _serving(make_data_server, TOKEN)
     for extra in ({"Sec-Fetch-Site": "cross-site"}, {"Origin": "http://evil.example"}):
         status, body = await _post(
             server, "/admin/offline", headers={**admin_headers(TOKEN), **extra}
