@@ -94,6 +94,15 @@ def test_a_storm_judges_completion_and_never_a_normal_query_refused() -> None:
     [(invariant, detail)] = watch.answer(Answer(4.0, "search-1", "failed", None, 1.0, 422))
     assert invariant == SHARDS
     assert "query of death" in detail
+    watch.answer(Answer(5.0, "search-1", "failed", None, 1.0, 503))
+    watch.answer(Answer(6.0, "search-1", "failed", None, 500.0))
+    assert watch.shortfall("search-1", 0.0, 10.0) == {
+        "no answer": 1,
+        "partial": 1,
+        "status 422": 1,
+        "status 503": 1,
+    }
+    assert watch.shortfall("search-2", 0.0, 10.0) == {}
 
 
 def test_missing_shards_counts_failed_timed_out_cut_and_missing_only() -> None:

@@ -444,12 +444,16 @@ async def hostile_query_storm(ctx: FaultContext) -> None:
         ended = time.monotonic()
         for through, label in ((target.name, f"through {target.name}"), (None, "in all")):
             complete, total = watch.completion(through, started, ended)
+            short = watch.shortfall(through, started, ended)
             watch.notes[f"normal_complete {label}"] = f"{complete}/{total}"
+            if short:
+                watch.notes[f"normal_incomplete {label}"] = short
             if total and complete < STORM_MIN_COMPLETE * total:
                 observer.violate(
                     STORM,
                     f"{kind}: {complete} of {total} normal queries {label} complete "
-                    f"({complete / total * 100:.0f} %) during {seconds:g} s of the storm",
+                    f"({complete / total * 100:.0f} %) during {seconds:g} s of the storm; "
+                    f"the others: {short}",
                 )
         refused_after = (await cluster.metrics(target) or {}).get(_REFUSED_METRIC)
         totals = storm_totals(cluster.helper_log(name))

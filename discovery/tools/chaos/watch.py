@@ -215,6 +215,22 @@ class HostileWatch:
         ]
         return sum(1 for a in chosen if a.outcome == "complete"), len(chosen)
 
+    def shortfall(self, member: str | None, since: float, until: float) -> dict[str, int]:
+        """What the answers of :meth:`completion` that were not complete were: ``partial``,
+        ``status 503`` (or another status), ``no answer``; counted, for the report."""
+        counts: dict[str, int] = {}
+        for a in self.answers:
+            if not since <= a.at <= until or (member is not None and a.member != member):
+                continue
+            if a.outcome == "complete":
+                continue
+            if a.outcome == "partial":
+                key = "partial"
+            else:
+                key = "no answer" if a.status is None else f"status {a.status}"
+            counts[key] = counts.get(key, 0) + 1
+        return dict(sorted(counts.items()))
+
     # -- (c) and the lists: snapshots ----------------------------------------------
 
     def snapshot(self, snapshot: Snapshot) -> list[tuple[str, str]]:
