@@ -39,6 +39,7 @@ from discovery.livelist.brake import MassLossBrakeConfig
 from .admission import ConcurrencyLimit, FixedLimit, GradientLimit
 from .httpclient import DEFAULT_MAX_BODY
 from .querydeath import QueryOfDeathConfig
+from .queryshare import QueryShare
 from .slowstart import SlowStart
 
 # Most shards --shards may name: every one is a sub-request of every query.
@@ -169,6 +170,16 @@ SEARCH_OPTIONS = (
         "comes down (nor, whatever the usual, above two fifths of --timeout-ms)",
         type=positive_float,
         default=2.0,
+    ),
+    Option(
+        "--admission-query-share",
+        "DISCOVERY_ADMISSION_QUERY_SHARE",
+        "percent of the in-flight limit one query (by its normalised terms) may hold while "
+        "other queries are asking; its excess is refused with 503 (100 disables: a storm "
+        "of one query may then take the whole limit)",
+        type=int_range(1, 100),
+        default=50,
+        metavar="PERCENT",
     ),
     Option(
         "--eject-after",
@@ -504,6 +515,7 @@ class SearchServerConfig:
     admission_min_limit: int = 1
     admission_initial_limit: int = 10
     admission_tolerance: float = 2.0
+    admission_query_share_percent: int = 50
     eject_after: int = 3
     eject_cooldown: float = 10.0
     max_ejected_percent: int = 50
@@ -552,6 +564,11 @@ class SearchServerConfig:
         if not self.admission_tolerance >= 1:
             raise ConfigError(
                 f"--admission-tolerance must be at least 1, got {self.admission_tolerance}"
+            )
+        if not 1 <= self.admission_query_share_percent <= 100:
+            raise ConfigError(
+                "--admission-query-share must be in 1..100, got "
+                f"{self.admission_query_share_percent}"
             )
         if self.picker not in PICKERS:
             raise ConfigError(f"--picker must be one of {', '.join(PICKERS)}, got {self.picker!r}")
@@ -603,6 +620,10 @@ class SearchServerConfig:
             ceiling=0.4 * self.default_timeout_ms / 1000,
         )
 
+    def query_share(self) -> QueryShare:
+        """How much of the in-flight limit one query may hold (a new one per call)."""
+        return QueryShare(self.admission_query_share_percent / 100)
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SearchServerConfig:
         return cls(
@@ -619,6 +640,7 @@ class SearchServerConfig:
             admission_min_limit=args.admission_min_limit,
             admission_initial_limit=args.admission_initial_limit,
             admission_tolerance=args.admission_tolerance,
+            admission_query_share_percent=args.admission_query_share,
             eject_after=args.eject_after,
             eject_cooldown=args.eject_cooldown,
             max_ejected_percent=args.max_ejected_percent,

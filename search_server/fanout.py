@@ -51,7 +51,9 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   own loop was stalled, and it cannot tell whose lateness it saw.
 * **Admission control.** At most ``max_in_flight`` queries at once; the next one is
   refused at once with :class:`OverloadedError` rather than queued, so that a slow cluster
-  cannot make requests pile up on the search server (the original outage).
+  cannot make requests pile up on the search server (the original outage). One query
+  (by the key the caller gives) holds at most a share of that limit while others ask
+  (:mod:`.queryshare`): a storm of one query cannot take it all.
 
 **Cost.** A 100-shard query is 100 sub-requests, and their cost on the search server's
 CPU bounds its queries per second. So the common path has no task per sub-request: the
@@ -106,6 +108,7 @@ from .picking import (
     ReplicaPicker,
     target_key,
 )
+from .queryshare import QueryShare
 from .retrybudget import ExtraRequest, RetryBudget
 from .routing import RoutingTable
 from .slowstart import Ramps, SlowStart
@@ -310,7 +313,10 @@ class FanOut:
     (``--allowed-networks``) leaves data servers at IP addresses outside it out of the
     routing table; any other failure to make one server's replica leaves that server
     out too, never fails the table (both counted in
-    ``search_server_fanout_unroutable_total``).
+    ``search_server_fanout_unroutable_total``). ``admission`` is the in-flight limit
+    (default: ``max_in_flight``, fixed) and ``query_share`` how much of it the queries
+    of one key may hold (default: a :class:`~search_server.queryshare.QueryShare` of
+    half; only for queries given a key).
     Metrics go to ``registry`` (a fresh one if ``None``).
 
     Raises ``ValueError`` for a limit below 1, a negative cool-down or a ratio out of
@@ -343,6 +349,7 @@ class FanOut:
         overload_backoff: float = OVERLOAD_BACKOFF,
         loop_lag: LoopLagMonitor | None = None,
         admission: ConcurrencyLimit | None = None,
+        query_share: QueryShare | None = None,
         slow_start: SlowStart | None = None,
     ) -> None:
         if max_in_flight < 1:
@@ -376,6 +383,8 @@ class FanOut:
         self._admission: ConcurrencyLimit = (
             admission if admission is not None else FixedLimit(max_in_flight)
         )
+        # How much of the limit one query (by the key given to search) may hold.
+        self._query_share = query_share if query_share is not None else QueryShare()
         # When a query was last refused for the limit (the fan-out's clock): hedges
         # stop for a while, since a hedge is load a shedding server cannot spare.
         self._shed_at = -math.inf
@@ -454,6 +463,8 @@ class FanOut:
         query: str,
         k: int,
         timeout_ms: int,
+        *,
+        key: str | None = None,
     ) -> FanOutResult:
         """Search every shard of ``servers`` for ``query``; merge the top ``k`` hits.
 
@@ -465,10 +476,13 @@ class FanOut:
         routing table built for it, so do not mutate it in between. Returns within
         ``timeout_ms`` (plus a loop iteration): shards that failed or had no answer by
         then are counted in the result, which is then ``partial``; they never raise.
+        ``key`` (the query's normalised terms) puts it under the query share
+        (:mod:`.queryshare`): queries of one key hold at most a share of the limit while
+        others ask.
 
         Raises:
-            OverloadedError: ``max_in_flight`` queries are already running (raised before
-                anything is sent; the query is not queued).
+            OverloadedError: the in-flight limit is reached, or ``key``'s share of it
+                (raised before anything is sent; the query is not queued).
             ValueError: ``k`` or ``timeout_ms`` below 1.
         """
         if k < 1:
@@ -477,6 +491,15 @@ class FanOut:
             raise ValueError(f"timeout_ms must be >= 1, got {timeout_ms}")
         # No await before this check and the increment: admission is atomic on the loop.
         limit = min(self._admission.limit, self._max_in_flight)
+        share = self._query_share
+        if key is not None and not share.admits(key, limit, self._clock()):
+            # Not the server's overload (no hedging pause): one query asked too often.
+            self.metrics.queries.labels(outcome="overloaded").inc()
+            self.metrics.shed_share.inc()
+            raise OverloadedError(
+                f"this query already has {share.held(key)} of the {limit} queries in "
+                "flight, its share while others ask"
+            )
         if self._in_flight >= limit:
             self.metrics.queries.labels(outcome="overloaded").inc()
             self._shed_at = self._clock()
@@ -484,11 +507,15 @@ class FanOut:
         self._in_flight += 1
         in_flight = self._in_flight
         self.metrics.in_flight.inc()
+        if key is not None:
+            share.acquire(key)
         try:
             result, service = await self._fan_out(servers, query, k, timeout_ms)
         finally:
             self._in_flight -= 1
             self.metrics.in_flight.dec()
+            if key is not None:
+                share.release(key)
         dropped = self._dropped(result)
         if self._tells_the_load(result, dropped):
             self._admission.on_sample(

@@ -157,6 +157,13 @@ class FanOutMetrics:
             "latency; beyond it a query is refused at once with 503).",
             registry=registry,
         )
+        self.shed_share = Counter(
+            "search_server_admission_share_refused",
+            "Queries refused (503) because the same query (by its normalised terms) already "
+            "held its share of the in-flight limit while other queries were asking; also "
+            "counted as outcome overloaded.",
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "search_server_fanout_in_flight",
             "Queries currently in the fan-out (admission control refuses beyond the limit).",

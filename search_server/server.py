@@ -217,6 +217,7 @@ class SearchServer:
             max_ejected_share=config.max_ejected_percent / 100,
             panic_threshold=config.panic_percent / 100,
             admission=config.concurrency_limit(),
+            query_share=config.query_share(),
             loop_lag=loop_lag,
             registry=self.registry,
             picker=self._picker if self._picker is not None else make_picker(config.picker),
@@ -410,7 +411,7 @@ class SearchServer:
         if quarantine is not None:
             return self._refuse_query_of_death(quarantine)
         try:
-            result = await self.fanout.search(servers, query, k, timeout_ms)
+            result = await self.fanout.search(servers, query, k, timeout_ms, key=key)
         except OverloadedError as exc:
             self.query_stats.record_overloaded()
             # Shed at once, before any work: the client may retry, here in a moment or

@@ -68,6 +68,8 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--hedge-percent", "101"], "--hedge-percent"),
         (["--hedge-percent", "lots"], "--hedge-percent"),
         (["--event-loop", "trio"], "--event-loop"),
+        (["--admission-query-share", "0"], "--admission-query-share"),
+        (["--admission-query-share", "101"], "--admission-query-share"),
     ],
 )
 def test_bad_values_are_named(
@@ -86,6 +88,13 @@ def test_programmatic_config_is_checked() -> None:
         SearchServerConfig(**base, picker="round-robin")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="--hedge-percent"):
         SearchServerConfig(**base, hedge_percent=-1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="--admission-query-share"):
+        SearchServerConfig(**base, admission_query_share_percent=0)  # type: ignore[arg-type]
+
+
+def test_the_query_share_is_half_the_limit_unless_told() -> None:
+    assert search_config().query_share().share == 0.5
+    assert search_config("--admission-query-share", "100").query_share().share == 1.0
 
 
 def test_make_picker() -> None:

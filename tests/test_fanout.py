@@ -485,6 +485,38 @@ async def test_admission_control_refuses_beyond_max_in_flight(
     assert _sample(registry, "queries_total", outcome="complete") == 3
 
 
+async def test_one_query_holds_at_most_its_share_of_the_limit_while_others_ask(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    server = await make_data_server(shard=0, instance_id="ds-slow")
+    servers = [instance_of(server)]
+    fanout = FanOut(client, registry=registry, max_in_flight=4)
+    await _set_fault(http, server, mode="slow", delay_ms=1000)
+    storm, other = QUERIES[0], QUERIES[1]
+    running = [
+        asyncio.create_task(fanout.search(servers, storm, 10, 10_000, key=storm)) for _ in range(2)
+    ]
+    running.append(asyncio.create_task(fanout.search(servers, other, 10, 10_000, key=other)))
+    await eventually(lambda: fanout.in_flight == 3, message="three queries in flight")
+
+    # A third of the storm's would fit under the limit, but half of it is its share.
+    refused = fanout.search(servers, storm, 10, 10_000, key=storm)
+    with pytest.raises(OverloadedError, match="share"):
+        refused.send(None)
+    assert sample(registry, "search_server_admission_share_refused_total") == 1
+    assert _sample(registry, "queries_total", outcome="overloaded") == 1
+    # The place it left is another query's.
+    running.append(asyncio.create_task(fanout.search(servers, QUERIES[2], 10, 10_000, key="x")))
+    await eventually(lambda: fanout.in_flight == 4, message="the free place taken")
+
+    results = await asyncio.gather(*running)
+    assert not any(result.partial for result in results)
+    assert fanout.in_flight == 0
+
+
 async def test_an_answer_for_another_shard_is_a_failure(
     make_data_server: DataServerFactory,
     http: aiohttp.ClientSession,

@@ -21,9 +21,10 @@ snapshot; the kind adds its own checks and figures:
 * ``hostile_query_storm``: ``data-server loadgen --worst-case`` (4 clients, a shard's
   150 most frequent terms, back to back) through one search server while the normal
   load goes on: the normal load stays at least 90 % complete, through that search
-  server and in all (the query-of-death guard refuses the storm's query after a few
-  strikes; data servers cut searches at their budget), and no data server is taken
-  offline by its agent.
+  server and in all (the storm's query holds at most its share of the search server's
+  in-flight limit; the query-of-death guard refuses it after a few strikes; data
+  servers cut searches at their budget), and no data server is taken offline by its
+  agent.
 * ``hostile_redis_entry``: garbage fields in ``P:servers`` (bad JSON, an instance at
   ``dätä.example``), and a search server that does not lead restarted over them: it
   must start and route with the valid list; then malformed ``P:meta`` numbers (a
