@@ -263,8 +263,10 @@ async def test_connections_waiting_for_headers_are_capped_oldest_closed_first(
         for reader in slow[:6]:
             answer = await waited(_read_to_eof(reader), "an evicted connection closed", timeout=5)
             assert answer.startswith(b"HTTP/1.1 408 "), answer
+        # At least six: any new connection makes room the same way, and a data server's
+        # agent opens one for each probe (seen under load: a seventh before the poll).
         await eventually(
-            lambda: _closed(server, "evicted") == 6, message="six evictions counted", timeout=5
+            lambda: _closed(server, "evicted") >= 6, message="six evictions counted", timeout=5
         )
         assert sample(server.registry, "discovery_http_pending_headers") == cap
         for reader in slow[6:]:
