@@ -24,8 +24,9 @@ and sick ones within a few probes; the fan-out bounds what is left over:
   out longer than its replicas' recent p95, within a budget of ``hedge_ratio`` of the
   sub-requests (:mod:`.hedging` says when, and keeps the budget). The budget is kept
   for stragglers (see :meth:`FanOut._hedge`): no hedge while fewer than half of the
-  query's shards have answered, none to a replica whose p95 is above the time waited,
-  and a refused one is offered again later.
+  query's shards have answered, nor while more are still out than outliers make (the
+  data servers are slow together), none to a replica whose p95 is above the time
+  waited, and a refused one is offered again later.
 * **Retry on failure** (connection error, non-200, bad JSON) to another replica of the
   shard while time remains, each replica at most once per query.
 * **One retry budget** for both (:mod:`.retrybudget`): retries and hedges together
@@ -869,7 +870,9 @@ class FanOut:
 
         Not while fewer than half of the query's shards have answered: then the whole
         query is late (a stall here, a busy machine), not this shard, and hedges would
-        spend the budget without gaining anything. The hedge is offered again the
+        spend the budget without gaining anything; nor, after, while more of them are
+        still out than outliers make (more than two and a tenth): the slowness is
+        everyone's, and hedges would add to it. The hedge is offered again the
         fastest other replica's usual spread (p95 - p50) after half have answered, if
         the shard is still out then. One refused for the budget is offered again a p95
         later, then two, four... until the deadline: the longer a shard is out, the
@@ -880,6 +883,13 @@ class FanOut:
             return
         if q.total >= 4 and 2 * (q.total - q.open_calls) < q.total:
             q.deferred.append(call)
+            return
+        if q.open_calls > max(_OUTLIERS, q.total // 10):
+            # More shards out than outliers make (the rule that blames no replica for a
+            # timeout): the data servers are slow together, a busy machine or a cluster
+            # at its knee, and a hedge is one more request to one of them. Sent anyway,
+            # a burst of them was where the overload benchmark's stalls at the knee began.
+            self.metrics.hedges.labels(result="systemic").inc()
             return
         started = call.attempts[0].started
         if self._clock() - self._shed_at < _SHED_HEDGE_PAUSE:

@@ -28,7 +28,7 @@ QUERY_OUTCOMES = ("complete", "partial", "overloaded")
 #: Label values of ``search_server_fanout_shard_requests_total{result}``.
 SHARD_RESULTS = ("ok", "error", "timeout", "overload")
 #: Label values of ``search_server_fanout_hedges_total{result}``.
-HEDGE_RESULTS = ("sent", "won", "over_budget", "own_lag", "shedding")
+HEDGE_RESULTS = ("sent", "won", "over_budget", "own_lag", "shedding", "systemic")
 #: Label values of ``search_server_fanout_panic_total{scope}``.
 PANIC_SCOPES = ("shard", "cluster")
 #: Label values of ``search_server_fanout_unblamed_timeouts_total{why}``.
@@ -96,7 +96,9 @@ class FanOutMetrics:
             "won (the hedge answered first), over_budget (not sent: the budget was spent), "
             "own_lag (not sent: this search server's event loop lagged while the request "
             "was out, so the lateness may be its own), shedding (not sent: this search "
-            "server refused a query for its in-flight limit within the last second).",
+            "server refused a query for its in-flight limit within the last second), "
+            "systemic (not sent: more of the query's shards were still out than outliers "
+            "make, more than two and a tenth: everyone is slow).",
             ["result"],
             registry=registry,
         )

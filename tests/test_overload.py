@@ -295,6 +295,41 @@ async def test_no_hedge_while_the_search_servers_own_loop_lags(
         assert result.shards == shard_counts(1, 1)
 
 
+class _First:
+    """Picks each shard's replica 0 whenever it is a candidate."""
+
+    def pick(self, candidates: list) -> object:  # type: ignore[type-arg]
+        return next((r for r in candidates if r.instance.payload.replica == 0), candidates[0])
+
+
+@pytest.mark.parametrize("late", [1, 2, 6])
+async def test_no_hedge_when_more_shards_are_late_than_outliers_make(
+    registry: CollectorRegistry, late: int
+) -> None:
+    """One or two shards late of twenty are stragglers, worth a hedge each; six late at
+    once (more than two and a tenth) are everyone's slowness, which hedges would add
+    to: the rule that blames no replica for such timeouts keeps the hedges home too."""
+    servers, client = _cluster(shards=20, replicas=2)
+    fanout = FanOut(client, registry=registry, picker=_First(), hedge_ratio=1.0, hedge_burst=100)
+    for _ in range(40):  # latency windows: hedges are due soon after a send
+        await fanout.search(servers, "a", 10, 500)
+    primaries = [i for i in servers if i.payload.replica == 0]
+    for instance in primaries[:late]:
+        client.behaviour[instance.port] = HANG
+    others = [i.port for i in servers if i.payload.replica == 1]
+    sent = sum(client.sent[port] for port in others)
+    result = await fanout.search(servers, "a", 10, 300)
+    hedged = sum(client.sent[port] for port in others) - sent
+    if late <= 2:
+        assert hedged == late
+        assert result.shards == shard_counts(20, 20)
+        assert _sample(registry, "hedges_total", result="systemic") == 0
+    else:
+        assert hedged == 0
+        assert result.shards == shard_counts(20, 20 - late, timed_out=late)
+        assert _sample(registry, "hedges_total", result="systemic") == late
+
+
 class _Only:
     """Picks the replica of the given instance id whenever it is a candidate."""
 
