@@ -6,8 +6,8 @@ the same expensive query back to back from a few connections holds a few slots a
 time, its cost makes every query slower, the limit comes down to about what it holds,
 and everyone else's queries are refused with 503. Measured in the chaos run's query
 storm (4 clients, a shard's 150 most frequent terms) on a 2-core machine with two busy
-processes beside it: 10 to 22 of every 45-60 normal queries through that search server
-refused, while the storm was served.
+processes beside it: in 4 storms of 14 more than a tenth of the normal queries through
+that search server were refused (up to 22 of 58), while the storm was served.
 
 So one query, by its normalised terms (the key of
 :func:`~search_server.querydeath.normalise`: a client cannot dodge it by reordering or
