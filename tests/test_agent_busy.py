@@ -201,7 +201,7 @@ def test_run_delay_of_a_thread_that_is_gone_is_unknown() -> None:
     deadline = time.monotonic() + 5
     while pressure.read() is not None:
         assert time.monotonic() < deadline, "the thread's schedstat is still there"
-        time.sleep(0.001)
+        time.sleep(0.001)  # ok-sleep: interval of a deadline-bounded poll
 
 
 @needs_schedstat
@@ -249,7 +249,7 @@ def busy_cpu() -> Iterator[int]:
         deadline = time.monotonic() + 15
         while not all(_cpu_seconds(hog.pid) > 0.05 for hog in hogs):
             assert time.monotonic() < deadline, "the CPU hogs did not start spinning"
-            time.sleep(0.01)
+            time.sleep(0.01)  # ok-sleep: interval of a deadline-bounded poll
         yield cpu
     finally:
         for hog in hogs:
@@ -390,7 +390,7 @@ class SlowSwitch:
         if self.delay == float("inf"):
             await asyncio.Event().wait()
         elif self.delay:
-            await asyncio.sleep(self.delay)
+            await asyncio.sleep(self.delay)  # ok-sleep: the scripted answer's delay
 
 
 # Slower than FAST_AGENT's max_latency (0.25 s), within its timeout (0.5 s); a loaded
@@ -676,7 +676,7 @@ async def test_a_data_server_whose_loop_is_saturated_by_its_work_stays_registere
             end = time.perf_counter() + 0.3
             while time.perf_counter() < end:
                 pass
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # ok-sleep: yields the loop between busy slices
 
     worker = asyncio.create_task(saturate())
     try:

@@ -81,7 +81,7 @@ async def test_a_query_chosen_before_a_pause_and_held_by_it_is_counted_as_distur
         member.paused = True
         await asyncio.wait_for(server.arrived.wait(), 5)
         # Held past its deadline by the pause, then resumed: it answers.
-        await asyncio.sleep(DEADLINE_MS * 3 / 1000)  # the pause's length, not a sync
+        await asyncio.sleep(DEADLINE_MS * 3 / 1000)  # ok-sleep: the pause's length
         member.paused = False
         server.release.set()
     finally:
@@ -106,7 +106,7 @@ async def test_a_query_in_flight_across_a_graceful_stop_and_restart_is_judged(
         member.graceful_stops += 1
         member.ready = False
         member.process = cast(Any, SimpleNamespace(returncode=None, pid=1))
-        await asyncio.sleep(DEADLINE_MS * 2 / 1000)  # past the deadline, not a sync
+        await asyncio.sleep(DEADLINE_MS * 2 / 1000)  # ok-sleep: past the deadline
         server.release.set()
     finally:
         await load.aclose()

@@ -57,7 +57,7 @@ def wait_until(
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not reached within {timeout} s (last: {value!r})")
-        time.sleep(interval)  # the polling interval of a deadline-bounded wait
+        time.sleep(interval)  # ok-sleep: the polling interval of a deadline-bounded wait
 
 
 def pid_alive(pid: int) -> bool:

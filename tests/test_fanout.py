@@ -454,16 +454,28 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
         await _set_fault(http, hung, mode="none")
 
 
+async def _slow_one(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+    max_in_flight: int,
+) -> tuple[DataServer, list[ServiceInstance], FanOut]:
+    """One data server answering after a second, and a fan-out over it admitting at most
+    ``max_in_flight`` queries: queries stay in flight long enough to be counted."""
+    server = await make_data_server(shard=0, instance_id="ds-slow")
+    fanout = FanOut(client, registry=registry, max_in_flight=max_in_flight)
+    await _set_fault(http, server, mode="slow", delay_ms=1000)
+    return server, [instance_of(server)], fanout
+
+
 async def test_admission_control_refuses_beyond_max_in_flight(
     make_data_server: DataServerFactory,
     http: aiohttp.ClientSession,
     client: HttpClient,
     registry: CollectorRegistry,
 ) -> None:
-    server = await make_data_server(shard=0, instance_id="ds-slow")
-    servers = [instance_of(server)]
-    fanout = FanOut(client, registry=registry, max_in_flight=2)
-    await _set_fault(http, server, mode="slow", delay_ms=1000)
+    server, servers, fanout = await _slow_one(make_data_server, http, client, registry, 2)
     running = [
         asyncio.create_task(fanout.search(servers, query, 10, 10_000)) for query in QUERIES[:2]
     ]
@@ -491,10 +503,7 @@ async def test_one_query_holds_at_most_its_share_of_the_limit_while_others_ask(
     client: HttpClient,
     registry: CollectorRegistry,
 ) -> None:
-    server = await make_data_server(shard=0, instance_id="ds-slow")
-    servers = [instance_of(server)]
-    fanout = FanOut(client, registry=registry, max_in_flight=4)
-    await _set_fault(http, server, mode="slow", delay_ms=1000)
+    _, servers, fanout = await _slow_one(make_data_server, http, client, registry, 4)
     storm, other = QUERIES[0], QUERIES[1]
     running = [
         asyncio.create_task(fanout.search(servers, storm, 10, 10_000, key=storm)) for _ in range(2)
