@@ -275,6 +275,9 @@ PANIC_THRESHOLD = 0.5
 # Late shards a query may have for their timeouts to still be blamed on their replicas
 # (or a tenth of its shards, if more): more are a slow machine's, not outliers.
 _OUTLIERS = 2
+# Seconds over which the data servers that timed out (in any query) are counted: more of
+# them than outliers make is a busy machine, not slow replicas (FanOut._blame).
+_TIMEOUT_WINDOW = 1.0
 # Seconds after a query was refused for the in-flight limit during which no hedge is
 # sent (FanOut._hedge).
 _SHED_HEDGE_PAUSE = 1.0
@@ -389,6 +392,9 @@ class FanOut:
         # When a query was last refused for the limit (the fan-out's clock): hedges
         # stop for a while, since a hedge is load a shedding server cannot spare.
         self._shed_at = -math.inf
+        # The replicas that timed out within the last _TIMEOUT_WINDOW, in any query, and
+        # when (the fan-out's clock), oldest first: how widespread lateness is now.
+        self._timed_out: dict[Replica, float] = {}
         self._owns_client = client is None
         self._client: SubrequestClient = client if client is not None else HttpClient()
         self._max_in_flight = max_in_flight
@@ -700,7 +706,7 @@ class FanOut:
             # abandon what is still in flight.
             now = loop.time()
             timed_out = now >= q.deadline
-            blame = timed_out and self._blame(q, now)
+            blame = timed_out and self._blame(q, now, calls)
             for call in calls:
                 if not call.done:
                     self._abandon(q, call, timed_out, blame=blame)
@@ -1024,7 +1030,7 @@ class FanOut:
                 spread = self._hedging.spread(late.replicas, late.attempts[0].replica)
                 self._hedge_in(q, late, now, spread)
 
-    def _blame(self, q: _Query, now: float) -> bool:
+    def _blame(self, q: _Query, now: float, calls: list[_ShardCall]) -> bool:
         """Whether the requests still out at ``q``'s deadline may be charged to their
         replicas as timeouts (their latency, their run of failures towards ejection).
 
@@ -1033,11 +1039,18 @@ class FanOut:
         loop lagged while the query was out (an answer may have sat in a socket unread);
         it refused queries for its in-flight limit meanwhile or within a second before
         (it was at its capacity);
-        or more of the query's shards were late than outliers make (more than two, and
+        more of the query's shards were late than outliers make (more than two, and
         more than a tenth of them: a busy machine or a stalled process of many data
-        servers, not a slow replica). A timeout is blamed on a replica only when it is an
-        outlier of a query that otherwise went on time.
+        servers, not a slow replica); or, over all queries, more data servers than that
+        (a tenth of the routable ones) timed out within the last second. The last is
+        the same rule across queries: on a machine short of CPU each query has a shard
+        or two late, a different one each time, so every query looked like one outlier,
+        and a replica that happened to be late in three queries running was ejected
+        (bench_overload, two CPU hogs: 20 data servers blamed within 0.7 s). A timeout
+        is blamed on a replica only when it is an outlier of a query that otherwise went
+        on time, at a moment when other replicas answer on time.
         """
+        widespread = self._note_timeouts(calls)
         if now - q.deadline > self._stall_grace:
             why = "stall"
         elif self._loop_lag is not None and self._loop_lag.lagged_since(q.started):
@@ -1048,10 +1061,34 @@ class FanOut:
             why = "shedding"
         elif q.open_calls > max(_OUTLIERS, q.total // 10):
             why = "systemic"
+        elif widespread > max(_OUTLIERS, self._routes.routable // 10):
+            why = "widespread"
         else:
             return True
         self.metrics.unblamed.labels(why=why).inc(q.open_calls)
         return False
+
+    def _note_timeouts(self, calls: list[_ShardCall]) -> int:
+        """Remember the replicas of ``calls`` still out at their query's deadline; how
+        many replicas timed out within the last ``_TIMEOUT_WINDOW`` (these included).
+
+        Amortised O(1) per timeout: the dict is in the order of the last timeout of
+        each replica, so the expired ones are at its front."""
+        now = self._clock()
+        timed_out = self._timed_out
+        for call in calls:
+            if not call.done:
+                for attempt in call.attempts:
+                    # Moved to the end: the order stays that of the last timeout.
+                    timed_out.pop(attempt.replica, None)
+                    timed_out[attempt.replica] = now
+        horizon = now - _TIMEOUT_WINDOW
+        while timed_out:
+            oldest = next(iter(timed_out))
+            if timed_out[oldest] > horizon:
+                break
+            del timed_out[oldest]
+        return len(timed_out)
 
     def _abandon(self, q: _Query, call: _ShardCall, timed_out: bool, *, blame: bool) -> None:
         """End a call still open at the deadline (``timed_out``) or at a cancellation.

@@ -32,7 +32,7 @@ HEDGE_RESULTS = ("sent", "won", "over_budget", "own_lag", "shedding", "systemic"
 #: Label values of ``search_server_fanout_panic_total{scope}``.
 PANIC_SCOPES = ("shard", "cluster")
 #: Label values of ``search_server_fanout_unblamed_timeouts_total{why}``.
-UNBLAMED_REASONS = ("stall", "lag", "shedding", "systemic")
+UNBLAMED_REASONS = ("stall", "lag", "shedding", "systemic", "widespread")
 
 
 class FanOutMetrics:
@@ -127,8 +127,9 @@ class FanOutMetrics:
             "Shards still out at a query's deadline whose replicas were not charged with "
             "the timeout, by why: stall (woken late past the deadline), lag (this search "
             "server's loop lagged during the query), shedding (it refused queries for its "
-            "in-flight limit meanwhile) or systemic (more of the query's shards were late "
-            "than outliers make).",
+            "in-flight limit meanwhile), systemic (more of the query's shards were late "
+            "than outliers make) or widespread (more data servers than outliers make "
+            "timed out within the last second, over all queries).",
             ["why"],
             registry=registry,
         )

@@ -136,7 +136,8 @@ async def test_a_late_replica_is_blamed_only_when_the_rest_of_the_query_was_on_t
     registry: CollectorRegistry,
 ) -> None:
     servers, client = _cluster(shards=4, replicas=1)
-    fanout = FanOut(client, registry=registry, eject_after=1, hedge_ratio=0)
+    clock = FakeClock()
+    fanout = FanOut(client, registry=registry, eject_after=1, hedge_ratio=0, clock=clock)
 
     # Three of four shards late: the whole query was late (a busy machine), no one's
     # fault. Reported timed out, charged to no replica.
@@ -147,13 +148,48 @@ async def test_a_late_replica_is_blamed_only_when_the_rest_of_the_query_was_on_t
     assert fanout.ejected() == set()
     assert _sample(registry, "unblamed_timeouts_total", why="systemic") == 3
 
-    # One of four late while the others answered: an outlier, charged and ejected.
+    # One of four late while the others answered: an outlier, charged and ejected (a
+    # second later: within it, three late replicas were widespread lateness, see below).
     for instance in servers[1:3]:
         client.behaviour[instance.port] = OK
+    clock.advance(1.01)
     result = await fanout.search(servers, "a", 10, 100)
     assert result.shards == shard_counts(4, 3, timed_out=1)
     assert fanout.ejected() == {servers[0].id}
     assert _sample(registry, "shard_requests_total", result="timeout") == 4
+
+
+async def test_late_replicas_spread_over_many_queries_are_not_blamed_within_a_second(
+    registry: CollectorRegistry,
+) -> None:
+    # A machine short of CPU: each query has one shard late, a different one each
+    # time. Every query alone looks like one outlier; together they are not.
+    servers, client = _cluster(shards=20, replicas=2)
+    clock = FakeClock()
+    fanout = FanOut(client, registry=registry, eject_after=1, hedge_ratio=0, clock=clock)
+    # More than a tenth of the 40 routable replicas timed out within 1 s: widespread.
+    threshold = 4
+
+    def late(shard: int) -> None:
+        for instance in servers:
+            client.behaviour[instance.port] = HANG if instance.payload.shard == shard else OK
+
+    for shard in range(8):
+        late(shard)
+        result = await fanout.search(servers, "a", 10, 50)
+        assert result.shards == shard_counts(20, 19, timed_out=1)
+        clock.advance(0.1)
+    # The first four were outliers (charged, ejected at their first timeout); from the
+    # fifth replica late within the second on, none is charged.
+    assert _sample(registry, "ejections_total") == threshold
+    assert _sample(registry, "unblamed_timeouts_total", why="widespread") == 8 - threshold
+
+    # A second on, one replica late alone is an outlier again.
+    clock.advance(1.0)
+    late(10)
+    await fanout.search(servers, "a", 10, 50)
+    assert _sample(registry, "ejections_total") == threshold + 1
+    assert _sample(registry, "unblamed_timeouts_total", why="widespread") == 8 - threshold
 
 
 async def test_a_timeout_while_the_search_servers_own_loop_lagged_blames_no_replica(
@@ -248,12 +284,23 @@ async def test_the_ejection_cap_counts_as_the_clusters_panic(
     registry: CollectorRegistry,
 ) -> None:
     servers, client = _cluster(shards=4, replicas=1)
-    fanout = FanOut(client, registry=registry, eject_after=1, max_ejected_share=0.5)
+    clock = FakeClock()
+    fanout = FanOut(
+        client,
+        registry=registry,
+        eject_after=1,
+        max_ejected_share=0.5,
+        clock=clock,
+        probe_interval=60,  # no half-open probe ends an ejection meanwhile
+    )
     # One outlier per query, a different one each time: two are ejected, then the cap.
+    # A second apart (within their 10 s ejections): closer, three late replicas among
+    # four would be widespread lateness, charged to none.
     for instance in servers:
         client.behaviour = dict.fromkeys(client.shard_of, OK)
         client.behaviour[instance.port] = HANG
         await fanout.search(servers, "a", 10, 100)
+        clock.advance(1.01)
     assert len(fanout.ejected()) == 2
     assert _sample(registry, "panic_total", scope="cluster") == 2
 
