@@ -1038,17 +1038,17 @@ class FanOut:
         ``stall_grace`` past the deadline (this search server was not running at it); its
         loop lagged while the query was out (an answer may have sat in a socket unread);
         it refused queries for its in-flight limit meanwhile or within a second before
-        (it was at its capacity);
-        more of the query's shards were late than outliers make (more than two, and
-        more than a tenth of them: a busy machine or a stalled process of many data
-        servers, not a slow replica); or, over all queries, more data servers than that
-        (a tenth of the routable ones) timed out within the last second. The last is
-        the same rule across queries: on a machine short of CPU each query has a shard
-        or two late, a different one each time, so every query looked like one outlier,
-        and a replica that happened to be late in three queries running was ejected
-        (bench_overload, two CPU hogs: 20 data servers blamed within 0.7 s). A timeout
-        is blamed on a replica only when it is an outlier of a query that otherwise went
-        on time, at a moment when other replicas answer on time.
+        (it was at its capacity); more of the query's shards were late than outliers
+        make (more than two, and more than a tenth of them: a busy machine or a stalled
+        process of many data servers, not a slow replica); or, over all queries, more
+        data servers than that (a tenth of the routable ones) timed out within the last
+        second. The last is the same rule across queries: on a machine short of CPU
+        each query has a shard or two late, a different one each time, so every query
+        looked like one outlier, and a replica that happened to be late in three
+        queries running was ejected (bench_overload, two CPU hogs: 25 timeouts charged
+        to 21 data servers in 0.66 s). A timeout is blamed on a replica only when it is
+        an outlier of a query that otherwise went on time, at a moment when the other
+        replicas answer on time.
         """
         widespread = self._note_timeouts(calls)
         if now - q.deadline > self._stall_grace:
