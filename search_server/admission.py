@@ -94,13 +94,9 @@ class GradientLimit:
     """A limit that follows the gradient of latency (see the module docstring).
 
     Defaults, for queries with a 500 ms deadline whose unloaded latency is tens of
-    milliseconds: start at ``initial`` 5, and return to it while the load is light (a
-    search server starting in a busy cluster, or meeting a sudden crowd after a quiet
-    minute, admits a burst's worth, not 256: a fan-out of tens of shards at a few
-    queries in flight already keeps a small machine's cores busy, and at 10 a step
-    from the knee to 1.5 times it admitted 27 queries at once on the demo's three
-    search servers, some 1,350 sub-requests, a queue the data servers took past the
-    deadline: 23 answers partial, p99 503 ms; at 5, none and 236 ms); never below ``min_limit`` 1 (a
+    milliseconds: start at ``initial`` 10 (a search server starting in a busy cluster
+    admits a burst's worth, not 256; a fan-out of tens of shards at a few queries in
+    flight already keeps a small machine's cores busy); never below ``min_limit`` 1 (a
     query is always admitted, so the latency that would raise the limit again is
     measured; on a machine short of CPU one query at a time may be all that ends
     inside its deadline) nor above ``max_limit`` 256 (the old fixed limit); ``tolerance`` 2 (a
@@ -119,7 +115,7 @@ class GradientLimit:
     def __init__(
         self,
         *,
-        initial: int = 5,
+        initial: int = 10,
         min_limit: int = 1,
         max_limit: int = 256,
         tolerance: float = 2.0,

@@ -161,7 +161,7 @@ SEARCH_OPTIONS = (
         "the gradient limit at start, and where it returns to once the load is light "
         "(at least --admission-min-limit; --max-in-flight caps both)",
         type=positive_int,
-        default=5,
+        default=10,
     ),
     Option(
         "--admission-tolerance",
@@ -513,7 +513,7 @@ class SearchServerConfig:
     max_in_flight: int = 256
     admission: str = "gradient"
     admission_min_limit: int = 1
-    admission_initial_limit: int = 5
+    admission_initial_limit: int = 10
     admission_tolerance: float = 2.0
     admission_query_share_percent: int = 50
     eject_after: int = 3

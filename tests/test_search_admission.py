@@ -147,7 +147,7 @@ def test_a_latency_that_is_not_a_number_changes_nothing() -> None:
     for bad in (math.nan, math.inf, -1.0):
         limit.on_sample(1.0, bad, 20, dropped=False)
     assert limit.short is None
-    assert limit.limit == 5
+    assert limit.limit == 10
 
 
 @pytest.mark.parametrize(
