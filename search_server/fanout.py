@@ -394,6 +394,8 @@ class FanOut:
         self._shed_at = -math.inf
         # The replicas that timed out within the last _TIMEOUT_WINDOW, in any query, and
         # when (the fan-out's clock), oldest first: how widespread lateness is now.
+        # Pruned at each query's deadline that finds shards late, so a few may linger
+        # while none is late (a replica that left the list among them, until then).
         self._timed_out: dict[Replica, float] = {}
         self._owns_client = client is None
         self._client: SubrequestClient = client if client is not None else HttpClient()
