@@ -70,6 +70,7 @@ Everything here runs on the caller's event loop and is not thread-safe.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import math
 import random
@@ -278,6 +279,16 @@ _OUTLIERS = 2
 # Seconds over which the data servers that timed out (in any query) are counted: more of
 # them than outliers make is a busy machine, not slow replicas (FanOut._blame).
 _TIMEOUT_WINDOW = 1.0
+
+
+class _Blame(enum.Enum):
+    """What a timeout at a query's deadline is charged with (FanOut._blame)."""
+
+    NONE = "none"  # nothing: the lateness may be ours or everyone's
+    LATENCY = "latency"  # its replica's latency only: slow, but no step towards ejection
+    FULL = "full"  # its latency and a failure: a step towards ejection
+
+
 # Seconds after a query was refused for the in-flight limit during which no hedge is
 # sent (FanOut._hedge).
 _SHED_HEDGE_PAUSE = 1.0
@@ -708,7 +719,7 @@ class FanOut:
             # abandon what is still in flight.
             now = loop.time()
             timed_out = now >= q.deadline
-            blame = timed_out and self._blame(q, now, calls)
+            blame = self._blame(q, now, calls) if timed_out else _Blame.NONE
             for call in calls:
                 if not call.done:
                     self._abandon(q, call, timed_out, blame=blame)
@@ -1032,7 +1043,7 @@ class FanOut:
                 spread = self._hedging.spread(late.replicas, late.attempts[0].replica)
                 self._hedge_in(q, late, now, spread)
 
-    def _blame(self, q: _Query, now: float, calls: list[_ShardCall]) -> bool:
+    def _blame(self, q: _Query, now: float, calls: list[_ShardCall]) -> _Blame:
         """Whether the requests still out at ``q``'s deadline may be charged to their
         replicas as timeouts (their latency, their run of failures towards ejection).
 
@@ -1048,9 +1059,12 @@ class FanOut:
         each query has a shard or two late, a different one each time, so every query
         looked like one outlier, and a replica that happened to be late in three
         queries running was ejected (bench_overload, two CPU hogs: 25 timeouts charged
-        to 21 data servers in 0.66 s). A timeout is blamed on a replica only when it is
-        an outlier of a query that otherwise went on time, at a moment when the other
-        replicas answer on time.
+        to 21 data servers in 0.66 s). Widespread timeouts still count in their
+        replicas' latency (:attr:`_Blame.LATENCY`): each was late among shards that
+        answered, and the pickers may route around it (a fleet still warming up after a
+        start), but none is a step towards ejection. A timeout is charged in full only
+        when it is an outlier of a query that otherwise went on time, at a moment when
+        the other replicas answer on time.
         """
         widespread = self._note_timeouts(calls)
         if now - q.deadline > self._stall_grace:
@@ -1064,11 +1078,12 @@ class FanOut:
         elif q.open_calls > max(_OUTLIERS, q.total // 10):
             why = "systemic"
         elif widespread > max(_OUTLIERS, self._routes.routable // 10):
-            why = "widespread"
+            self.metrics.unblamed.labels(why="widespread").inc(q.open_calls)
+            return _Blame.LATENCY
         else:
-            return True
+            return _Blame.FULL
         self.metrics.unblamed.labels(why=why).inc(q.open_calls)
-        return False
+        return _Blame.NONE
 
     def _note_timeouts(self, calls: list[_ShardCall]) -> int:
         """Remember the replicas of ``calls`` still out at their query's deadline; how
@@ -1092,12 +1107,12 @@ class FanOut:
             del timed_out[oldest]
         return len(timed_out)
 
-    def _abandon(self, q: _Query, call: _ShardCall, timed_out: bool, *, blame: bool) -> None:
+    def _abandon(self, q: _Query, call: _ShardCall, timed_out: bool, *, blame: _Blame) -> None:
         """End a call still open at the deadline (``timed_out``) or at a cancellation.
 
-        A timeout counts against its replicas (their latency, their run of failures
-        towards ejection) only with ``blame``: not when the query woke up too late to
-        tell their lateness from its own."""
+        A timeout counts against its replicas as ``blame`` says (see :meth:`_blame`):
+        their latency, and with it their run of failures towards ejection, or
+        nothing (when the query woke up too late to tell their lateness from its own)."""
         call.done = True
         if call.hedge_timer is not None:
             call.hedge_timer.cancel()
@@ -1109,10 +1124,13 @@ class FanOut:
             replica = attempt.replica
             replica.outstanding -= 1
             attempt.future.cancel()
-            if timed_out and blame:
+            if not timed_out:
+                continue
+            if blame is not _Blame.NONE:
                 replica.penalize(now - attempt.started)
+            if blame is _Blame.FULL:
                 self._record_failure(replica, "timeout", "no answer by the query deadline")
-            elif timed_out:
+            else:
                 self.metrics.shard_requests.labels(result="timeout").inc()
         call.attempts.clear()
 

@@ -129,7 +129,8 @@ class FanOutMetrics:
             "server's loop lagged during the query), shedding (it refused queries for its "
             "in-flight limit meanwhile), systemic (more of the query's shards were late "
             "than outliers make) or widespread (more data servers than outliers make "
-            "timed out within the last second, over all queries).",
+            "timed out within the last second, over all queries: counted in the "
+            "replica's latency, not towards its ejection).",
             ["why"],
             registry=registry,
         )
