@@ -1078,12 +1078,11 @@ class FanOut:
         elif q.open_calls > max(_OUTLIERS, q.total // 10):
             why = "systemic"
         elif widespread > max(_OUTLIERS, self._routes.routable // 10):
-            self.metrics.unblamed.labels(why="widespread").inc(q.open_calls)
-            return _Blame.LATENCY
+            why = "widespread"
         else:
             return _Blame.FULL
         self.metrics.unblamed.labels(why=why).inc(q.open_calls)
-        return _Blame.NONE
+        return _Blame.LATENCY if why == "widespread" else _Blame.NONE
 
     def _note_timeouts(self, calls: list[_ShardCall]) -> int:
         """Remember the replicas of ``calls`` still out at their query's deadline; how

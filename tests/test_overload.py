@@ -75,6 +75,15 @@ def _cluster(shards: int, replicas: int) -> tuple[list[ServiceInstance], _Script
     return servers, _Scripted({i.port: i.payload.shard for i in servers})
 
 
+def _ejecting_at_once(client: _Scripted, registry: CollectorRegistry, clock: FakeClock) -> FanOut:
+    """A fan-out that ejects a replica at its first failure, with no hedges: each rule
+    about what counts as a failure is seen alone. Its stall grace is a minute, so
+    that a test loop woken late on a loaded machine is not read as a stall."""
+    return FanOut(
+        client, registry=registry, eject_after=1, hedge_ratio=0, clock=clock, stall_grace=60.0
+    )
+
+
 def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return sample(registry, f"search_server_fanout_{name}", **labels)
 
@@ -87,7 +96,7 @@ async def test_overload_refusals_never_eject_and_the_shard_is_answered_by_anothe
     client.behaviour[full] = FULL
     clock = FakeClock()
     # One failure would eject: only the refusals' being no failure keeps it in.
-    fanout = FanOut(client, registry=registry, eject_after=1, clock=clock, hedge_ratio=0)
+    fanout = _ejecting_at_once(client, registry, clock)
 
     for _ in range(20):
         result = await fanout.search(servers, "a", 10, 500)
@@ -114,7 +123,7 @@ async def test_a_shard_whose_replicas_all_refuse_is_not_retried_round_them(
     servers, client = _cluster(shards=1, replicas=3)
     for instance in servers:
         client.behaviour[instance.port] = FULL
-    fanout = FanOut(client, registry=registry, eject_after=1, clock=FakeClock(), hedge_ratio=0)
+    fanout = _ejecting_at_once(client, registry, FakeClock())
 
     first = await fanout.search(servers, "a", 10, 500)
     # The first query tries each replica once (each refusal sends the retry elsewhere).
@@ -137,7 +146,7 @@ async def test_a_late_replica_is_blamed_only_when_the_rest_of_the_query_was_on_t
 ) -> None:
     servers, client = _cluster(shards=4, replicas=1)
     clock = FakeClock()
-    fanout = FanOut(client, registry=registry, eject_after=1, hedge_ratio=0, clock=clock)
+    fanout = _ejecting_at_once(client, registry, clock)
 
     # Three of four shards late: the whole query was late (a busy machine), no one's
     # fault. Reported timed out, charged to no replica.
@@ -166,7 +175,7 @@ async def test_late_replicas_spread_over_many_queries_are_not_blamed_within_a_se
     # time. Every query alone looks like one outlier; together they are not.
     servers, client = _cluster(shards=20, replicas=2)
     clock = FakeClock()
-    fanout = FanOut(client, registry=registry, eject_after=1, hedge_ratio=0, clock=clock)
+    fanout = _ejecting_at_once(client, registry, clock)
     # More than a tenth of the 40 routable replicas timed out within 1 s: widespread.
     threshold = 4
 
