@@ -38,7 +38,19 @@ ratio of the latency now to the latency the search server usually has:
   says nothing of a higher limit (an idle search server would otherwise climb to the
   maximum, and the first burst would be admitted whole). It still comes down when the
   latency says so (what is in flight already takes too long: a machine short of CPU),
-  and climbs back towards where it started, never past it, once all is well.
+  and otherwise returns to its **resting point** once all is well.
+* The resting point is where the limit last held under load: its value after every
+  window that ends ``sustain`` (4) windows in a row in which the limit bound (half of it
+  or more in flight), two seconds of a load pressing on it. Between such times it
+  returns to ``initial`` with a time constant of ``memory`` (300 s). A fixed resting
+  point at ``initial`` let a cluster that had shown its capacity (3 to 4 queries in
+  flight per search server, r14) climb back to 10 while the load was light, and the
+  next step past the knee was admitted whole: 27 queries across three search servers
+  at once, about 20 of them partial within a second, the admitted p99 over the
+  deadline (r13, r14). A resting point of 5 for every cluster (``ff0979f``) refused
+  the bursts of a cluster that had never been near its limit (the compose check's
+  deploy day). A limit unused for minutes says little of the cluster now, so it goes
+  back to ``initial``, from below or from above.
 * A **dropped** query (it came back partial because a quarter of its shards were late
   or refused: the system was already too slow) multiplies the limit by ``backoff``
   (0.7) while the limit binds, at most once per ``backoff_interval`` (1 s), so that
@@ -55,6 +67,11 @@ import math
 from typing import Protocol, runtime_checkable
 
 __all__ = ["ConcurrencyLimit", "FixedLimit", "GradientLimit"]
+
+#: Within half a query, an estimate moving towards its resting point (or a resting
+#: point returning to the initial limit) has arrived: both approach exponentially and
+#: ``limit`` rounds down, so 9.99 would otherwise be a limit of 9 for minutes.
+_ARRIVED = 0.5
 
 
 @runtime_checkable
@@ -105,11 +122,13 @@ class GradientLimit:
     the default 500 ms deadline: a fan-out's p99 is about twice its mean, and the
     admitted queries' p99 must stay inside the deadline); ``smoothing`` 0.2; one update
     per ``window`` (0.5 s, at least ``min_window_samples`` 5 queries) with the window's
-    mean latency as the short-term one; a baseline over ``long_window`` 60 windows.
+    mean latency as the short-term one; a baseline over ``long_window`` 60 windows; a
+    resting point learned after ``sustain`` 4 binding windows in a row and forgotten
+    with a time constant of ``memory`` 300 s.
 
     Raises ``ValueError`` for limits out of order or below 1, a tolerance below 1, a
-    ceiling that is not a positive number, a smoothing or backoff outside (0, 1], or
-    windows below 1.
+    ceiling that is not a positive number, a smoothing or backoff outside (0, 1],
+    windows below 1, or a memory that is not a positive number.
     """
 
     def __init__(
@@ -126,6 +145,8 @@ class GradientLimit:
         min_window_samples: int = 5,
         backoff: float = 0.7,
         backoff_interval: float = 1.0,
+        sustain: int = 4,
+        memory: float = 300.0,
     ) -> None:
         if not 1 <= min_limit <= initial <= max_limit:
             raise ValueError(
@@ -146,6 +167,10 @@ class GradientLimit:
             raise ValueError("window must be > 0 seconds and min_window_samples >= 1")
         if not backoff_interval >= 0:
             raise ValueError(f"backoff_interval must be >= 0, got {backoff_interval}")
+        if sustain < 1:
+            raise ValueError(f"sustain must be at least 1 window, got {sustain}")
+        if not (memory > 0 and math.isfinite(memory)):
+            raise ValueError(f"memory must be a positive number of seconds, got {memory}")
         self.min_limit = min_limit
         self.max_limit = max_limit
         self.tolerance = tolerance
@@ -163,6 +188,11 @@ class GradientLimit:
         self._backoff_interval = backoff_interval
         self._estimate = float(initial)
         self._initial = initial
+        self._sustain = sustain
+        self._memory = memory
+        #: Where the limit returns to while it does not bind (see the module docstring).
+        self.rest = float(initial)
+        self._bound_windows = 0
         self.short: float | None = None
         self.long: float | None = None
         self._backed_off_at = -math.inf
@@ -204,6 +234,7 @@ class GradientLimit:
             return
         mean = self._window_sum / self._window_count
         in_flight = self._window_in_flight
+        elapsed = now - self._window_start
         self._window_start = now
         self._window_count = 0
         self._window_sum = 0.0
@@ -222,28 +253,53 @@ class GradientLimit:
         # expensive query's neighbours).
         wanted = min(max(self.tolerance * long, self.ceiling / 4), self.ceiling)
         gradient = 1.0 if short <= 0 else max(0.5, min(1.0, wanted / short))
-        if 2 * in_flight < self._estimate:
+        bound = 2 * in_flight >= self._estimate
+        self._bound_windows = self._bound_windows + 1 if bound else 0
+        if not bound:
             # App-limited: the limit does not bind, so the latency says nothing of a
             # higher one; it only comes down, when the latency says the cluster is
             # slower than it should be (a machine short of CPU: what is in flight now
             # already takes too long, and the limit must fall below it to shed), or
-            # back up towards where it started, never past it, once all is well (so
-            # that bursts over a long run do not ratchet it down for good).
+            # otherwise moves towards its resting point, by at most a step a window
+            # (so that bursts over a long run do not ratchet it down for good, and a
+            # light load does not keep a limit the cluster has not shown it takes).
+            self._forget(elapsed)
+            rest, step = self.rest, math.sqrt(self._estimate)
             if gradient < 1.0:
                 target = self._estimate * gradient
-            elif self._estimate < self._initial:
-                target = min(float(self._initial), self._estimate + math.sqrt(self._estimate))
+            elif self._estimate < rest:
+                target = min(rest, self._estimate + step)
+            elif self._estimate > rest:
+                target = max(rest, self._estimate - step)
             else:
                 return
         elif gradient < 1.0:
             # Too slow: down at once. A fan-out's latency climbs steeply near the knee
             # (every shard's answer waits in a busier queue), and a smoothed decrease
             # left the limit over the cliff for seconds, every answer partial.
-            target = self._estimate * gradient
-            self._estimate = max(float(self.min_limit), target)
+            self._estimate = max(float(self.min_limit), self._estimate * gradient)
+            self._learn(elapsed)
             return
         else:
             # Fast enough: up, gently, by a share of the queue a higher limit allows.
             target = self._estimate + math.sqrt(self._estimate)
         estimate = self._estimate + self._smoothing * (target - self._estimate)
+        if not bound and abs(estimate - self.rest) < _ARRIVED:
+            estimate = self.rest  # a smoothed approach would never get there
         self._estimate = max(float(self.min_limit), min(float(self.max_limit), estimate))
+        if bound:
+            self._learn(elapsed)
+
+    def _learn(self, elapsed: float) -> None:
+        """After a binding window: the limit is the resting point once the load has
+        pressed on it for ``sustain`` windows in a row (one burst is no measure of the
+        cluster); before that the resting point keeps returning to ``initial``."""
+        if self._bound_windows >= self._sustain:
+            self.rest = self._estimate
+        else:
+            self._forget(elapsed)
+
+    def _forget(self, elapsed: float) -> None:
+        """The resting point returns towards ``initial`` (exponentially, ``memory``)."""
+        rest = self._initial + (self.rest - self._initial) * math.exp(-elapsed / self._memory)
+        self.rest = float(self._initial) if abs(rest - self._initial) < _ARRIVED else rest

@@ -296,6 +296,62 @@ def test_a_burst_of_drops_does_not_collapse_the_limit(spread: float) -> None:
     assert limit.limit > limit.min_limit
 
 
+def _after_a_light_spell(memory: float, seed: int) -> tuple[GradientLimit, Phase]:
+    """Three times the capacity for 20 s, a third of it for 60 s, then a step to one
+    and a half times it: the first 3 s of the step."""
+    cluster = Cluster(capacity=15, service=0.05)  # at the ceiling: 3 in flight
+    limit = GradientLimit(memory=memory)
+    sim = Simulation(limit, cluster, seed=seed)
+    sim.run(45, 20)
+    sim.run(5, 60)
+    return limit, sim.run(22.5, 3)
+
+
+def test_a_step_past_the_knee_after_a_light_spell_is_admitted_at_what_the_cluster_took() -> None:
+    # The flash crowd of bench_overload r13/r14: the limit had found the cluster's
+    # capacity (3 to 4 in flight here), climbed back to its initial 10 while the load
+    # was light, and the next step past the knee was admitted whole: queries sharing
+    # a machine that answers 3 in time, partial at their deadline before the first
+    # of them could lower the limit. Catches a limit that forgets where it held.
+    steps = [_after_a_light_spell(300.0, seed) for seed in range(1, 8)]
+    for limit, step in steps:
+        assert limit.rest < 7  # what it learned, not the initial 10
+        assert max(step.in_flight) <= 7
+    assert sum(step.dropped for _, step in steps) == 0
+    # Forgetting at once (the resting point fixed at the initial limit, as before):
+    # the same seeds lose answers at the step.
+    forgetful = [_after_a_light_spell(1e-9, seed) for seed in range(1, 8)]
+    assert max(max(step.in_flight) for _, step in forgetful) >= 9
+    assert sum(step.dropped for _, step in forgetful) >= 10
+
+
+def test_a_burst_is_no_measure_and_what_was_learned_is_forgotten_in_minutes() -> None:
+    cluster = Cluster(capacity=15, service=0.05)
+    limit = GradientLimit()
+    sim = Simulation(limit, cluster)
+    # One second at three times the capacity: fewer binding windows than ``sustain``.
+    sim.run(45, 1)
+    assert limit.rest == 10
+    sim.run(5, 30)
+    assert limit.limit == 10
+    # A sustained overload teaches a resting point; a light load afterwards returns to
+    # it, then, as minutes pass without the limit binding, to the initial limit.
+    sim.run(45, 20)
+    learned = limit.rest
+    assert learned < 7
+    sim.run(5, 60)
+    assert limit.limit <= learned + 2
+    sim.run(5, 1200)
+    assert limit.limit == 10
+    # From above too: a limit that grew on a fast cluster and is then unused.
+    fast = GradientLimit()
+    sim = Simulation(fast, Cluster(capacity=1000, service=0.02))
+    sim.run(800, 30)
+    assert fast.limit >= 20
+    sim.run(20, 1200)
+    assert fast.limit == 10
+
+
 def test_a_fixed_limit_is_the_old_behaviour() -> None:
     # Catches a FixedLimit that moves (benchmarks compare against it) or accepts 0.
     limit = FixedLimit(256)
