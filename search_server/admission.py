@@ -284,7 +284,7 @@ class GradientLimit:
             # Fast enough: up, gently, by a share of the queue a higher limit allows.
             target = self._estimate + math.sqrt(self._estimate)
         estimate = self._estimate + self._smoothing * (target - self._estimate)
-        if not bound and abs(estimate - self.rest) < _ARRIVED:
+        if not bound and gradient >= 1.0 and abs(estimate - self.rest) < _ARRIVED:
             estimate = self.rest  # a smoothed approach would never get there
         self._estimate = max(float(self.min_limit), min(float(self.max_limit), estimate))
         if bound:
