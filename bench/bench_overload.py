@@ -18,7 +18,9 @@ CSV: answers by status and the p50 / p99 of the admitted ones (200); from the se
 servers' metrics: complete and partial answers a second (**goodput** is complete
 answers a second), queries refused with 503, ejections, hedges, timeouts not blamed,
 panic decisions; from the 100 data servers' metrics: 429s and servers their agents took
-offline.
+offline; and the cores each role used on average (search servers, data servers,
+ZooKeeper and Redis, ``hey``): on one machine the load generator and the refusals take
+their CPU from the cluster.
 
 Sequence, per system:
 
@@ -56,6 +58,7 @@ import csv
 import io
 import math
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -232,8 +235,23 @@ class Bench:
         )
         return search, data
 
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds used so far: by the search servers, by the data servers, by
+        ZooKeeper and Redis, and by the ``hey`` processes that have ended (children
+        waited for: ``RUSAGE_CHILDREN``; the cluster's own processes are children not
+        yet waited for, so they are not in it)."""
+        system = self.system
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return {
+            "search": sum(process_cpu(p.pid) for p in system.search),
+            "data": sum(process_cpu(p.pid) for p in system.data),
+            "services": sum(process_cpu(pid) for pid in system.services.values()),
+            "hey": children.ru_utime + children.ru_stime,
+        }
+
     async def level(self, rate: float, label: str = "") -> dict[str, Any]:
         s0, d0 = await self.counters()
+        c0 = self.cpu()
         hey = Hey(self.system.search_ports, rate, self.seconds)
         started = time.monotonic()
         try:
@@ -244,6 +262,7 @@ class Bench:
         finally:
             hey.kill()
         elapsed = time.monotonic() - started
+        c1 = self.cpu()
         s1, d1 = await self.counters()
         search, data = delta(s1, s0), delta(d1, d0)
         answered = sum(statuses.values())
@@ -260,6 +279,9 @@ class Bench:
             "search": {k: round(v) for k, v in search.items()},
             "data": {k: round(v) for k, v in data.items()},
             "seconds": round(elapsed, 1),
+            # Cores used on average over the step, by role (the machine has 2): what
+            # the load generator and the refusals take from the cluster.
+            "cores": {k: round((c1[k] - c0[k]) / elapsed, 2) for k in c0},
             "timeline": samples,
         }
         print(_line(row), flush=True)
@@ -323,6 +345,17 @@ class Bench:
         return samples, summary
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user and system) of process ``pid`` and its waited-for children so
+    far, 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # utime, stime, cutime, cstime: fields 14-17 of stat(5), 12-15 after the name.
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def start_hogs(count: int) -> list[subprocess.Popen[bytes]]:
     """``count`` processes that keep a CPU busy (``yes > /dev/null``); started at once,
     killed by the caller."""
@@ -343,17 +376,20 @@ def _ms(seconds: float | None) -> float | None:
 
 HEADER = (
     f"{'':10} {'offered':>8} {'goodput':>8} {'partial':>8} {'503/s':>7} {'p50 ms':>7} "
-    f"{'p99 ms':>7} {'eject':>6} {'offline':>7} {'429':>6} {'unblamed':>8} {'panic':>6}"
+    f"{'p99 ms':>7} {'eject':>6} {'offline':>7} {'429':>6} {'unblamed':>8} {'panic':>6} "
+    f"{'cores search/data/hey':>21}"
 )
 
 
 def _line(row: dict[str, Any]) -> str:
+    cores = row["cores"]
     return (
         f"{row['label']:10} {row['offered_qps']:8.1f} {row['goodput_qps']:8.1f} "
         f"{row['partial_qps']:8.1f} {row['refused_qps']:7.1f} "
         f"{_num(row['admitted_p50_ms']):>7} {_num(row['admitted_p99_ms']):>7} "
         f"{row['search']['ejections']:6d} {row['data']['forced_offline']:7d} "
-        f"{row['data']['429']:6d} {row['search']['unblamed']:8d} {row['search']['panic']:6d}"
+        f"{row['data']['429']:6d} {row['search']['unblamed']:8d} {row['search']['panic']:6d} "
+        f"{cores['search']:>9.2f}/{cores['data']:.2f}/{cores['hey']:.2f}"
     )
 
 

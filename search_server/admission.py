@@ -40,17 +40,22 @@ ratio of the latency now to the latency the search server usually has:
   latency says so (what is in flight already takes too long: a machine short of CPU),
   and otherwise returns to its **resting point** once all is well.
 * The resting point is where the limit last held under load: its value after every
-  window that ends ``sustain`` (4) windows in a row in which the limit bound (half of it
-  or more in flight), two seconds of a load pressing on it. Between such times it
-  returns to ``initial`` with a time constant of ``memory`` (300 s). A fixed resting
+  window that ends ``sustain`` (30) windows in a row in which the limit bound (half of
+  it or more in flight), fifteen seconds of a load pressing on it. Between such times
+  it returns to ``initial`` with a time constant of ``memory`` (300 s). A fixed resting
   point at ``initial`` let a cluster that had shown its capacity (3 to 4 queries in
   flight per search server, r14) climb back to 10 while the load was light, and the
   next step past the knee was admitted whole: 27 queries across three search servers
   at once, about 20 of them partial within a second, the admitted p99 over the
   deadline (r13, r14). A resting point of 5 for every cluster (``ff0979f``) refused
   the bursts of a cluster that had never been near its limit (the compose check's
-  deploy day). A limit unused for minutes says little of the cluster now, so it goes
-  back to ``initial``, from below or from above.
+  deploy day). So did a resting point learned from two seconds of binding
+  (``e2938af``): a fleet's restart stalls the cluster for a few seconds, the limit
+  binds and is cut, then binds again while it climbs back at the same light load (1
+  in flight against a limit of 2), and what it learned there refused 56 and 84
+  queries of the compose check's deploy day. A stall and the climb after it last
+  seconds; a load past the knee lasts. A limit unused for minutes says little of the
+  cluster now, so it goes back to ``initial``, from below or from above.
 * A **dropped** query (it came back partial because a quarter of its shards were late
   or refused: the system was already too slow) multiplies the limit by ``backoff``
   (0.7) while the limit binds, at most once per ``backoff_interval`` (1 s), so that
@@ -123,7 +128,7 @@ class GradientLimit:
     admitted queries' p99 must stay inside the deadline); ``smoothing`` 0.2; one update
     per ``window`` (0.5 s, at least ``min_window_samples`` 5 queries) with the window's
     mean latency as the short-term one; a baseline over ``long_window`` 60 windows; a
-    resting point learned after ``sustain`` 4 binding windows in a row and forgotten
+    resting point learned after ``sustain`` 30 binding windows in a row and forgotten
     with a time constant of ``memory`` 300 s.
 
     Raises ``ValueError`` for limits out of order or below 1, a tolerance below 1, a
@@ -145,7 +150,7 @@ class GradientLimit:
         min_window_samples: int = 5,
         backoff: float = 0.7,
         backoff_interval: float = 1.0,
-        sustain: int = 4,
+        sustain: int = 30,
         memory: float = 300.0,
     ) -> None:
         if not 1 <= min_limit <= initial <= max_limit:

@@ -162,6 +162,9 @@ def test_a_latency_that_is_not_a_number_changes_nothing() -> None:
         {"backoff": 1.5},
         {"long_window": 0},
         {"backoff_interval": -1.0},
+        {"sustain": 0},
+        {"memory": 0.0},
+        {"memory": math.inf},
     ],
 )
 def test_bad_parameters_are_refused(kwargs: dict[str, float]) -> None:

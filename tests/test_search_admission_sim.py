@@ -329,8 +329,11 @@ def test_a_burst_is_no_measure_and_what_was_learned_is_forgotten_in_minutes() ->
     cluster = Cluster(capacity=15, service=0.05)
     limit = GradientLimit()
     sim = Simulation(limit, cluster)
-    # One second at three times the capacity: fewer binding windows than ``sustain``.
-    sim.run(45, 1)
+    # Five seconds at three times the capacity (a stall while a fleet restarts), and
+    # the limit's climb back after it: fewer binding windows in a row than
+    # ``sustain``. Learned from 2 s, such a stall refused queries of the compose
+    # check's deploy day for minutes.
+    sim.run(45, 5)
     assert limit.rest == 10
     sim.run(5, 30)
     assert limit.limit == 10
@@ -340,7 +343,8 @@ def test_a_burst_is_no_measure_and_what_was_learned_is_forgotten_in_minutes() ->
     learned = limit.rest
     assert learned < 7
     sim.run(5, 60)
-    assert limit.limit <= learned + 2
+    # Near it (a burst that binds still grows it a little), not at the initial 10.
+    assert limit.limit <= learned + 3 < 10
     sim.run(5, 1200)
     assert limit.limit == 10
     # From above too: a limit that grew on a fast cluster and is then unused.
