@@ -346,14 +346,20 @@ class Bench:
 
 
 def process_cpu(pid: int) -> float:
-    """CPU seconds (user and system) of process ``pid`` and its waited-for children so
-    far, 0 if it is gone."""
+    """CPU seconds (user and system) of process ``pid`` and of its descendants so far,
+    running or waited for (a fleet's workers are its children); 0 if it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = [
+            int(child)
+            for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()
+        ]
     except OSError:
         return 0.0
     # utime, stime, cutime, cstime: fields 14-17 of stat(5), 12-15 after the name.
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    own = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return own + sum(process_cpu(child) for child in children)
 
 
 def start_hogs(count: int) -> list[subprocess.Popen[bytes]]:
