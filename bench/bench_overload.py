@@ -72,7 +72,7 @@ from urllib.parse import quote
 
 import aiohttp
 from bench_throughput import SESSION_TIMEOUT, System, ensure_chroot, git
-from common import write_results
+from common import descendants, process_cpu_seconds, process_tree, write_results
 from prometheus_client.parser import text_string_to_metric_families
 
 from data_server.corpus import sample_queries
@@ -236,16 +236,22 @@ class Bench:
         return search, data
 
     def cpu(self) -> dict[str, float]:
-        """CPU seconds used so far: by the search servers, by the data servers, by
-        ZooKeeper and Redis, and by the ``hey`` processes that have ended (children
-        waited for: ``RUSAGE_CHILDREN``; the cluster's own processes are children not
-        yet waited for, so they are not in it)."""
-        system = self.system
+        """CPU seconds used so far: by the search servers, by the data servers (with
+        the fleets' workers, their children), by ZooKeeper and Redis, and by the
+        ``hey`` processes that have ended (children waited for: ``RUSAGE_CHILDREN``;
+        the cluster's own processes are children not yet waited for, so they are not
+        in it)."""
+        system, tree = self.system, process_tree()
+
+        def used(roots: list[int]) -> float:
+            pids = (pid for root in roots for pid in descendants(root, tree))
+            return sum(process_cpu_seconds(pid) or 0.0 for pid in pids)
+
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         return {
-            "search": sum(process_cpu(p.pid) for p in system.search),
-            "data": sum(process_cpu(p.pid) for p in system.data),
-            "services": sum(process_cpu(pid) for pid in system.services.values()),
+            "search": used([p.pid for p in system.search]),
+            "data": used([p.pid for p in system.data]),
+            "services": used(list(system.services.values())),
             "hey": children.ru_utime + children.ru_stime,
         }
 
@@ -343,23 +349,6 @@ class Bench:
             "data": {k: round(v) for k, v in delta(d1, d0).items()},
         }
         return samples, summary
-
-
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user and system) of process ``pid`` and of its descendants so far,
-    running or waited for (a fleet's workers are its children); 0 if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        children = [
-            int(child)
-            for task in Path(f"/proc/{pid}/task").iterdir()
-            for child in (task / "children").read_text().split()
-        ]
-    except OSError:
-        return 0.0
-    # utime, stime, cutime, cstime: fields 14-17 of stat(5), 12-15 after the name.
-    own = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-    return own + sum(process_cpu(child) for child in children)
 
 
 def start_hogs(count: int) -> list[subprocess.Popen[bytes]]:

@@ -239,7 +239,9 @@ class GradientLimit:
             return
         mean = self._window_sum / self._window_count
         in_flight = self._window_in_flight
-        elapsed = now - self._window_start
+        # The resting point fades towards ``initial`` with time, whatever the window
+        # shows; only a load that keeps binding the limit sets it again (below).
+        self._forget(now - self._window_start)
         self._window_start = now
         self._window_count = 0
         self._window_sum = 0.0
@@ -268,7 +270,6 @@ class GradientLimit:
             # otherwise moves towards its resting point, by at most a step a window
             # (so that bursts over a long run do not ratchet it down for good, and a
             # light load does not keep a limit the cluster has not shown it takes).
-            self._forget(elapsed)
             rest, step = self.rest, math.sqrt(self._estimate)
             if gradient < 1.0:
                 target = self._estimate * gradient
@@ -283,7 +284,7 @@ class GradientLimit:
             # (every shard's answer waits in a busier queue), and a smoothed decrease
             # left the limit over the cliff for seconds, every answer partial.
             self._estimate = max(float(self.min_limit), self._estimate * gradient)
-            self._learn(elapsed)
+            self._learn()
             return
         else:
             # Fast enough: up, gently, by a share of the queue a higher limit allows.
@@ -293,16 +294,14 @@ class GradientLimit:
             estimate = self.rest  # a smoothed approach would never get there
         self._estimate = max(float(self.min_limit), min(float(self.max_limit), estimate))
         if bound:
-            self._learn(elapsed)
+            self._learn()
 
-    def _learn(self, elapsed: float) -> None:
+    def _learn(self) -> None:
         """After a binding window: the limit is the resting point once the load has
         pressed on it for ``sustain`` windows in a row (one burst is no measure of the
-        cluster); before that the resting point keeps returning to ``initial``."""
+        cluster)."""
         if self._bound_windows >= self._sustain:
             self.rest = self._estimate
-        else:
-            self._forget(elapsed)
 
     def _forget(self, elapsed: float) -> None:
         """The resting point returns towards ``initial`` (exponentially, ``memory``)."""
