@@ -11,7 +11,7 @@ from discovery.errors import ConfigError, DiscoveryError
 
 from . import loadgen
 from .config import DataServerConfig, FleetConfig, build_fleet_parser, build_parser
-from .fleet import run_fleet, run_worker
+from .fleet import exit_worker, run_fleet, run_worker
 from .server import DataServer
 
 __all__ = ["main"]
@@ -48,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.worker is None:
                 return run_fleet(config, args_list[1:])
             run_event_loop(run_worker(config, args.worker), args.event_loop)
+            exit_worker()
         else:
             run_event_loop(serve(config), args.event_loop)
     except (DiscoveryError, OSError, ValueError) as exc:

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from typing import NoReturn
 
 from discovery.agent.loopthread import LoopThread
 from discovery.cli.entrypoint import stop_on_signals
@@ -29,7 +31,7 @@ from discovery.looplag import LoopLagMonitor
 from .config import FleetConfig
 from .server import DataServer
 
-__all__ = ["run_fleet", "run_worker"]
+__all__ = ["exit_worker", "run_fleet", "run_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -135,3 +137,20 @@ async def _shutdown_after(delay: float, server: DataServer) -> None:
     if delay > 0:
         await asyncio.sleep(delay)
     await server.shutdown()
+
+
+def exit_worker() -> NoReturn:
+    """End a worker whose servers have all drained and stopped, skipping the
+    interpreter's teardown (as :mod:`multiprocessing` ends its children).
+
+    A worker's heap is its servers' indexes, millions of small objects that the
+    teardown frees one by one: measured in the compose image, both workers of a fleet
+    container took both cores for 0.2 s at their exit, and the other fleet, then the
+    only one answering for every shard, got none (make compose-check's drain: 63 shards
+    timed out just before the container exited). Nothing is left to tear down: the
+    sessions are closed and the sockets released; the logs are flushed here.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -199,6 +199,50 @@ async def test_fleet_of_20_in_2_processes_registers_all_and_deregisters_on_stop(
             await reap(process)
 
 
+# A fleet worker run as `data-server fleet --worker 0` is, with an exit hook of the
+# interpreter's that says so if the interpreter's teardown runs.
+_WORKER_WITH_TEARDOWN_HOOK = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('interpreter teardown', file=sys.stderr, flush=True))\n"
+    "from data_server.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+async def test_a_fleet_worker_skips_the_interpreters_teardown_and_flushes_its_logs(
+    zk_hosts: str, make_session: SessionFactory
+) -> None:
+    # Its heap is its servers' indexes, freed object by object by the teardown: a burst
+    # of CPU beside the fleet still answering (see exit_worker). The logs of its drain
+    # still come out whole.
+    observer = await make_session()
+    args: Sequence[str] = (
+        *("fleet", "--zk", zk_hosts, "--count", "2", "--procs", "1", "--base-port", "0"),
+        *FAST_FLAGS[:-2],
+        *("--log-level", "INFO", "--worker", "0"),
+    )
+    async with MembershipWatcher(observer, coalesce_window=0.01) as watcher:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _WORKER_WITH_TEARDOWN_HOOK,
+            *args,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert process.stderr is not None
+            errors = asyncio.create_task(process.stderr.read())
+            await waited(watcher.wait_until(lambda m: len(m) == 2, timeout=60), "both registered")
+            process.send_signal(signal.SIGTERM)
+            assert await waited(process.wait(), "the worker to exit after SIGTERM", timeout=60) == 0
+            log = (await waited(errors, "the worker's stderr", timeout=10)).decode()
+        finally:
+            await reap(process)
+    assert "data server ds-0000 stopped" in log
+    assert "data server ds-0001 stopped" in log
+    assert "interpreter teardown" not in log
+
+
 async def test_a_fleet_spreads_its_starts_over_start_spread(
     zk_hosts: str, make_session: SessionFactory
 ) -> None:
