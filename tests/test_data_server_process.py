@@ -29,16 +29,19 @@ FAST_FLAGS = (
 
 
 @contextlib.asynccontextmanager
-async def data_server_process(
-    zk_hosts: str, *args: str
-) -> AsyncIterator[asyncio.subprocess.Process]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "data_server.cli", "--zk", zk_hosts, *FAST_FLAGS, *args
-    )
+async def spawned(*command: str, **kwargs: Any) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``command`` as a child process, killed if it still runs and reaped on the way out."""
+    process = await asyncio.create_subprocess_exec(*command, **kwargs)
     try:
         yield process
     finally:
         await reap(process)
+
+
+def data_server_process(
+    zk_hosts: str, *args: str
+) -> contextlib.AbstractAsyncContextManager[asyncio.subprocess.Process]:
+    return spawned(sys.executable, "-m", "data_server.cli", "--zk", zk_hosts, *FAST_FLAGS, *args)
 
 
 async def _instance(session: Any, instance_id: str) -> ServiceInstance | None:
@@ -181,22 +184,19 @@ async def test_fleet_of_20_in_2_processes_registers_all_and_deregisters_on_stop(
         *("--docs", "200", "--drain-grace", "0.5", "--probe-interval", "0.2"),
         *("--log-level", "WARNING"),
     )
-    async with MembershipWatcher(observer, coalesce_window=0.05) as watcher:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "data_server.cli", *args
+    async with (
+        MembershipWatcher(observer, coalesce_window=0.05) as watcher,
+        spawned(sys.executable, "-m", "data_server.cli", *args) as process,
+    ):
+        members = await waited(
+            watcher.wait_until(lambda m: len(m) == 20, timeout=90), "all 20 registered"
         )
-        try:
-            members = await waited(
-                watcher.wait_until(lambda m: len(m) == 20, timeout=90), "all 20 registered"
-            )
-            assert sorted(members) == [f"ds-{i:04d}" for i in range(20)]
-            assert len({(m.address, m.port) for m in members.values()}) == 20
-            assert {m.payload.shard for m in members.values()} == set(range(20))
-            process.send_signal(signal.SIGTERM)
-            assert await waited(process.wait(), "the fleet to exit after SIGTERM", timeout=60) == 0
-            await waited(watcher.wait_until(lambda m: not m, timeout=15), "all 20 deregistered")
-        finally:
-            await reap(process)
+        assert sorted(members) == [f"ds-{i:04d}" for i in range(20)]
+        assert len({(m.address, m.port) for m in members.values()}) == 20
+        assert {m.payload.shard for m in members.values()} == set(range(20))
+        process.send_signal(signal.SIGTERM)
+        assert await waited(process.wait(), "the fleet to exit after SIGTERM", timeout=60) == 0
+        await waited(watcher.wait_until(lambda m: not m, timeout=15), "all 20 deregistered")
 
 
 # A fleet worker run as `data-server fleet --worker 0` is, with an exit hook of the
@@ -218,26 +218,21 @@ async def test_a_fleet_worker_skips_the_interpreters_teardown_and_flushes_its_lo
     observer = await make_session()
     args: Sequence[str] = (
         *("fleet", "--zk", zk_hosts, "--count", "2", "--procs", "1", "--base-port", "0"),
-        *FAST_FLAGS[:-2],
-        *("--log-level", "INFO", "--worker", "0"),
+        *FAST_FLAGS,
+        *("--log-level", "INFO", "--worker", "0"),  # the last --log-level is the one taken
     )
-    async with MembershipWatcher(observer, coalesce_window=0.01) as watcher:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            _WORKER_WITH_TEARDOWN_HOOK,
-            *args,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            assert process.stderr is not None
-            errors = asyncio.create_task(process.stderr.read())
-            await waited(watcher.wait_until(lambda m: len(m) == 2, timeout=60), "both registered")
-            process.send_signal(signal.SIGTERM)
-            assert await waited(process.wait(), "the worker to exit after SIGTERM", timeout=60) == 0
-            log = (await waited(errors, "the worker's stderr", timeout=10)).decode()
-        finally:
-            await reap(process)
+    async with (
+        MembershipWatcher(observer, coalesce_window=0.01) as watcher,
+        spawned(
+            sys.executable, "-c", _WORKER_WITH_TEARDOWN_HOOK, *args, stderr=asyncio.subprocess.PIPE
+        ) as process,
+    ):
+        assert process.stderr is not None
+        errors = asyncio.create_task(process.stderr.read())
+        await waited(watcher.wait_until(lambda m: len(m) == 2, timeout=60), "both registered")
+        process.send_signal(signal.SIGTERM)
+        assert await waited(process.wait(), "the worker to exit after SIGTERM", timeout=60) == 0
+        log = (await waited(errors, "the worker's stderr", timeout=10)).decode()
     assert "data server ds-0000 stopped" in log
     assert "data server ds-0001 stopped" in log
     assert "interpreter teardown" not in log
@@ -255,19 +250,16 @@ async def test_a_fleet_spreads_its_starts_over_start_spread(
         *("--start-spread", "4", *FAST_FLAGS),
     )
     loop = asyncio.get_running_loop()
-    async with MembershipWatcher(observer, coalesce_window=0.01) as watcher:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "data_server.cli", *args
+    async with (
+        MembershipWatcher(observer, coalesce_window=0.01) as watcher,
+        spawned(sys.executable, "-m", "data_server.cli", *args) as process,
+    ):
+        await waited(watcher.wait_until(lambda m: len(m) >= 1, timeout=60), "a first server")
+        first = loop.time()
+        members = await waited(
+            watcher.wait_until(lambda m: len(m) == 4, timeout=60), "all 4 registered"
         )
-        try:
-            await waited(watcher.wait_until(lambda m: len(m) >= 1, timeout=60), "a first server")
-            first = loop.time()
-            members = await waited(
-                watcher.wait_until(lambda m: len(m) == 4, timeout=60), "all 4 registered"
-            )
-            assert loop.time() - first >= 1.5
-            assert sorted(members) == [f"ds-{i:04d}" for i in range(4)]
-            process.send_signal(signal.SIGTERM)
-            assert await waited(process.wait(), "the fleet to exit after SIGTERM", timeout=60) == 0
-        finally:
-            await reap(process)
+        assert loop.time() - first >= 1.5
+        assert sorted(members) == [f"ds-{i:04d}" for i in range(4)]
+        process.send_signal(signal.SIGTERM)
+        assert await waited(process.wait(), "the fleet to exit after SIGTERM", timeout=60) == 0

@@ -396,9 +396,10 @@ async def test_a_running_search_server_keeps_its_list_through_a_malformed_meta(
     await client.hset(keys.meta, field, garbage)
     await eventually(lambda: _malformed_meta(reader) >= 1, message="the malformed meta counted")
     assert reader.reader.current == before  # kept, not emptied, not pinned
-    status, body = await get_json(f"{reader.url}/search", q="the")
+    # What is asked is that it routes, not how fast: a loaded machine's second is no miss.
+    status, body = await get_json(f"{reader.url}/search", q="the", timeout_ms="5000")
     assert status == 200
-    assert body["shards"]["ok"] == 1
+    assert body["shards"]["ok"] == 1, body
     # A new leader publishes through the garbage; the reader follows it.
     leader = await make_search_server(server_id="ss-next")
     term = await published_term(leader)
