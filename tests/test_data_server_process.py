@@ -199,8 +199,8 @@ async def test_fleet_of_20_in_2_processes_registers_all_and_deregisters_on_stop(
         await waited(watcher.wait_until(lambda m: not m, timeout=15), "all 20 deregistered")
 
 
-# A fleet worker run as `data-server fleet --worker 0` is, with an exit hook of the
-# interpreter's that says so if the interpreter's teardown runs.
+# `data-server fleet --worker 0`, with an atexit hook that says so if the interpreter's
+# teardown runs.
 _WORKER_WITH_TEARDOWN_HOOK = (
     "import atexit, sys\n"
     "atexit.register(lambda: print('interpreter teardown', file=sys.stderr, flush=True))\n"
