@@ -44,6 +44,20 @@ def data_server_process(
     return spawned(sys.executable, "-m", "data_server.cli", "--zk", zk_hosts, *FAST_FLAGS, *args)
 
 
+def fleet_process(
+    zk_hosts: str,
+    count: int,
+    procs: int,
+    *flags: str,
+    entry: Sequence[str] = ("-m", "data_server.cli"),
+    **kwargs: Any,
+) -> contextlib.AbstractAsyncContextManager[asyncio.subprocess.Process]:
+    """``data-server fleet`` of ``count`` servers in ``procs`` processes, on free ports;
+    ``entry`` is how Python is told to run the ``data-server`` command."""
+    fleet = ("fleet", "--zk", zk_hosts, "--count", str(count), "--procs", str(procs))
+    return spawned(sys.executable, *entry, *fleet, "--base-port", "0", *flags, **kwargs)
+
+
 async def _instance(session: Any, instance_id: str) -> ServiceInstance | None:
     try:
         data, _ = await session.get(f"{DATA_SERVERS_PATH}/{instance_id}")
@@ -179,14 +193,13 @@ async def test_fleet_of_20_in_2_processes_registers_all_and_deregisters_on_stop(
     zk_hosts: str, make_session: SessionFactory
 ) -> None:
     observer = await make_session()
-    args: Sequence[str] = (
-        *("fleet", "--zk", zk_hosts, "--count", "20", "--procs", "2", "--base-port", "0"),
+    flags = (
         *("--docs", "200", "--drain-grace", "0.5", "--probe-interval", "0.2"),
         *("--log-level", "WARNING"),
     )
     async with (
         MembershipWatcher(observer, coalesce_window=0.05) as watcher,
-        spawned(sys.executable, "-m", "data_server.cli", *args) as process,
+        fleet_process(zk_hosts, 20, 2, *flags) as process,
     ):
         members = await waited(
             watcher.wait_until(lambda m: len(m) == 20, timeout=90), "all 20 registered"
@@ -216,15 +229,17 @@ async def test_a_fleet_worker_skips_the_interpreters_teardown_and_flushes_its_lo
     # of CPU beside the fleet still answering (see exit_worker). The logs of its drain
     # still come out whole.
     observer = await make_session()
-    args: Sequence[str] = (
-        *("fleet", "--zk", zk_hosts, "--count", "2", "--procs", "1", "--base-port", "0"),
-        *FAST_FLAGS,
-        *("--log-level", "INFO", "--worker", "0"),  # the last --log-level is the one taken
-    )
+    # The last --log-level is the one taken.
+    flags = (*FAST_FLAGS, "--log-level", "INFO", "--worker", "0")
     async with (
         MembershipWatcher(observer, coalesce_window=0.01) as watcher,
-        spawned(
-            sys.executable, "-c", _WORKER_WITH_TEARDOWN_HOOK, *args, stderr=asyncio.subprocess.PIPE
+        fleet_process(
+            zk_hosts,
+            2,
+            1,
+            *flags,
+            entry=("-c", _WORKER_WITH_TEARDOWN_HOOK),
+            stderr=asyncio.subprocess.PIPE,
         ) as process,
     ):
         assert process.stderr is not None
@@ -245,14 +260,11 @@ async def test_a_fleet_spreads_its_starts_over_start_spread(
     # after the first (without the spread, within a few hundred milliseconds). The
     # bound is loose: a cold first start, or a late watch, eats into it.
     observer = await make_session()
-    args: Sequence[str] = (
-        *("fleet", "--zk", zk_hosts, "--count", "4", "--procs", "1", "--base-port", "0"),
-        *("--start-spread", "4", *FAST_FLAGS),
-    )
+    flags = ("--start-spread", "4", *FAST_FLAGS)
     loop = asyncio.get_running_loop()
     async with (
         MembershipWatcher(observer, coalesce_window=0.01) as watcher,
-        spawned(sys.executable, "-m", "data_server.cli", *args) as process,
+        fleet_process(zk_hosts, 4, 1, *flags) as process,
     ):
         await waited(watcher.wait_until(lambda m: len(m) >= 1, timeout=60), "a first server")
         first = loop.time()
