@@ -257,7 +257,7 @@ class Bench:
 
     async def level(self, rate: float, label: str = "") -> dict[str, Any]:
         s0, d0 = await self.counters()
-        c0 = self.cpu()
+        c0 = await asyncio.to_thread(self.cpu)  # a scan of /proc, off the loop
         hey = Hey(self.system.search_ports, rate, self.seconds)
         started = time.monotonic()
         try:
@@ -268,7 +268,7 @@ class Bench:
         finally:
             hey.kill()
         elapsed = time.monotonic() - started
-        c1 = self.cpu()
+        c1 = await asyncio.to_thread(self.cpu)
         s1, d1 = await self.counters()
         search, data = delta(s1, s0), delta(d1, d0)
         answered = sum(statuses.values())
