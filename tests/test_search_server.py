@@ -325,14 +325,11 @@ async def test_hung_data_server_never_stalls_a_query(
     partial_seen = False
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        started = time.monotonic()
+        # The hung server never answers until its fault is cleared (below): any answer
+        # at all is one the deadline ended, whatever the machine's speed. How close to
+        # the 300 ms it comes is a benchmark's figure (bench/bench_fanout.py).
         status, body = await get_json(f"{search.url}/search", q=query, timeout_ms="300")
-        elapsed = time.monotonic() - started
         assert status == 200
-        # The 300 ms deadline holds, far below the 30 s the hang lasts. The slack is
-        # for HTTP, this shared test loop and CPU-steal stalls of a shared VM (seen:
-        # 1.6 s while the healthy server's own probes took 300 ms).
-        assert elapsed < 0.3 + 5.0, elapsed
         partial_seen = True
         assert body["partial"]
         if body["shards"]["missing"] == 0:
@@ -368,25 +365,25 @@ async def test_overload_is_refused_at_once_and_bad_parameters_get_400(
     search = await make_search_server(server_id="ss-busy", max_in_flight=2)
     await all_see([search], {"ds-slow"})
     async with aiohttp.ClientSession() as client:
-        await client.post(
-            f"{slow.url}/admin/fault", json={"mode": "slow", "delay_ms": 1500}, headers=ADMIN
-        )
+        await client.post(f"{slow.url}/admin/fault", json={"mode": "hang"}, headers=ADMIN)
     busy = [
-        asyncio.create_task(get_json(f"{search.url}/search", q="a", timeout_ms="3000"))
+        asyncio.create_task(get_json(f"{search.url}/search", q="a", timeout_ms="10000"))
         for _ in range(2)
     ]
     await eventually(
         lambda: (search.registry.get_sample_value("search_server_fanout_in_flight") or 0) == 2,
         message="two queries in flight",
     )
-    started = time.monotonic()
     status, body = await get_json(f"{search.url}/search", q="a")
     assert status == 503
     assert "overloaded" in body["error"]
-    assert time.monotonic() - started < 0.5  # refused at once, not queued
-    await waited(asyncio.gather(*busy), "the two slow queries to finish", timeout=15)
+    # Refused at once, not queued behind them: both still wait on the hung server,
+    # which answers nothing until its fault is cleared.
+    assert not any(task.done() for task in busy)
     async with aiohttp.ClientSession() as client:
         await client.post(f"{slow.url}/admin/fault", json={"mode": "none"}, headers=ADMIN)
+    answers = await waited(asyncio.gather(*busy), "the two held queries to finish", timeout=15)
+    assert [status for status, _ in answers] == [200, 200]
 
     for params, message in [
         ({}, "missing query parameter 'q'"),

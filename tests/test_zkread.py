@@ -17,7 +17,6 @@ import random
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -387,9 +386,8 @@ async def test_a_server_without_multi_read_is_read_node_by_node_from_then_on(
     assert multi_read_available(session)
 
     with caplog.at_level(logging.WARNING, logger="discovery.zk.multiread"):
-        started = time.monotonic()
+        # An answer, not a timeout: read_within raises TimeoutError at its deadline.
         assert await read_within(session, paths) == expected
-        assert time.monotonic() - started < TIMEOUT / 2  # an answer, not a timeout
         assert old_server.multi_reads == 1  # the first batch, sent alone
         assert not multi_read_available(session)
         # Later calls on the session do not try again.
@@ -435,10 +433,9 @@ async def test_a_connection_lost_midway_raises_a_connection_error(
     flaky = stand_in("cut", cut_after=2)
     session = await make_session(flaky.address + suffix(zk_hosts))
 
-    started = time.monotonic()
+    # The loss itself, not read_within's deadline (that would be a TimeoutError).
     with pytest.raises(ZkConnectionError):
         await read_within(session, paths, batch=100)
-    assert time.monotonic() - started < TIMEOUT / 2
     assert flaky.multi_reads >= 2  # the loss came after an answer: midway
 
     # The session reconnects by itself, and the next read is whole.

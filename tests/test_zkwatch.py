@@ -21,7 +21,6 @@ import logging
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -482,10 +481,9 @@ def test_a_server_without_add_watch_is_reported_as_unsupported(
     with _OldZooKeeper() as server:
         client = make_client(f"127.0.0.1:{server.port}")
         watch = PersistentRecursiveWatch(client, "/ds", Recorder())
-        started = time.monotonic()
+        # The server's answer (a timeout would raise ZkConnectionError instead).
         with pytest.raises(ZkUnsupportedError, match=r"ZooKeeper 3\.6 or later"):
             watch.start(timeout=TIMEOUT)
-        assert time.monotonic() - started < TIMEOUT / 2  # an answer, not a timeout
         assert server.refused == [106]
         assert not watch.active
         assert "_read_watch_event" not in vars(_kazoo.connection(client))
