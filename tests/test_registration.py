@@ -136,7 +136,7 @@ async def test_a_conflict_is_reported_again_while_it_lasts_never_waited_out_in_s
         conflict_recheck=0.1,
         clock=clock,
     )
-    caplog.set_level(logging.ERROR, logger="discovery.zk.registration")
+    caplog.set_level(logging.ERROR, logger="discovery.zk.conflict")
     with pytest.raises(RegistrationConflictError, match="squatting"):
         await registration.register()
     assert registry.get_sample_value("discovery_registration_conflicted") == 1.0

@@ -55,61 +55,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import random
 import time
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from prometheus_client import CollectorRegistry
 
 from discovery.errors import (
     InvalidInstanceError,
     RegistrationConflictError,
-    ZkAuthError,
-    ZkBadVersionError,
     ZkConnectionError,
     ZkError,
-    ZkNodeExistsError,
-    ZkNoNodeError,
 )
 from discovery.instance import ServiceInstance
 from discovery.metrics import RegistrationMetrics
+from discovery.zk.claim import NodeClaim
+from discovery.zk.conflict import ConflictTracker
 from discovery.zk.paths import DATA_SERVERS_PATH
+from discovery.zk.readback import ReadBackSchedule
+from discovery.zk.removal import NodeRemover, Removal
 from discovery.zk.session import SessionEvent, SessionState, WatchEvent, ZkSession
 
 __all__ = ["Registration", "Removal"]
 
 log = logging.getLogger(__name__)
 
-# Create/replace races (a stale node deleted under us, a node vanishing between
-# NodeExists and our read) resolve in a step or two; more means something is
-# fighting us, which is reported rather than looped on.
-_MAX_ATTEMPTS = 5
 # Pause between retries while connected but failing.
-_RETRY_INTERVAL = 1.0
+_RETRY_INTERVAL: Final = 1.0
 # Seconds after each connection at which the node is read back (nominal, each drawn
 # in 0.5x-1.5x): a zombie session (a reconnection that raced the session's close)
 # shows as a missing node once the ensemble's delete has reached our server.
 VERIFY_AFTER_CONNECT = (2.0, 10.0, 30.0)
-# While another session holds our id: how often we look again, and how often the error
-# is repeated. A conflict is never waited out in silence: it is a duplicate --id or
-# someone squatting ours, and either way an operator must act.
-_CONFLICT_RECHECK = 30.0
-_CONFLICT_REMINDER = 60.0
-
-
-class Removal(enum.Enum):
-    """How a :class:`Registration` removes its node when deregistering."""
-
-    #: Delete the node (needs DELETE on its parent).
-    DELETE = "delete"
-    #: End the session (ZooKeeper removes its ephemeral nodes with no ACL check) and
-    #: open a new one. Only for a session that nothing but this registration uses.
-    END_SESSION = "end_session"
-    #: Delete; once the parent's ACL refuses that, end the session from then on.
-    #: Only for a session that nothing but this registration uses.
-    AUTO = "auto"
+# While another session holds our id: how often we look again.
+_CONFLICT_RECHECK: Final = 30.0
 
 
 class Registration:
@@ -143,50 +123,41 @@ class Registration:
         verify_after_connect: Sequence[float] = VERIFY_AFTER_CONNECT,
     ) -> None:
         self._session = session
-        self._stale_grace = stale_grace
         self._conflict_recheck = conflict_recheck
-        self._clock = clock
-        self._verify_interval = verify_interval
-        self._removal = removal
-        # Deregistering ends the session: always under END_SESSION, and under AUTO
-        # once the ACL has refused a delete (it will go on refusing).
-        self._delete_refused = removal is Removal.END_SESSION
-        self._session_closing = False
-        self._instance = instance
-        self._data = instance.to_json()
         self.path = f"{base_path.rstrip('/')}/{instance.id}"
-        self._metrics = RegistrationMetrics(
-            registry if registry is not None else CollectorRegistry()
+        metrics = RegistrationMetrics(registry if registry is not None else CollectorRegistry())
+        # Who owns the node and why not we (claim, conflicts), how it is removed, and
+        # when it is read back; this class decides when each acts.
+        self._conflicts = ConflictTracker(
+            self.path, metrics, stale_grace=stale_grace, clock=clock, on_blocked=self._recheck_soon
+        )
+        self._claim = NodeClaim(
+            session,
+            self.path,
+            instance,
+            metrics,
+            self._conflicts,
+            on_node_event=self._on_node_event,
+        )
+        self._remover = NodeRemover(session, self.path, removal)
+        self._readback = ReadBackSchedule(
+            verify_interval, verify_after_connect, rng if rng is not None else random.Random()
         )
         self._wanted = False
-        self._owned_session: int | None = None
-        self._past_sessions: set[int] = set()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
-        self._ever_registered = False
-        self._conflict: RegistrationConflictError | None = None
-        self._conflict_since = 0.0
-        self._last_reminder = 0.0
-        # Look-alike nodes (our address and port) we could not delete: owner -> first seen.
-        self._stale_since: dict[int, float] = {}
         # The running task's wait for its next wake-up or due check.
         self._due: asyncio.Timeout | None = None
-        # When the node is next read back (the loop's clock): the checks after the
-        # last connection, and the sweep. Jittered by _rng.
-        self._rng = rng if rng is not None else random.Random()
-        self._after_connect = tuple(verify_after_connect)
-        self._checks: list[float] = []
-        self._next_sweep: float | None = None
 
     @property
     def instance(self) -> ServiceInstance:
-        return self._instance
+        return self._claim.instance
 
     @property
     def registered(self) -> bool:
         """True while our node exists and belongs to the current session (as last seen)."""
-        return self._owned_session is not None and self._owned_session == self._session.session_id
+        return self._claim.registered
 
     async def settled(self) -> bool:
         """Wait for a register, update or deregister in progress; then :attr:`registered`.
@@ -201,7 +172,7 @@ class Registration:
     @property
     def conflict(self) -> RegistrationConflictError | None:
         """The last ownership conflict, while it lasts."""
-        return self._conflict
+        return self._conflicts.conflict
 
     async def register(self) -> None:
         """Create our node and keep it until :meth:`deregister`.
@@ -214,8 +185,9 @@ class Registration:
         self._wanted = True
         self._ensure_task()
         await self._reconcile()
-        if self._conflict is not None:
-            raise self._conflict
+        conflict = self._conflicts.conflict
+        if conflict is not None:
+            raise conflict
 
     async def update(self, instance: ServiceInstance) -> None:
         """Replace the published instance (same id), in place if registered.
@@ -224,12 +196,12 @@ class Registration:
             InvalidInstanceError: the id differs or the document is too large.
             ZkConnectionError: not connected; the new data is written at reconnect.
         """
-        if instance.id != self._instance.id:
+        current = self._claim.instance
+        if instance.id != current.id:
             raise InvalidInstanceError(
-                f"cannot change the id of a registration ({self._instance.id!r} -> {instance.id!r})"
+                f"cannot change the id of a registration ({current.id!r} -> {instance.id!r})"
             )
-        self._instance = instance
-        self._data = instance.to_json()
+        self._claim.instance = instance
         if self._wanted:
             await self._reconcile()
 
@@ -255,7 +227,7 @@ class Registration:
         registration that removes its node by ending the session then leaves that to
         the close instead of opening a new session first.
         """
-        self._session_closing = session_closing
+        self._remover.session_closing = session_closing
         try:
             if self._wanted:
                 await self.deregister()
@@ -289,23 +261,13 @@ class Registration:
             log.error("registration task for %s crashed", self.path, exc_info=task.exception())
 
     def _on_session_event(self, event: SessionEvent) -> None:
-        if event.state is SessionState.CONNECTED and self._verify_interval is not None:
-            now = asyncio.get_running_loop().time()
-            self._checks = sorted(now + self._jittered(delay) for delay in self._after_connect)
         if event.state is SessionState.CONNECTED:
-            if event.new_session and self._owned_session is not None:
-                # The old session's ephemeral node died with it.
-                self._past_sessions.add(self._owned_session)
-                self._owned_session = None
-                self._metrics.registered.set(0)
+            self._readback.connected()
+            if event.new_session:
+                self._claim.on_new_session()
             self._wake.set()
         elif event.state is SessionState.LOST:
-            # The node went with the session (or goes soon, if the session was only
-            # declared lost on our side: see ZkSession's watchdog).
-            if self._owned_session is not None:
-                self._past_sessions.add(self._owned_session)
-                self._owned_session = None
-            self._metrics.registered.set(0)
+            self._claim.on_session_lost()
 
     def _on_node_event(self, event: WatchEvent) -> None:
         self._wake.set()
@@ -314,14 +276,14 @@ class Registration:
         """Reconcile whenever the session reconnects or our node changes under us."""
         while True:
             if not await self._woken_or_due():
-                if self._conflict is not None or self._stale_since:
+                if self._conflicts.blocked:
                     # Blocked by another session's node: look again (and say so again).
                     await self._reconcile_logged()
                 else:
                     await self._verify()
                 # The checks due are answered either way (a conflict's reconcile
                 # reads the node too): never a hot loop on an overdue check.
-                self._verified()
+                self._readback.done()
                 continue
             self._wake.clear()
             if not self._session.connected:
@@ -334,33 +296,10 @@ class Registration:
                         await self._wake.wait()
                 self._wake.set()
 
-    def _jittered(self, seconds: float) -> float:
-        return seconds * self._rng.uniform(0.5, 1.5)
-
-    def _verify_in(self) -> float | None:
-        """Seconds until the next read-back is due (None: none while unwanted)."""
-        if self._verify_interval is None or not self._wanted:
-            return None
-        now = asyncio.get_running_loop().time()
-        if self._next_sweep is None:
-            self._next_sweep = now + self._jittered(self._verify_interval)
-        due = min(self._next_sweep, self._checks[0]) if self._checks else self._next_sweep
-        return max(0.0, due - now)
-
-    def _verified(self) -> None:
-        """A read-back done: the checks it satisfied are over; the sweep starts again
-        when it was the one due."""
-        now = asyncio.get_running_loop().time()
-        while self._checks and self._checks[0] <= now:
-            self._checks.pop(0)
-        if self._next_sweep is not None and self._next_sweep <= now:
-            assert self._verify_interval is not None
-            self._next_sweep = now + self._jittered(self._verify_interval)
-
     async def _woken_or_due(self) -> bool:
         """Wait for a wake-up (True) or, while the node is wanted, a due check (False)."""
-        interval = self._verify_in()
-        if self._wanted and (self._conflict is not None or self._stale_since):
+        interval = self._readback.due_in() if self._wanted else None
+        if self._wanted and self._conflicts.blocked:
             # (A due check's 0 stays 0: it is not "no check".)
             recheck = self._conflict_recheck
             interval = recheck if interval is None else min(interval, recheck)
@@ -391,29 +330,13 @@ class Registration:
         Only what we believe is checked: while we know we are not registered (not
         connected, a conflict, a stale node we wait out), events drive us already.
         """
-        session = self._session
         # Under the lock: a register, update or deregister in progress may be replacing
         # the node right now, and what it finds decides.
         async with self._lock:
-            if not (session.connected and self._wanted and self.registered):
+            if not (self._session.connected and self._wanted and self.registered):
                 return
-            try:
-                stat = await session.exists(self.path)
-            except ZkError as exc:
-                log.info("verifying %s deferred: %s", self.path, exc)
+            if not await self._claim.verify():
                 return
-            if stat is not None and stat.ephemeral_owner == session.session_id:
-                return
-            owner = "absent" if stat is None else f"owned by session 0x{stat.ephemeral_owner:x}"
-            log.warning(
-                "%s is %s although no event said so (session 0x%x); registering again",
-                self.path,
-                owner,
-                session.session_id or 0,
-            )
-            self._metrics.vanished.inc()
-            self._owned_session = None
-            self._metrics.registered.set(0)
         self._wake.set()
 
     async def _reconcile_logged(self) -> bool:
@@ -435,180 +358,9 @@ class Registration:
     async def _reconcile(self) -> None:
         async with self._lock:
             if self._wanted:
-                await self._ensure_present()
+                await self._claim.ensure_present()
             else:
-                await self._ensure_absent()
-
-    async def _ensure_present(self) -> None:
-        session = self._session
-        for _ in range(_MAX_ATTEMPTS):
-            current_session = session.session_id
-            # Create first only when the node is not ours as last seen: a create that
-            # fails is still a transaction to ZooKeeper (an error one, proposed to the
-            # quorum and written to every member's log like any write), so an update
-            # starting with it cost three writes (that create, the set, and the same
-            # create again when our own set fired our watch) where one will do. A
-            # 50-server fleet marking itself draining took most of a core of the
-            # ensemble's CPU for 2 s (make compose-check's drain).
-            if not self.registered:
-                try:
-                    await session.create(self.path, self._data, ephemeral=True, makepath=True)
-                except ZkNodeExistsError:
-                    pass
-                else:
-                    self._took_ownership(current_session)
-                    await self._watch_node()
-                    return
-            try:
-                data, stat = await session.get(self.path)
-            except ZkNoNodeError:
-                # Vanished between create and get, or gone since we last saw it (its
-                # deletion is what woke us): create it again.
-                self._owned_session = None
-                self._metrics.registered.set(0)
-                continue
-            if stat.ephemeral_owner != 0 and stat.ephemeral_owner == current_session:
-                if self._owned_session != current_session:
-                    # Our create succeeded but its reply was lost to a connection drop.
-                    self._took_ownership(current_session)
-                if data != self._data:
-                    try:
-                        await session.set(self.path, self._data, version=stat.version)
-                    except (ZkBadVersionError, ZkNoNodeError):
-                        continue
-                await self._watch_node()
-                return
-            # Not ours, whatever we last saw: it is replaced below, or waited out.
-            self._owned_session = None
-            self._metrics.registered.set(0)
-            if self._is_stale(data, stat.ephemeral_owner):
-                log.warning(
-                    "replacing stale %s of our earlier session 0x%x",
-                    self.path,
-                    stat.ephemeral_owner,
-                )
-                try:
-                    await session.delete(self.path, version=stat.version)
-                except (ZkBadVersionError, ZkNoNodeError):
-                    pass
-                except ZkAuthError as exc:
-                    # No right to delete (an access-controlled tree): ZooKeeper removes
-                    # the node when its session expires, and our watch brings us back.
-                    owner = stat.ephemeral_owner
-                    seen_before = owner in self._stale_since
-                    first = self._stale_since.setdefault(owner, self._clock())
-                    self._metrics.registered.set(0)
-                    self._recheck_soon()
-                    if (
-                        owner not in self._past_sessions
-                        and self._clock() - first > self._stale_grace
-                    ):
-                        # No earlier incarnation's session lives this long: a squatter
-                        # that copied our address and port.
-                        self._report_conflict(
-                            RegistrationConflictError(self.path, owner, impersonated=True)
-                        )
-                    elif not seen_before:
-                        log.warning(
-                            "cannot remove stale %s (%s); registering once its session expires",
-                            self.path,
-                            exc,
-                        )
-                    await self._watch_node()
-                    return
-                self._metrics.replaced_stale.inc()
-                continue
-            self._report_conflict(RegistrationConflictError(self.path, stat.ephemeral_owner))
-            self._metrics.registered.set(0)
-            await self._watch_node()
-            return
-        raise ZkError(f"could not register {self.path}: it kept changing under us")
-
-    def _report_conflict(self, conflict: RegistrationConflictError) -> None:
-        """Log (at once, then every minute while it lasts), count and expose a conflict."""
-        now = self._clock()
-        previous = self._conflict
-        if previous is None or previous.owner_session != conflict.owner_session:
-            log.error("not registered: %s", conflict)
-            self._metrics.conflicts.inc()
-            self._conflict_since = self._last_reminder = now
-        elif now - self._last_reminder >= _CONFLICT_REMINDER:
-            log.error("still not registered after %.0f s: %s", now - self._conflict_since, conflict)
-            self._last_reminder = now
-        self._conflict = conflict
-        self._metrics.conflicted.set(1)
-        self._recheck_soon()
-
-    def _clear_conflict(self) -> None:
-        if self._conflict is not None:
-            log.info("%s: the conflicting node is gone", self.path)
-        self._conflict = None
-        self._stale_since.clear()
-        self._metrics.conflicted.set(0)
-
-    def _took_ownership(self, session_id: int | None) -> None:
-        recreated = self._ever_registered
-        self._owned_session = session_id
-        self._clear_conflict()
-        self._metrics.creates.inc()
-        if recreated:
-            self._metrics.recreates.inc()
-            log.info("re-registered %s in session 0x%x", self.path, session_id or 0)
-        else:
-            log.info("registered %s in session 0x%x", self.path, session_id or 0)
-        self._ever_registered = True
-        self._metrics.registered.set(1)
-
-    def _is_stale(self, data: bytes, owner: int) -> bool:
-        if owner == 0:
-            return False  # a persistent node is an operator's, not a stale session's
-        if owner in self._past_sessions:
-            return True
-        try:
-            existing = ServiceInstance.from_json(data)
-        except InvalidInstanceError:
-            return False
-        return (existing.address, existing.port) == (self._instance.address, self._instance.port)
-
-    async def _watch_node(self) -> None:
-        await self._session.exists(self.path, watch=self._on_node_event)
-
-    async def _ensure_absent(self) -> None:
-        # Checked on the server even if we think we own nothing: a create whose reply
-        # was lost to a connection drop may have left our node behind.
-        try:
-            _, stat = await self._session.get(self.path)
-        except ZkNoNodeError:
-            pass
-        else:
-            if stat.ephemeral_owner == self._session.session_id:
-                await self._remove(stat.version)
-        self._owned_session = None
-        self._metrics.registered.set(0)
-        # Not wanted: no longer anybody's conflict.
-        self._conflict = None
-        self._stale_since.clear()
-        self._metrics.conflicted.set(0)
-
-    async def _remove(self, version: int) -> None:
-        if not self._delete_refused:
-            try:
-                await self._session.delete(self.path, version=version)
-            except (ZkNoNodeError, ZkBadVersionError):
-                pass
-            except ZkAuthError:
-                if self._removal is Removal.DELETE:
-                    raise
-                log.info(
-                    "the ACL refuses deleting %s; removing it by ending the session", self.path
-                )
-                self._delete_refused = True
-            else:
-                log.info("deregistered %s", self.path)
-                return
-        if self._session_closing:
-            return  # the caller's close ends the session, and the node with it
-        # Our node is what the old session takes with it; the registration task, woken
-        # by the new session, finds nothing to re-create since we no longer want it.
-        await self._session.restart()
-        log.info("deregistered %s by ending its session", self.path)
+                await self._remover.remove_if_ours()
+                self._claim.released()
+                # Not wanted: no longer anybody's conflict.
+                self._conflicts.forget()
