@@ -155,6 +155,8 @@ def test_site_builds_strict_and_offline_with_the_repositorys_own_text(site: Path
         assert (site / page / "index.html").is_file(), page
     for page in ("operating", "commands-json", "BENCHMARKS", "ARCHITECTURE"):
         assert (site / page / "index.html").is_file(), page
+    for page in ("settings", "development", "design/modules", "design/overload"):
+        assert (site / page / "index.html").is_file(), page
 
     # Nothing is loaded from another host: no web fonts, no CDN, by any page or style.
     external: list[str] = []
