@@ -333,7 +333,7 @@ def test_zookeeper_ensemble(compose: dict[str, Any]) -> None:
         assert service.get("healthcheck"), f"{name}: no health check"
     assert ids == {"1", "2", "3"}
 
-    # Every process of ours lists the whole ensemble (see ARCHITECTURE.md on --zk).
+    # Every process of ours lists the whole ensemble (see docs/operating.md on --zk).
     for process in _processes(compose):
         settings = _settings(process) if process.kind != "data-server loadgen" else None
         if isinstance(settings, FleetConfig):

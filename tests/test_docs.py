@@ -3,6 +3,8 @@ shows what the repository holds (the examples as they are, each command's ``--he
 loads nothing from another host, and the API reference page of ``Agent`` renders in a
 real headless Chromium (Debian's ``chromium``, driven by Playwright) with every link on
 it resolving, to a page that exists and, for a fragment, to an element of that page.
+Every repository path the pages and the README name exists, and so does every test a
+page names by its node id.
 
 The site is built once per module into a temporary directory, so the tests depend on
 no earlier ``make docs``; where a network namespace can be made (``unshare``), the build
@@ -11,6 +13,7 @@ runs in one with no network at all.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import html
 import http.server
@@ -56,6 +59,18 @@ ASSET_ATTRIBUTES = {
     "object": "data",
 }
 EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.I)
+# The pages whose repository paths must exist (CHANGELOG.md names paths of its time).
+PAGES_NAMING_PATHS = ("docs/**/*.md", "README.md")
+# Files a run writes and the repository does not keep: `make soak`'s reports and plot,
+# and the screenshot tests/test_dashboard.py takes (docs/dashboard.png is the kept copy).
+WRITTEN_BY_RUNS = (
+    "bench/results/soak-*.json",
+    "bench/results/soak*.png",
+    "bench/results/dashboard.png",
+)
+# A code span or a link target, outside fenced code blocks.
+NAMED = re.compile(r"`([^`\n]+)`|\]\(([^)\s]+)\)")
+FENCED = re.compile(r"^```.*?^```", re.S | re.M)
 
 
 def _offline_prefix() -> list[str]:
@@ -139,6 +154,8 @@ def test_site_builds_strict_and_offline_with_the_repositorys_own_text(site: Path
     for page in ("getting-started", "embedding", "aggregator", "live-list", "contracts"):
         assert (site / page / "index.html").is_file(), page
     for page in ("operating", "commands-json", "BENCHMARKS", "ARCHITECTURE"):
+        assert (site / page / "index.html").is_file(), page
+    for page in ("settings", "development", "design/modules", "design/overload"):
         assert (site / page / "index.html").is_file(), page
 
     # Nothing is loaded from another host: no web fonts, no CDN, by any page or style.
@@ -284,3 +301,71 @@ async def test_agent_reference_renders_in_chromium_and_every_link_resolves(
         finally:
             await browser.close()
     assert not offsite, f"requests to other hosts: {offsite}"
+
+
+# -- every repository path the docs name exists ------------------------------------------
+
+
+def _tracked_files() -> list[str]:
+    """The repository's files as git knows them (the test needs a git checkout)."""
+    try:
+        done = subprocess.run(
+            ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"not a git checkout: {exc}")
+    return done.stdout.split()
+
+
+def _named_paths(text: str) -> Iterator[str]:
+    """Each word with a ``/`` in a code span or a link target of ``text``."""
+    for match in NAMED.finditer(FENCED.sub("", text)):
+        for word in (match.group(1) or match.group(2)).split():
+            word = word.strip(",;:()'\"").split("#")[0]
+            if "/" in word and "://" not in word:
+                yield word
+
+
+def _missing(path: str, root: Path) -> str | None:
+    """Why ``path`` (repository-relative; ``<x>`` and ``...`` any name; ``file::test``
+    a pytest node id) names nothing in ``root``, or None if it names something."""
+    path, _, test = path.partition("::")
+    pattern = re.sub(r"<[^>]*>|\.\.\.|…", "*", path)
+    if any(fnmatch.fnmatch(pattern, written) for written in WRITTEN_BY_RUNS):
+        return None
+    found = sorted(root.glob(pattern)) if "*" in pattern else [root / path]
+    if not any(candidate.exists() for candidate in found):
+        return "no such file or directory"
+    name = test.split("[")[0].split("::")[-1]
+    if name and not re.search(
+        rf"^\s*(?:async )?def {re.escape(name)}\(", found[0].read_text(), re.M
+    ):
+        return f"no test {name}"
+    return None
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    tracked = _tracked_files()
+    top = {name.split("/")[0] for name in tracked}
+    # `zk/session.py` in a page is the core's: discovery/zk/session.py.
+    subpackages = {
+        name.split("/")[1]
+        for name in tracked
+        if name.count("/") >= 2 and name.startswith("discovery/")
+    }
+    pages = sorted({page for pattern in PAGES_NAMING_PATHS for page in ROOT.glob(pattern)})
+    assert len(pages) > 10, pages
+    stale: list[str] = []
+    for page in pages:
+        for word in _named_paths(page.read_text(encoding="utf-8")):
+            first = word.split("/")[0]
+            if first in top:
+                path = word
+            elif first in subpackages:
+                path = f"discovery/{word}"
+            else:  # a page of the site (checked by the strict build), a URL path, ...
+                continue
+            problem = _missing(path, ROOT)
+            if problem:
+                stale.append(f"{page.relative_to(ROOT)}: `{word}`: {problem}")
+    assert not stale, "paths the docs name that the repository does not hold:\n" + "\n".join(stale)
