@@ -25,9 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any, Final
 
@@ -37,34 +36,34 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 
 from discovery import __version__
 from discovery.address import NetworkPolicy
-from discovery.aio import cancel_and_wait, log_crash
-from discovery.errors import DiscoveryError, OverloadedError, RedisAccessError, ZkError
+from discovery.errors import OverloadedError, RedisAccessError
 from discovery.http import MAX_QUERY_LENGTH, json_app, json_error, parse_search_params
 from discovery.httpedge import KEEPALIVE_TIMEOUT, HeaderGuard
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.leader import LeaderDuty
-from discovery.livelist.model import LiveList, LiveListChange, LiveListFollower, LiveListStore
+from discovery.livelist.model import LiveList, LiveListFollower, LiveListStore
 from discovery.livelist.redis.store import RedisLiveStore
 from discovery.looplag import LoopLagMonitor
 from discovery.zk.acl import SEARCH_SERVER_ACCESS, check_access
 from discovery.zk.election import LeaderElection, Leadership
-from discovery.zk.maintenance import MaintenanceWatcher, overlay
-from discovery.zk.membership import MembershipWatcher
 from discovery.zk.paths import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.zk.registration import Registration
-from discovery.zk.session import WatchEvent, ZkSession
+from discovery.zk.session import ZkSession
 
 from .clusterview import ClusterViews, PageRequest, ViewQueryError
 from .config import SearchServerConfig
 from .dashboard import EventStream, MemberCache, QueryStats
 from .fanout import FanOut
+from .followroutes import FollowRoutes
 from .heap import HeapFreezer
 from .httpclient import HttpClient
 from .metrics import QueryOfDeathMetrics
-from .picking import AdaptiveReplicaSelection, ReplicaPicker, make_picker
+from .peers import Peers
+from .picking import ReplicaPicker, make_picker
 from .querydeath import Quarantine, QueryOfDeathGuard, normalise
 from .retrybudget import RetryBudget
-from .subsetting import DeterministicAperture, Position
+from .subsetting import DeterministicAperture
+from .zkfallback import ZkFallback
 
 __all__ = ["MAX_K", "MAX_QUERY_LENGTH", "SearchServer"]
 
@@ -106,8 +105,8 @@ class SearchServer:
         self.election: LeaderElection | None = None
         self.reader: LiveListFollower | None = None
         self.fanout: FanOut | None = None
-        self._fallback: _ZkFallback | None = None
-        self._routes: _FollowRoutes | None = None
+        self._fallback: ZkFallback | None = None
+        self._routes: FollowRoutes | None = None
         self._duty: LeaderDuty | None = None
         # Re-joins the election after a leader resigned because Redis refused it.
         self._rejoin: asyncio.Task[None] | None = None
@@ -235,7 +234,7 @@ class SearchServer:
         )
         stack.push_async_callback(self.fanout.aclose)
         self._routes = await stack.enter_async_context(
-            _FollowRoutes(self.reader, self.fanout, self._views)
+            FollowRoutes(self.reader, self.fanout, self._views)
         )
         await stack.enter_async_context(
             Registration(self.session, self._member_instance(), base_path=SEARCH_MEMBERS_PATH)
@@ -254,13 +253,13 @@ class SearchServer:
                 admit=_admission(config.allowed_networks),
                 fence_recheck_max=config.fence_recheck_max,
             )
-        await stack.enter_async_context(_Peers(self.session, self.server_id, self.fanout))
+        await stack.enter_async_context(Peers(self.session, self.server_id, self.fanout))
         # The live list and routing table of a large fleet out of full collections.
         await stack.enter_async_context(
             HeapFreezer(above=config.heap_freeze_above, registry=self.registry)
         )
         if config.zk_fallback_after is not None:
-            fallback = _ZkFallback(self.session, self.reader, config.zk_fallback_after)
+            fallback = ZkFallback(self.session, self.reader, config.zk_fallback_after)
             await stack.enter_async_context(fallback)
             self._fallback = fallback
         if self._duty is None:
@@ -461,7 +460,7 @@ class SearchServer:
 
         The same (immutable) mapping until the list changes, so that the fan-out keeps
         its routing table between queries: the list the table was moved to change by
-        change (:class:`_FollowRoutes`), or else (for the moment before it has one) the
+        change (:class:`FollowRoutes`), or else (for the moment before it has one) the
         follower's, for which the fan-out builds its table in full.
         """
         if self._fallback is not None and self._fallback.active:
@@ -595,209 +594,6 @@ class SearchServer:
 #: Servers the dashboard shows as tiles; a larger cluster is shown as a grid of shards
 #: (each shard's replicas a click away, ``GET /cluster?shard=N``).
 _DASHBOARD_SERVERS: Final = 200
-
-
-class _FollowRoutes:
-    """Moves the fan-out's routing table along the live list, one change at a time.
-
-    Rebuilding the table for each version cost the event loop about 0.1 s per change
-    at 50,000 data servers, a stall of every query; following the follower's changes
-    costs the servers of the shards a change touches (:mod:`search_server.routing`).
-    Queries route with :attr:`current`, the list the table was moved to last: it trails
-    the follower's by the moment this task takes to be scheduled after the change is
-    queued for it. A change the fan-out fails to follow is logged and leaves
-    :attr:`current` at the new list all the same, so that the next query rebuilds the
-    table in full: a defect here costs a rebuild, never a list frozen in the past.
-    """
-
-    def __init__(self, reader: LiveListFollower, fanout: FanOut, views: ClusterViews) -> None:
-        self._reader = reader
-        self._fanout = fanout
-        self._views = views
-        self.current = LiveList.EMPTY
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> _FollowRoutes:
-        # Subscribed here, not in the task, so no change between now and its first
-        # step is missed.
-        changes = self._reader.changes()
-        self._task = asyncio.create_task(self._run(changes), name="search-follow-routes")
-        self._task.add_done_callback(log_crash)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-
-    async def _run(self, changes: AsyncIterator[LiveListChange]) -> None:
-        async for change in changes:
-            try:
-                self._fanout.follow(change)
-            except Exception:
-                log.exception(
-                    "the routing table did not follow the live list to version %d; "
-                    "the next query rebuilds it",
-                    change.current.version,
-                )
-            # The views' index too (microseconds; a whole list at a reload).
-            self._views.follow(change)
-            self.current = change.current
-
-
-class _Peers:
-    """Keeps the fan-out's place among the search servers: its :attr:`~search_server.
-    fanout.FanOut.position` (which its subsets follow) and adaptive replica selection's
-    ``clients`` (C3's concurrency compensation multiplies this server's requests in
-    flight to a replica by the number of search servers sending to it).
-
-    Lists the names under ``/search_servers/members`` (one ``get_children``, not the
-    members' data) with a child watch, and again whenever it fires, so subsets follow
-    a search server joining or leaving within a round trip; and every ``interval``
-    seconds (give or take a tenth, so a fleet does not read at one instant) in case a
-    watch was lost with a connection. A failed read keeps the last position: subsets a
-    little off only spread load a little unevenly until the next read.
-    """
-
-    def __init__(
-        self, session: ZkSession, own: str, fanout: FanOut, interval: float = 10.0
-    ) -> None:
-        self._session = session
-        self._own = own
-        self._fanout = fanout
-        self._interval = interval
-        self._changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> _Peers:
-        self._task = asyncio.create_task(self._run(), name="search-peers")
-        self._task.add_done_callback(log_crash)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-
-    def _on_change(self, event: WatchEvent) -> None:
-        # One bound method for every read: the session's watchers are equal when their
-        # callbacks are, so a watch armed again before it fired is not armed twice.
-        self._changed.set()
-
-    async def _run(self) -> None:
-        while True:
-            self._changed.clear()
-            try:
-                members = await self._session.get_children(
-                    SEARCH_MEMBERS_PATH, watch=self._on_change
-                )
-            except DiscoveryError as exc:
-                log.debug("cannot list the search servers (keeping the last count): %s", exc)
-            else:
-                self._follow(members)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait(), self._interval * random.uniform(0.9, 1.1)
-                )
-
-    def _follow(self, members: list[str]) -> None:
-        position = Position.among(self._own, members)
-        if position != self._fanout.position:
-            log.info(
-                "search server %s is %d of %d search servers: its subsets follow",
-                self._own,
-                position.rank + 1,
-                position.count,
-            )
-            self._fanout.set_position(position)
-        picker = self._fanout.picker
-        if isinstance(picker, AdaptiveReplicaSelection):
-            picker.clients = position.count
-
-
-class _ZkFallback:
-    """Route with a direct read of ``/data_servers`` while Redis is down for long.
-
-    Off by default: every search server watching ZooKeeper is the herd the leader
-    exists to avoid. When enabled, it starts only after Redis has been unreachable
-    for ``after`` seconds plus a random jitter of up to half that (so that a fleet of
-    search servers does not hit ZooKeeper at the same instant), and stops as soon as
-    the live list is current again.
-    """
-
-    def __init__(self, session: ZkSession, reader: LiveListFollower, after: float) -> None:
-        self._session = session
-        self._reader = reader
-        self._after = after
-        self._watcher: MembershipWatcher | None = None
-        # Operators' maintenance markers, laid over the members as the leader does:
-        # a server in maintenance gets no queries while we route from ZooKeeper either.
-        self._maintenance: MaintenanceWatcher | None = None
-        self._task: asyncio.Task[None] | None = None
-        # The last overlay and what it was made of: the same object while neither
-        # changes, so the fan-out keeps its routing table.
-        self._view: tuple[object, object, Mapping[str, ServiceInstance]] | None = None
-
-    @property
-    def active(self) -> bool:
-        return self._watcher is not None
-
-    @property
-    def members(self) -> Mapping[str, ServiceInstance]:
-        if self._watcher is None:
-            return {}
-        members = self._watcher.members
-        markers = self._maintenance.markers if self._maintenance is not None else {}
-        view = self._view
-        if view is None or view[0] is not members or view[1] is not markers:
-            view = self._view = (members, markers, overlay(members, markers))
-        return view[2]
-
-    async def __aenter__(self) -> _ZkFallback:
-        self._task = asyncio.create_task(self._run(), name="zk-fallback")
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._stop()
-
-    async def _run(self) -> None:
-        threshold = self._after * (1 + random.random() / 2)
-        while True:
-            outage = not self._reader.connected and self._reader.age() > threshold
-            if outage and self._watcher is None:
-                log.warning(
-                    "Redis unreachable for %.1fs: routing with a direct ZooKeeper read",
-                    self._reader.age(),
-                )
-                watcher = MembershipWatcher(self._session)
-                maintenance = MaintenanceWatcher(self._session)
-                try:
-                    await maintenance.start()
-                    await watcher.start()
-                except ZkError as exc:
-                    log.warning("ZooKeeper fallback failed to start: %s", exc)
-                    await maintenance.aclose()
-                    await watcher.aclose()
-                else:
-                    self._maintenance = maintenance
-                    self._watcher = watcher
-            elif self._reader.connected and self._watcher is not None:
-                log.info("Redis is back: routing with the published live list again")
-                await self._stop()
-                threshold = self._after * (1 + random.random() / 2)
-            # A check per second is plenty against an outage threshold of seconds.
-            await asyncio.sleep(min(1.0, self._after / 2))
-
-    async def _stop(self) -> None:
-        watcher, self._watcher = self._watcher, None
-        maintenance, self._maintenance = self._maintenance, None
-        self._view = None
-        if watcher is not None:
-            await watcher.aclose()
-        if maintenance is not None:
-            await maintenance.aclose()
 
 
 def _admission(networks: NetworkPolicy) -> Callable[[ServiceInstance], str | None] | None:
