@@ -39,6 +39,7 @@ import ipaddress
 import logging
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast, runtime_checkable
 
@@ -187,6 +188,18 @@ class SubrequestClient(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class _Owner:
+    """What a connection tells the client that opened it (its pool and its log)."""
+
+    #: A whole answer on a connection that may carry another request: pool it.
+    release: Callable[[Endpoint, _Connection], None]
+    #: The connection is closed or closing: out of the idle pool and the busy set.
+    forget: Callable[[_Connection], None]
+    #: An exception nothing expected, with ``host:port``: log it (once per type).
+    unexpected: Callable[[BaseException, str], None]
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: at most one request in flight (no pipelining).
 
@@ -197,7 +210,6 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = (
         "_body",
-        "_client",
         "_endpoint",
         "_eof_body",
         "_head_buf",
@@ -205,6 +217,7 @@ class _Connection(asyncio.Protocol):
         "_in_head",
         "_keep_alive",
         "_max_body",
+        "_owner",
         "_parser",
         "_room",
         "_status",
@@ -214,10 +227,10 @@ class _Connection(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, client: HttpClient, endpoint: Endpoint) -> None:
-        self._client = client
+    def __init__(self, owner: _Owner, endpoint: Endpoint, max_body: int) -> None:
+        self._owner = owner
         self._endpoint = endpoint
-        self._max_body = client.max_body
+        self._max_body = max_body
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[Response] | None = None
@@ -279,12 +292,12 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         # Out of the pool at once, not when connection_lost comes a callback later.
-        self._client._forget(self)
+        self._owner.forget(self)
         return None  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        self._client._forget(self)
+        self._owner.forget(self)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             if self._eof_body:
@@ -293,7 +306,7 @@ class _Connection(asyncio.Protocol):
                 self._finish()
             else:
                 reason = f": {excerpt(str(exc))}" if exc is not None else ""
-                self._fail(SubrequestError(f"{self._where()} closed the connection{reason}"))
+                self._fail(SubrequestError(f"{self.where} closed the connection{reason}"))
 
     # -- httptools callbacks (raising stops the parser: see _parser_failed) ----------
 
@@ -353,7 +366,7 @@ class _Connection(asyncio.Protocol):
             return
         transport = self.transport
         if self._keep_alive and transport is not None and not transport.is_closing():
-            self._client._release(self._endpoint, self)
+            self._owner.release(self._endpoint, self)
         else:
             self.close()
         if waiter is not None and not waiter.done():
@@ -425,21 +438,21 @@ class _Connection(asyncio.Protocol):
             if isinstance(cause, _Violation):
                 reason = str(cause)
             else:  # a bug of ours in a callback: still only this request's problem
-                self._client._unexpected(cause or exc, self._where())
+                self._owner.unexpected(cause or exc, self.where)
                 reason = f"a response our parser failed on ({type(cause or exc).__name__})"
         elif isinstance(exc, httptools.HttpParserUpgrade):
             reason = "a protocol upgrade"
         elif isinstance(exc, httptools.HttpParserError):
             reason = f"an unparseable response ({excerpt(str(exc), 80)}) in {excerpt(data)}"
         else:
-            self._client._unexpected(exc, self._where())
+            self._owner.unexpected(exc, self.where)
             reason = f"a response our parser failed on ({type(exc).__name__})"
         if 0 <= self._status < 200:
             reason = f"an unexpected informational response {self._status} (no Expect was sent)"
         elif self._status >= 200:
             # The answer was whole before the bytes that broke the parser: it stands,
             # the connection does not.
-            log.debug("%s sent %s after a response; closing", self._where(), reason)
+            log.debug("%s sent %s after a response; closing", self.where, reason)
             self._keep_alive = False
             self._finish()
             return
@@ -448,7 +461,7 @@ class _Connection(asyncio.Protocol):
     def _break(self, reason: str) -> None:
         """Close the connection, failing its request with ``reason``."""
         self.close()
-        self._fail(SubrequestError(f"{self._where()} sent {reason}"))
+        self._fail(SubrequestError(f"{self.where} sent {reason}"))
 
     def _fail(self, exc: SubrequestError) -> None:
         # What was read of a refused answer (up to max_body) is not kept meanwhile.
@@ -458,11 +471,27 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
-    def _where(self) -> str:
+    @property
+    def endpoint(self) -> Endpoint:
+        return self._endpoint
+
+    @property
+    def where(self) -> str:
+        """``host:port`` of the data server, for messages."""
         return self._endpoint.where
 
+    @property
+    def in_flight(self) -> bool:
+        """A request was sent and its answer has not come yet."""
+        return self._waiter is not None
+
+    def abort(self, exc: SubrequestError) -> None:
+        """Fail the request in flight (if any) with ``exc`` and close the connection."""
+        self._fail(exc)
+        self.close()
+
     def close(self) -> None:
-        self._client._forget(self)
+        self._owner.forget(self)
         if self.transport is not None:
             self.transport.close()
 
@@ -522,6 +551,8 @@ class HttpClient:
         self._closed = False
         # Exception types met where none was expected, each logged once at warning.
         self._unexpected_types: set[type[BaseException]] = set()
+        # What this client's connections call back: no connection reaches into it.
+        self._owner = _Owner(self._release, self._forget, self._unexpected)
 
     async def __aenter__(self) -> HttpClient:
         return self
@@ -545,20 +576,20 @@ class HttpClient:
             if not pool:
                 problems.append(f"an empty pool is kept for {key!r}")
             for connection in pool:
-                name = f"connection {id(connection):#x} to {connection._where()}"
+                name = f"connection {id(connection):#x} to {connection.where}"
                 if id(connection) in seen:
                     problems.append(f"{name} is pooled twice")
                 seen.add(id(connection))
                 transport = connection.transport
                 if transport is None or transport.is_closing():
                     problems.append(f"{name} is pooled but closed")
-                if connection._waiter is not None:
+                if connection.in_flight:
                     problems.append(f"{name} is pooled with a request in flight")
                 if connection in self._busy:
                     problems.append(f"{name} is pooled and busy")
                 if not connection.pooled:
                     problems.append(f"{name} is pooled but not marked so")
-                if connection._endpoint.suffix != key:
+                if connection.endpoint.suffix != key:
                     problems.append(f"{name} is pooled under another endpoint")
         for connection in self._busy:
             if connection.pooled:
@@ -678,12 +709,14 @@ class HttpClient:
         """
         loop = asyncio.get_running_loop()
         host, port = endpoint.host, endpoint.port
+
+        def protocol() -> _Connection:
+            return _Connection(self._owner, endpoint, self.max_body)
+
         if _is_ip_literal(host):
             # Judged by the routing table before it got here (and by the registration's
             # validation): no resolution, no second look.
-            _, connection = await loop.create_connection(
-                lambda: _Connection(self, endpoint), host, port
-            )
+            _, connection = await loop.create_connection(protocol, host, port)
             return connection
         if "\x00" in host:
             # The C resolver stops at a NUL ("127.0.0.1\x00.evil" would be 127.0.0.1);
@@ -700,7 +733,7 @@ class HttpClient:
                 continue
             try:
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(self, endpoint), address, port, family=family, proto=proto
+                    protocol, address, port, family=family, proto=proto
                 )
             except OSError as exc:
                 # The name may have moved (a container started again elsewhere): the
@@ -737,7 +770,7 @@ class HttpClient:
         if not connection.pooled:
             return
         connection.pooled = False
-        key = connection._endpoint.suffix
+        key = connection.endpoint.suffix
         pool = self._idle.get(key)
         if pool is not None:
             # Pooled at most once (see _release), so one remove takes it out.
@@ -773,8 +806,7 @@ class HttpClient:
             for connection in list(pool):
                 connection.close()
         for connection in list(self._busy):
-            connection._fail(SubrequestError("the client is closed"))
-            connection.close()
+            connection.abort(SubrequestError("the client is closed"))
         self._idle.clear()
         self._busy.clear()
 

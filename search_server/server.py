@@ -14,6 +14,9 @@ Every search server
 * fans ``GET /search`` out to one live replica per shard under a deadline
   (:class:`~search_server.fanout.FanOut`).
 
+This module builds the parts from the configuration and runs their life cycle; the
+HTTP API is :mod:`.handlers`, the election :mod:`.leadership`.
+
 Start-up listens first (so the id can default to the real port), then connects.
 Shutdown (SIGTERM) drains: ``/readyz`` fails at once, the election is left (a successor
 takes over while we still answer), queries are answered for ``--drain-grace`` seconds
@@ -25,52 +28,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from importlib import resources
-from typing import Any, Final
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.aiohttp import make_aiohttp_handler
 
 from discovery import __version__
-from discovery.address import NetworkPolicy
-from discovery.aio import cancel_and_wait, log_crash
-from discovery.errors import DiscoveryError, OverloadedError, RedisAccessError, ZkError
-from discovery.http import MAX_QUERY_LENGTH, json_app, json_error, parse_search_params
+from discovery.http import MAX_QUERY_LENGTH, json_app
 from discovery.httpedge import KEEPALIVE_TIMEOUT, HeaderGuard
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
-from discovery.leader import LeaderDuty
-from discovery.livelist.model import LiveList, LiveListChange, LiveListFollower, LiveListStore
+from discovery.livelist.model import LiveList, LiveListFollower, LiveListStore
 from discovery.livelist.redis.store import RedisLiveStore
 from discovery.looplag import LoopLagMonitor
 from discovery.zk.acl import SEARCH_SERVER_ACCESS, check_access
-from discovery.zk.election import LeaderElection, Leadership
-from discovery.zk.maintenance import MaintenanceWatcher, overlay
-from discovery.zk.membership import MembershipWatcher
-from discovery.zk.paths import SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
+from discovery.zk.election import LeaderElection
+from discovery.zk.paths import SEARCH_MEMBERS_PATH
 from discovery.zk.registration import Registration
-from discovery.zk.session import WatchEvent, ZkSession
+from discovery.zk.session import ZkSession
 
-from .clusterview import ClusterViews, PageRequest, ViewQueryError
+from .clusterstatus import ClusterStatus
+from .clusterview import PageRequest
 from .config import SearchServerConfig
 from .dashboard import EventStream, MemberCache, QueryStats
 from .fanout import FanOut
+from .followroutes import FollowRoutes
+from .handlers import MAX_K, SearchHandlers
 from .heap import HeapFreezer
 from .httpclient import HttpClient
+from .leadership import LeaderRole
 from .metrics import QueryOfDeathMetrics
-from .picking import AdaptiveReplicaSelection, ReplicaPicker, make_picker
-from .querydeath import Quarantine, QueryOfDeathGuard, normalise
+from .parts import ServerParts
+from .peers import Peers
+from .picking import ReplicaPicker, make_picker
+from .querydeath import Quarantine, QueryOfDeathGuard
 from .retrybudget import RetryBudget
-from .subsetting import DeterministicAperture, Position
+from .subsetting import DeterministicAperture
+from .zkfallback import ZkFallback
 
 __all__ = ["MAX_K", "MAX_QUERY_LENGTH", "SearchServer"]
 
 log = logging.getLogger(__name__)
-
-MAX_K = 1000
 
 
 class SearchServer:
@@ -99,28 +97,21 @@ class SearchServer:
         self._store = store
         self._picker = picker
         self.port: int | None = None
-        self.server_id = config.server_id or ""
+        # What start-up builds, shared with the handlers (they answer "starting" till then).
+        self._parts = ServerParts(config.server_id or "")
         self._runner: web.AppRunner | None = None
         self._stack = contextlib.AsyncExitStack()
         self.session: ZkSession | None = None
-        self.election: LeaderElection | None = None
-        self.reader: LiveListFollower | None = None
-        self.fanout: FanOut | None = None
-        self._fallback: _ZkFallback | None = None
-        self._routes: _FollowRoutes | None = None
-        self._duty: LeaderDuty | None = None
-        # Re-joins the election after a leader resigned because Redis refused it.
-        self._rejoin: asyncio.Task[None] | None = None
-        #: Terms given up because Redis refused the publishing credentials or ACL.
-        self.leader_refusals = 0
-        self._stopped = False
         # The dashboard: queries of the last seconds, the search servers, the stream.
         self.query_stats = QueryStats()
-        # /cluster and the dashboard: summary, problems and pages of the routing list.
-        self._views = ClusterViews(self._describe)
         self._members = MemberCache(lambda: self.session)
+        self._status = ClusterStatus(
+            config, self._parts, members=self._members, query_stats=self.query_stats
+        )
         self._events = EventStream(
-            self.dashboard_snapshot, registry=self.registry, max_streams=config.max_event_streams
+            self._status.dashboard_snapshot,
+            registry=self.registry,
+            max_streams=config.max_event_streams,
         )
         # Bounds the time request headers take to arrive, and the connections waiting.
         self._edge = HeaderGuard(config.http, registry=self.registry)
@@ -130,6 +121,55 @@ class SearchServer:
         )
         self._qod_metrics = QueryOfDeathMetrics(self.registry)
         self._qod_metrics.quarantined.set_function(lambda: self.query_guard.quarantined)
+        self._handlers = SearchHandlers(
+            config,
+            self._parts,
+            status=self._status,
+            events=self._events,
+            query_guard=self.query_guard,
+            query_stats=self.query_stats,
+            qod_metrics=self._qod_metrics,
+            registry=self.registry,
+        )
+
+    # The id, the follower and the fan-out are kept in the parts the handlers share;
+    # start-up sets them here as it builds them.
+
+    @property
+    def server_id(self) -> str:
+        return self._parts.server_id
+
+    @server_id.setter
+    def server_id(self, server_id: str) -> None:
+        self._parts.server_id = server_id
+
+    @property
+    def reader(self) -> LiveListFollower | None:
+        return self._parts.reader
+
+    @reader.setter
+    def reader(self, reader: LiveListFollower | None) -> None:
+        self._parts.reader = reader
+
+    @property
+    def fanout(self) -> FanOut | None:
+        return self._parts.fanout
+
+    @fanout.setter
+    def fanout(self, fanout: FanOut | None) -> None:
+        self._parts.fanout = fanout
+
+    @property
+    def election(self) -> LeaderElection | None:
+        """The election this server takes part in (None if it is not leader-eligible)."""
+        leader = self._parts.leader
+        return leader.election if leader is not None else None
+
+    @property
+    def leader_refusals(self) -> int:
+        """Terms given up because Redis refused the publishing credentials or ACL."""
+        leader = self._parts.leader
+        return leader.refusals if leader is not None else 0
 
     @property
     def url(self) -> str:
@@ -140,11 +180,23 @@ class SearchServer:
     def routed(self) -> LiveList:
         """The live list the fan-out's routing table has followed last (empty before
         the first): a change is routed with once it shows here."""
-        return self._routes.current if self._routes is not None else LiveList.EMPTY
+        return self._parts.routed
 
     @property
     def is_leader(self) -> bool:
-        return self.election is not None and self.election.is_leader
+        return self._parts.is_leader
+
+    def cluster_view(
+        self, page: PageRequest | None = None, *, grid: bool = False
+    ) -> dict[str, Any]:
+        """What ``GET /cluster`` answers (see :class:`~search_server.clusterstatus.
+        ClusterStatus`)."""
+        return self._status.cluster_view(page, grid=grid)
+
+    async def dashboard_snapshot(self) -> dict[str, Any]:
+        """One event of ``GET /events`` (see :class:`~search_server.clusterstatus.
+        ClusterStatus`)."""
+        return await self._status.dashboard_snapshot()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -234,36 +286,26 @@ class SearchServer:
             slow_start=config.slow_start,
         )
         stack.push_async_callback(self.fanout.aclose)
-        self._routes = await stack.enter_async_context(
-            _FollowRoutes(self.reader, self.fanout, self._views)
+        self._parts.routes = await stack.enter_async_context(
+            FollowRoutes(self.reader, self.fanout, self._status.views)
         )
         await stack.enter_async_context(
             Registration(self.session, self._member_instance(), base_path=SEARCH_MEMBERS_PATH)
         )
         if config.leader_eligible:
-            self._duty = LeaderDuty(
-                self.session,
-                store,
-                self.server_id,
-                heartbeat_interval=config.heartbeat_interval,
-                registry=self.registry,
-                mass_loss=config.mass_loss,
-                # Readers see the heartbeat run out after its TTL: by then a leader that
-                # cannot write hands over, to a search server that perhaps can.
-                store_grace=config.heartbeat_ttl,
-                admit=_admission(config.allowed_networks),
-                fence_recheck_max=config.fence_recheck_max,
+            self._parts.leader = LeaderRole.from_config(
+                config, self.session, store, self.server_id, registry=self.registry
             )
-        await stack.enter_async_context(_Peers(self.session, self.server_id, self.fanout))
+        await stack.enter_async_context(Peers(self.session, self.server_id, self.fanout))
         # The live list and routing table of a large fleet out of full collections.
         await stack.enter_async_context(
             HeapFreezer(above=config.heap_freeze_above, registry=self.registry)
         )
         if config.zk_fallback_after is not None:
-            fallback = _ZkFallback(self.session, self.reader, config.zk_fallback_after)
+            fallback = ZkFallback(self.session, self.reader, config.zk_fallback_after)
             await stack.enter_async_context(fallback)
-            self._fallback = fallback
-        if self._duty is None:
+            self._parts.fallback = fallback
+        if self._parts.leader is None:
             log.info(
                 "search server %s is not leader-eligible: it reads the live list and never "
                 "joins the election",
@@ -272,62 +314,7 @@ class SearchServer:
             return
         # Entered last, so left first on shutdown: a successor can take over while
         # this server still answers queries.
-        self.election = await stack.enter_async_context(self._new_election())
-
-    def _new_election(self) -> LeaderElection:
-        assert self.session is not None
-        return LeaderElection(self.session, SEARCH_ELECTION_PATH, self.server_id, self._lead)
-
-    async def _lead(self, leadership: Leadership) -> None:
-        """One term of leadership; if Redis refuses to let us publish, resign for a while.
-
-        Refused credentials or a missing ACL permission do not pass by retrying, and a
-        leader that kept its term would hold the election while publishing nothing. So
-        the term ends at once (a search server whose credentials work can take over),
-        we stay out of the election for ``leader_retry_pause`` seconds (time for an
-        operator to fix the ACL, and no hot loop of winning and failing) and then
-        contend again.
-        """
-        duty = self._duty
-        assert duty is not None
-        try:
-            await duty(leadership)
-        except RedisAccessError as exc:
-            self.leader_refusals += 1
-            log.error(
-                "leader %s (epoch %d): Redis refused to let it publish the live list: %s. "
-                "Resigning; contending again in %g s (fix the publishing credentials, "
-                "--redis-publish-username/--redis-publish-password, or the Redis ACL; "
-                "a server that must not publish should run with --no-leader-eligible)",
-                self.server_id,
-                leadership.epoch,
-                exc,
-                self.config.leader_retry_pause,
-            )
-            if self._rejoin is None or self._rejoin.done():
-                self._rejoin = asyncio.create_task(
-                    self._rejoin_election_later(), name=f"rejoin-election:{self.server_id}"
-                )
-
-    async def _rejoin_election_later(self) -> None:
-        """Leave the election now and join it again after ``leader_retry_pause``."""
-        try:
-            election = self.election
-            if election is not None:
-                # Deletes our election node at once, so another contender leads meanwhile.
-                await election.aclose()
-            # A back-off between attempts, not a synchronisation: nothing signals that
-            # the operator has fixed the credentials.
-            await asyncio.sleep(self.config.leader_retry_pause)
-            if self._stopped:
-                return
-            election = self._new_election()
-            await election.start()
-            self.election = election
-            log.info("search server %s contends for leadership again", self.server_id)
-        except Exception:
-            # Not fatal for the server: it keeps reading and serving, only never leads.
-            log.exception("search server %s could not re-join the election", self.server_id)
+        await stack.enter_async_context(self._parts.leader)
 
     async def shutdown(self, grace: float = 0.0) -> None:
         """Drain, leave the election, stop serving, close everything. Idempotent.
@@ -339,19 +326,15 @@ class SearchServer:
         accepting connections and finishes the queries in flight (their fan-out still
         needs the HTTP pool) before the rest is closed.
         """
-        if self._stopped:
+        if self._parts.draining:
             return
-        self._stopped = True
+        self._parts.draining = True
         loop = asyncio.get_running_loop()
         draining_since = loop.time()
         if grace > 0:
             log.info("search server %s draining (grace %g s)", self.server_id, grace)
-        if self._rejoin is not None:
-            self._rejoin.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._rejoin
-        if self.election is not None:
-            await self.election.aclose()
+        if self._parts.leader is not None:
+            await self._parts.leader.leave()
         # A deadline, not a synchronisation: how long the load balancer may still send.
         await asyncio.sleep(max(0.0, draining_since + grace - loop.time()))
         if self._runner is not None:
@@ -373,76 +356,13 @@ class SearchServer:
             ),
         )
 
-    # -- HTTP --------------------------------------------------------------------
-
     def _make_app(self) -> web.Application:
         # JSON errors, 4xx counted on our registry; the edge sees each request arrive.
         app = json_app(self.registry, middlewares=[self._edge.middleware])
-        app.router.add_get("/search", self.search)
-        app.router.add_get("/cluster", self.cluster)
-        app.router.add_get("/", self.dashboard)
-        app.router.add_get("/events", self._events.handle)
-        app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/readyz", self.readyz)
+        app.add_routes(self._handlers.routes())
         # Open dashboard streams end first, so the runner's cleanup never waits for them.
         app.on_shutdown.append(self._events.close)
         return app
-
-    async def search(self, request: web.Request) -> web.Response:
-        # Raises BadRequestError, which json_errors answers with 400 and counts. The
-        # same rules as the data servers': a query we forward must never be refused
-        # there, since a refusal counts as the data server failing.
-        params = parse_search_params(
-            request.query,
-            max_k=MAX_K,
-            default_timeout_ms=self.config.default_timeout_ms,
-            max_timeout_ms=self.config.max_timeout_ms,
-        )
-        query, k, timeout_ms = params.q, params.k, params.timeout_ms
-        assert timeout_ms is not None  # asked for with max_timeout_ms
-        if self.reader is None or self.fanout is None:
-            return json_error(503, "starting")
-        servers = self._routing_list()
-        if servers is None:
-            return json_error(503, "no live list yet")
-        key = normalise(query)
-        quarantine = self.query_guard.check(key)
-        if quarantine is not None:
-            return self._refuse_query_of_death(quarantine)
-        try:
-            result = await self.fanout.search(servers, query, k, timeout_ms, key=key)
-        except OverloadedError as exc:
-            self.query_stats.record_overloaded()
-            # Shed at once, before any work: the client may retry, here in a moment or
-            # on another search server (a load balancer's cue, as a data server's 429).
-            refused = json_error(503, f"overloaded: {exc}")
-            refused.headers["Retry-After"] = "1"
-            return refused
-        shards = result.shards
-        # A missing shard is no fault of the query: only the shards asked count.
-        self.query_guard.record(
-            key,
-            shards["total"] - shards.get("missing", 0),
-            shards["failed"] + shards["timed_out"] + shards.get("cut", 0),
-        )
-        coverage = result.coverage
-        if coverage is None:
-            self.query_stats.record(result.took_ms, result.partial)
-        else:
-            self.query_stats.record(
-                result.took_ms, result.partial, coverage.ratio, coverage.missing
-            )
-        return web.json_response(result.to_dict())
-
-    def _refuse_query_of_death(self, quarantine: Quarantine) -> web.Response:
-        """422 at once, with Retry-After: the query is quarantined (see
-        :mod:`search_server.querydeath`); no data server is asked."""
-        self._qod_metrics.refused.inc()
-        now = time.monotonic()
-        response = json_error(422, quarantine.message(now))
-        response.headers["Retry-After"] = str(quarantine.retry_after(now))
-        return response
 
     def _quarantined(self, key: str, quarantine: Quarantine) -> None:
         self._qod_metrics.quarantines.inc()
@@ -455,359 +375,3 @@ class SearchServer:
             quarantine.bad_shards,
             quarantine.total_shards,
         )
-
-    def _routing_list(self) -> Mapping[str, ServiceInstance] | None:
-        """The servers to route with: the live list, or the ZooKeeper fallback's view.
-
-        The same (immutable) mapping until the list changes, so that the fan-out keeps
-        its routing table between queries: the list the table was moved to change by
-        change (:class:`_FollowRoutes`), or else (for the moment before it has one) the
-        follower's, for which the fan-out builds its table in full.
-        """
-        if self._fallback is not None and self._fallback.active:
-            return self._fallback.members
-        if self._routes is not None and self._routes.current.version > 0:
-            return self._routes.current.servers
-        if self.reader is None or self.reader.current.version == 0:
-            return None
-        return self.reader.current.servers
-
-    async def cluster(self, request: web.Request) -> web.Response:
-        try:
-            page = PageRequest.from_query(request.query)
-        except ViewQueryError as exc:
-            return json_error(400, str(exc), parameter=exc.parameter)
-        return web.json_response(self.cluster_view(page))
-
-    def _describe(self, instance: ServiceInstance, ejected: bool) -> dict[str, Any]:
-        """A server's entry on a ``/cluster`` page: its registration and what this
-        search server's fan-out learned of it (nothing before it routed to it)."""
-        payload = instance.payload
-        entry: dict[str, Any] = {
-            "id": instance.id,
-            "address": instance.address,
-            "port": instance.port,
-            "shard": payload.shard,
-            "replica": payload.replica,
-            "zone": payload.zone,
-            "weight": payload.weight,
-            "state": payload.state.value,
-            "enabled": instance.enabled,
-            "ejected": ejected,
-        }
-        if payload.reason:  # why it is draining or in maintenance
-            entry["reason"] = payload.reason
-        replica = self.fanout.replica(instance) if self.fanout is not None else None
-        if replica is not None:
-            entry["sent"] = replica.sent  # hedges included
-            entry["answers"] = replica.samples
-            entry["in_flight"] = replica.outstanding
-            entry["latency_ms"] = round(replica.seconds * 1000, 3)
-        return entry
-
-    def cluster_view(
-        self, page: PageRequest | None = None, *, grid: bool = False
-    ) -> dict[str, Any]:
-        """What ``GET /cluster`` answers: whose list this server routes with, its
-        summary and problems, and one ``page`` of its servers (every server of a
-        cluster of up to 1,000; :mod:`search_server.clusterview`)."""
-        reader = self.reader
-        live = reader.current if reader is not None else None
-        fanout = self.fanout
-        ejected = fanout.ejected() if fanout is not None else set()
-        expected = fanout.expected_shards if fanout is not None else ()
-        brake = self._duty.brake_status() if self._duty is not None else None
-        view = {
-            "self": self.server_id,
-            "is_leader": self.is_leader,
-            "leader": live.leader if live is not None else None,
-            "epoch": live.epoch if live is not None else 0,
-            "version": live.version if live is not None else 0,
-            "published_at": live.published_at if live is not None else None,
-            "applied_at_ms": (
-                round(reader.applied_at * 1000, 3)
-                if reader is not None and reader.applied_at is not None
-                else None
-            ),
-            "age_ms": round(reader.age() * 1000) if reader is not None else None,
-            "redis_connected": reader.connected if reader is not None else False,
-            "source": "zookeeper"
-            if self._fallback is not None and self._fallback.active
-            else "redis",
-            "now_ms": int(time.time() * 1000),
-            # Only the leader runs the brake: null on the other search servers.
-            "mass_loss_brake": brake.to_dict() if brake is not None else None,
-            # True while this leader holds its term over an epoch no leader can hold.
-            "fence_poisoned": self._duty is not None and self._duty.fence_poisoned,
-            # Which slice of each shard's replicas this server routes to (subsetting).
-            "subsets": {
-                "size": self.config.subset_size,
-                "rank": fanout.position.rank if fanout is not None else 0,
-                "count": fanout.position.count if fanout is not None else 1,
-            },
-        }
-        view.update(
-            self._views.view(
-                self._routing_list() or {}, ejected, expected, page or PageRequest(), grid=grid
-            )
-        )
-        return view
-
-    async def dashboard(self, request: web.Request) -> web.Response:
-        page = resources.files("search_server").joinpath("dashboard.html").read_text("utf-8")
-        return web.Response(text=page, content_type="text/html")
-
-    async def dashboard_snapshot(self) -> dict[str, Any]:
-        """One event of ``GET /events``: :meth:`cluster_view` plus ``cluster``,
-        ``stale_after_ms``, ``search_servers`` (leader and self marked) and ``stats``."""
-        # A summary, the shard grid, the problems and at most a page of servers: the
-        # same few hundred KB at 50,000 data servers as at 500.
-        view = self.cluster_view(PageRequest(limit=_DASHBOARD_SERVERS), grid=True)
-        members = await self._members.get()
-        for member in members:
-            member["leader"] = member["id"] == view["leader"]
-            member["self"] = member["id"] == self.server_id
-        view["cluster"] = self.config.cluster.cluster
-        # The list's age is reset by events and by the reconciler: with a quiet leader
-        # it grows to reconcile_interval while all is well. Beyond that, it is stale.
-        view["stale_after_ms"] = round(max(5.0, self.config.reconcile_interval + 5.0) * 1000)
-        view["search_servers"] = members
-        view["search_servers_stale"] = self._members.stale
-        view["stats"] = self.query_stats.snapshot()
-        return view
-
-    async def healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def readyz(self, request: web.Request) -> web.Response:
-        reader = self.reader
-        draining = self._stopped
-        ready = reader is not None and reader.current.version > 0 and not draining
-        body: dict[str, object] = {
-            "ready": ready,
-            "version": reader.current.version if reader else 0,
-        }
-        if draining:
-            body["draining"] = True
-        return web.json_response(body, status=200 if ready else 503)
-
-
-#: Servers the dashboard shows as tiles; a larger cluster is shown as a grid of shards
-#: (each shard's replicas a click away, ``GET /cluster?shard=N``).
-_DASHBOARD_SERVERS: Final = 200
-
-
-class _FollowRoutes:
-    """Moves the fan-out's routing table along the live list, one change at a time.
-
-    Rebuilding the table for each version cost the event loop about 0.1 s per change
-    at 50,000 data servers, a stall of every query; following the follower's changes
-    costs the servers of the shards a change touches (:mod:`search_server.routing`).
-    Queries route with :attr:`current`, the list the table was moved to last: it trails
-    the follower's by the moment this task takes to be scheduled after the change is
-    queued for it. A change the fan-out fails to follow is logged and leaves
-    :attr:`current` at the new list all the same, so that the next query rebuilds the
-    table in full: a defect here costs a rebuild, never a list frozen in the past.
-    """
-
-    def __init__(self, reader: LiveListFollower, fanout: FanOut, views: ClusterViews) -> None:
-        self._reader = reader
-        self._fanout = fanout
-        self._views = views
-        self.current = LiveList.EMPTY
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> _FollowRoutes:
-        # Subscribed here, not in the task, so no change between now and its first
-        # step is missed.
-        changes = self._reader.changes()
-        self._task = asyncio.create_task(self._run(changes), name="search-follow-routes")
-        self._task.add_done_callback(log_crash)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-
-    async def _run(self, changes: AsyncIterator[LiveListChange]) -> None:
-        async for change in changes:
-            try:
-                self._fanout.follow(change)
-            except Exception:
-                log.exception(
-                    "the routing table did not follow the live list to version %d; "
-                    "the next query rebuilds it",
-                    change.current.version,
-                )
-            # The views' index too (microseconds; a whole list at a reload).
-            self._views.follow(change)
-            self.current = change.current
-
-
-class _Peers:
-    """Keeps the fan-out's place among the search servers: its :attr:`~search_server.
-    fanout.FanOut.position` (which its subsets follow) and adaptive replica selection's
-    ``clients`` (C3's concurrency compensation multiplies this server's requests in
-    flight to a replica by the number of search servers sending to it).
-
-    Lists the names under ``/search_servers/members`` (one ``get_children``, not the
-    members' data) with a child watch, and again whenever it fires, so subsets follow
-    a search server joining or leaving within a round trip; and every ``interval``
-    seconds (give or take a tenth, so a fleet does not read at one instant) in case a
-    watch was lost with a connection. A failed read keeps the last position: subsets a
-    little off only spread load a little unevenly until the next read.
-    """
-
-    def __init__(
-        self, session: ZkSession, own: str, fanout: FanOut, interval: float = 10.0
-    ) -> None:
-        self._session = session
-        self._own = own
-        self._fanout = fanout
-        self._interval = interval
-        self._changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> _Peers:
-        self._task = asyncio.create_task(self._run(), name="search-peers")
-        self._task.add_done_callback(log_crash)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-
-    def _on_change(self, event: WatchEvent) -> None:
-        # One bound method for every read: the session's watchers are equal when their
-        # callbacks are, so a watch armed again before it fired is not armed twice.
-        self._changed.set()
-
-    async def _run(self) -> None:
-        while True:
-            self._changed.clear()
-            try:
-                members = await self._session.get_children(
-                    SEARCH_MEMBERS_PATH, watch=self._on_change
-                )
-            except DiscoveryError as exc:
-                log.debug("cannot list the search servers (keeping the last count): %s", exc)
-            else:
-                self._follow(members)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait(), self._interval * random.uniform(0.9, 1.1)
-                )
-
-    def _follow(self, members: list[str]) -> None:
-        position = Position.among(self._own, members)
-        if position != self._fanout.position:
-            log.info(
-                "search server %s is %d of %d search servers: its subsets follow",
-                self._own,
-                position.rank + 1,
-                position.count,
-            )
-            self._fanout.set_position(position)
-        picker = self._fanout.picker
-        if isinstance(picker, AdaptiveReplicaSelection):
-            picker.clients = position.count
-
-
-class _ZkFallback:
-    """Route with a direct read of ``/data_servers`` while Redis is down for long.
-
-    Off by default: every search server watching ZooKeeper is the herd the leader
-    exists to avoid. When enabled, it starts only after Redis has been unreachable
-    for ``after`` seconds plus a random jitter of up to half that (so that a fleet of
-    search servers does not hit ZooKeeper at the same instant), and stops as soon as
-    the live list is current again.
-    """
-
-    def __init__(self, session: ZkSession, reader: LiveListFollower, after: float) -> None:
-        self._session = session
-        self._reader = reader
-        self._after = after
-        self._watcher: MembershipWatcher | None = None
-        # Operators' maintenance markers, laid over the members as the leader does:
-        # a server in maintenance gets no queries while we route from ZooKeeper either.
-        self._maintenance: MaintenanceWatcher | None = None
-        self._task: asyncio.Task[None] | None = None
-        # The last overlay and what it was made of: the same object while neither
-        # changes, so the fan-out keeps its routing table.
-        self._view: tuple[object, object, Mapping[str, ServiceInstance]] | None = None
-
-    @property
-    def active(self) -> bool:
-        return self._watcher is not None
-
-    @property
-    def members(self) -> Mapping[str, ServiceInstance]:
-        if self._watcher is None:
-            return {}
-        members = self._watcher.members
-        markers = self._maintenance.markers if self._maintenance is not None else {}
-        view = self._view
-        if view is None or view[0] is not members or view[1] is not markers:
-            view = self._view = (members, markers, overlay(members, markers))
-        return view[2]
-
-    async def __aenter__(self) -> _ZkFallback:
-        self._task = asyncio.create_task(self._run(), name="zk-fallback")
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._stop()
-
-    async def _run(self) -> None:
-        threshold = self._after * (1 + random.random() / 2)
-        while True:
-            outage = not self._reader.connected and self._reader.age() > threshold
-            if outage and self._watcher is None:
-                log.warning(
-                    "Redis unreachable for %.1fs: routing with a direct ZooKeeper read",
-                    self._reader.age(),
-                )
-                watcher = MembershipWatcher(self._session)
-                maintenance = MaintenanceWatcher(self._session)
-                try:
-                    await maintenance.start()
-                    await watcher.start()
-                except ZkError as exc:
-                    log.warning("ZooKeeper fallback failed to start: %s", exc)
-                    await maintenance.aclose()
-                    await watcher.aclose()
-                else:
-                    self._maintenance = maintenance
-                    self._watcher = watcher
-            elif self._reader.connected and self._watcher is not None:
-                log.info("Redis is back: routing with the published live list again")
-                await self._stop()
-                threshold = self._after * (1 + random.random() / 2)
-            # A check per second is plenty against an outage threshold of seconds.
-            await asyncio.sleep(min(1.0, self._after / 2))
-
-    async def _stop(self) -> None:
-        watcher, self._watcher = self._watcher, None
-        maintenance, self._maintenance = self._maintenance, None
-        self._view = None
-        if watcher is not None:
-            await watcher.aclose()
-        if maintenance is not None:
-            await maintenance.aclose()
-
-
-def _admission(networks: NetworkPolicy) -> Callable[[ServiceInstance], str | None] | None:
-    """The leader's rule for ``--allowed-networks``: an IP address outside them is skipped
-    and counted as ``not_allowed`` (a name is judged where it is resolved: the fan-out)."""
-    if not networks.narrows:
-        return None
-
-    def admit(instance: ServiceInstance) -> str | None:
-        problem = networks.problem(instance.address)
-        return None if problem is None else f"not_allowed: {problem}"
-
-    return admit

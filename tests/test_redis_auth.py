@@ -330,7 +330,7 @@ async def test_a_leader_without_publishing_rights_resigns_and_pauses(
     make_data_server: DataServerFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="search_server.server")
+    caplog.set_level(logging.ERROR, logger="search_server.leadership")
     pause = 1.0
     await make_data_server(shard=0, instance_id="ds-c0")
     # Leader-eligible, but holding only the reader's credentials: a configuration mistake.

@@ -309,13 +309,13 @@ class _BrokenFanOut(FanOut):
 
 async def test_a_change_the_fan_out_fails_to_follow_is_routed_by_a_rebuild() -> None:
     from search_server.clusterview import ClusterViews
-    from search_server.server import _FollowRoutes
+    from search_server.followroutes import FollowRoutes
 
     listed = start(server("ds-a", 9001, 0), server("ds-b", 9002, 1))
     follower = _Feed(listed)
     fanout = _BrokenFanOut()
     views = ClusterViews(lambda instance, ejected: {"id": instance.id})
-    async with _FollowRoutes(follower, fanout, views) as routes:  # type: ignore[arg-type]
+    async with FollowRoutes(follower, fanout, views) as routes:  # type: ignore[arg-type]
         await eventually(lambda: routes.current is listed, message="the first list taken")
         change = step(listed, removes={"ds-a": "gone"})
         follower.feed.publish(change)
