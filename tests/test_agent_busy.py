@@ -512,7 +512,7 @@ async def test_without_cpu_pressure_the_guard_is_off_and_nothing_is_excused(
     caplog: pytest.LogCaptureFixture,
     broken: bool,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="discovery.agent.agent")
+    caplog.set_level(logging.INFO, logger="discovery.agent")
     observer = await make_session()
     path = f"{DATA_SERVERS_PATH}/ds-nopsi"
     probe, pressure = SlowSwitch(), FakePressure(None)
@@ -538,7 +538,7 @@ async def test_without_cpu_pressure_the_guard_is_off_and_nothing_is_excused(
 async def test_excused_probes_are_logged_at_most_every_30_seconds(
     make_agent: AgentFactory, make_session: SessionFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="discovery.agent.agent")
+    caplog.set_level(logging.WARNING, logger="discovery.agent")
     observer = await make_session()
     path = f"{DATA_SERVERS_PATH}/ds-quiet"
     probe = SlowSwitch()
@@ -563,7 +563,7 @@ async def _native_id() -> int:
 
 
 def _thread_run_delay(agent: Agent) -> ThreadRunDelay:
-    pressure = agent._pressure
+    pressure = agent.pressure
     assert isinstance(pressure, ThreadRunDelay)
     return pressure
 

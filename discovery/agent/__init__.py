@@ -1,7 +1,10 @@
 """The agent a data server embeds: register when ready, probe, go offline, drain.
 
 * :mod:`~discovery.agent.agent`: :class:`Agent`, which owns the session and the
-  registration and acts on the decisions of its policy.
+  registration and acts on the decisions of its policy, through its parts:
+  :mod:`~discovery.agent.probeloop` (probe, decide, act), :mod:`~discovery.agent.probing`
+  (one probe), :mod:`~discovery.agent.presence` (the node: admit, leave, drain) and
+  :mod:`~discovery.agent.status` (:class:`AgentStatus`).
 * :mod:`~discovery.agent.policy`: :class:`HealthPolicy`, which decides when the server
   is admitted, taken offline or held out: no I/O, its clock passed in.
 * :mod:`~discovery.agent.probes`: the :class:`Probe` protocol and its implementations.
