@@ -107,6 +107,7 @@ class ZkConnection:
         if self._closing:
             return
         self._closing = True
+        self._watchdog.disarm()
         await self._abandoned.aclose()
         await self._watchdog.aclose()
         async with self._lifecycle:
