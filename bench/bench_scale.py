@@ -67,9 +67,9 @@ class CountingSession(ZkSession):
         super().__init__(*args, **kwargs)
         self.ops: Counter[str] = Counter()
 
-    async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self.ops[method.__name__.removesuffix("_async")] += 1
-        return await super()._call(method, *args, **kwargs)
+        return await super().call(method, *args, **kwargs)
 
 
 def _instance(index: int) -> ServiceInstance:

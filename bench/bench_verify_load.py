@@ -61,10 +61,10 @@ class CountingSession(ZkSession):
         super().__init__(*args, **kwargs)
         self.reads: list[float] = []
 
-    async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if method.__name__.startswith("exists"):
             self.reads.append(time.monotonic())
-        return await super()._call(method, *args, **kwargs)
+        return await super().call(method, *args, **kwargs)
 
 
 def _instance(index: int) -> ServiceInstance:

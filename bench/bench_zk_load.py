@@ -73,11 +73,11 @@ class CountingSession(ZkSession):
         self.watch_events = 0
         self._wrapped: dict[Callable[[WatchEvent], None], Callable[[WatchEvent], None]] = {}
 
-    async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self.ops[method.__name__.removesuffix("_async")] += 1
-        return await super()._call(method, *args, **kwargs)
+        return await super().call(method, *args, **kwargs)
 
-    def _watcher(self, watch: Callable[[WatchEvent], None] | None) -> Any:
+    def watcher(self, watch: Callable[[WatchEvent], None] | None) -> Any:
         if watch is None:
             return None
         # One wrapper per callback, so kazoo's per-path watcher set still de-duplicates.
@@ -89,7 +89,7 @@ class CountingSession(ZkSession):
                 _watch(event)
 
             self._wrapped[watch] = wrapper
-        return super()._watcher(wrapper)
+        return super().watcher(wrapper)
 
 
 def _session(hosts: str) -> CountingSession:

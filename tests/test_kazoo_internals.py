@@ -63,12 +63,8 @@ def test_no_other_module_of_the_library_touches_kazoo_internals() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and PRIVATE.fullmatch("." + node.attr):
                 owner = ast.unparse(node.value)
-                # Our own objects' private names: ours, not kazoo's (ZkSession._call,
-                # a subscription's queue).
-                if not owner.startswith(("self", "cls")) and owner not in (
-                    "session",
-                    "subscription",
-                ):
+                # An object's own private names: ours, not kazoo's.
+                if not owner.startswith(("self", "cls")):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {owner}.{node.attr}")
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kazoo"):
                 offenders += [

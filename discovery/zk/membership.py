@@ -184,9 +184,13 @@ class MembershipSubscription:
     change set in order (none is dropped: a slow consumer sees them queued).
     """
 
-    def __init__(self, watcher: MembershipWatcher) -> None:
-        self._watcher = watcher
+    def __init__(self, unsubscribe: Callable[[MembershipSubscription], None]) -> None:
+        self._unsubscribe = unsubscribe
         self._queue: asyncio.Queue[MembershipChange | None] = asyncio.Queue()
+
+    def put(self, change: MembershipChange) -> None:
+        """Queue ``change`` for the consumer (the watcher's side; never blocks)."""
+        self._queue.put_nowait(change)
 
     def __aiter__(self) -> AsyncIterator[MembershipChange]:
         return self
@@ -198,7 +202,7 @@ class MembershipSubscription:
         return item
 
     def close(self) -> None:
-        self._watcher._subscribers.discard(self)
+        self._unsubscribe(self)
         self._queue.put_nowait(None)
 
 
@@ -350,9 +354,9 @@ class MembershipWatcher:
 
     def subscribe(self) -> MembershipSubscription:
         """Receive the current view, then every change (see :class:`MembershipSubscription`)."""
-        subscription = MembershipSubscription(self)
+        subscription = MembershipSubscription(self._subscribers.discard)
         if self._generation:
-            subscription._queue.put_nowait(
+            subscription.put(
                 MembershipChange(
                     self._generation,
                     self._members,
@@ -626,7 +630,7 @@ class MembershipWatcher:
                 len(invalid),
             )
         for subscription in list(self._subscribers):
-            subscription._queue.put_nowait(change)
+            subscription.put(change)
         async with self._changed:
             self._changed.notify_all()
 

@@ -56,8 +56,8 @@ Failure and session behaviour:
   it has reconnected), and so does every later call on the same
   :class:`~discovery.zk.session.ZkSession`, which is logged once.
 
-Batches go through :meth:`ZkSession._call <discovery.zk.session.ZkSession>`, the session's
-own bridge from kazoo's threads to the loop (results handed over with
+Batches go through :meth:`ZkSession.call <discovery.zk.session.ZkSession.call>`, the
+session's own bridge from kazoo's threads to the loop (results handed over with
 ``call_soon_threadsafe``; the loop never blocks), so they share its timeout, error
 translation, expiry detection and metrics.
 """
@@ -198,7 +198,7 @@ class MultiRead:
 class _Sender:
     """Sends one request on one kazoo client, the way kazoo's ``*_async`` methods do.
 
-    ``client`` is read by :meth:`ZkSession._call` to tell which client an expired
+    ``client`` is read by :meth:`ZkSession.call` to tell which client an expired
     session answered on.
     """
 
@@ -388,7 +388,7 @@ async def _read_batch(
 async def _send(session: ZkSession, request: MultiRead) -> tuple[list[ReadResult | int], int]:
     sender = _Sender(session.client)
     try:
-        answer: tuple[list[ReadResult | int], int] = await session._call(
+        answer: tuple[list[ReadResult | int], int] = await session.call(
             sender.multi_read_async, request
         )
     except ZkError as exc:

@@ -257,7 +257,7 @@ class _Hook:
                 if path == root or path.startswith(prefix):
                     relative = client.unchroot(path)
                     for watch in watches:
-                        watch._dispatch(kind, relative)
+                        watch.on_event(kind, relative)
         except Exception:
             log.exception("delivering a ZooKeeper watch event to persistent watches failed")
 
@@ -276,7 +276,7 @@ class _Hook:
         if isinstance(request, _OwnedAddWatch):
             if err == 0 and request.owner is not None:
                 self._orphaned_child_watchers(request.path)
-                request.owner._added(request.resync)
+                request.owner.on_added(request.resync)
             return
         if not isinstance(request, Exists | GetData) or getattr(request, "watcher", None) is None:
             return
@@ -285,7 +285,7 @@ class _Hook:
         if registered and entry is not None:
             # ZooKeeper < 3.9 keeps one mode per path: this one-shot watch replaced ours.
             for watch in entry[1]:
-                watch._readd("a one-shot watch set on the watched path replaced it")
+                watch.on_replaced("a one-shot watch set on the watched path replaced it")
 
     def _orphaned_child_watchers(self, path: str) -> None:
         client = self._client
@@ -550,15 +550,24 @@ class PersistentRecursiveWatch:
                 Callback("watch", self._deliver_final, (FAILED,))
             )
 
-    def _added(self, resync: bool) -> None:
-        """Connection thread: the server answered our ``addWatch`` with success."""
+    # -- told by the client's hook (_Hook), on kazoo's connection thread --------------
+
+    def on_added(self, resync: bool) -> None:
+        """The server answered our ``addWatch`` with success: RESYNC follows if asked."""
         if resync:
             self._client.handler.dispatch_callback(
                 Callback("watch", self._deliver_final, (RESYNC,))
             )
 
-    def _dispatch(self, kind: str, path: str) -> None:
+    def on_event(self, kind: str, path: str) -> None:
+        """An event on the watched subtree: delivered on kazoo's callback thread."""
         self._client.handler.dispatch_callback(Callback("watch", self._deliver, (kind, path)))
+
+    def on_replaced(self, why: str) -> None:
+        """A one-shot watch on the watched path replaced ours (ZooKeeper < 3.9): re-add."""
+        self._readd(why)
+
+    # -- on kazoo's callback thread ---------------------------------------------------
 
     def _deliver(self, kind: str, path: str) -> None:
         if self._state not in _DELIVERING:
