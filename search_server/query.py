@@ -198,11 +198,11 @@ class Query:
         return False
 
     def _send(self, call: ShardCall, replica: Replica, *, hedge: bool, probe: bool = False) -> None:
-        call.sending(replica)
         now = self._timer.time()
         # The budget left, in whole milliseconds (rounded down, so the data server's
         # deadline never falls after ours); at least 1, the least timeout_ms there is.
         budget_ms = max(1, int((self.deadline - now) * 1000))
+        # The client never raises: a request that cannot be sent fails its future.
         future = self._ctx.client.get(replica.endpoint, b"%b%d" % (self._target, budget_ms))
         attempt = Attempt(replica, future, now, hedge, probe)
         call.sent(attempt)

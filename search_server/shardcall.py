@@ -102,14 +102,12 @@ class ShardCall:
         # How long to wait before offering a hedge refused for the budget again.
         self.hedge_backoff = 0.0
 
-    def sending(self, replica: Replica) -> None:
-        """A request to ``replica`` is about to be sent: tried, and out on it."""
+    def sent(self, attempt: Attempt) -> None:
+        """``attempt`` is out: its replica is tried, and has one more request out."""
+        replica = attempt.replica
         self.tried.append(replica)
         replica.outstanding += 1
         replica.sent += 1
-
-    def sent(self, attempt: Attempt) -> None:
-        """``attempt`` is out (after :meth:`sending` its replica)."""
         self.attempts.append(attempt)
 
     def returned(self, attempt: Attempt) -> None:
