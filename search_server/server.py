@@ -51,7 +51,7 @@ from .clusterstatus import ClusterStatus
 from .clusterview import PageRequest
 from .config import SearchServerConfig
 from .dashboard import EventStream, MemberCache, QueryStats
-from .fanout import FanOut
+from .fanout import FanOut, FanOutConfig
 from .followroutes import FollowRoutes
 from .handlers import MAX_K, SearchHandlers
 from .heap import HeapFreezer
@@ -263,27 +263,29 @@ class SearchServer:
         loop_lag = await stack.enter_async_context(LoopLagMonitor(registry=self.registry))
         self.fanout = FanOut(
             client,
-            max_in_flight=config.max_in_flight,
-            eject_after=config.eject_after,
-            eject_cooldown=config.eject_cooldown,
-            max_ejected_share=config.max_ejected_percent / 100,
-            panic_threshold=config.panic_percent / 100,
+            config=FanOutConfig(
+                max_in_flight=config.max_in_flight,
+                eject_after=config.eject_after,
+                eject_cooldown=config.eject_cooldown,
+                max_ejected_share=config.max_ejected_percent / 100,
+                panic_threshold=config.panic_percent / 100,
+                zone=config.zone,
+                hedge_ratio=config.hedge_percent / 100,
+                networks=config.allowed_networks,
+                shards=config.shards,
+                slow_start=config.slow_start,
+            ),
             admission=config.concurrency_limit(),
             query_share=config.query_share(),
             loop_lag=loop_lag,
             registry=self.registry,
             picker=self._picker if self._picker is not None else make_picker(config.picker),
-            zone=config.zone,
-            hedge_ratio=config.hedge_percent / 100,
-            networks=config.allowed_networks,
             retry_budget=RetryBudget(
                 config.retry_budget_percent / 100,
                 config.retry_budget_per_second,
                 burst=max(100.0, 10 * config.retry_budget_per_second + 1),
             ),
             subsetter=DeterministicAperture(config.subset_size),
-            shards=config.shards,
-            slow_start=config.slow_start,
         )
         stack.push_async_callback(self.fanout.aclose)
         self._parts.routes = await stack.enter_async_context(

@@ -26,7 +26,7 @@ from discovery.adminauth import admin_headers
 from discovery.errors import DiscoveryError, OverloadedError
 from discovery.instance import ServiceInstance
 from discovery.testing.ports import free_port
-from search_server.fanout import FanOut, FanOutResult
+from search_server.fanout import FanOut, FanOutConfig, FanOutResult
 from search_server.httpclient import Endpoint, HttpClient, Response
 from search_server.picking import PowerOfTwoChoices, Replica
 from search_server.retrybudget import RetryBudget
@@ -198,7 +198,10 @@ async def test_a_draining_replica_takes_a_retry_of_last_resort(
     # Every query needs its retry: a budget for all of them (the shared budget's own
     # limit is tested on its own).
     fanout = FanOut(
-        client, registry=registry, eject_after=1000, retry_budget=RetryBudget(1.0, 10.0)
+        client,
+        config=FanOutConfig(eject_after=1000),
+        registry=registry,
+        retry_budget=RetryBudget(1.0, 10.0),
     )
 
     for query in QUERIES:
@@ -230,11 +233,10 @@ async def test_a_draining_replica_takes_the_first_request_while_the_routable_one
     # Ejected after one failure, for longer than the test; no half-open probe meanwhile.
     fanout = FanOut(
         client,
+        config=FanOutConfig(
+            eject_after=1, eject_cooldown=600, max_ejected_share=1.0, probe_interval=600
+        ),
         registry=registry,
-        eject_after=1,
-        eject_cooldown=600,
-        max_ejected_share=1.0,
-        probe_interval=600,
     )
 
     for query in QUERIES:
@@ -266,7 +268,9 @@ async def test_a_draining_replica_is_never_ejected(
     gone = _stopped("ds-gone", shard=0, replica=1).with_state("draining")
     servers = [instance_of(sick_server), gone, *(instance_of(s) for s in others)]
     # No cap to speak of: only the rule keeps the draining one from being ejected.
-    fanout = FanOut(client, registry=registry, eject_after=1, max_ejected_share=1.0)
+    fanout = FanOut(
+        client, config=FanOutConfig(eject_after=1, max_ejected_share=1.0), registry=registry
+    )
 
     result = await fanout.search(servers, QUERIES[0], 10, 2000)
 
@@ -289,7 +293,7 @@ async def test_a_draining_replica_takes_a_hedge_of_last_resort(
         make_data_server(shard=0, replica=1, instance_id="ds-leaving"),
     )
     servers = [instance_of(staying), instance_of(leaving).with_state("draining")]
-    fanout = FanOut(client, registry=registry, hedge_ratio=0.5)
+    fanout = FanOut(client, config=FanOutConfig(hedge_ratio=0.5), registry=registry)
     for query in QUERIES * 2:  # 24 answers: the staying one's window knows its p95
         assert not (await fanout.search(servers, query, 10, 2000)).partial
     assert _sample(registry, "shard_requests_total", result="ok") >= len(QUERIES) * 2
@@ -322,7 +326,7 @@ async def test_a_failing_replica_is_retried_on_a_healthy_one(
         sick = _stopped("ds-sick", shard=0, replica=1)
     servers = [instance_of(healthy), sick]
     # A high ejection threshold keeps the sick replica in play for every query.
-    fanout = FanOut(client, registry=registry, eject_after=1000)
+    fanout = FanOut(client, config=FanOutConfig(eject_after=1000), registry=registry)
 
     for query in QUERIES:
         result = await fanout.search(servers, query, 10, 5000)
@@ -349,9 +353,8 @@ async def test_consecutive_failures_eject_until_the_cooldown_ends(
     clock = FakeClock()
     fanout = FanOut(
         client,
+        config=FanOutConfig(eject_after=3, eject_cooldown=10),
         registry=registry,
-        eject_after=3,
-        eject_cooldown=10,
         clock=clock,
     )
 
@@ -398,11 +401,9 @@ async def test_a_hung_server_costs_at_most_the_deadline_then_is_ejected(
     # stall_grace: this shared test loop may wake late, and a late query charges no one.
     fanout = FanOut(
         client,
+        config=FanOutConfig(eject_after=3, eject_cooldown=30, stall_grace=SLACK),
         registry=registry,
-        eject_after=3,
-        eject_cooldown=30,
         clock=clock,
-        stall_grace=SLACK,
     )
     timeout_ms = 400
     await _set_fault(http, hung, mode="hang")
@@ -464,7 +465,7 @@ async def _slow_one(
     """One data server answering after a second, and a fan-out over it admitting at most
     ``max_in_flight`` queries: queries stay in flight long enough to be counted."""
     server = await make_data_server(shard=0, instance_id="ds-slow")
-    fanout = FanOut(client, registry=registry, max_in_flight=max_in_flight)
+    fanout = FanOut(client, config=FanOutConfig(max_in_flight=max_in_flight), registry=registry)
     await _set_fault(http, server, mode="slow", delay_ms=1000)
     return server, [instance_of(server)], fanout
 
@@ -557,9 +558,9 @@ async def test_no_servers_and_bad_arguments(
     with pytest.raises(ValueError, match="timeout_ms must be"):
         await fanout.search([], "anything", 10, 0)
     with pytest.raises(ValueError, match="max_in_flight"):
-        FanOut(client, max_in_flight=0)
+        FanOut(client, config=FanOutConfig(max_in_flight=0))
     with pytest.raises(ValueError, match="eject_after"):
-        FanOut(client, eject_after=0)
+        FanOut(client, config=FanOutConfig(eject_after=0))
 
 
 async def test_a_shards_last_replica_is_probed_while_ejected(
@@ -584,12 +585,9 @@ async def test_a_shards_last_replica_is_probed_while_ejected(
     clock = FakeClock()
     fanout = FanOut(
         client,
+        config=FanOutConfig(eject_after=3, eject_cooldown=30, probe_interval=1, stall_grace=SLACK),
         registry=registry,
-        eject_after=3,
-        eject_cooldown=30,
-        probe_interval=1,
         clock=clock,
-        stall_grace=SLACK,
     )
     timeout_ms = 300
     await _set_fault(http, stalled, mode="hang")
@@ -642,7 +640,7 @@ async def test_a_query_woken_late_charges_no_replica_with_its_timeouts(
     for 0.1-0.3 s, and a whole fleet's replicas were ejected for it)."""
     hung = await make_data_server(shard=0, instance_id="ds-hung")
     servers = [instance_of(hung)]
-    fanout = FanOut(client, registry=registry, eject_after=1, stall_grace=0.1)
+    fanout = FanOut(client, config=FanOutConfig(eject_after=1, stall_grace=0.1), registry=registry)
     await _set_fault(http, hung, mode="hang")
     try:
         # The stall itself: this loop blocked from before the deadline to well after it.
@@ -664,7 +662,9 @@ async def test_no_more_than_the_cap_is_ejected_at_once(
 ) -> None:
     # Four servers failing together look like trouble on our side: half at most go.
     servers = [_stopped(f"ds-down-{i}", shard=i) for i in range(4)]
-    fanout = FanOut(client, registry=registry, eject_after=1, max_ejected_share=0.5)
+    fanout = FanOut(
+        client, config=FanOutConfig(eject_after=1, max_ejected_share=0.5), registry=registry
+    )
     with caplog.at_level(logging.WARNING, logger="search_server.ejection"):
         for _ in range(5):
             result = await fanout.search(servers, QUERIES[0], 10, 2000)
@@ -679,7 +679,9 @@ async def test_no_more_than_the_cap_is_ejected_at_once(
 async def test_one_server_can_always_be_ejected(
     client: HttpClient, registry: CollectorRegistry
 ) -> None:
-    fanout = FanOut(client, registry=registry, eject_after=1, max_ejected_share=0.1)
+    fanout = FanOut(
+        client, config=FanOutConfig(eject_after=1, max_ejected_share=0.1), registry=registry
+    )
     await fanout.search([_stopped("ds-alone", shard=0)], QUERIES[0], 10, 2000)
     assert fanout.ejected() == {"ds-alone"}
 
@@ -725,7 +727,12 @@ async def test_each_attempt_carries_the_budget_left_when_it_is_sent(
     # it answers 504, and the fan-out retries on the other replica with what is left.
     await _set_fault(http, late, mode="slow", delay_ms=1850)
     recording = _Recording(client)
-    fanout = FanOut(recording, registry=registry, picker=_Prefer("ds-late"), eject_after=1000)
+    fanout = FanOut(
+        recording,
+        config=FanOutConfig(eject_after=1000),
+        registry=registry,
+        picker=_Prefer("ds-late"),
+    )
 
     result = await fanout.search([instance_of(late), instance_of(healthy)], QUERIES[0], 10, 2000)
 
@@ -796,7 +803,12 @@ async def test_a_replica_turned_slow_is_hedged_even_when_its_partner_has_few_ans
         make_data_server(shard=0, replica=1, instance_id="ds-partner"),
     )
     servers = [instance_of(favourite), instance_of(partner)]
-    fanout = FanOut(client, registry=registry, picker=_Prefer("ds-favourite"), hedge_ratio=0.5)
+    fanout = FanOut(
+        client,
+        config=FanOutConfig(hedge_ratio=0.5),
+        registry=registry,
+        picker=_Prefer("ds-favourite"),
+    )
     for query in QUERIES * 2:  # 24 answers: the favourite's window knows its p95
         result = await fanout.search(servers, query, 10, 2000)
         assert not result.partial
@@ -855,7 +867,10 @@ async def test_a_shard_whose_replicas_all_fail_gets_about_one_request_per_query(
     # share of first requests (10 % of 2 per query).
     budget = RetryBudget(0.1, 10.0, burst=20.0, clock=FakeClock())
     fanout = FanOut(
-        recording, registry=registry, eject_after=1000, hedge_ratio=0, retry_budget=budget
+        recording,
+        config=FanOutConfig(eject_after=1000, hedge_ratio=0),
+        registry=registry,
+        retry_budget=budget,
     )
     servers = [instance_of(healthy), *failing]
     queries = 100
@@ -887,11 +902,9 @@ async def test_a_shard_is_routed_to_its_subset_and_an_ejected_member_to_the_next
     recording = _Recording(client)
     fanout = FanOut(
         recording,
+        config=FanOutConfig(hedge_ratio=0, eject_after=1, warmup_samples=0),
         registry=registry,
         subsetter=DeterministicAperture(2),
-        hedge_ratio=0,
-        eject_after=1,
-        warmup_samples=0,
         # Even, reproducible picks between the two members.
         picker=PowerOfTwoChoices(random.Random(3)),
     )

@@ -18,7 +18,7 @@ from data_server.corpus import sample_queries
 from discovery.address import NetworkPolicy, parse_networks
 from discovery.instance import ServiceInstance
 from search_server import picking
-from search_server.fanout import FanOut
+from search_server.fanout import FanOut, FanOutConfig
 from search_server.httpclient import HttpClient
 from search_server.merging import MAX_HIT_FIELDS, MAX_HIT_TEXT
 from search_server.routing import RoutingTable
@@ -106,7 +106,7 @@ async def test_a_hostile_answer_fails_its_sub_request_and_the_query_still_encode
         make_instance("ds-lone", lone, shard=1),
     ]
     async with HttpClient() as client:
-        fanout = FanOut(client, registry=registry, hedge_ratio=0)
+        fanout = FanOut(client, config=FanOutConfig(hedge_ratio=0), registry=registry)
         for _ in range(4):
             result = await fanout.search(servers, QUERY, 10, 5000)
             # Shard 0 answered by its good replica (after a retry if the hostile one
@@ -151,8 +151,8 @@ async def test_allowed_networks_keep_other_addresses_out_of_the_fan_out(
     async with HttpClient() as client:
         fanout = FanOut(
             client,
+            config=FanOutConfig(networks=NetworkPolicy.of(parse_networks("127.0.0.0/8"))),
             registry=registry,
-            networks=NetworkPolicy.of(parse_networks("127.0.0.0/8")),
         )
         result = await fanout.search([instance_of(inside), outside], QUERY, 10, 2000)
     # Never sent to 192.0.2.1: its shard is not in the table at all.

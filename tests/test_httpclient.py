@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from data_server.corpus import sample_queries
 from discovery.address import NetworkPolicy, parse_networks
-from search_server.fanout import FanOut
+from search_server.fanout import FanOut, FanOutConfig
 from search_server.httpclient import (
     MAX_HEAD_BYTES,
     MAX_HEADERS,
@@ -739,7 +739,7 @@ async def test_a_replica_at_an_unusable_address_costs_only_its_own_requests(
     for instance in bad:
         object.__setattr__(instance, "address", address)
     servers = [instance_of(healthy), *bad]
-    fanout = FanOut(client, registry=CollectorRegistry(), eject_after=1000)
+    fanout = FanOut(client, config=FanOutConfig(eject_after=1000), registry=CollectorRegistry())
     for query in sample_queries(5, variant=3):
         result = await fanout.search(servers, query, 10, 5000)
         assert result.shards == shard_counts(2, 1, failed=1)

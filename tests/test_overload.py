@@ -21,7 +21,7 @@ from discovery.errors import OverloadedError
 from discovery.instance import ServiceInstance
 from discovery.looplag import LoopLagMonitor
 from search_server.admission import FixedLimit, GradientLimit
-from search_server.fanout import FanOut
+from search_server.fanout import FanOut, FanOutConfig
 from search_server.httpclient import Endpoint, Response
 from search_server.picking import EWMA_ALPHA
 from tests.support import FakeClock, eventually, make_instance, sample, shard_counts
@@ -81,7 +81,10 @@ def _ejecting_at_once(client: _Scripted, registry: CollectorRegistry, clock: Fak
     about what counts as a failure is seen alone. Its stall grace is a minute, so
     that a test loop woken late on a loaded machine is not read as a stall."""
     return FanOut(
-        client, registry=registry, eject_after=1, hedge_ratio=0, clock=clock, stall_grace=60.0
+        client,
+        config=FanOutConfig(eject_after=1, hedge_ratio=0, stall_grace=60.0),
+        registry=registry,
+        clock=clock,
     )
 
 
@@ -225,11 +228,13 @@ async def test_a_timeout_while_the_search_servers_own_loop_lagged_blames_no_repl
     async with LoopLagMonitor(interval=0.01, threshold=0.05) as lag:
         fanout = FanOut(
             client,
+            config=FanOutConfig(
+                eject_after=1,
+                hedge_ratio=0,
+                stall_grace=60.0,  # the lag rule alone, whenever this loop wakes
+            ),
             registry=registry,
-            eject_after=1,
-            hedge_ratio=0,
             loop_lag=lag,
-            stall_grace=60.0,  # the lag rule alone, whenever this loop wakes
         )
         # The loop blocked for 0.2 s during the query, well inside its 0.5 s deadline
         # (so the stall rule, a wake-up late past the deadline, does not apply).
@@ -265,14 +270,16 @@ async def test_a_shard_with_most_replicas_ejected_routes_to_all_of_them_in_panic
     clock = FakeClock()
     fanout = FanOut(
         client,
+        config=FanOutConfig(
+            eject_after=1,
+            max_ejected_share=1.0,
+            eject_cooldown=600,
+            probe_interval=600,
+            hedge_ratio=0,
+            stall_grace=60.0,  # a test loop woken late is no stall here
+        ),
         registry=registry,
-        eject_after=1,
-        max_ejected_share=1.0,
-        eject_cooldown=600,
-        probe_interval=600,
         clock=clock,
-        hedge_ratio=0,
-        stall_grace=60.0,  # a test loop woken late is no stall here
     )
     # Shard 0's two replicas time out in turn (the other shard on time: blamed) and are
     # both ejected.
@@ -302,15 +309,17 @@ async def test_without_a_panic_threshold_an_ejected_shard_waits_for_its_probe(
         client.behaviour[instance.port] = HANG
     fanout = FanOut(
         client,
+        config=FanOutConfig(
+            eject_after=1,
+            max_ejected_share=1.0,
+            eject_cooldown=600,
+            probe_interval=600,
+            hedge_ratio=0,
+            panic_threshold=0,
+            stall_grace=60.0,
+        ),
         registry=registry,
-        eject_after=1,
-        max_ejected_share=1.0,
-        eject_cooldown=600,
-        probe_interval=600,
         clock=FakeClock(),
-        hedge_ratio=0,
-        panic_threshold=0,
-        stall_grace=60.0,
     )
     for _ in range(2):
         await fanout.search(servers, "a", 10, 100)
@@ -328,12 +337,14 @@ async def test_the_ejection_cap_counts_as_the_clusters_panic(
     clock = FakeClock()
     fanout = FanOut(
         client,
+        config=FanOutConfig(
+            eject_after=1,
+            max_ejected_share=0.5,
+            probe_interval=60,  # no half-open probe ends an ejection meanwhile
+            stall_grace=60.0,
+        ),
         registry=registry,
-        eject_after=1,
-        max_ejected_share=0.5,
         clock=clock,
-        probe_interval=60,  # no half-open probe ends an ejection meanwhile
-        stall_grace=60.0,
     )
     # One outlier per query, a different one each time: two are ejected, then the cap.
     # A second apart (within their 10 s ejections): closer, three late replicas among
@@ -356,11 +367,10 @@ async def test_no_hedge_while_the_search_servers_own_loop_lags(
     lag = LoopLagMonitor(threshold=0.05)  # fed by hand below, not started
     fanout = FanOut(
         client,
+        config=FanOutConfig(hedge_ratio=1.0, hedge_burst=10),
         registry=registry,
         loop_lag=lag,
         picker=_Only(slow.id),
-        hedge_ratio=1.0,
-        hedge_burst=10,
     )
     # Enough answers for a latency window (the p95 the hedge waits for).
     for _ in range(40):
@@ -399,7 +409,12 @@ async def test_no_hedge_when_more_shards_are_late_than_outliers_make(
     once (more than two and a tenth) are everyone's slowness, which hedges would add
     to: the rule that blames no replica for such timeouts keeps the hedges home too."""
     servers, client = _cluster(shards=20, replicas=2)
-    fanout = FanOut(client, registry=registry, picker=_First(), hedge_ratio=1.0, hedge_burst=100)
+    fanout = FanOut(
+        client,
+        config=FanOutConfig(hedge_ratio=1.0, hedge_burst=100),
+        registry=registry,
+        picker=_First(),
+    )
     for _ in range(40):  # latency windows: hedges are due soon after a send
         await fanout.search(servers, "a", 10, 500)
     primaries = [i for i in servers if i.payload.replica == 0]
@@ -435,7 +450,9 @@ async def test_queries_late_for_their_deadline_lower_the_admission_limit(
     servers, client = _cluster(shards=4, replicas=1)
     # A limit that binds with one query in flight (2 x 1 >= 2).
     limit = GradientLimit(initial=2, min_limit=1, backoff=0.5, backoff_interval=0)
-    fanout = FanOut(client, registry=registry, admission=limit, hedge_ratio=0, shards=5)
+    fanout = FanOut(
+        client, config=FanOutConfig(hedge_ratio=0, shards=5), registry=registry, admission=limit
+    )
     assert sample(registry, "search_server_admission_limit") == 2
     # Shard 4 has no replica at all: partial, but not for want of capacity.
     result = await fanout.search(servers, "a", 10, 200)
@@ -460,11 +477,10 @@ async def test_no_hedge_while_the_search_server_is_shedding(registry: CollectorR
     client.delay = 0.02
     fanout = FanOut(
         client,
+        config=FanOutConfig(hedge_ratio=1.0, hedge_burst=10),
         registry=registry,
         admission=FixedLimit(1),
         picker=_Only(slow.id),
-        hedge_ratio=1.0,
-        hedge_burst=10,
     )
     for _ in range(40):  # a latency window: hedges are due about 20 ms after a send
         await fanout.search(servers, "a", 10, 500)
@@ -493,7 +509,7 @@ async def test_an_expensive_querys_own_search_time_does_not_lower_the_limit(
     client.took_ms = 50.0 if searching else 0.1
     # One update per query; 10 ms of queueing is the most the limit accepts.
     limit = GradientLimit(initial=2, min_limit=1, ceiling=0.01, window=1e-9, min_window_samples=1)
-    fanout = FanOut(client, registry=registry, admission=limit, hedge_ratio=0)
+    fanout = FanOut(client, config=FanOutConfig(hedge_ratio=0), registry=registry, admission=limit)
     for _ in range(5):
         await fanout.search(servers, "a", 10, 500)
     assert (limit.limit >= 2) is searching
@@ -510,7 +526,7 @@ async def test_a_few_late_shards_are_not_a_sample_of_the_load(
     limit = GradientLimit(
         initial=4, min_limit=1, ceiling=0.01, window=1e-9, min_window_samples=1, backoff=1.0
     )
-    fanout = FanOut(client, registry=registry, admission=limit, hedge_ratio=0)
+    fanout = FanOut(client, config=FanOutConfig(hedge_ratio=0), registry=registry, admission=limit)
     client.behaviour[servers[0].port] = HANG
     for _ in range(3):
         result = await fanout.search(servers, "a", 10, 50)

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from data_server.server import DataServer
 from discovery.adminauth import admin_headers
 from discovery.instance import ServiceInstance
-from search_server.fanout import FanOut
+from search_server.fanout import FanOut, FanOutConfig
 from search_server.httpclient import HttpClient
 from search_server.picking import (
     AdaptiveReplicaSelection,
@@ -414,7 +414,7 @@ async def test_the_fan_out_routes_with_the_picker_it_is_given(
     )
     picker = RecordingPicker()
     assert isinstance(picker, ReplicaPicker)
-    fanout = FanOut(client, picker=picker, hedge_ratio=0)
+    fanout = FanOut(client, config=FanOutConfig(hedge_ratio=0), picker=picker)
     assert fanout.picker is picker
     servers = [instance_of(s) for s in (a0, a1, b0)]
     for _ in range(3):
@@ -443,7 +443,7 @@ async def test_a_failure_is_retried_and_a_timeout_penalized(
     )
     await _fault(http, first, mode="error", rate=1.0)
     picker = RecordingPicker()
-    fanout = FanOut(client, picker=picker, hedge_ratio=0)
+    fanout = FanOut(client, config=FanOutConfig(hedge_ratio=0), picker=picker)
     result = await fanout.search([instance_of(first), instance_of(second)], "probe", 5, 2000)
     assert not result.partial  # the retry on the other replica answered
     assert picker.picks == ["ds-0-first", "ds-0-second"]
@@ -453,7 +453,7 @@ async def test_a_failure_is_retried_and_a_timeout_penalized(
     assert (failed.failures, failed.samples, failed.outstanding) == (1, 0, 0)
 
     await _fault(http, first, mode="hang")
-    fanout = FanOut(client, picker=picker, hedge_ratio=0)
+    fanout = FanOut(client, config=FanOutConfig(hedge_ratio=0), picker=picker)
     result = await fanout.search([instance_of(first)], "probe", 5, 300)
     assert result.shards["timed_out"] == 1
     hung = fanout.replica(instance_of(first))
@@ -473,7 +473,7 @@ async def test_a_new_replica_gets_one_request_at_a_time_until_warmed_up(
         make_data_server(shard=0, replica=1, instance_id="ds-new"),
     )
     for warmup, expected in ((5, (1, 1)), (0, (2, 6))):
-        fanout = FanOut(client, warmup_samples=warmup, hedge_ratio=0)
+        fanout = FanOut(client, config=FanOutConfig(warmup_samples=warmup, hedge_ratio=0))
         for _ in range(5):  # the old one is warmed up
             await fanout.search([instance_of(old)], "probe", 5, 2000)
         await _fault(http, old, mode="slow", delay_ms=200)
@@ -503,7 +503,7 @@ async def test_replicas_in_the_own_zone_are_preferred_until_none_is_usable(
     )
     servers = [instance_of(here), instance_of(there)]
     assert servers[0].zone == "z1"
-    fanout = FanOut(client, zone="z1", hedge_ratio=0)
+    fanout = FanOut(client, config=FanOutConfig(zone="z1", hedge_ratio=0))
     for query in ("alpha", "beta", "gamma", "delta", "epsilon", "zeta"):
         assert not (await fanout.search(servers, query, 5, 2000)).partial
     local, remote = (fanout.replica(s) for s in servers)
@@ -531,7 +531,9 @@ async def test_a_late_shard_is_hedged_to_another_replica_within_the_budget(
         make_data_server(shard=0, replica=1, instance_id="ds-b-fast"),
     )
     servers = [instance_of(slow), instance_of(fast)]
-    fanout = FanOut(client, registry=registry, hedge_ratio=0.05, hedge_burst=10)
+    fanout = FanOut(
+        client, config=FanOutConfig(hedge_ratio=0.05, hedge_burst=10), registry=registry
+    )
     await _warm_up(fanout, servers, 40)  # 40 x 0.05 = 2 hedges of budget
     # On a loaded machine an answer of the warm-up may have been late enough to be
     # hedged already: what the budget holds is 2 less those.
@@ -598,7 +600,7 @@ async def test_no_hedge_to_a_replica_slower_than_the_time_waited(
         make_data_server(shard=0, replica=2, instance_id="ds-c-ejected"),
     )
     servers = [instance_of(first), instance_of(slow), instance_of(gone)]
-    fanout = FanOut(client, registry=registry, hedge_ratio=0.05)
+    fanout = FanOut(client, config=FanOutConfig(hedge_ratio=0.05), registry=registry)
     await _warm_up(fanout, servers, 60)
     fanout.picker = RecordingPicker()
     sent = _sample(registry, "hedges_total", result="sent")
@@ -635,7 +637,7 @@ async def test_hedges_wait_while_the_whole_query_is_late(
         *(make_data_server(shard=s, replica=1, instance_id=f"ds-b-{s}") for s in range(4))
     )
     servers = [instance_of(s) for s in (*primaries, *spares)]
-    fanout = FanOut(client, registry=registry, hedge_ratio=0.05)
+    fanout = FanOut(client, config=FanOutConfig(hedge_ratio=0.05), registry=registry)
     await _warm_up(fanout, servers, 40)  # 40 x 4 x 0.05 = 8 hedges of budget
     fanout.picker = RecordingPicker()  # the ds-a-* replicas first, ds-b-* only as hedges
     before = _sample(registry, "hedges_total", result="sent")

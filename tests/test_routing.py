@@ -282,11 +282,11 @@ def test_the_fan_out_routes_with_the_table_it_followed(servers: int) -> None:
     fanout = FanOut()
     listed = start(*(make_instance(f"ds-{i}", 9000 + i, shard=i % 50) for i in range(servers)))
     fanout.follow(LiveListChange(LiveList.EMPTY, listed, added=listed.servers, reload=True))
-    table = fanout._routing_table(listed.servers)
+    table = fanout.routing.table_for(listed.servers)
     change = step(listed, removes={"ds-7": "gone"})
     fanout.follow(change)
     # The same table object, moved along: no rebuild for the list it follows.
-    assert fanout._routing_table(change.current.servers) is table
+    assert fanout.routing.table_for(change.current.servers) is table
     assert sum(len(group) for _, group in table) == servers - 1
     assert fanout.replica(listed.servers["ds-7"]) is None
 
@@ -321,6 +321,6 @@ async def test_a_change_the_fan_out_fails_to_follow_is_routed_by_a_rebuild() -> 
         follower.feed.publish(change)
         await eventually(lambda: routes.current is change.current, message="the change taken")
     # The list routed with moved on all the same, and the fan-out builds its table for it.
-    table = fanout._routing_table(routes.current.servers)
+    table = fanout.routing.table_for(routes.current.servers)
     assert [(shard, [r.instance.id for r in group]) for shard, group in table] == [(1, ["ds-b"])]
     await fanout.aclose()

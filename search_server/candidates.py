@@ -1,0 +1,101 @@
+"""Which of a shard's replicas a query's next request may go to.
+
+:class:`Candidates` narrows a shard's replicas to those a request may go to now (the
+:class:`~search_server.picking.ReplicaPicker` then picks one of them): routable, not
+ejected, not yet tried by the query, within its subset, not lately overloaded, in the
+search server's own zone and warmed up while the shard has such a replica; else its
+draining ones, as a last resort. Pure choice: it sends nothing. Not thread-safe.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from .picking import Replica
+from .replicahealth import ReplicaHealth
+from .shardcall import ShardCall
+from .shardrouting import ShardRouting
+
+__all__ = ["Candidates"]
+
+
+class Candidates:
+    """The candidates of a fan-out's requests.
+
+    ``zone`` is this search server's zone (None: no preference); a replica with fewer
+    than ``warmup`` answers gets one request at a time; ``rng`` flips the coins of
+    subsets' edge replicas.
+    """
+
+    def __init__(
+        self,
+        routing: ShardRouting,
+        health: ReplicaHealth,
+        *,
+        zone: str | None,
+        warmup: int,
+        rng: random.Random,
+    ) -> None:
+        self._routing = routing
+        self._health = health
+        self._zone = zone
+        self._warmup = warmup
+        self._rng = rng
+
+    def of(self, call: ShardCall, now: float) -> list[Replica]:
+        """The shard's replicas a request may go to now: its routable ones not yet
+        tried nor ejected (within its subset, with spares for the ejected and the tried,
+        see :meth:`~search_server.subsetting.Subset.candidates`), or, when none is left,
+        its draining ones (a last resort)."""
+        tried = call.tried
+        # In panic the shard's ejections are not heeded: judged at a time past them all.
+        seen = math.inf if call.panic else now
+        if call.subset is None:
+            usable = [r for r in call.replicas if r not in tried and not r.is_ejected(seen)]
+        else:
+            usable = call.subset.candidates(tried, seen, self._rng)
+        if not usable:
+            reserve = self._routing.reserve(call.shard)
+            return [r for r in reserve if r not in tried and not r.is_ejected(seen)]
+        if len(usable) > 1:
+            if self._health.any_overloaded:
+                usable = self._health.not_overloaded(usable, now) or usable
+            zone = self._zone
+            if zone is not None:
+                local = [r for r in usable if r.zone == zone]
+                if local:
+                    usable = local
+            if self._warmup:
+                warm = self._warmup
+                ready = [r for r in usable if r.samples >= warm or r.outstanding == 0]
+                if not ready:
+                    # All still warming up and busy: the least busy ones, so that a
+                    # picker ranking the unknown first cannot pile onto one of them.
+                    fewest = min(r.outstanding for r in usable)
+                    ready = [r for r in usable if r.outstanding == fewest]
+                usable = ready
+        return usable
+
+    def for_hedge(self, call: ShardCall, waited: float, now: float) -> list[Replica]:
+        """The candidates of a hedge after its shard's request was out ``waited``
+        seconds. A replica whose p95 is above that would not beat the request out, and
+        one that has just refused for overload would only refuse again: when no other
+        is left, the slowness is the whole shard's and a hedge cannot help."""
+        candidates = [
+            r
+            for r in self.of(call, now)
+            if r.window is None or r.window.p95 is None or r.window.p95 <= waited
+        ]
+        if candidates and self._health.any_overloaded:
+            candidates = self._health.not_overloaded(candidates, now)
+        return candidates
+
+    def last_resort(self, call: ShardCall, replica: Replica) -> bool:
+        """``replica`` is one of the shard's draining ones (usually none: O(1))."""
+        return replica in self._routing.reserve(call.shard)
+
+    def may_hedge(self, call: ShardCall) -> bool:
+        """The shard has another replica a hedge could go to (a member or a draining
+        one)."""
+        return len(call.replicas) > 1 or bool(self._routing.reserve(call.shard))

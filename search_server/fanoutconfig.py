@@ -1,0 +1,87 @@
+"""The settings of a :class:`~search_server.fanout.FanOut`, in one frozen value.
+
+Values only (the search server's flags); the fan-out's collaborators (its client,
+clock, picker, budgets and limits) are passed to it beside this. A value out of range
+raises ``ValueError`` when the config is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from discovery.address import NetworkPolicy
+
+from .slowstart import SlowStart
+
+__all__ = ["OVERLOAD_BACKOFF", "PANIC_THRESHOLD", "STALL_GRACE", "FanOutConfig"]
+
+#: Seconds a replica that answered "overloaded" gets no first request while its shard has
+#: another candidate (``FanOutConfig.overload_backoff``): its ``Retry-After`` says a
+#: second; half of that, since the others may fill up too.
+OVERLOAD_BACKOFF = 0.5
+#: Share of a shard's routable replicas that must be left un-ejected for its routing to
+#: heed ejections (``FanOutConfig.panic_threshold``, Envoy's healthy panic threshold and
+#: its default): below it, the shard routes to all of them (see ReplicaHealth.panicking).
+PANIC_THRESHOLD = 0.5
+#: How late past its deadline a query may wake and still charge the replicas it waited
+#: for with a timeout (``FanOutConfig.stall_grace``). Later, the search server's own loop
+#: was stalled: on a busy 2-core machine the container runtime starves every container
+#: for 0.1-0.3 s when one stops, and the replicas of a whole fleet "timed out" together
+#: and were ejected, so their shards failed at once for a while after the stall passed.
+STALL_GRACE = 0.1
+
+
+def _no_slow_start() -> SlowStart:
+    return SlowStart(window=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class FanOutConfig:
+    """How a fan-out admits, routes, hedges and ejects (see :mod:`search_server.fanout`).
+
+    ``max_in_flight`` bounds the queries at once. ``eject_after`` failures in a row
+    eject a replica for ``eject_cooldown`` seconds, under a cap of ``max_ejected_share``
+    of the routable ones; an ejected shard is probed every ``probe_interval`` seconds
+    (checked by :class:`~search_server.ejection.OutlierEjection` when the fan-out is
+    made). ``stall_grace``: see :data:`STALL_GRACE`. ``hedge_ratio`` caps hedges as a
+    share of sub-requests (0 turns hedging off), plus ``hedge_burst`` (checked by
+    :class:`~search_server.hedging.HedgePolicy`). A replica with fewer than
+    ``warmup_samples`` answers gets one request at a time. ``zone`` is this search
+    server's zone: replicas there are preferred while the shard has a usable one.
+    ``shards`` is how many shards (0 to ``shards - 1``) the cluster has beside those
+    routed to: a shard with no replica is reported missing, never dropped.
+    ``panic_threshold``: see :data:`PANIC_THRESHOLD`; ``overload_backoff``: see
+    :data:`OVERLOAD_BACKOFF`. ``networks`` (``--allowed-networks``) leaves data servers
+    outside it out of the routing table. ``slow_start`` ramps new replicas' weights
+    (off by default here).
+    """
+
+    max_in_flight: int = 256
+    eject_after: int = 3
+    eject_cooldown: float = 10.0
+    max_ejected_share: float = 0.5
+    probe_interval: float = 1.0
+    stall_grace: float = STALL_GRACE
+    hedge_ratio: float = 0.05
+    hedge_burst: float = 100.0
+    warmup_samples: int = 5
+    zone: str | None = None
+    shards: int = 0
+    panic_threshold: float = PANIC_THRESHOLD
+    overload_backoff: float = OVERLOAD_BACKOFF
+    networks: NetworkPolicy = field(default_factory=NetworkPolicy)
+    slow_start: SlowStart = field(default_factory=_no_slow_start)
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+        if self.shards < 0:
+            raise ValueError(f"shards must be >= 0, got {self.shards}")
+        if self.warmup_samples < 0:
+            raise ValueError(f"warmup_samples must be >= 0, got {self.warmup_samples}")
+        if not self.stall_grace > 0:
+            raise ValueError(f"stall_grace must be > 0 seconds, got {self.stall_grace}")
+        if not 0 <= self.panic_threshold <= 1:
+            raise ValueError(f"panic_threshold must be in 0..1, got {self.panic_threshold}")
+        if not self.overload_backoff >= 0:
+            raise ValueError(f"overload_backoff must be >= 0 seconds, got {self.overload_backoff}")

@@ -1,0 +1,429 @@
+"""One query's fan-out: its shard calls, retries, hedges and deadline, and its answer.
+
+A :class:`Query` is made by :meth:`FanOut.search <search_server.fanout.FanOut.search>`
+for each admitted query and run once. It holds what lives as long as the query: its
+request line, its deadline, its :class:`~search_server.shardcall.ShardCall` per shard,
+the hedges it deferred; what outlives it (replica choice, ejection, budgets, metrics)
+it reaches through its :class:`QueryContext`. Answers arrive in callbacks, not a task
+per sub-request. Its deadline and hedges run on a :class:`Timer`: the running loop by
+default, or a test's own. Runs on the caller's event loop; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVarTuple, Unpack
+from urllib.parse import urlencode
+
+import orjson
+
+from .blame import OUTLIERS, SHED_HEDGE_PAUSE, Blame, OwnLoad, TimeoutBlame
+from .candidates import Candidates
+from .hedging import HedgePolicy
+from .httpclient import SubrequestClient, SubrequestError
+from .merging import BadAnswer, FanOutResult, feedback, merge, ranked_hits
+from .metrics import FanOutMetrics
+from .picking import LatencyWindow, Replica, ReplicaPicker
+from .replicahealth import ReplicaHealth
+from .retrybudget import ExtraRequest, RetryBudget
+from .shardcall import Attempt, Cancellable, ShardCall
+from .shardrouting import ShardRoute
+
+__all__ = ["Query", "QueryContext", "Timer"]
+
+log = logging.getLogger(__name__)
+
+_Ts = TypeVarTuple("_Ts")
+
+# A data server's answers that say it is overloaded rather than broken: full (429), not
+# taking requests now (503), or its budget spent before the search could start (504: the
+# request waited in its queue that long). A refusal, not a failure: never a step towards
+# ejection (see Query._on_answer).
+_OVERLOAD_STATUSES = frozenset({429, 503, 504})
+
+
+class Timer(Protocol):
+    """The clock and alarms a query's deadline, hedges and waits run on: an event
+    loop's ``time`` and ``call_at`` (any :class:`asyncio.AbstractEventLoop` is one)."""
+
+    def time(self) -> float: ...
+
+    def call_at(
+        self, when: float, callback: Callable[[Unpack[_Ts]], object], *args: *_Ts
+    ) -> Cancellable: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QueryContext:
+    """The long-lived parts of a fan-out that each of its queries uses.
+
+    ``clock`` times ejections, backoffs and the shedding pause (the fan-out's);
+    ``timer`` the queries' deadlines and hedges (None: the running loop).
+    """
+
+    client: SubrequestClient
+    candidates: Candidates
+    health: ReplicaHealth
+    blame: TimeoutBlame
+    own: OwnLoad
+    hedging: HedgePolicy
+    retry_budget: RetryBudget
+    metrics: FanOutMetrics
+    clock: Callable[[], float]
+    timer: Timer | None = None
+
+
+class Query:
+    """One query in flight, from its first requests to its merged answer.
+
+    ``picker`` chooses each request's replica among the candidates. The deadline is
+    ``timeout_ms`` after the query is made (by its timer). :meth:`run` sends, waits
+    for the answers or the deadline, abandons what is still out and merges: it never
+    raises for a shard's failure, only when the query itself is cancelled.
+    """
+
+    def __init__(
+        self,
+        context: QueryContext,
+        picker: ReplicaPicker,
+        *,
+        query: str,
+        k: int,
+        timeout_ms: int,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self._ctx = context
+        self._picker = picker
+        self._timer: Timer = context.timer if context.timer is not None else loop
+        self.started = self._timer.time()
+        self.deadline = self.started + timeout_ms / 1000
+        # Encoded once; each attempt appends what is left of the deadline when it is sent.
+        self._target = ("/search?" + urlencode({"q": query, "k": k}) + "&timeout_ms=").encode(
+            "ascii"
+        )
+        self._k = k
+        self._calls: list[ShardCall] = []
+        self._open_calls = 0
+        self._total = 0
+        # Calls whose hedge came due while most shards were still out (see _hedge).
+        self._deferred: list[ShardCall] = []
+        self._waiter: asyncio.Future[None] = loop.create_future()
+        # The longest search time a data server reported for this query (at most the
+        # time its answer took): what of the query's latency was work, not queueing.
+        self.service = 0.0
+        # Answers counted into the metrics at the end: a prometheus counter increment
+        # takes a lock, once per query is plenty.
+        self._ok = 0
+
+    async def run(
+        self, routes: Sequence[ShardRoute], missing: Sequence[tuple[int, int]]
+    ) -> FanOutResult:
+        """Fan out to the shards of ``routes`` and merge their answers (``missing``:
+        the shards with no replica, and their documents). Returns by the deadline (plus
+        a loop iteration)."""
+        ctx = self._ctx
+        calls = self._calls = [ShardCall(route) for route in routes]
+        ctx.hedging.budget.deposit(len(calls))
+        ctx.retry_budget.deposit(len(calls))
+        self._open_calls = self._total = len(calls)
+        for call in calls:
+            if not self._next_attempt(call):
+                call.reason = "no_replica"
+                self._finish(call)  # every replica ejected: failed at once
+        deadline_timer = self._timer.call_at(self.deadline, _wake, self._waiter)
+        try:
+            if self._open_calls > 0:
+                await self._waiter
+        finally:
+            deadline_timer.cancel()
+            # At the deadline (or when the query itself is cancelled, the client gone):
+            # abandon what is still in flight.
+            now = self._timer.time()
+            timed_out = now >= self.deadline
+            blame = self._blame(now) if timed_out else Blame.NONE
+            for call in calls:
+                if not call.done:
+                    self._abandon(call, timed_out, blame=blame)
+            if self._ok:
+                ctx.metrics.shard_requests.labels(result="ok").inc(self._ok)
+        took_ms = (self._timer.time() - self.started) * 1000
+        result = merge(calls, self._k, took_ms, missing)
+        self._count(result, took_ms)
+        return result
+
+    # -- sending ----------------------------------------------------------------------
+
+    def _next_attempt(self, call: ShardCall, *, retry: bool = False) -> bool:
+        """Send the shard's first request or a ``retry``; False if no replica is left,
+        or, for a retry, the retry budget is spent (or, after an overload refusal, every
+        replica left has refused too: a retry would only add to the overload)."""
+        ctx = self._ctx
+        health = ctx.health
+        clock_now = ctx.clock()
+        if not call.tried:
+            call.panic = health.panicking(call.shard, call.routable, clock_now)
+        candidates = ctx.candidates.of(call, clock_now)
+        if candidates and retry and call.reason == "overload" and health.any_overloaded:
+            candidates = health.not_overloaded(candidates, clock_now)
+            if not candidates:
+                return False
+        if not candidates:
+            probe = health.probe(call.replicas, call.tried, clock_now)
+            if probe is None or (retry and not self._spend("retry")):
+                return False
+            self._send(call, probe, hedge=False, probe=True)
+            return True
+        if retry and not self._spend("retry"):
+            return False
+        now = self._timer.time()
+        primary = self._picker.pick(candidates)
+        if ctx.candidates.last_resort(call, primary):
+            ctx.metrics.last_resort.inc()
+        # In panic, a request to an ejected replica is also its probe: an answer ends
+        # its ejection.
+        self._send(call, primary, hedge=False, probe=call.panic and primary.is_ejected(clock_now))
+        hedging = ctx.hedging
+        if hedging.enabled and call.hedge_timer is None and ctx.candidates.may_hedge(call):
+            self._hedge_in(call, now, hedging.delay(call.replicas, primary))
+        return True
+
+    def _spend(self, kind: ExtraRequest) -> bool:
+        """Take an extra request from the retry budget; count it if refused."""
+        if self._ctx.retry_budget.withdraw(kind):
+            return True
+        self._ctx.metrics.budget_refused.labels(kind=kind).inc()
+        return False
+
+    def _send(self, call: ShardCall, replica: Replica, *, hedge: bool, probe: bool = False) -> None:
+        now = self._timer.time()
+        # The budget left, in whole milliseconds (rounded down, so the data server's
+        # deadline never falls after ours); at least 1, the least timeout_ms there is.
+        budget_ms = max(1, int((self.deadline - now) * 1000))
+        # The client never raises: a request that cannot be sent fails its future.
+        future = self._ctx.client.get(replica.endpoint, b"%b%d" % (self._target, budget_ms))
+        attempt = Attempt(replica, future, now, hedge, probe)
+        call.sent(attempt)
+        future.add_done_callback(lambda f: self._on_answer(call, attempt))
+
+    # -- hedging ----------------------------------------------------------------------
+
+    def _hedge_in(self, call: ShardCall, now: float, delay: float | None) -> None:
+        """Offer the shard a hedge ``delay`` after ``now``, if that is before the deadline
+        (never when no latency window tells a ``delay``)."""
+        if delay is not None and now + delay < self.deadline:
+            call.hedge_timer = self._timer.call_at(now + delay, self._hedge, call)
+
+    def _hedge(self, call: ShardCall) -> None:
+        """The shard's request is out longer than another replica's recent p95: one more
+        request, to a replica that would usually have answered by now, if the budget
+        allows.
+
+        Not while fewer than half of the query's shards have answered: then the whole
+        query is late (a stall here, a busy machine), not this shard, and hedges would
+        spend the budget without gaining anything; nor, after, while more of them are
+        still out than outliers make (more than two and a tenth): the slowness is
+        everyone's, and hedges would add to it. The hedge is offered again the
+        fastest other replica's usual spread (p95 - p50) after half have answered, if
+        the shard is still out then. One refused for the budget is offered again a p95
+        later, then two, four... until the deadline: the longer a shard is out, the
+        likelier it is a straggler rather than the usual tail.
+        """
+        call.hedge_timer = None
+        if call.done or not call.attempts:
+            return
+        total, open_calls = self._total, self._open_calls
+        if total >= 4 and 2 * (total - open_calls) < total:
+            self._deferred.append(call)
+            return
+        ctx = self._ctx
+        hedges = ctx.metrics.hedges
+        if open_calls > max(OUTLIERS, total // 10):
+            # More shards out than outliers make (the rule that blames no replica for a
+            # timeout): the data servers are slow together, a busy machine or a cluster
+            # at its knee, and a hedge is one more request to one of them. Sent anyway,
+            # a burst of them was where the overload benchmark's stalls at the knee began.
+            hedges.labels(result="systemic").inc()
+            return
+        started = call.attempts[0].started
+        if ctx.own.since_shed() < SHED_HEDGE_PAUSE:
+            # This search server is refusing queries for want of capacity: a hedge
+            # would take it from the queries it admitted.
+            hedges.labels(result="shedding").inc()
+            return
+        if ctx.own.lagged_since(started):
+            # Our own loop fell behind while the request was out: its answer may be
+            # waiting in the socket, and a hedge would add load to a machine that has
+            # none to spare.
+            hedges.labels(result="own_lag").inc()
+            return
+        now = self._timer.time()
+        clock_now = ctx.clock()
+        candidates = ctx.candidates.for_hedge(call, now - started, clock_now)
+        if not candidates:
+            return
+        hedging = ctx.hedging
+        if not (hedging.budget.available and self._spend("hedge")):
+            hedges.labels(result="over_budget").inc()
+            backoff = hedging.backoff(call.replicas, call.attempts[0].replica, call.hedge_backoff)
+            if backoff is not None:
+                call.hedge_backoff = backoff
+                self._hedge_in(call, now, backoff)
+            return
+        hedging.budget.withdraw()
+        hedge = self._picker.pick(candidates)
+        if ctx.candidates.last_resort(call, hedge):
+            ctx.metrics.last_resort.inc()
+        self._send(call, hedge, hedge=True, probe=call.panic and hedge.is_ejected(clock_now))
+        hedges.labels(result="sent").inc()
+
+    # -- answers ----------------------------------------------------------------------
+
+    def _on_answer(self, call: ShardCall, attempt: Attempt) -> None:
+        future = attempt.future
+        if future.cancelled() or call.done:
+            return  # abandoned by us; accounted for where it was abandoned
+        call.returned(attempt)
+        ctx = self._ctx
+        replica = attempt.replica
+        elapsed = self._timer.time() - attempt.started
+        exc = future.exception()
+        overloaded = False
+        try:
+            if exc is not None:
+                raise exc
+            status, body = future.result()
+            if status != 200:
+                overloaded = status in _OVERLOAD_STATUSES
+                raise BadAnswer(f"HTTP {status}")
+            decoded = orjson.loads(body)
+            hits = ranked_hits(decoded, call.shard, self._k)
+        except (SubrequestError, ValueError) as error:
+            # ValueError: a BadAnswer or undecodable JSON (orjson.JSONDecodeError).
+            if overloaded:
+                # A refusal, not a failure: the replica said at once that it is full.
+                # No step towards ejection and no latency penalty (a busy minute must
+                # cost capacity, never replicas); it gets no first request for a moment
+                # while its shard has another.
+                ctx.health.record_refusal(replica)
+            else:
+                replica.penalize(elapsed)
+                ctx.health.record_failure(replica, "error", _describe(error))
+            call.outcome = "failed"
+            call.reason = "overload" if overloaded else "error"
+            if call.attempts:
+                return  # a hedge is still out; its answer decides
+            if self._timer.time() < self.deadline and self._next_attempt(call, retry=True):
+                ctx.metrics.retries.inc()
+                return
+            self._finish(call)
+            return
+        except Exception as error:  # a client bug must not hang the query
+            log.error("sub-request to %s failed", replica.instance.id, exc_info=error)
+            call.outcome = "failed"
+            if not call.attempts:
+                self._finish(call)
+            return
+        service, queue = feedback(decoded)
+        replica.observe(elapsed, service, queue)
+        if service is not None and service > self.service:
+            self.service = min(service, elapsed)
+        window = replica.window
+        if window is None:
+            window = replica.window = LatencyWindow()
+        window.add(elapsed)
+        ctx.hedging.observe(elapsed)
+        self._ok += 1
+        ctx.health.record_success(replica, probe=attempt.probe)
+        if attempt.hedge:
+            ctx.metrics.hedges.labels(result="won").inc()
+        # The slower of a hedged pair, if any: no answer after all the time it has had.
+        call.answered(
+            hits, replica.instance.payload.docs, decoded.get("cut") is True, self._timer.time()
+        )
+        self._finish(call)
+
+    def _finish(self, call: ShardCall) -> None:
+        call.end()
+        self._open_calls -= 1
+        if self._open_calls == 0:
+            _wake(self._waiter)
+        elif self._deferred and 2 * (self._total - self._open_calls) >= self._total:
+            # Half have answered: the query's median is now. A deferred shard is a
+            # straggler if it is still out its usual spread (p95 - p50) later.
+            deferred, self._deferred = self._deferred, []
+            now = self._timer.time()
+            for late in deferred:
+                if late.done or not late.attempts:
+                    continue
+                spread = self._ctx.hedging.spread(late.replicas, late.attempts[0].replica)
+                self._hedge_in(late, now, spread)
+
+    # -- the deadline -----------------------------------------------------------------
+
+    def _blame(self, now: float) -> Blame:
+        """What the requests still out at the deadline are charged with (see
+        :meth:`TimeoutBlame.judge <search_server.blame.TimeoutBlame.judge>`)."""
+        late = (a.replica for call in self._calls if not call.done for a in call.attempts)
+        return self._ctx.blame.judge(
+            late,
+            started=self.started,
+            deadline=self.deadline,
+            now=now,
+            open_calls=self._open_calls,
+            total=self._total,
+        )
+
+    def _abandon(self, call: ShardCall, timed_out: bool, *, blame: Blame) -> None:
+        """End a call still open at the deadline (``timed_out``) or at a cancellation.
+
+        A timeout counts against its replicas as ``blame`` says (see :meth:`_blame`):
+        their latency, and with it their run of failures towards ejection, or
+        nothing (when the query woke up too late to tell their lateness from its own)."""
+        call.end()
+        if timed_out:
+            call.outcome = "timed_out"
+        now = self._timer.time()
+        for attempt in call.drop():
+            if not timed_out:
+                continue
+            replica = attempt.replica
+            if blame is not Blame.NONE:
+                replica.penalize(now - attempt.started)
+            if blame is Blame.FULL:
+                self._ctx.health.record_failure(
+                    replica, "timeout", "no answer by the query deadline"
+                )
+            else:
+                self._ctx.metrics.shard_requests.labels(result="timeout").inc()
+
+    def _count(self, result: FanOutResult, took_ms: float) -> None:
+        metrics = self._ctx.metrics
+        metrics.queries.labels(outcome="partial" if result.partial else "complete").inc()
+        metrics.query_seconds.observe(took_ms / 1000)
+        coverage = result.coverage
+        if coverage is not None:
+            metrics.coverage.observe(coverage.ratio)
+            for reason in coverage.degraded:
+                metrics.degraded.labels(reason=reason).inc()
+        if result.partial:
+            shards = result.shards
+            log.debug(
+                "partial answer: %d of %d shards failed, %d timed out, %d cut",
+                shards["failed"],
+                shards["total"],
+                shards["timed_out"],
+                shards["cut"],
+            )
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,159 @@
+"""What a fan-out remembers of its replicas' failures and refusals across queries.
+
+:class:`ReplicaHealth` puts :class:`~search_server.ejection.OutlierEjection` (failures
+towards ejection, half-open probes) together with the fan-out's metrics and log, and
+keeps what ejection does not: the replicas that refused for overload lately, and the
+shards routing in panic. Every time is the fan-out's ``clock``. Not thread-safe; runs
+on the fan-out's event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Container, Iterable
+
+from .ejection import OutlierEjection
+from .metrics import FanOutMetrics
+from .picking import Replica
+
+__all__ = ["ReplicaHealth"]
+
+log = logging.getLogger(__name__)
+
+# Seconds between two log lines saying that shards route in panic.
+_PANIC_LOG_INTERVAL = 10.0
+
+
+class ReplicaHealth:
+    """The fan-out's record of its replicas: ejections, overload refusals, panic.
+
+    ``routable`` says how many data servers are routable now (the base of the ejection
+    cap). ``panic_threshold`` is the share of a shard's replicas that must be left
+    un-ejected for its routing to heed ejections (0: always heed them);
+    ``overload_backoff`` how long a replica that refused for overload gets no first
+    request while its shard has another.
+    """
+
+    def __init__(
+        self,
+        ejection: OutlierEjection,
+        *,
+        clock: Callable[[], float],
+        metrics: FanOutMetrics,
+        routable: Callable[[], int],
+        panic_threshold: float,
+        overload_backoff: float,
+    ) -> None:
+        self._ejection = ejection
+        self._clock = clock
+        self._metrics = metrics
+        self._routable = routable
+        self._panic_threshold = panic_threshold
+        self._overload_backoff = overload_backoff
+        # Replicas that answered "overloaded", until when (the fan-out's clock): kept
+        # here, not on the Replica, and nearly always empty.
+        self._overloaded: dict[Replica, float] = {}
+        self._panic_logged_at = -_PANIC_LOG_INTERVAL
+        self._panic_shards: set[int] = set()
+
+    # -- answers ----------------------------------------------------------------------
+
+    def record_success(self, replica: Replica, *, probe: bool) -> None:
+        """An answer of ``replica`` (to a half-open ``probe``: its ejection ends)."""
+        self._ejection.record_success(replica, self._clock(), probe=probe)
+
+    def record_failure(self, replica: Replica, result: str, detail: str) -> None:
+        """A failure (``result`` "error" or "timeout") of ``replica``: counted, a step
+        towards its ejection (under the cap), logged at debug level unless it ejects."""
+        self._metrics.shard_requests.labels(result=result).inc()
+        ejection = self._ejection
+        capped = ejection.capped
+        if ejection.record_failure(
+            replica, self._clock(), routable=self._routable(), detail=detail
+        ):
+            self._metrics.ejections.inc()
+            return
+        if ejection.capped != capped:
+            self._metrics.panic.labels(scope="cluster").inc()
+        instance = replica.instance
+        log.debug(
+            "data server %s (%s:%d) %s: %s",
+            instance.id,
+            instance.address,
+            instance.port,
+            result,
+            detail,
+        )
+
+    def record_refusal(self, replica: Replica) -> None:
+        """``replica`` refused for overload: no step towards ejection, no first request
+        for ``overload_backoff`` while its shard has another candidate."""
+        self._overloaded[replica] = self._clock() + self._overload_backoff
+        self._metrics.shard_requests.labels(result="overload").inc()
+
+    # -- choosing ---------------------------------------------------------------------
+
+    @property
+    def any_overloaded(self) -> bool:
+        """Some replica refused for overload and is not yet known to be over it."""
+        return bool(self._overloaded)
+
+    def not_overloaded(self, replicas: list[Replica], now: float) -> list[Replica]:
+        """``replicas`` less those that answered "overloaded" less than
+        ``overload_backoff`` ago (forgetting those whose backoff is over)."""
+        overloaded = self._overloaded
+        left = []
+        for replica in replicas:
+            until = overloaded.get(replica)
+            if until is None:
+                left.append(replica)
+            elif until <= now:
+                del overloaded[replica]
+                left.append(replica)
+        return left
+
+    def probe(
+        self, replicas: Iterable[Replica], tried: Container[Replica], now: float
+    ) -> Replica | None:
+        """The ejected replica to send a half-open probe to now, if any (see
+        :meth:`OutlierEjection.probe`)."""
+        return self._ejection.probe(replicas, tried, now)
+
+    def ejected(self) -> set[Replica]:
+        """The replicas ejected now (the ejection's own set: do not modify it)."""
+        return self._ejection.ejected(self._clock())
+
+    def panicking(self, shard: int, routable: int, now: float) -> bool:
+        """Whether ``shard`` (of ``routable`` replicas) routes in panic for a query:
+        fewer than ``panic_threshold`` of its replicas are left un-ejected. Then its
+        ejections are not heeded: the load is spread over all of them, as Envoy does
+        below its healthy panic threshold, rather than piled onto the few left (which a
+        busy minute would then eject in turn). O(1) while none of the shard's replicas is
+        ejected."""
+        if not self._panic_threshold > 0 or routable < 2:
+            # A shard's only replica has no share to protect: routing to it while it is
+            # ejected would make every query wait for it if it hangs, the outage this
+            # product exists to end. Its half-open probe ends the ejection within a
+            # second of its answering again.
+            return False
+        ejected = self._ejection.ejected_in(shard, now)
+        if ejected == 0:
+            return False
+        if routable - min(ejected, routable) >= self._panic_threshold * routable:
+            return False
+        self._metrics.panic.labels(scope="shard").inc()
+        self._panic_shards.add(shard)
+        if now - self._panic_logged_at >= _PANIC_LOG_INTERVAL:
+            shards = sorted(self._panic_shards)
+            log.warning(
+                "routing %d shard(s) in panic (fewer than %.0f%% of their replicas left "
+                "un-ejected): their ejections are not heeded, the load goes to all their "
+                "replicas; shards %s%s",
+                len(shards),
+                self._panic_threshold * 100,
+                ", ".join(map(str, shards[:10])),
+                "..." if len(shards) > 10 else "",
+            )
+            self._panic_logged_at = now
+            self._panic_shards.clear()
+        return True

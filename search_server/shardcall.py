@@ -1,0 +1,146 @@
+"""One shard's part of one query: its sub-requests (:class:`Attempt`) and its answer.
+
+A :class:`ShardCall` is made per shard by a :class:`~search_server.query.Query`, which
+decides what to send and when; the call keeps the state (replicas tried, requests
+out, the answer or why there is none) and the bookkeeping of its requests on their
+replicas (``outstanding``). It is what :func:`~search_server.merging.merge` reads.
+Not thread-safe; runs on the query's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from .httpclient import Response
+from .merging import FailureReason, Ranked, ShardOutcome
+from .picking import Replica
+from .shardrouting import ShardRoute
+
+__all__ = ["Attempt", "Cancellable", "ShardCall"]
+
+
+class Cancellable(Protocol):
+    """A callback scheduled to run later, that may be called off (a loop's
+    :class:`asyncio.TimerHandle`)."""
+
+    def cancel(self) -> None: ...
+
+
+class Attempt:
+    """One sub-request of a shard call: to which replica, since when (the query's
+    timer), and whether it is a hedge or a half-open probe."""
+
+    __slots__ = ("future", "hedge", "probe", "replica", "started")
+
+    def __init__(
+        self,
+        replica: Replica,
+        future: asyncio.Future[Response],
+        started: float,
+        hedge: bool,
+        probe: bool = False,
+    ) -> None:
+        self.replica = replica
+        self.future = future
+        self.started = started
+        self.hedge = hedge
+        # Sent to an ejected replica because its shard had no other: an answer ends
+        # the ejection (see Query._next_attempt).
+        self.probe = probe
+
+
+class ShardCall:
+    """The progress of one shard within one query."""
+
+    __slots__ = (
+        "attempts",
+        "cut",
+        "docs",
+        "done",
+        "hedge_backoff",
+        "hedge_timer",
+        "hits",
+        "outcome",
+        "panic",
+        "reason",
+        "replicas",
+        "routable",
+        "shard",
+        "shard_docs",
+        "subset",
+        "tried",
+    )
+
+    def __init__(self, route: ShardRoute) -> None:
+        self.shard = route.shard
+        # The replicas this search server routes the shard to: its subset's members
+        # (all of the shard's routable replicas when it has no subset). Shared with
+        # other queries: never modified.
+        self.replicas = route.members
+        self.subset = route.subset
+        self.shard_docs = route.docs
+        # How many routable replicas the shard has (not only its subset's members): the
+        # base of the panic threshold.
+        self.routable = len(route.replicas)
+        # The shard's routing ignores ejections for this query (ReplicaHealth.panicking).
+        self.panic = False
+        # What the replica that answered holds (coverage).
+        self.docs = 0
+        # Why the shard failed, if it does: a failure, unless it had no replica at all
+        # or its replicas refused for overload.
+        self.reason: FailureReason = "error"
+        self.tried: list[Replica] = []
+        self.attempts: list[Attempt] = []
+        self.hits: list[Ranked] | None = None
+        # The answer was cut short by the data server at the request's budget.
+        self.cut = False
+        # Until a replica answers: what the last attempt did ("failed" if none could be made).
+        self.outcome: ShardOutcome = "failed"
+        self.done = False
+        self.hedge_timer: Cancellable | None = None
+        # How long to wait before offering a hedge refused for the budget again.
+        self.hedge_backoff = 0.0
+
+    def sent(self, attempt: Attempt) -> None:
+        """``attempt`` is out: its replica is tried, and has one more request out."""
+        replica = attempt.replica
+        self.tried.append(replica)
+        replica.outstanding += 1
+        replica.sent += 1
+        self.attempts.append(attempt)
+
+    def returned(self, attempt: Attempt) -> None:
+        """``attempt`` came back (answer or error): no longer out."""
+        self.attempts.remove(attempt)
+        attempt.replica.outstanding -= 1
+
+    def answered(self, hits: list[Ranked], docs: int, cut: bool, now: float) -> None:
+        """A replica holding ``docs`` answered with ``hits``: the shard's answer. The
+        requests still out are the slower of a hedged pair: each is cancelled, and its
+        replica charged with the time it has had (``now``, the query's timer)."""
+        self.hits, self.outcome = hits, "ok"
+        self.docs = docs
+        self.cut = cut
+        for loser in self.attempts:
+            loser.replica.outstanding -= 1
+            loser.replica.penalize(now - loser.started)
+            loser.future.cancel()
+        self.attempts.clear()
+
+    def end(self) -> None:
+        """The shard's part of the query is over: no hedge is offered any more."""
+        self.done = True
+        if self.hedge_timer is not None:
+            self.hedge_timer.cancel()
+            self.hedge_timer = None
+
+    def drop(self) -> list[Attempt]:
+        """Cancel the requests still out (at the deadline, or the query cancelled):
+        the attempts dropped, for the caller to charge."""
+        dropped = self.attempts
+        self.attempts = []
+        for attempt in dropped:
+            attempt.replica.outstanding -= 1
+            attempt.future.cancel()
+        return dropped
