@@ -35,7 +35,8 @@ ENV_LOG_LEVEL = "DISCOVERY_LOG_LEVEL"
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 if TYPE_CHECKING:  # not subscriptable at run time before Python 3.12
-    _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+    # argparse names the type of add_subparsers()' result only privately; typeshed uses it.
+    _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]  # noqa: SLF001
 
 _SUBCOMMANDS: tuple[Callable[[_SubParsers], object], ...] = (
     devcluster.add_parser,
