@@ -288,31 +288,72 @@ class RedisSentinelGroup:
                 f"could not stop the sentinel group: {first_error}"
             ) from first_error
 
-    # -- faults (:class:`~discovery.testing.sentinelfaults.SentinelFaults`) ---------------
+    # -- faults (carried out by :class:`~discovery.testing.sentinelfaults.SentinelFaults`) --
 
     def failover(self, timeout: float = 30.0) -> Address:
-        """Force a failover and wait until it is complete; the new primary's address.
-        See :meth:`SentinelFaults.failover`."""
+        """Force a failover (``SENTINEL FAILOVER``) and wait until it is complete.
+
+        A sentinel refuses while it has no replica fit to promote (``NOGOODSLAVE``, e.g.
+        right after a failover, until it has heard from the replicas again) or another
+        failover is under way (``INPROG``); the request is then repeated until one accepts.
+        Returns the new primary's address, once every running sentinel reports it, it says
+        ``role:master`` and no sentinel has a failover in progress (so another can follow).
+        The old primary stays a primary until the sentinels turn it into a replica, some
+        8-10 s later (:meth:`wait_replicated` waits for that); they then disconnect its
+        clients, so Sentinel-aware clients move to the new one.
+
+        Raises:
+            DevClusterError: no sentinel accepted the request, or the failover did not
+                complete, within ``timeout`` seconds.
+        """
         return self._faults.failover(timeout)
 
     def kill_primary(self) -> RedisServer:
         """SIGKILL the current primary, as a crash would, and return it (reaped, stopped).
-        See :meth:`SentinelFaults.kill_primary`."""
+
+        The sentinels elect a new primary after ``down_after_ms`` plus an election; wait for
+        it with :meth:`wait_for_new_primary`, and bring the old one back with
+        :meth:`restart`.
+
+        Raises:
+            DevClusterError: no sentinel knows the primary, or it is not running.
+        """
         return self._faults.kill_primary()
 
     def wait_for_new_primary(self, previous: Address, timeout: float = 30.0) -> Address:
-        """Wait until the sentinels agree on a working primary other than ``previous``;
-        its address. See :meth:`SentinelFaults.wait_for_new_primary`."""
+        """Wait until every running sentinel reports the same primary other than
+        ``previous``, that server answers ``role:master`` and no sentinel has a failover in
+        progress; return its address.
+
+        Raises:
+            DevClusterError: not so within ``timeout`` seconds (with the logs' tails).
+        """
         return self._faults.wait_for_new_primary(previous, timeout)
 
     def restart(self, server: RedisServer, timeout: float = 30.0) -> None:
-        """(Re)start ``server`` as a replica of the current primary, and wait until every
-        sentinel sees it so. See :meth:`SentinelFaults.restart`."""
+        """(Re)start ``server`` as a replica of the current primary and wait until it
+        replicates from the primary every running sentinel reports (a later failover's
+        included) and every running sentinel sees it as a replica that is up.
+
+        Use this, not ``server.restart()``, after a failover: the server is started with
+        ``replicaof`` the primary the sentinels report now (a server the sentinels still
+        take for the primary starts as the primary again). A running server is stopped
+        first.
+
+        Raises:
+            ValueError: ``server`` is not one of this group's data servers.
+            DevClusterError: it cannot start, or is not a replica seen by every sentinel
+                within ``timeout`` seconds; it is then left running, for the logs.
+        """
         self._faults.restart(server, timeout)
 
     def wait_replicated(self, timeout: float = 30.0) -> None:
-        """Wait until every running replica replicates from the primary. See
-        :meth:`SentinelFaults.wait_replicated`."""
+        """Wait until every running data server other than the primary replicates from it
+        (``master_link_status:up``), e.g. after a failover, before checking replicas' data.
+
+        Raises:
+            DevClusterError: not so within ``timeout`` seconds.
+        """
         self._faults.wait_replicated(timeout)
 
     def __enter__(self) -> RedisSentinelGroup:

@@ -32,7 +32,9 @@ _POLL_INTERVAL_S = 0.05
 
 class SentinelFaults:
     """Fail the group of ``servers`` and ``sentinels`` (monitoring ``master_name``) over,
-    read through ``view``, and wait until it has recovered."""
+    read through ``view``, and wait until it has recovered. Each method's contract is
+    documented on :class:`~discovery.testing.sentinel.RedisSentinelGroup`, which hands
+    over to it."""
 
     def __init__(
         self,
@@ -47,21 +49,7 @@ class SentinelFaults:
         self._view = view
 
     def failover(self, timeout: float = 30.0) -> Address:
-        """Force a failover (``SENTINEL FAILOVER``) and wait until it is complete.
-
-        A sentinel refuses while it has no replica fit to promote (``NOGOODSLAVE``, e.g.
-        right after a failover, until it has heard from the replicas again) or another
-        failover is under way (``INPROG``); the request is then repeated until one accepts.
-        Returns the new primary's address, once every running sentinel reports it, it says
-        ``role:master`` and no sentinel has a failover in progress (so another can follow).
-        The old primary stays a primary until the sentinels turn it into a replica, some
-        8-10 s later (:meth:`wait_replicated` waits for that); they then disconnect its
-        clients, so Sentinel-aware clients move to the new one.
-
-        Raises:
-            DevClusterError: no sentinel accepted the request, or the failover did not
-                complete, within ``timeout`` seconds.
-        """
+        """Force a failover; see :meth:`RedisSentinelGroup.failover`."""
         deadline = time.monotonic() + timeout
         while True:
             old = self._view.primary_address()
@@ -86,15 +74,7 @@ class SentinelFaults:
             time.sleep(_POLL_INTERVAL_S)
 
     def kill_primary(self) -> RedisServer:
-        """SIGKILL the current primary, as a crash would, and return it (reaped, stopped).
-
-        The sentinels elect a new primary after ``down_after_ms`` plus an election; wait for
-        it with :meth:`wait_for_new_primary`, and bring the old one back with
-        :meth:`restart`.
-
-        Raises:
-            DevClusterError: no sentinel knows the primary, or it is not running.
-        """
+        """SIGKILL the primary; see :meth:`RedisSentinelGroup.kill_primary`."""
         primary = self._view.server_at(self._view.primary_address())
         pid = primary.pid
         if pid is None or not primary.running:
@@ -109,13 +89,7 @@ class SentinelFaults:
         return primary
 
     def wait_for_new_primary(self, previous: Address, timeout: float = 30.0) -> Address:
-        """Wait until every running sentinel reports the same primary other than
-        ``previous``, that server answers ``role:master`` and no sentinel has a failover in
-        progress; return its address.
-
-        Raises:
-            DevClusterError: not so within ``timeout`` seconds (with the logs' tails).
-        """
+        """Wait for another primary; see :meth:`RedisSentinelGroup.wait_for_new_primary`."""
         started = time.monotonic()
         found: list[Address] = []
 
@@ -143,20 +117,7 @@ class SentinelFaults:
         return found[0]
 
     def restart(self, server: RedisServer, timeout: float = 30.0) -> None:
-        """(Re)start ``server`` as a replica of the current primary and wait until it
-        replicates from the primary every running sentinel reports (a later failover's
-        included) and every running sentinel sees it as a replica that is up.
-
-        Use this, not ``server.restart()``, after a failover: the server is started with
-        ``replicaof`` the primary the sentinels report now (a server the sentinels still
-        take for the primary starts as the primary again). A running server is stopped
-        first.
-
-        Raises:
-            ValueError: ``server`` is not one of this group's data servers.
-            DevClusterError: it cannot start, or is not a replica seen by every sentinel
-                within ``timeout`` seconds; it is then left running, for the logs.
-        """
+        """Start ``server`` as a replica; see :meth:`RedisSentinelGroup.restart`."""
         if not any(server is s for s in self._servers):
             raise ValueError(f"{server!r} is not a data server of this group")
         deadline = time.monotonic() + timeout
@@ -198,12 +159,7 @@ class SentinelFaults:
         )
 
     def wait_replicated(self, timeout: float = 30.0) -> None:
-        """Wait until every running data server other than the primary replicates from it
-        (``master_link_status:up``), e.g. after a failover, before checking replicas' data.
-
-        Raises:
-            DevClusterError: not so within ``timeout`` seconds.
-        """
+        """Wait for the replicas' links; see :meth:`RedisSentinelGroup.wait_replicated`."""
         deadline = time.monotonic() + timeout
 
         def linked() -> bool:
