@@ -80,6 +80,7 @@ __all__ = [
     "Hit",
     "IncrementalSearch",
     "InvertedIndex",
+    "PostingLists",
     "tokenize",
 ]
 
@@ -114,6 +115,21 @@ class Hit:
     title: str
 
 
+@dataclass(frozen=True, slots=True)
+class PostingLists:
+    """An index's postings as its searches read them: the index's own arrays, not a copy.
+
+    Term ``t``'s entries are ``entries[offsets[t]:offsets[t + 1]]``, by document number,
+    each ``number << 8 | tf``; a ``tf`` of 255 stands for the exact one in
+    ``large_tfs[t, number]``. ``norms[number]`` is the document's BM25 length norm.
+    """
+
+    offsets: array[int]
+    entries: array[int]
+    large_tfs: dict[tuple[int, int], int]
+    norms: array[float]
+
+
 class InvertedIndex:
     """BM25-ranked inverted index over a fixed set of documents (title and text).
 
@@ -126,6 +142,7 @@ class InvertedIndex:
         "_avg_length",
         "_doc_ids",
         "_large_tfs",
+        "_lists",
         "_max_tfs",
         "_min_norm",
         "_norms",
@@ -198,6 +215,16 @@ class InvertedIndex:
         # frequency, one byte a term, and the smallest length norm of the shard.
         self._max_tfs = _max_frequencies(flat, offsets)
         self._min_norm = min(self._norms) if doc_ids else 1.0
+        self._lists = PostingLists(offsets, flat, large_tfs, self._norms)
+
+    def __getstate__(self) -> tuple[None, dict[str, object]]:
+        # Pickled (a snapshot) as before _lists existed: it is made of the other slots.
+        return None, {name: getattr(self, name) for name in self.__slots__ if name != "_lists"}
+
+    def __setstate__(self, state: tuple[None, dict[str, object]]) -> None:
+        for name, value in state[1].items():
+            setattr(self, name, value)
+        self._lists = PostingLists(self._offsets, self._postings, self._large_tfs, self._norms)
 
     @staticmethod
     def _add_term(
@@ -246,9 +273,10 @@ class InvertedIndex:
         df = self.document_frequency(term)
         return math.log(1.0 + (self.document_count - df + 0.5) / (df + 0.5))
 
-    def _query_terms(self, query: str) -> list[int]:
-        # Each distinct term counts once, in first-seen order so that float sums (and so
-        # tie-breaking) do not depend on set iteration order.
+    def term_ids(self, query: str) -> list[int]:
+        """The ids of ``query``'s indexed terms, each once, in first-seen order."""
+        # First-seen order so that float sums (and so tie-breaking) do not depend on set
+        # iteration order.
         term_ids: list[int] = []
         for term in dict.fromkeys(tokenize(query)):
             term_id = self._terms.get(term)
@@ -256,13 +284,14 @@ class InvertedIndex:
                 term_ids.append(term_id)
         return term_ids
 
-    def _weight(self, term_id: int) -> float:
+    def term_weight(self, term_id: int) -> float:
         """The term's idf times ``k1 + 1``: its contribution is ``weight * tf / (tf + norm)``."""
         df = self._offsets[term_id + 1] - self._offsets[term_id]
         return math.log(1.0 + (len(self._doc_ids) - df + 0.5) / (df + 0.5)) * (BM25_K1 + 1.0)
 
-    def _upper_bound(self, term_id: int, weight: float) -> float:
-        """No document's contribution from this term exceeds this (up to rounding)."""
+    def term_bound(self, term_id: int, weight: float) -> float:
+        """No document's contribution from this term (of ``weight``) exceeds this, up
+        to rounding."""
         top = self._max_tfs[term_id]
         if top == _TF_MASK:
             return weight  # 255 or more, somewhere: tf / (tf + norm) is below 1
@@ -276,7 +305,7 @@ class InvertedIndex:
         norms = self._norms
         large_tfs = self._large_tfs
         k1_plus_1 = BM25_K1 + 1.0
-        for term_id in self._query_terms(query):
+        for term_id in self.term_ids(query):
             start, end = offsets[term_id], offsets[term_id + 1]
             df = end - start
             weight = math.log(1.0 + (count - df + 0.5) / (df + 0.5)) * k1_plus_1
@@ -290,7 +319,7 @@ class InvertedIndex:
 
     def match_count(self, query: str) -> int:
         """Number of documents containing at least one term of ``query``."""
-        term_ids = self._query_terms(query)
+        term_ids = self.term_ids(query)
         offsets = self._offsets
         if len(term_ids) == 1:
             return offsets[term_ids[0] + 1] - offsets[term_ids[0]]
@@ -333,9 +362,14 @@ class InvertedIndex:
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
         scores = self._scores(query) if k else {}
-        return self._top(scores, k)
+        return self.top(scores, k)
 
-    def _top(self, scores: dict[int, float], k: int) -> list[Hit]:
+    @property
+    def posting_lists(self) -> PostingLists:
+        """The postings, for a search to read (the index's own arrays, not a copy)."""
+        return self._lists
+
+    def top(self, scores: dict[int, float], k: int) -> list[Hit]:
         """The ``k`` best of ``scores`` by (score descending, document id) as hits."""
         candidates = scores.items()
         if len(scores) > k:
@@ -401,6 +435,7 @@ class IncrementalSearch:
         "_cursor",
         "_index",
         "_k",
+        "_lists",
         "_lookups",
         "_open",
         "_order",
@@ -424,12 +459,13 @@ class IncrementalSearch:
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
         self._index = index
+        self._lists = index.posting_lists
         self._k = k
-        terms = index._query_terms(query) if k else []
+        terms = index.term_ids(query) if k else []
         # In query order: the order the exhaustive search adds contributions in.
         self._terms = terms
-        self._weights = [index._weight(t) for t in terms]
-        bounds = [index._upper_bound(t, w) for t, w in zip(terms, self._weights, strict=True)]
+        self._weights = [index.term_weight(t) for t in terms]
+        bounds = [index.term_bound(t, w) for t, w in zip(terms, self._weights, strict=True)]
         # Decreasing bound: the rare, decisive terms first; ties in query order.
         order = sorted(range(len(terms)), key=lambda i: (-bounds[i], i))
         self._order = order
@@ -463,7 +499,7 @@ class IncrementalSearch:
     @property
     def posting_volume(self) -> int:
         """The postings of the query's terms: what the exhaustive search reads."""
-        offsets = self._index._offsets
+        offsets = self._lists.offsets
         return sum(offsets[t + 1] - offsets[t] for t in self._terms)
 
     def step(self, work: int) -> bool:
@@ -479,21 +515,21 @@ class IncrementalSearch:
         """The top ``k`` once done; before that the best found so far, by partial score."""
         if self._result is not None:
             return list(self._result)
-        return self._index._top(self._acc, self._k)
+        return self._index.top(self._acc, self._k)
 
     # -- reading terms -----------------------------------------------------------------
 
     def _advance(self, quota: int) -> int:
         """Read (part of) the current term; return the work used (at least 1)."""
-        index = self._index
+        lists = self._lists
         term_index = self._order[self._position]
         term = self._terms[term_index]
         weight = self._weights[term_index]
-        start, end = index._offsets[term], index._offsets[term + 1]
+        start, end = lists.offsets[term], lists.offsets[term + 1]
         acc = self._acc
-        norms = index._norms
-        large_tfs = index._large_tfs
-        postings = index._postings
+        norms = lists.norms
+        large_tfs = lists.large_tfs
+        postings = lists.entries
         used = 0
         if (
             not self._open
@@ -604,10 +640,11 @@ class IncrementalSearch:
 
     def _exact_score(self, number: int) -> float:
         """The document's score as the exhaustive search sums it (query order)."""
-        index = self._index
-        offsets = index._offsets
-        postings = index._postings
-        norm = index._norms[number]
+        lists = self._lists
+        offsets = lists.offsets
+        postings = lists.entries
+        large_tfs = lists.large_tfs
+        norm = lists.norms[number]
         key = number << _TF_BITS
         score = 0.0
         for term, weight in zip(self._terms, self._weights, strict=True):
@@ -618,7 +655,7 @@ class IncrementalSearch:
                 if entry >> _TF_BITS == number:
                     tf = entry & _TF_MASK
                     if tf == _TF_MASK:
-                        tf = index._large_tfs[term, number]
+                        tf = large_tfs[term, number]
                     score = score + weight * tf / (tf + norm)
         return score
 
@@ -668,6 +705,6 @@ class IncrementalSearch:
         return max(1, len(chunk) * per_document)
 
     def _finish(self) -> None:
-        self._result = self._index._top(self._acc, self._k)
+        self._result = self._index.top(self._acc, self._k)
         self._phase = _DONE
         self._candidates = []

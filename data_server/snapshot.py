@@ -77,10 +77,11 @@ class SnapshotKey:
 
     def name(self) -> str:
         """The snapshot's file name: the shard and a digest of the whole key."""
-        digest = hashlib.sha256(self._encoded()).hexdigest()[:16]
+        digest = hashlib.sha256(self.encoded()).hexdigest()[:16]
         return f"shard-{self.shard}-{digest}.idx"
 
-    def _encoded(self) -> bytes:
+    def encoded(self) -> bytes:
+        """The whole key as bytes (canonical JSON): a snapshot's header, checked on load."""
         return json.dumps(asdict(self), sort_keys=True).encode()
 
 
@@ -114,7 +115,7 @@ class IndexSnapshots:
         if not self._check_directory():
             return
         payload = pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
-        header = key._encoded()
+        header = key.encoded()
         data = b"".join(
             (
                 _MAGIC,
@@ -138,7 +139,7 @@ class IndexSnapshots:
             log.warning("index snapshot %s not written (%s)", path, exc)
 
     def _decode(self, data: bytes, key: SnapshotKey, path: Path) -> InvertedIndex | None:
-        expected = key._encoded()
+        expected = key.encoded()
         start = len(_MAGIC) + 4
         if not data.startswith(_MAGIC) or len(data) < start:
             log.warning("index snapshot %s is not one: building the index", path)

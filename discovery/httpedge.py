@@ -80,16 +80,16 @@ class _Connection(asyncio.Protocol):
     __slots__ = (
         "_body",
         "_busy",
-        "_guard",
         "_heard",
         "_inner",
+        "_ledger",
         "_pipelined",
         "_waiting",
         "transport",
     )
 
-    def __init__(self, guard: HeaderGuard, inner: asyncio.Protocol) -> None:
-        self._guard = guard
+    def __init__(self, ledger: _Ledger, inner: asyncio.Protocol) -> None:
+        self._ledger = ledger
         self._inner = inner
         self.transport: asyncio.Transport | None = None
         self._waiting = False
@@ -103,7 +103,7 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's is one without subclassing asyncio's).
         self.transport = cast(asyncio.Transport, transport)
-        self._guard._open(self)
+        self._ledger.opened(self)
         self._wait()
         self._inner.connection_made(transport)
 
@@ -127,7 +127,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_waiting()
-        self._guard._lost(self)
+        self._ledger.lost(self)
         self.transport = None
         self._busy = False
         self._inner.connection_lost(exc)
@@ -150,13 +150,13 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         if not self._waiting and transport is not None and not transport.is_closing():
             self._waiting = True
-            self._guard._start_waiting(self)
+            self._ledger.start_waiting(self)
 
     def _stop_waiting(self) -> None:
         if self._waiting:
             self._waiting = False
             self._heard = False
-            self._guard._stop_waiting(self)
+            self._ledger.stop_waiting(self)
 
     def request_started(self, body: StreamReader) -> None:
         """A request of this connection reached the application: its head is complete."""
@@ -186,7 +186,92 @@ class _Connection(asyncio.Protocol):
             transport.abort()
         else:
             transport.close()
-        self._guard._closed(reason)
+        self._ledger.closed(reason)
+
+
+class _Ledger:
+    """A guard's connections: each by transport, and those waiting for a request head.
+
+    Starting a wait with ``max_pending_headers`` already waiting closes the one that has
+    waited longest; one timer closes each whose ``header_timeout`` is over. Closes are
+    counted (not those of a shutdown).
+    """
+
+    def __init__(self, config: HttpEdgeConfig, metrics: HttpEdgeMetrics) -> None:
+        self._config = config
+        self._metrics = metrics
+        # Connections by transport, for the middleware to find a request's connection.
+        self._connections: dict[asyncio.BaseTransport, _Connection] = {}
+        # Those waiting for a request head, by deadline. Every wait is as long, so the
+        # insertion order (a dict's) is the deadlines' order: the first entry is both the
+        # longest waiting and the next to expire, and one timer for it serves them all
+        # (no timer per request to arm and cancel).
+        self._waiting: dict[_Connection, float] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+        self.closed_slow = 0
+        self.evicted = 0
+
+    @property
+    def waiting(self) -> int:
+        """Connections waiting for a request head now."""
+        return len(self._waiting)
+
+    def connection(self, transport: asyncio.BaseTransport) -> _Connection | None:
+        """The open connection of ``transport``, if it is one of ours."""
+        return self._connections.get(transport)
+
+    def opened(self, connection: _Connection) -> None:
+        assert connection.transport is not None
+        self._connections[connection.transport] = connection
+
+    def lost(self, connection: _Connection) -> None:
+        if connection.transport is not None:
+            self._connections.pop(connection.transport, None)
+
+    def start_waiting(self, connection: _Connection) -> None:
+        config = self._config
+        while len(self._waiting) >= config.max_pending_headers:
+            oldest = next(iter(self._waiting))
+            log.debug("closing a connection waiting for its request headers to make room")
+            oldest.expire("evicted")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + config.header_timeout
+        self._waiting[connection] = deadline
+        if self._sweeper is None:
+            self._sweeper = loop.call_at(deadline, self._sweep)
+
+    def stop_waiting(self, connection: _Connection) -> None:
+        self._waiting.pop(connection, None)
+
+    def _sweep(self) -> None:
+        """Close the connections whose wait is over; come back for the next one."""
+        self._sweeper = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self._waiting:
+            connection, deadline = next(iter(self._waiting.items()))
+            if deadline > now:
+                self._sweeper = loop.call_at(deadline, self._sweep)
+                return
+            connection.expire("header_timeout")  # which removes it from _waiting
+
+    def closed(self, reason: str) -> None:
+        """Count a connection closed for ``reason`` (``evicted``, ``header_timeout``)."""
+        if reason == "shutdown":
+            return
+        self._metrics.closed.labels(reason=reason).inc()
+        if reason == "evicted":
+            self.evicted += 1
+        else:
+            self.closed_slow += 1
+
+    def close(self) -> None:
+        """Close every connection waiting for a head (a shutdown), and stop the timer."""
+        for connection in list(self._waiting):
+            connection.expire("shutdown")
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
 
 
 class HeaderGuard:
@@ -202,22 +287,23 @@ class HeaderGuard:
         self.config = config
         self._metrics = HttpEdgeMetrics(registry)
         self._server: asyncio.Server | None = None
-        # Connections by transport, for the middleware to find a request's connection.
-        self._connections: dict[asyncio.BaseTransport, _Connection] = {}
-        # Those waiting for a request head, by deadline. Every wait is as long, so the
-        # insertion order (a dict's) is the deadlines' order: the first entry is both the
-        # longest waiting and the next to expire, and one timer for it serves them all
-        # (no timer per request to arm and cancel).
-        self._waiting: dict[_Connection, float] = {}
-        self._sweeper: asyncio.TimerHandle | None = None
-        self._metrics.pending.set_function(lambda: len(self._waiting))
-        self.closed_slow = 0
-        self.evicted = 0
+        self._ledger = _Ledger(config, self._metrics)
+        self._metrics.pending.set_function(lambda: self._ledger.waiting)
+
+    @property
+    def closed_slow(self) -> int:
+        """Connections closed because their request head took too long."""
+        return self._ledger.closed_slow
+
+    @property
+    def evicted(self) -> int:
+        """Connections closed to make room for a newer one waiting for its head."""
+        return self._ledger.evicted
 
     @property
     def waiting(self) -> int:
         """Connections waiting for a request head now."""
-        return len(self._waiting)
+        return self._ledger.waiting
 
     @property
     def port(self) -> int:
@@ -232,7 +318,7 @@ class HeaderGuard:
     ) -> web.StreamResponse:
         """Marks the request's connection busy while the application has its request."""
         transport = request.transport
-        connection = self._connections.get(transport) if transport is not None else None
+        connection = self._ledger.connection(transport) if transport is not None else None
         if connection is None:
             return await handler(request)
         connection.request_started(request.content)
@@ -252,7 +338,9 @@ class HeaderGuard:
             raise RuntimeError("HeaderGuard.listen: call runner.setup() first")
         self._check_file_limit()
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self, server()), host, port)
+        self._server = await loop.create_server(
+            lambda: _Connection(self._ledger, server()), host, port
+        )
         return self.port
 
     def _check_file_limit(self) -> None:
@@ -275,54 +363,4 @@ class HeaderGuard:
         """
         if self._server is not None:
             self._server.close()
-        for connection in list(self._waiting):
-            connection.expire("shutdown")
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
-
-    # -- the connections' bookkeeping --------------------------------------------------
-
-    def _open(self, connection: _Connection) -> None:
-        assert connection.transport is not None
-        self._connections[connection.transport] = connection
-
-    def _lost(self, connection: _Connection) -> None:
-        if connection.transport is not None:
-            self._connections.pop(connection.transport, None)
-
-    def _start_waiting(self, connection: _Connection) -> None:
-        config = self.config
-        while len(self._waiting) >= config.max_pending_headers:
-            oldest = next(iter(self._waiting))
-            log.debug("closing a connection waiting for its request headers to make room")
-            oldest.expire("evicted")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + config.header_timeout
-        self._waiting[connection] = deadline
-        if self._sweeper is None:
-            self._sweeper = loop.call_at(deadline, self._sweep)
-
-    def _stop_waiting(self, connection: _Connection) -> None:
-        self._waiting.pop(connection, None)
-
-    def _sweep(self) -> None:
-        """Close the connections whose wait is over; come back for the next one."""
-        self._sweeper = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        while self._waiting:
-            connection, deadline = next(iter(self._waiting.items()))
-            if deadline > now:
-                self._sweeper = loop.call_at(deadline, self._sweep)
-                return
-            connection.expire("header_timeout")  # which removes it from _waiting
-
-    def _closed(self, reason: str) -> None:
-        if reason == "shutdown":
-            return
-        self._metrics.closed.labels(reason=reason).inc()
-        if reason == "evicted":
-            self.evicted += 1
-        else:
-            self.closed_slow += 1
+        self._ledger.close()

@@ -14,7 +14,7 @@ followers call it only for a reload, and build a delta's change from the delta i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import MappingProxyType
 
 from discovery.instance import ServiceInstance
@@ -42,8 +42,10 @@ def diff_lists(
 
 
 class _Subscription:
-    def __init__(self, feed: ChangeFeed) -> None:
-        self._feed = feed
+    """One subscriber's iterator; ``forget(self)`` is called when it is closed early."""
+
+    def __init__(self, forget: Callable[[_Subscription], None]) -> None:
+        self._forget = forget
         self.queue: asyncio.Queue[LiveListChange | None] = asyncio.Queue()
 
     def __aiter__(self) -> AsyncIterator[LiveListChange]:
@@ -57,7 +59,7 @@ class _Subscription:
 
     async def aclose(self) -> None:
         """Stop receiving (``async for`` left early); the feed forgets this iterator."""
-        self._feed._subscribers.discard(self)
+        self._forget(self)
 
 
 class ChangeFeed:
@@ -69,7 +71,7 @@ class ChangeFeed:
 
     def subscribe(self, current: LiveList) -> AsyncIterator[LiveListChange]:
         """A new iterator; its first item is ``current``, all of it added."""
-        subscription = _Subscription(self)
+        subscription = _Subscription(self._subscribers.discard)
         if self._closed:
             subscription.queue.put_nowait(None)
             return subscription

@@ -10,10 +10,9 @@ a crash does, and ``restart()`` brings a stopped server back as a replica of who
 primary now. Clients reach the group through :meth:`RedisSentinelGroup.sentinel_url`,
 ``redis+sentinel://h1:p1,h2:p2,.../<master name>/<db>``.
 
-:class:`RedisSentinel` is one sentinel: ``redis-server <conf> --sentinel``, where the
-binary is ``$REDIS_SENTINEL``, else ``redis-sentinel`` on PATH, else ``redis-server``
-(:func:`find_redis_sentinel`). Sentinels rewrite their configuration file with what they
-learn; a sentinel restarted on its own keeps it, a group started afresh writes it anew.
+:class:`RedisSentinel` (:mod:`.sentinelprocess`) is one sentinel; what the group's
+processes report is read by :mod:`.sentinelview`, and its failovers are
+:mod:`.sentinelfaults`'.
 
 Every wait polls a condition with a deadline and fails with ``DevClusterError`` carrying
 the tails of the logs; a failed ``start()`` stops everything it had started.
@@ -23,28 +22,18 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import signal
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
-
-import redis
 
 from discovery.errors import DevClusterError
 
-from .ports import LOOPBACK, free_port, free_ports
-from .process import ManagedProcess, log_tails, remaining
-from .redis import (
-    RedisServer,
-    config_quote,
-    find_redis_server,
-    redis_command,
-    redis_ping,
-    redis_query,
-)
+from .ports import LOOPBACK, free_ports
+from .process import remaining
+from .redis import RedisServer, config_quote
+from .sentinelfaults import SentinelFaults
+from .sentinelprocess import DEFAULT_DOWN_AFTER_MS, Address, RedisSentinel, find_redis_sentinel
+from .sentinelview import SentinelView, address_of
 
 __all__ = [
     "DEFAULT_DOWN_AFTER_MS",
@@ -54,170 +43,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-Address = tuple[str, int]
-
-_POLL_INTERVAL_S = 0.05
-# Each process's log tail in a group's error message: enough to see why, for five or more.
-_TAIL_LINES = 12
-
-#: The sentinels' default ``down-after-milliseconds``: 2 s, twice their 1 s ping period.
-#: With 1 s, a primary promoted a moment ago is often judged down again before its
-#: first PONG comes back (the sentinel's new link counts from its creation, and its
-#: first PING goes out a ping period later; redis/redis#8607), and the sentinels fail
-#: over a primary that is alive, leaving a stale one taking reads for ~10 s until they
-#: convert it.
-DEFAULT_DOWN_AFTER_MS = 2000
-
-
-def find_redis_sentinel() -> str:
-    """Return the executable to run as ``<it> <conf> --sentinel``.
-
-    ``$REDIS_SENTINEL`` if set, else ``redis-sentinel`` on PATH, else ``redis-server``
-    (:func:`~discovery.testing.redis.find_redis_server`): a sentinel is ``redis-server``
-    in sentinel mode, which ``--sentinel`` selects whatever the binary is called.
-
-    Raises:
-        DevClusterError: ``$REDIS_SENTINEL`` is not an executable, or neither binary is
-            found (naming ``make setup``).
-    """
-    explicit = os.environ.get("REDIS_SENTINEL")
-    if explicit:
-        found = shutil.which(explicit)
-        if found is None:
-            raise DevClusterError(
-                f"$REDIS_SENTINEL={explicit!r} is not an executable; run `make setup` "
-                "(installs the Debian package redis-server)"
-            )
-        return found
-    return shutil.which("redis-sentinel") or find_redis_server()
-
-
-def _write_private(path: Path, text: str) -> None:
-    # Created 0600 (not chmod-ed afterwards): the file may hold a password in clear.
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-def _query(address: Address, *command: str, password: str | None = None) -> Any:
-    return redis_query(*address, *command, password=password)
-
-
-def _fields(reply: Any) -> dict[str, str]:
-    """A flat ``[key, value, key, value, ...]`` reply (``SENTINEL MASTER``) as a dict."""
-    if isinstance(reply, dict):
-        return {str(k): str(v) for k, v in reply.items()}
-    if not isinstance(reply, list):
-        return {}
-    return {str(reply[i]): str(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
-
-
-def _info(address: Address, password: str | None) -> dict[str, str]:
-    """``INFO replication`` of a data server as a dict; empty if it does not answer."""
-    reply = _query(address, "INFO", "replication", password=password)
-    if not isinstance(reply, dict):
-        return {}
-    return {str(k): str(v) for k, v in reply.items()}
-
-
-def _address_of(server: RedisServer) -> Address:
-    return (server.host, server.port)
-
-
-class RedisSentinel(ManagedProcess):
-    """One Redis Sentinel monitoring ``master`` as ``master_name``, on ``host:port``.
-
-    The configuration (``workdir/sentinel.conf``, created 0600 as it may hold
-    ``sentinel auth-pass``; the sentinel's own rewrites leave it 0644) is written at the
-    first start and after :meth:`reset_config`;
-    other restarts keep the file the sentinel has rewritten with what it learnt (replicas,
-    other sentinels, the current primary), as a real deployment does. ``start()`` returns
-    once it answers PING; failures raise ``DevClusterError`` with the log tail, and
-    ``stop()`` is idempotent and reaps the process, as for every :class:`ManagedProcess`.
-    """
-
-    def __init__(
-        self,
-        workdir: str | os.PathLike[str],
-        master: Address,
-        *,
-        master_name: str = "mymaster",
-        quorum: int = 2,
-        down_after_ms: int = DEFAULT_DOWN_AFTER_MS,
-        failover_timeout_ms: int = 6000,
-        password: str | None = None,
-        port: int | None = None,
-        host: str = LOOPBACK,
-        name: str = "sentinel",
-    ) -> None:
-        directory = Path(workdir)
-        super().__init__(name, directory, directory / "sentinel.log")
-        self._host = host
-        self._port = free_port(host) if port is None else port
-        self._master = master
-        self._master_name = master_name
-        self._quorum = quorum
-        self._down_after_ms = down_after_ms
-        self._failover_timeout_ms = failover_timeout_ms
-        self._password = password
-        self._write_config = True
-
-    @property
-    def host(self) -> str:
-        """The address the sentinel binds and clients connect to."""
-        return self._host
-
-    @property
-    def port(self) -> int:
-        """The TCP port on :attr:`host`."""
-        return self._port
-
-    @property
-    def address(self) -> str:
-        """``<host>:<port>``."""
-        return f"{self._host}:{self._port}"
-
-    @property
-    def config_path(self) -> Path:
-        """``workdir/sentinel.conf``, which the sentinel rewrites as it learns."""
-        return self._workdir / "sentinel.conf"
-
-    def reset_config(self, master: Address | None = None) -> None:
-        """Write a fresh configuration at the next start, monitoring ``master`` if given
-        (else the original one), forgetting what the sentinel had learnt."""
-        if master is not None:
-            self._master = master
-        self._write_config = True
-
-    def _prepare(self) -> None:
-        if not self._write_config and self.config_path.is_file():
-            return
-        name = self._master_name
-        lines = [
-            f"port {self._port}",
-            f"bind {self._host}",
-            f"protected-mode {'yes' if self._host == LOOPBACK else 'no'}",
-            "daemonize no",
-            f"dir {config_quote(str(self._workdir))}",
-            f"logfile {config_quote(str(self._log_path))}",
-            # "monitor" first: the other "sentinel" directives refer to the master by name.
-            f"sentinel monitor {name} {self._master[0]} {self._master[1]} {self._quorum}",
-            f"sentinel down-after-milliseconds {name} {self._down_after_ms}",
-            f"sentinel failover-timeout {name} {self._failover_timeout_ms}",
-            f"sentinel parallel-syncs {name} 1",
-        ]
-        if self._password is not None:
-            lines.append(f"sentinel auth-pass {name} {config_quote(self._password)}")
-        _write_private(self.config_path, "\n".join(lines) + "\n")
-        self._write_config = False
-
-    def _command(self) -> list[str]:
-        return [find_redis_sentinel(), str(self.config_path), "--sentinel"]
-
-    def _probe(self) -> bool:
-        return redis_ping(self._port, self._host)
 
 
 class RedisSentinelGroup:
@@ -291,7 +116,7 @@ class RedisSentinelGroup:
             )
             for i in range(replicas + 1)
         ]
-        first = _address_of(self._servers[0])
+        first = address_of(self._servers[0])
         self._sentinels = [
             RedisSentinel(
                 self._workdir / f"sentinel-{i + 1}",
@@ -307,6 +132,8 @@ class RedisSentinelGroup:
             )
             for i in range(sentinels)
         ]
+        self._view = SentinelView(self._servers, self._sentinels, master_name, password)
+        self._faults = SentinelFaults(self._servers, self._sentinels, master_name, self._view)
 
     # -- addresses ---------------------------------------------------------------------
 
@@ -361,11 +188,7 @@ class RedisSentinelGroup:
         Raises:
             DevClusterError: no sentinel answers with an address.
         """
-        for sentinel in self._sentinels:
-            address = self._sentinel_primary(sentinel)
-            if address is not None:
-                return address
-        raise DevClusterError(f"no sentinel knows the address of {self._master_name!r}")
+        return self._view.primary_address()
 
     @property
     def primary(self) -> RedisServer:
@@ -374,7 +197,7 @@ class RedisSentinelGroup:
         Raises:
             DevClusterError: no sentinel answers, or the address is none of ours.
         """
-        return self._server_at(self.primary_address())
+        return self._view.server_at(self._view.primary_address())
 
     @property
     def replicas(self) -> list[RedisServer]:
@@ -399,7 +222,7 @@ class RedisSentinelGroup:
         if any(p.running for p in (*self._servers, *self._sentinels)):
             raise DevClusterError("the sentinel group is already started")
         try:
-            first = _address_of(self._servers[0])
+            first = address_of(self._servers[0])
             for index, server in enumerate(self._servers):
                 server.replicaof = None if index == 0 else first
                 server.start(wait=False)
@@ -424,8 +247,8 @@ class RedisSentinelGroup:
         deadline = time.monotonic() + timeout
         for server in self._servers:
             server.wait_ready(remaining(deadline))
-        self._wait(
-            self._replicas_linked,
+        self._view.wait(
+            self._view.replicas_linked,
             "the replicas replicate from redis-1",
             deadline,
             alive=self._servers,
@@ -435,8 +258,8 @@ class RedisSentinelGroup:
                 sentinel.start(wait=False)
         for sentinel in self._sentinels:
             sentinel.wait_ready(remaining(deadline))
-        self._wait(
-            self._sentinels_converged,
+        self._view.wait(
+            self._view.sentinels_converged,
             "every sentinel sees the whole group",
             deadline,
             alive=[*self._servers, *self._sentinels],
@@ -465,7 +288,7 @@ class RedisSentinelGroup:
                 f"could not stop the sentinel group: {first_error}"
             ) from first_error
 
-    # -- faults ------------------------------------------------------------------------
+    # -- faults (carried out by :class:`~discovery.testing.sentinelfaults.SentinelFaults`) --
 
     def failover(self, timeout: float = 30.0) -> Address:
         """Force a failover (``SENTINEL FAILOVER``) and wait until it is complete.
@@ -483,28 +306,7 @@ class RedisSentinelGroup:
             DevClusterError: no sentinel accepted the request, or the failover did not
                 complete, within ``timeout`` seconds.
         """
-        deadline = time.monotonic() + timeout
-        while True:
-            old = self.primary_address()
-            refusals: list[str] = []
-            for sentinel in self._sentinels:
-                if not sentinel.running:
-                    continue
-                try:
-                    redis_command(
-                        sentinel.host, sentinel.port, "SENTINEL", "FAILOVER", self._master_name
-                    )
-                except (redis.RedisError, OSError) as exc:
-                    refusals.append(f"{sentinel.name}: {exc}")
-                    continue
-                logger.info("%s forced a failover away from %s:%d", sentinel.name, *old)
-                return self.wait_for_new_primary(old, remaining(deadline))
-            if time.monotonic() >= deadline:
-                raise DevClusterError(
-                    f"no sentinel started a failover within {timeout:g} s: "
-                    f"{'; '.join(refusals) or 'none is running'}"
-                )
-            time.sleep(_POLL_INTERVAL_S)
+        return self._faults.failover(timeout)
 
     def kill_primary(self) -> RedisServer:
         """SIGKILL the current primary, as a crash would, and return it (reaped, stopped).
@@ -516,16 +318,7 @@ class RedisSentinelGroup:
         Raises:
             DevClusterError: no sentinel knows the primary, or it is not running.
         """
-        primary = self.primary
-        pid = primary.pid
-        if pid is None or not primary.running:
-            raise DevClusterError(f"the primary {primary.name} is not running")
-        os.kill(pid, signal.SIGKILL)
-        # ``running`` polls the child, which reaps it once the kill has landed.
-        self._wait(lambda: not primary.running, f"{primary.name} is dead", time.monotonic() + 10)
-        primary.stop()  # only bookkeeping now: its pid goes, as for any stopped server
-        logger.info("killed the primary %s (pid %d)", primary.name, pid)
-        return primary
+        return self._faults.kill_primary()
 
     def wait_for_new_primary(self, previous: Address, timeout: float = 30.0) -> Address:
         """Wait until every running sentinel reports the same primary other than
@@ -535,29 +328,7 @@ class RedisSentinelGroup:
         Raises:
             DevClusterError: not so within ``timeout`` seconds (with the logs' tails).
         """
-        started = time.monotonic()
-        found: list[Address] = []
-
-        def promoted() -> bool:
-            addresses = {self._sentinel_primary(s) for s in self._sentinels if s.running}
-            if len(addresses) != 1:
-                return False
-            (address,) = addresses
-            if address is None or address == previous:
-                return False
-            if _info(address, self._password).get("role") != "master":
-                return False
-            for sentinel in self._sentinels:
-                if sentinel.running:
-                    fields = self._sentinel_master(sentinel)
-                    if "failover_in_progress" in fields.get("flags", "failover_in_progress"):
-                        return False
-            found[:] = [address]
-            return True
-
-        self._wait(promoted, f"a primary other than {previous[0]}:{previous[1]}", started + timeout)
-        logger.info("new primary %s:%d after %.1f s", *found[0], time.monotonic() - started)
-        return found[0]
+        return self._faults.wait_for_new_primary(previous, timeout)
 
     def restart(self, server: RedisServer, timeout: float = 30.0) -> None:
         """(Re)start ``server`` as a replica of the current primary and wait until it
@@ -574,45 +345,7 @@ class RedisSentinelGroup:
             DevClusterError: it cannot start, or is not a replica seen by every sentinel
                 within ``timeout`` seconds; it is then left running, for the logs.
         """
-        if not any(server is s for s in self._servers):
-            raise ValueError(f"{server!r} is not a data server of this group")
-        deadline = time.monotonic() + timeout
-        server.stop()
-        primary = self.primary_address()
-        own = _address_of(server)
-        server.replicaof = None if primary == own else primary
-        server.start(timeout=remaining(deadline))
-        if primary == own:
-            return
-
-        def rejoined() -> bool:
-            # The primary is read again on every poll: the sentinels may fail over once
-            # more while the server rejoins (with a short down-after on a loaded machine a
-            # live primary can be judged down), and then they repoint the server to the
-            # new primary, which is what rejoining means.
-            running = [s for s in self._sentinels if s.running]
-            current = {self._sentinel_primary(s) for s in running}
-            if len(current) != 1:
-                return False
-            (now,) = current
-            if now is None:
-                return False
-            if now == own:
-                return _info(own, self._password).get("role") == "master"
-            info = _info(own, self._password)
-            if info.get("role") != "slave" or info.get("master_link_status") != "up":
-                return False
-            if (info.get("master_host"), info.get("master_port")) != (now[0], str(now[1])):
-                return False
-            return all(self._sentinel_sees_replica(s, own) for s in running)
-
-        self._wait(
-            rejoined,
-            f"{server.name} is a replica of the primary every sentinel reports"
-            f" ({primary[0]}:{primary[1]} when it started)",
-            deadline,
-            alive=[server],
-        )
+        self._faults.restart(server, timeout)
 
     def wait_replicated(self, timeout: float = 30.0) -> None:
         """Wait until every running data server other than the primary replicates from it
@@ -621,111 +354,7 @@ class RedisSentinelGroup:
         Raises:
             DevClusterError: not so within ``timeout`` seconds.
         """
-        deadline = time.monotonic() + timeout
-
-        def linked() -> bool:
-            primary = self.primary_address()
-            return all(
-                self._replicates_from(s, primary)
-                for s in self._servers
-                if s.running and _address_of(s) != primary
-            )
-
-        self._wait(linked, "every running replica replicates from the primary", deadline)
-
-    # -- conditions --------------------------------------------------------------------
-
-    def _replicates_from(self, server: RedisServer, primary: Address) -> bool:
-        info = _info(_address_of(server), self._password)
-        return (
-            info.get("role") == "slave"
-            and info.get("master_link_status") == "up"
-            and (info.get("master_host"), info.get("master_port")) == (primary[0], str(primary[1]))
-        )
-
-    def _replicas_linked(self) -> bool:
-        first = _address_of(self._servers[0])
-        return all(self._replicates_from(s, first) for s in self._servers[1:])
-
-    def _sentinels_converged(self) -> bool:
-        first = self._servers[0]
-        for sentinel in self._sentinels:
-            fields = self._sentinel_master(sentinel)
-            if (
-                fields.get("ip") != first.host
-                or fields.get("port") != str(first.port)
-                or fields.get("flags") != "master"
-                or fields.get("num-slaves") != str(len(self._servers) - 1)
-                or fields.get("num-other-sentinels") != str(len(self._sentinels) - 1)
-            ):
-                return False
-            # A replica counts once the sentinel has had its INFO: before, it is not fit
-            # to promote and a failover would be refused (NOGOODSLAVE).
-            fit = [
-                replica
-                for replica in self._sentinel_replicas(sentinel)
-                if replica.get("flags") == "slave" and replica.get("master-link-status") == "ok"
-            ]
-            if len(fit) != len(self._servers) - 1:
-                return False
-        return True
-
-    def _sentinel_master(self, sentinel: RedisSentinel) -> dict[str, str]:
-        return _fields(
-            _query((sentinel.host, sentinel.port), "SENTINEL", "MASTER", self._master_name)
-        )
-
-    def _sentinel_primary(self, sentinel: RedisSentinel) -> Address | None:
-        reply = _query(
-            (sentinel.host, sentinel.port),
-            "SENTINEL",
-            "GET-MASTER-ADDR-BY-NAME",
-            self._master_name,
-        )
-        if not isinstance(reply, list | tuple) or len(reply) != 2:
-            return None
-        try:
-            return (str(reply[0]), int(reply[1]))
-        except ValueError:
-            return None
-
-    def _sentinel_replicas(self, sentinel: RedisSentinel) -> list[dict[str, str]]:
-        reply = _query((sentinel.host, sentinel.port), "SENTINEL", "REPLICAS", self._master_name)
-        return [_fields(entry) for entry in reply] if isinstance(reply, list) else []
-
-    def _sentinel_sees_replica(self, sentinel: RedisSentinel, address: Address) -> bool:
-        for fields in self._sentinel_replicas(sentinel):
-            if (fields.get("ip"), fields.get("port")) == (address[0], str(address[1])):
-                return fields.get("flags") == "slave"
-        return False
-
-    def _server_at(self, address: Address) -> RedisServer:
-        for server in self._servers:
-            if _address_of(server) == address:
-                return server
-        raise DevClusterError(f"the sentinels report {address[0]}:{address[1]}, not ours")
-
-    def _wait(
-        self,
-        condition: Callable[[], bool],
-        what: str,
-        deadline: float,
-        alive: Sequence[ManagedProcess] = (),
-    ) -> None:
-        """Poll ``condition`` until it holds; raise with the logs' tails at the deadline,
-        or at once if a process of ``alive`` has exited."""
-        while not condition():
-            dead = [p.name for p in alive if not p.running]
-            if dead:
-                raise DevClusterError(
-                    f"{', '.join(dead)} exited while waiting until {what}\n{self._log_tails()}"
-                )
-            if time.monotonic() >= deadline:
-                raise DevClusterError(f"not reached in time: {what}\n{self._log_tails()}")
-            time.sleep(_POLL_INTERVAL_S)
-
-    def _log_tails(self) -> str:
-        return log_tails((*self._servers, *self._sentinels), _TAIL_LINES)
+        self._faults.wait_replicated(timeout)
 
     def __enter__(self) -> RedisSentinelGroup:
         self.start()

@@ -249,16 +249,39 @@ class SimulatedFleet:
         if mode == "refuse":
             refused = set(chosen)
             for transport in list(self._transports):
-                if self._index_of(transport) in refused:
+                if self.index_of(transport) in refused:
                     transport.abort()
 
     def reset_counts(self) -> None:
         """Zero :attr:`served` (connections stay counted as they are)."""
         self.served = array("q", bytes(8 * self.size))
 
-    def _index_of(self, transport: asyncio.BaseTransport) -> int | None:
+    # -- what the connections ask ---------------------------------------------------------
+
+    def index_of(self, transport: asyncio.BaseTransport) -> int | None:
+        """The simulated server ``transport`` was made to (by its local address); None
+        for a connection to another interface."""
         sockname = transport.get_extra_info("sockname")
         return None if sockname is None else self._by_address.get(sockname[0])
+
+    def mode_of(self, index: int) -> tuple[Mode, float]:
+        """What simulated server ``index`` does now with new requests, and its delay."""
+        return self._modes.get(index, ("ok", 0.0))
+
+    def answer(self, index: int) -> bytes:
+        """Simulated server ``index``'s answer to every query (the HTTP body)."""
+        return self._bodies[(self.first + index) % self.shards]
+
+    def opened(self, index: int, transport: asyncio.Transport) -> None:
+        """Count a connection to ``index``: the fleet aborts it at :meth:`aclose`, or
+        when ``index`` is set to ``refuse``."""
+        self.connections[index] += 1
+        self._transports.add(transport)
+
+    def lost(self, index: int, transport: asyncio.Transport) -> None:
+        """Count a connection to ``index`` of :meth:`opened` gone."""
+        self.connections[index] -= 1
+        self._transports.discard(transport)
 
 
 def _answer(shard: int, docs: int, hits: int) -> bytes:
@@ -300,19 +323,17 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         fleet = self._fleet
-        index = fleet._index_of(transport)
-        if index is None or fleet._modes.get(index, ("ok", 0.0))[0] == "refuse":
+        index = fleet.index_of(transport)
+        if index is None or fleet.mode_of(index)[0] == "refuse":
             transport.abort()  # not one of ours (another interface), or "dead"
             return
         self._index = index
         self._transport = transport
-        fleet.connections[index] += 1
-        fleet._transports.add(transport)
+        fleet.opened(index, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._transport is not None:
-            self._fleet.connections[self._index] -= 1
-            self._fleet._transports.discard(self._transport)
+            self._fleet.lost(self._index, self._transport)
             self._transport = None
 
     def data_received(self, data: bytes) -> None:
@@ -337,7 +358,7 @@ class _Connection(asyncio.Protocol):
         parts = line.split(b" ")
         target = parts[1] if len(parts) == 3 else b""
         if target.startswith(b"/search"):
-            status, body = b"200 OK", fleet._bodies[(fleet.first + index) % fleet.shards]
+            status, body = b"200 OK", fleet.answer(index)
         elif target == b"/healthz":
             status, body = b"200 OK", _HEALTHY
         elif target == b"/_fleet/stats":
@@ -355,7 +376,7 @@ class _Connection(asyncio.Protocol):
         else:
             status, body = b"404 Not Found", b'{"error":"not found"}'
         response = _response(status, body)
-        mode, delay = fleet._modes.get(index, ("ok", 0.0))
+        mode, delay = fleet.mode_of(index)
         if mode == "hang":
             return
         fleet.served[index] += 1

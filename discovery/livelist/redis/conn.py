@@ -233,6 +233,10 @@ class _SentinelRedis(aioredis.Redis):
 
     _sentinel: Sentinel | None = None
 
+    def close_with(self, sentinel: Sentinel) -> None:
+        """Close ``sentinel`` (the sentinels' client this one was made by) with this client."""
+        self._sentinel = sentinel
+
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         try:
             await super().aclose(close_connection_pool)
@@ -260,7 +264,7 @@ def _sentinel_client(url: str, kwargs: dict[str, Any]) -> aioredis.Redis:
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     client = sentinel.master_for(name, redis_class=_SentinelRedis, db=db, **kwargs)
     assert isinstance(client, _SentinelRedis)
-    client._sentinel = sentinel
+    client.close_with(sentinel)
     return client
 
 

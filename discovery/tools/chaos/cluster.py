@@ -30,120 +30,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import os
-import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import redis as sync_redis
-from prometheus_client.parser import text_string_to_metric_families
 
-from discovery.adminauth import admin_headers
 from discovery.config import ClusterConfig
 from discovery.testing import DevCluster
-from discovery.testing.netns import Cut, Host, NetworkLab
+from discovery.testing.netns import Host, NetworkLab
 from discovery.testing.ports import LOOPBACK, free_ports
 from discovery.testing.zookeeper import DEFAULT_PRE_ALLOC_KB, ZooKeeperEnsemble
 
+from .client import ServerClient
+from .commandlines import ADMIN_TOKEN, DATA_DOCS, DATA_DRAIN_GRACE, CommandLines
+from .commandlines import CLUSTER_NAME as CLUSTER_NAME  # re-exported: the observer's import
 from .config import REDIS_REPLICAS, SENTINEL_DOWN_AFTER_MS, ChaosConfig
+from .links import Links
+from .processes import Member, Processes, deprioritize
+from .zkdisks import ZK_PRE_ALLOC_KB, mount_zk_disks, unmount_zk_disks
 
 __all__ = ["DATA_DOCS", "DATA_DRAIN_GRACE", "ChaosCluster", "Member"]
 
-log = logging.getLogger(__name__)
-
-CLUSTER_NAME = "chaos"
-#: The data servers' admin token in a run with partitions (a scratch cluster's).
-ADMIN_TOKEN = "chaos-admin"
-_STOP_TIMEOUT = 10.0
-#: Documents generated per data server (``--docs``): a hostile query storm computes
-#: its shard's most frequent terms from the same corpus.
-DATA_DOCS = 300
-#: Seconds a draining data server keeps answering (``--drain-grace``): the search
-#: servers must stop routing to it within them.
-DATA_DRAIN_GRACE = 1.0
-#: The niceness of data servers and ZooKeeper. On one 2-core machine they stand in for
-#: other machines: in production a data server starting up (imports, index build) or a
-#: ZooKeeper JVM warming up does not take CPU from the search servers, whose deadlines
-#: invariant 1 judges, nor from the client that measures them. Redis (and, with
-#: sentinels, its replicas and the sentinels) keeps the default priority: it uses
-#: little CPU, and the failover bound judges the sentinels' own timing.
-BACKGROUND_NICENESS = 10
 ZK_SERVERS = 3
-#: Each ZooKeeper server's tmpfs. Its snapshots and logs grow some 50 KB a minute in a
-#: run (a snapshot and a new log at every election: 0.9 MB after 18 minutes of a
-#: soak), purged hourly (:mod:`discovery.testing.zookeeper`): a few MB at most.
-ZK_DISK_MB = 16
-#: ``preAllocSize`` on those disks (KiB): the log grows 4 KiB at a time, so a full disk
-#: refuses a write within a few kilobytes of transactions.
-ZK_PRE_ALLOC_KB = 4
-
-
-def deprioritize(pid: int, niceness: int = BACKGROUND_NICENESS) -> None:
-    """Lower ``pid``'s CPU priority: its autogroup's and every thread's niceness.
-
-    Linux (with ``sched_autogroup_enabled``) first shares the CPU fairly between
-    autogroups, one per session, and applies a thread's niceness only within its
-    group; our processes each run in a session of their own, so the group's niceness
-    is what counts. Threads started later inherit theirs from their parent thread.
-    """
-    with contextlib.suppress(OSError):
-        Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n", encoding="ascii")
-    try:
-        tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-    except FileNotFoundError:
-        return  # already gone
-    for tid in tids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.setpriority(os.PRIO_PROCESS, tid, niceness)
-
-
-@dataclass
-class Member:
-    """One data or search server process: how to start it and what state it is in."""
-
-    name: str
-    port: int
-    argv: list[str]
-    log_path: Path
-    process: asyncio.subprocess.Process | None = None
-    paused: bool = False
-    #: Answers ``GET /readyz`` since its last start: only then does the load use it, as a
-    #: load balancer's health check would.
-    ready: bool = False
-    #: Sent SIGKILL or SIGTERM: out of the load until it is started again.
-    stopping: bool = False
-    restarts: int = 0
-    #: Bumped by every kill, pause or restart: a query in flight across a change of it
-    #: was disturbed by the harness, not by the system.
-    disturbances: int = 0
-    #: Bumped by every graceful stop (:meth:`ChaosCluster.stop_gracefully`): a query in
-    #: flight across one is the system's to finish, and is judged.
-    graceful_stops: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-    #: Its network namespace when the run has partitions (None: the root namespace).
-    host: Host | None = None
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.returncode is None
-
-    @property
-    def address(self) -> str:
-        return self.host.address if self.host is not None else LOOPBACK
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
 
 
 class ChaosCluster:
-    """Start, signal and stop everything of one run. ``await start()``, ``await aclose()``."""
+    """Start, signal and stop everything of one run. ``await start()``, ``await aclose()``.
+
+    The backend (ZooKeeper and Redis) is its own; the processes are :class:`Processes`'
+    (:attr:`processes`), the links :class:`Links`' (:attr:`links`) and the HTTP calls to
+    the servers :class:`ServerClient`'s (:attr:`client`), each method here handing over
+    to them.
+    """
 
     def __init__(self, config: ChaosConfig, workdir: Path) -> None:
         self.config = config
@@ -151,18 +70,26 @@ class ChaosCluster:
         # Built (ip and iptables processes) in start(), off the event loop.
         self.lab: NetworkLab | None = NetworkLab() if config.partitions else None
         self._backend: DevCluster | None = None
-        self._cuts: dict[str, list[Cut]] = {}
         self.search: dict[str, Member] = {}
         self.data: dict[str, Member] = {}
         self._http: aiohttp.ClientSession | None = None
-        self._readiness: set[asyncio.Task[None]] = set()
+        self._client: ServerClient | None = None
         #: The ZooKeeper servers' namespaces (with partitions).
         self.zk_lab_hosts: list[Host] = []
         #: Each ZooKeeper server's data directory, a tmpfs of its own; empty where the
         #: harness cannot mount (the disk faults are then skipped).
         self.zk_disks: list[Path] = []
-        #: Processes of hostile faults (a hostile peer, a query storm) by name.
-        self.helpers: dict[str, asyncio.subprocess.Process] = {}
+        self.command_lines = CommandLines(config, lambda: self.zk_hosts, lambda: self.redis_url)
+        self.processes = Processes(
+            workdir / "logs", self.search, self.data, self.command_lines.command, self._ready
+        )
+        self.links = Links(
+            self.lab,
+            zookeeper=self._zookeeper_clients,
+            redis_ports=self.redis_ports,
+            search=self.search,
+            zk_hosts=lambda: self.zk_lab_hosts,
+        )
 
     @property
     def backend(self) -> DevCluster:
@@ -205,6 +132,17 @@ class ChaosCluster:
         assert self._http is not None, "ChaosCluster not started"
         return self._http
 
+    @property
+    def client(self) -> ServerClient:
+        """The HTTP calls to the servers (from :meth:`start` on)."""
+        assert self._client is not None, "ChaosCluster not started"
+        return self._client
+
+    @property
+    def helpers(self) -> dict[str, asyncio.subprocess.Process]:
+        """Processes of hostile faults (a hostile peer, a query storm) by name."""
+        return self.processes.helpers
+
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
@@ -217,7 +155,9 @@ class ChaosCluster:
             self.zk_lab_hosts = await asyncio.to_thread(
                 lambda: [lab.add_host(f"zk{i + 1}") for i in range(ZK_SERVERS)]
             )
-            self.zk_disks = await asyncio.to_thread(self._mount_zk_disks)
+            self.zk_disks = await asyncio.to_thread(
+                mount_zk_disks, self.workdir / "zk-disks", ZK_SERVERS
+            )
         self._backend = DevCluster(
             self.workdir / "backend",
             zk_nodes=ZK_SERVERS,
@@ -232,6 +172,7 @@ class ChaosCluster:
         await asyncio.to_thread(self._backend.start)
         self.deprioritize_zookeeper()
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        self._client = ServerClient(self._http, ADMIN_TOKEN)
         names = [f"search-{i + 1}" for i in range(config.search_servers)]
         names += [f"ds-{i:04d}" for i in range(config.data_servers)]
         hosts: dict[str, Host | None] = dict.fromkeys(names)
@@ -240,14 +181,13 @@ class ChaosCluster:
         ports = free_ports(config.search_servers + config.data_servers)
         for index in range(config.search_servers):
             name = f"search-{index + 1}"
-            self.search[name] = Member(
-                name, ports.pop(), self._search_argv(name), self._log(name), host=hosts[name]
-            )
+            argv = self.command_lines.search(name)
+            self.search[name] = Member(name, ports.pop(), argv, self._log(name), host=hosts[name])
         for index in range(config.data_servers):
             name = f"ds-{index:04d}"
             shard, replica = index % config.shards, index // config.shards
-            member = Member(name, ports.pop(), [], self._log(name), host=hosts[name])
-            member.argv = self._data_argv(member, shard, replica)
+            argv = self.command_lines.data(name, shard, replica)
+            member = Member(name, ports.pop(), argv, self._log(name), host=hosts[name])
             member.extra.update(shard=shard, replica=replica)
             self.data[name] = member
         for member in [*self.search.values(), *self.data.values()]:
@@ -255,15 +195,7 @@ class ChaosCluster:
 
     async def aclose(self) -> None:
         """Stop every process (SIGCONT first: a paused process cannot exit), then the backend."""
-        members = [m for m in [*self.search.values(), *self.data.values()] if m.running]
-        for member in members:
-            if member.paused:
-                self.signal(member, signal.SIGCONT)
-        for task in list(self._readiness):
-            task.cancel()
-        await asyncio.gather(*self._readiness, return_exceptions=True)
-        await asyncio.gather(*(self.terminate(member) for member in members))
-        await asyncio.gather(*(self.stop_helper(name) for name in list(self.helpers)))
+        await self.processes.aclose()
         if self._http is not None:
             await self._http.close()
         try:
@@ -271,7 +203,8 @@ class ChaosCluster:
                 await asyncio.to_thread(self._backend.stop)
         finally:
             try:
-                await asyncio.to_thread(self._unmount_zk_disks)
+                await asyncio.to_thread(unmount_zk_disks, self.zk_disks)
+                self.zk_disks = []
             finally:
                 if self.lab is not None:
                     await asyncio.to_thread(self.lab.close)
@@ -291,113 +224,12 @@ class ChaosCluster:
             pre_alloc_kb=ZK_PRE_ALLOC_KB if self.zk_disks else DEFAULT_PRE_ALLOC_KB,
         )
 
-    def _mount_zk_disks(self) -> list[Path]:
-        """A tmpfs per ZooKeeper server; none (logged) where mounting is refused."""
-        disks = [self.workdir / "zk-disks" / f"zk{i + 1}" for i in range(ZK_SERVERS)]
-        mounted: list[Path] = []
-        try:
-            for disk in disks:
-                disk.mkdir(parents=True, exist_ok=True)
-                subprocess.run(
-                    ["mount", "-t", "tmpfs", "-o", f"size={ZK_DISK_MB}m", "tmpfs", str(disk)],
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                )
-                mounted.append(disk)
-        except (OSError, subprocess.CalledProcessError) as exc:
-            detail = exc.stderr.strip() if isinstance(exc, subprocess.CalledProcessError) else exc
-            log.warning("no tmpfs for ZooKeeper's data (%s): the disk faults are skipped", detail)
-            for disk in mounted:
-                subprocess.run(["umount", str(disk)], check=False, capture_output=True)
-            return []
-        return disks
-
-    def _unmount_zk_disks(self) -> None:
-        for disk in self.zk_disks:
-            result = subprocess.run(["umount", str(disk)], check=False, capture_output=True)
-            if result.returncode != 0:
-                log.warning("could not unmount %s: %s", disk, result.stderr.decode().strip())
-        self.zk_disks = []
-
-    # -- links -------------------------------------------------------------------
-
-    async def cut(self, member: Member, what: str) -> None:
-        """Cut ``member`` off: ``zookeeper`` (every ZooKeeper client port), ``redis``
-        (the Redis port; with sentinels every data server's and every sentinel's, so
-        that it can neither reach the primary nor learn of another), or ``search``
-        (every search server's traffic to a data server's port).
-
-        In a thread: each rule is an ``iptables`` process, tens of milliseconds that
-        the harness's loop (which times the queries) must not spend blocked.
-        """
-        await asyncio.to_thread(self._cut, member, what)
-
-    async def heal(self, member: Member) -> None:
-        await asyncio.to_thread(self._heal, member)
-
-    @contextlib.asynccontextmanager
-    async def cut_off(self, member: Member, what: str) -> AsyncIterator[None]:
-        """:meth:`cut` ``member`` for the block and :meth:`heal` it however the block
-        ends: a fault that raised midway must not leave the next faults a cut link."""
-        await self.cut(member, what)
-        try:
-            yield
-        finally:
-            await self.heal(member)
-
-    def _cut(self, member: Member, what: str) -> None:
-        lab, host = self.lab, member.host
-        if lab is None or host is None:
-            raise ValueError("a run without partitions has no links to cut")
-        cuts = self._cuts.setdefault(member.name, [])
-        if what == "zookeeper":
-            for server in self.backend.zk.servers:
-                address = server.address.rsplit(":", 1)[0]
-                cuts.append(lab.cut(host, address=address, port=server.client_port))
-        elif what == "redis":
-            for port in self.redis_ports():
-                cuts.append(lab.cut(host, address=lab.gateway, port=port))
-        elif what == "search":
-            for other in self.search.values():
-                if other.host is not None:
-                    cuts.append(
-                        lab.cut(host, address=other.host.address, port=member.port, served=True)
-                    )
-        else:
-            raise ValueError(f"unknown link {what!r}")
-
-    async def cut_zookeeper_peers(self, index: int) -> None:
-        """Cut ZooKeeper server ``index`` from its peers (every port both ways, its
-        clients untouched); :meth:`heal_zookeeper_peers` undoes it."""
-        await asyncio.to_thread(self._cut_peers, index)
-
-    async def heal_zookeeper_peers(self, index: int) -> None:
-        await asyncio.to_thread(self._heal_key, f"zk{index + 1}")
-
-    def _cut_peers(self, index: int) -> None:
-        lab, hosts = self.lab, self.zk_lab_hosts
-        if lab is None or not hosts:
-            raise ValueError("a run without partitions has no links to cut")
-        cuts = self._cuts.setdefault(f"zk{index + 1}", [])
-        for peer, other in enumerate(hosts):
-            if peer != index:
-                cuts.append(lab.cut(hosts[index], address=other.address))
-
-    def redis_ports(self) -> list[int]:
-        """Every port a Redis client of the run may use: the server's, or with sentinels
-        each data server's (any may be primary next) and each sentinel's."""
-        if not self.sentinel_mode:
-            return [self.backend.redis.port]
-        group = self.backend.redis_group
-        return [*(s.port for s in group.servers), *(s.port for s in group.sentinels)]
-
-    def _heal(self, member: Member) -> None:
-        self._heal_key(member.name)
-
-    def _heal_key(self, key: str) -> None:
-        for cut in self._cuts.pop(key, []):
-            cut.heal()
+    def _zookeeper_clients(self) -> list[tuple[str, int]]:
+        """Each ZooKeeper server's client ``(address, port)``."""
+        return [
+            (server.address.rsplit(":", 1)[0], server.client_port)
+            for server in self.backend.zk.servers
+        ]
 
     def deprioritize_zookeeper(self) -> None:
         """Renice the running ZooKeeper servers."""
@@ -420,269 +252,93 @@ class ChaosCluster:
         if wait:
             server.wait_ready(timeout)
 
-    # -- processes ---------------------------------------------------------------
+    def redis_ports(self) -> list[int]:
+        """Every port a Redis client of the run may use: the server's, or with sentinels
+        each data server's (any may be primary next) and each sentinel's."""
+        if not self.sentinel_mode:
+            return [self.backend.redis.port]
+        group = self.backend.redis_group
+        return [*(s.port for s in group.servers), *(s.port for s in group.sentinels)]
+
+    # -- collaborators' hooks -------------------------------------------------------
 
     def _log(self, name: str) -> Path:
-        return self.workdir / "logs" / f"{name}.log"
+        return self.processes.log_path(name)
 
-    def _common(self, member: Member) -> list[str]:
-        config = self.config
-        return [
-            *("--zk", self.zk_hosts, "--redis", self.redis_url, "--cluster", CLUSTER_NAME),
-            # INFO: kazoo's connection attempts are in the logs when a run fails.
-            *("--session-timeout", str(config.session_timeout), "--log-level", "INFO"),
-            *("--host", member.address, "--advertise", member.address),
-            *(("--admin-token", ADMIN_TOKEN) if member.host is not None else ()),
-        ]
+    async def _ready(self, member: Member) -> bool:
+        return await self.client.ready(member)
 
-    def _search_argv(self, name: str) -> list[str]:
-        config = self.config
-        return [
-            *("-m", "search_server.cli", "--id", name),
-            *("--heartbeat-interval", str(config.heartbeat_interval)),
-            *("--heartbeat-ttl", str(config.heartbeat_ttl)),
-            *("--reconcile-interval", "5", "--timeout-ms", str(config.deadline_ms)),
-        ]
-
-    def _data_argv(self, member: Member, shard: int, replica: int) -> list[str]:
-        config = self.config
-        return [
-            *("-m", "data_server.cli", "--id", member.name, "--docs", str(DATA_DOCS)),
-            *("--shard", str(shard), "--replica", str(replica)),
-            *("--probe-interval", str(config.probe_interval)),
-            *("--probe-timeout", str(config.probe_timeout), "--probe-max-latency", "0.5"),
-            *("--fall", str(config.fall), "--rise", str(config.rise)),
-            *("--drain-grace", f"{DATA_DRAIN_GRACE:g}"),
-            # Every server is hurt a few times in a long run; damping a flapping server
-            # is tested elsewhere and would only blur the bounds judged here.
-            *("--flap-max", "1000"),
-        ]
+    # -- processes (:class:`Processes`) --------------------------------------------
 
     async def spawn(self, member: Member) -> None:
         """Start ``member``'s process (again), appending to its log."""
-        argv = [sys.executable, *member.argv, *self._common(member), "--port", str(member.port)]
-        if member.host is not None:
-            argv = member.host.wrap(argv)  # ip netns exec execs: same pid
-        if member.name in self.data:
-            argv = ["nice", "-n", str(BACKGROUND_NICENESS), *argv]  # nice execs: same pid
-        with member.log_path.open("ab") as out:
-            member.process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                # Its own process group: our Ctrl-C is ours, its signals are its own.
-                start_new_session=True,
-            )
-        member.paused = False
-        member.ready = False
-        member.stopping = False
-        if member.name in self.data:
-            deprioritize(member.process.pid)
-        if member.name in self.search:
-            task = asyncio.create_task(self._await_ready(member), name=f"ready:{member.name}")
-            self._readiness.add(task)
-            task.add_done_callback(self._readiness.discard)
-
-    async def _await_ready(self, member: Member) -> None:
-        process = member.process
-        while member.process is process and member.running:
-            try:
-                async with self.http.get(f"{member.url}/readyz") as response:
-                    if response.status == 200:
-                        member.ready = not member.stopping
-                        return
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-            # Polling a starting process: there is no event to wait for from outside.
-            await asyncio.sleep(0.1)
+        await self.processes.spawn(member)
 
     async def spawn_helper(self, name: str, argv: list[str]) -> asyncio.subprocess.Process:
-        """Start a process of a hostile fault (``argv`` after the interpreter) in the root
-        namespace, at the data servers' niceness (it stands in for another machine, as
-        they do), logging to ``logs/<name>.log``."""
-        log_path = self._log(name)
-        command = ["nice", "-n", str(BACKGROUND_NICENESS), sys.executable, *argv]
-        with log_path.open("ab") as out:
-            process = await asyncio.create_subprocess_exec(
-                *command,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                start_new_session=True,
-            )
-        deprioritize(process.pid)
-        self.helpers[name] = process
-        return process
+        """See :meth:`Processes.spawn_helper`."""
+        return await self.processes.spawn_helper(name, argv)
 
     async def stop_helper(self, name: str) -> int | None:
-        """SIGTERM a helper (SIGKILL if it does not exit in time) and reap it; its exit
-        status (None if there was no such helper)."""
-        process = self.helpers.pop(name, None)
-        if process is None:
-            return None
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.terminate()
-            try:
-                async with asyncio.timeout(_STOP_TIMEOUT):
-                    await process.wait()
-            except TimeoutError:
-                log.warning("%s did not stop within %gs; killing it", name, _STOP_TIMEOUT)
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
-        return process.returncode
+        """See :meth:`Processes.stop_helper`."""
+        return await self.processes.stop_helper(name)
 
     def helper_log(self, name: str) -> Path:
-        return self._log(name)
+        return self.processes.log_path(name)
 
     def signal(self, member: Member, signum: int) -> None:
-        process = member.process
-        if process is None or process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signum)
-        if signum in (signal.SIGSTOP, signal.SIGKILL, signal.SIGTERM):
-            member.disturbances += 1
-        if signum in (signal.SIGKILL, signal.SIGTERM):
-            # Out of the load at once, as a load balancer takes out a server it stops:
-            # until the process is reaped it still counts as running, and a query sent to
-            # it meanwhile failed on a refused connection that no system could avoid (CI
-            # counted one such "failed" query in a leader kill).
-            member.ready = False
-            member.stopping = True
-        if signum == signal.SIGSTOP:
-            member.paused = True
-        elif signum == signal.SIGCONT:
-            member.paused = False
+        """See :meth:`Processes.signal`."""
+        self.processes.signal(member, signum)
 
     async def kill(self, member: Member) -> None:
         """``kill -9`` and reap."""
-        self.signal(member, signal.SIGKILL)
-        if member.process is not None:
-            await member.process.wait()
-        member.paused = False
+        await self.processes.kill(member)
 
     async def terminate(self, member: Member) -> None:
-        process = member.process
-        if process is None or process.returncode is not None:
-            return
-        self.signal(member, signal.SIGTERM)
-        try:
-            async with asyncio.timeout(_STOP_TIMEOUT):
-                await process.wait()
-        except TimeoutError:
-            log.warning("%s did not stop within %gs; killing it", member.name, _STOP_TIMEOUT)
-            await self.kill(member)
+        await self.processes.terminate(member)
 
     async def stop_gracefully(self, member: Member, bound: float) -> float | None:
-        """SIGTERM ``member`` as a deployment stops it and wait for it to exit: the
-        seconds it took, or None if it was still running after ``bound`` s (it is then
-        killed, which disturbs the queries in flight as any kill does).
-
-        Unlike :meth:`signal`, this is no disturbance: the server's own shutdown (a
-        search server fails its readiness and finishes the queries in flight; a data
-        server drains) is what is being tested, so a query in flight across it is
-        judged. New queries stop going to it at once, as a load balancer takes out a
-        server it stops.
-        """
-        process = member.process
-        if process is None or process.returncode is not None:
-            return 0.0
-        member.graceful_stops += 1
-        member.ready = False
-        member.stopping = True
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGTERM)
-        try:
-            async with asyncio.timeout(bound):
-                await process.wait()
-        except TimeoutError:
-            log.warning("%s did not stop within %gs of SIGTERM; killing it", member.name, bound)
-            await self.kill(member)
-            return None
-        return loop.time() - started
+        """See :meth:`Processes.stop_gracefully`."""
+        return await self.processes.stop_gracefully(member, bound)
 
     async def restart(self, member: Member) -> None:
-        if member.running:
-            await self.kill(member)
-        member.restarts += 1
-        await self.spawn(member)
+        await self.processes.restart(member)
 
-    # -- talking to the servers -----------------------------------------------------
+    # -- links (:class:`Links`) ----------------------------------------------------
+
+    async def cut(self, member: Member, what: str) -> None:
+        """See :meth:`Links.cut`."""
+        await self.links.cut(member, what)
+
+    async def heal(self, member: Member) -> None:
+        await self.links.heal(member)
+
+    def cut_off(self, member: Member, what: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """See :meth:`Links.cut_off`."""
+        return self.links.cut_off(member, what)
+
+    async def cut_zookeeper_peers(self, index: int) -> None:
+        """See :meth:`Links.cut_zookeeper_peers`."""
+        await self.links.cut_zookeeper_peers(index)
+
+    async def heal_zookeeper_peers(self, index: int) -> None:
+        await self.links.heal_zookeeper_peers(index)
+
+    # -- talking to the servers (:class:`ServerClient`) -----------------------------
 
     async def admin(
         self, member: Member, path: str, body: object = None, *, timeout: float = 5.0
     ) -> bool:
         """POST to a data server's admin endpoint; True if 2xx within ``timeout`` s."""
-        headers = admin_headers(ADMIN_TOKEN if member.host is not None else None)
-        try:
-            async with self.http.post(
-                f"{member.url}/admin/{path}",
-                json=body,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout),
-            ) as response:
-                await response.read()
-                return response.status < 300
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("admin %s on %s failed: %s", path, member.name, exc)
-            return False
+        return await self.client.admin(member, path, body, timeout=timeout)
 
     async def view(self, member: Member) -> dict[str, Any] | None:
         """A search server's ``GET /cluster``, or None if it does not answer quickly."""
-        if not member.running or member.paused:
-            return None
-        try:
-            async with self.http.get(
-                f"{member.url}/cluster", timeout=aiohttp.ClientTimeout(total=1)
-            ) as response:
-                if response.status != 200:
-                    return None
-                view: dict[str, Any] = await response.json()
-                return view
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return None
+        return await self.client.view(member)
 
     async def metrics(self, member: Member) -> dict[str, float] | None:
-        """A server's ``GET /metrics`` as ``{"name{label=value,...}": value}`` (labels
-        sorted), or None if it does not answer."""
-        if not member.running or member.paused:
-            return None
-        try:
-            async with self.http.get(
-                f"{member.url}/metrics", timeout=aiohttp.ClientTimeout(total=2)
-            ) as response:
-                if response.status != 200:
-                    return None
-                text = await response.text()
-        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
-            return None
-        return parse_metrics(text)
+        """See :meth:`ServerClient.metrics`."""
+        return await self.client.metrics(member)
 
     async def leader(self) -> Member | None:
         """The search server that says it leads (None if none does, or several)."""
-        views = await asyncio.gather(*(self.view(m) for m in self.search.values()))
-        leaders = [
-            self.search[view["self"]]
-            for view in views
-            if view is not None and view.get("is_leader") and view.get("self") in self.search
-        ]
-        return leaders[0] if len(leaders) == 1 else None
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus' text format as ``{"name{label=value,...}": value}`` (labels sorted);
-    lines it cannot read are left out."""
-    samples: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-                samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    except ValueError as exc:
-        log.warning("unreadable metrics: %s", exc)
-    return samples
+        return await self.client.leader(self.search)
