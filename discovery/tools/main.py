@@ -36,7 +36,6 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 if TYPE_CHECKING:  # not subscriptable at run time before Python 3.12
     # argparse names the type of add_subparsers()' result only privately; typeshed uses it.
-    # (RUF100 only until SLF001 is selected project-wide.)
     _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]  # noqa: SLF001
 
 _SUBCOMMANDS: tuple[Callable[[_SubParsers], object], ...] = (
