@@ -61,7 +61,7 @@ pytest: setup
 
 # The documentation site (mkdocs.yml) into DOCS_SITE: strict, so a broken link, anchor or
 # docstring reference, a missing example or a failing `--help` is an error; offline (no
-# fonts, inventories or downloads). tests/test_docs.py builds its own copy and opens the
+# fonts, inventories or downloads). tests/integration/test_docs.py builds its own copy and opens the
 # API reference in Chromium.
 DOCS_SITE ?= site
 docs: setup

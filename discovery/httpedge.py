@@ -28,7 +28,7 @@ factory for :meth:`asyncio.loop.create_server`, middlewares see each request, an
 request has its ``transport`` and its body stream ``content``. Nothing private is
 touched, so no aiohttp version is singled out. What relies on aiohttp's behaviour
 (the application is called once the head is parsed; a request's body is read before
-the next request is parsed) is checked by ``tests/test_http_edge.py``.
+the next request is parsed) is checked by ``tests/integration/test_http_edge.py``.
 
 Failure behaviour: the guard only ever closes connections that have no request in the
 application; a request being handled (a slow search, a dashboard stream) is never cut

@@ -29,6 +29,9 @@ from discovery.zk.election import Leadership
 from discovery.zk.session import ZkSession
 from search_server.server import SearchServer
 
+#: The repository's root (the tests live in tiers below ``tests/``).
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 #: Agent settings that make tests quick: a probe every 0.1 s, offline after two failures.
 FAST_AGENT = AgentConfig(
     probe_interval=0.1,
@@ -368,7 +371,7 @@ async def published_term(leader: SearchServer) -> Leadership:
     return term
 
 
-SCHEMAS = Path(__file__).resolve().parents[1] / "docs" / "schemas"
+SCHEMAS = REPO_ROOT / "docs" / "schemas"
 
 
 @functools.cache

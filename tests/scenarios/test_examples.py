@@ -34,6 +34,7 @@ from discovery import AgentState, InstanceState, MembershipWatcher, ServiceInsta
 from discovery.livelist.redis.publisher import LivePublisher
 from discovery.testing import RedisServer, free_port
 from tests.support import (
+    REPO_ROOT,
     DataServerFactory,
     SessionFactory,
     cluster_of,
@@ -45,7 +46,7 @@ from tests.support import (
     within,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 EXAMPLES = ROOT / "examples"
 NAMES = sorted(path.name for path in EXAMPLES.glob("*.py"))
 WAIT = 20.0  # seconds for any one thing to be observed

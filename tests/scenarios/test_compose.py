@@ -36,8 +36,9 @@ from data_server.loadgen import build_loadgen_parser
 from discovery.tools import main as discovery_cli
 from search_server.config import SearchServerConfig
 from search_server.config import build_parser as build_search_server_parser
+from tests.support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 
 DATA_SERVERS = 100

@@ -16,7 +16,9 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 def _load(name: str, path: Path) -> ModuleType:

@@ -33,6 +33,7 @@ from discovery.zk.paths import DATA_SERVERS_PATH, MAINTENANCE_PATH
 from discovery.zk.session import ZkSession
 from search_server.server import SearchServer
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, UI_TIMEOUT_MS, playwright_api
+from tests.integration.test_acl import ADMIN, DATA, SEARCH, acl_tree  # noqa: F401  (a fixture)
 from tests.support import (
     DataServerFactory,
     SearchServerFactory,
@@ -45,7 +46,6 @@ from tests.support import (
     sample,
     waited,
 )
-from tests.test_acl import ADMIN, DATA, SEARCH, acl_tree  # noqa: F401  (a fixture)
 
 REASON = "disk replacement, ticket OPS-123"
 

@@ -294,7 +294,7 @@ class StreamPeer:
         finally:
             self._writers.discard(writer)
             writer.close()
-            # How the connection ended, retrieved (see tests/test_httpclient_fuzz.py).
+            # How the connection ended, retrieved (see tests/unit/test_httpclient_fuzz.py).
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             self.finished += 1

@@ -25,9 +25,9 @@ import aiohttp
 import pytest
 
 from discovery.testing import RedisServer, free_port
-from tests.support import cluster_of, eventually, reap, shard_counts
+from tests.support import REPO_ROOT, cluster_of, eventually, reap, shard_counts
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 

@@ -3,7 +3,7 @@
 No ZooKeeper and no sleeping: :class:`HealthPolicy` is fed :class:`ProbeResult` values
 and the tests move its clock. That the agent carries the decisions out (registers,
 deregisters, counts and logs) is shown end to end by the agent's integration tests
-(``tests/test_data_server.py``, ``tests/test_embedding.py``...).
+(``tests/integration/test_data_server.py``, ``tests/scenarios/test_embedding.py``...).
 """
 
 from __future__ import annotations

@@ -401,7 +401,7 @@ async def test_overload_is_refused_at_once_and_bad_parameters_get_400(
 def _lenient_agent() -> Any:
     import dataclasses
 
-    from .support import FAST_AGENT
+    from tests.support import FAST_AGENT
 
     # Slow on purpose for this test: the agent must not take it offline meanwhile.
     return dataclasses.replace(FAST_AGENT, max_latency=5.0, probe_timeout=5.0)

@@ -1,7 +1,7 @@
 """The operator commands' exit status: one scheme, stated in every command's ``--help``.
 
 What each code is returned for is asserted where the command runs against real servers
-(tests/test_status.py, test_maintenance.py, test_redis_contents.py, test_acl.py,
+(tests/integration/test_status.py, test_maintenance.py, test_redis_contents.py, test_acl.py,
 test_redis_auth.py); here, that scripts can read the scheme where they look.
 """
 

@@ -11,7 +11,6 @@ import contextlib
 import json
 import re
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,9 +23,9 @@ from discovery.testing.simfleet import SimulatedFleet
 from search_server.dashboard import QueryStats
 from search_server.server import SearchServer
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, UI_TIMEOUT_MS, playwright_api
-from tests.support import DataServerFactory, SearchServerFactory, eventually, within
+from tests.support import REPO_ROOT, DataServerFactory, SearchServerFactory, eventually, within
 
-SCREENSHOT = Path(__file__).resolve().parent.parent / "bench" / "results" / "dashboard.png"
+SCREENSHOT = REPO_ROOT / "bench" / "results" / "dashboard.png"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

@@ -35,9 +35,9 @@ from discovery.testing import DevCluster, RedisClusterServers, RedisSentinelGrou
 from discovery.testing.redis import RedisServer, redis_ping
 from discovery.testing.rediscluster import CLUSTER_SLOTS, cluster_ports
 from discovery.testing.sentinel import DEFAULT_DOWN_AFTER_MS
-from tests.support import eventually
+from tests.support import REPO_ROOT, eventually
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = REPO_ROOT
 DOWN_AFTER_MS = DEFAULT_DOWN_AFTER_MS
 
 

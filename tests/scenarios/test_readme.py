@@ -5,7 +5,7 @@ The block is exec'd unchanged (not as ``__main__``, so nothing runs on its own);
 its deployment constants (``ZK_HOSTS``, ``ADVERTISE``, ``PORT``) are replaced in the
 resulting namespace, which ``main()`` reads when it runs, and ``Agent`` by a subclass
 that records the agent made, to check its state at the end. The complete programs are
-in ``examples/`` (``tests/test_examples.py``).
+in ``examples/`` (``tests/scenarios/test_examples.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import asyncio
 import re
 import signal
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,9 +23,9 @@ import pytest
 import discovery
 from discovery import Agent, AgentState, InstanceState, MembershipWatcher, ServiceInstance
 from discovery.testing import free_port
-from tests.support import SessionFactory, eventually, waited, within
+from tests.support import REPO_ROOT, SessionFactory, eventually, waited, within
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 README = ROOT / "README.md"
 SECTION = "## Embedding the agent"
 WAIT = 20.0  # seconds for any one thing to be observed

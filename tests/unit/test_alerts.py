@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+from tests.support import REPO_ROOT
+
+DEPLOY = REPO_ROOT / "deploy"
 RULES = DEPLOY / "alerts.yml"
 UNIT_TESTS = DEPLOY / "alerts_test.yml"
 

@@ -1,7 +1,7 @@
 """The agent embedded in a plain threaded server, as examples/threaded_data_server.py
 embeds it, in this process: offline while its health check fails, back once it passes,
 and departures announced even while a registration is in flight. (The example itself
-runs as a process in tests/test_examples.py.)"""
+runs as a process in tests/scenarios/test_examples.py.)"""
 
 from __future__ import annotations
 

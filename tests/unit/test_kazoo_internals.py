@@ -15,8 +15,9 @@ from kazoo.protocol.connection import ConnectionHandler
 import discovery
 from discovery.errors import DiscoveryError, KazooIncompatibleError
 from discovery.zk import _kazoo
+from tests.support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 # Private names of kazoo's objects we use; each must be reached through _kazoo only.
 PRIVATE = re.compile(
     r"\.(_call|_connection|_session_timeout|_data_watchers|_child_watchers|_pending|_queue"

@@ -41,9 +41,9 @@ from discovery.instance import (
     validate_zone,
 )
 from discovery.zk.membership import MembershipWatcher
-from tests.support import CURATOR_FIELD_ORDER
+from tests.support import CURATOR_FIELD_ORDER, REPO_ROOT
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = REPO_ROOT / "tests" / "golden"
 
 
 def golden_bytes(name: str) -> bytes:
@@ -894,7 +894,7 @@ def test_a_znode_with_a_bad_zone_or_weight_is_skipped_as_malformed(
     changes: dict[str, Any], field_name: str
 ) -> None:
     # The membership watcher's decoding of one child (the ZooKeeper side is covered
-    # by tests/test_membership.py): an InvalidInstanceError, reported as malformed.
+    # by tests/integration/test_membership.py): an InvalidInstanceError, reported as malformed.
     doc = base_doc()
     doc["payload"].update(changes)
     watcher = MembershipWatcher(session=None)  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ against the real ZooKeeper of the fixtures with a fake pressure source, whose "s
 is a share of the real monotonic clock, so that a probe's stall share is what the test
 says whatever the machine's own load; and agents with the default source, a hung
 probe not excused while other processes keep a CPU busy. The rule itself, boundaries
-included, is unit-tested with a fake clock in ``tests/test_agent_policy.py``.
+included, is unit-tested with a fake clock in ``tests/unit/test_agent_policy.py``.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Pure parser and config tests (flags, environment variables, the fleet's round-ro
 ``--zones``), the ``discovery status`` report, and one end-to-end test against a real
 ZooKeeper and Redis: a data server registered with a zone and a weight appears with
 both in a search server's ``GET /cluster`` (registration, leader, Redis, reader). The
-payload codec itself is tested in ``tests/test_instance.py`` and
-``tests/test_properties.py``.
+payload codec itself is tested in ``tests/unit/test_instance.py`` and
+``tests/unit/test_properties.py``.
 """
 
 from __future__ import annotations

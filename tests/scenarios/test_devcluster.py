@@ -38,10 +38,11 @@ from discovery.testing import (
 from discovery.testing.process import ManagedProcess
 from discovery.testing.redis import redis_ping
 from discovery.testing.zookeeper import four_letter_word
+from tests.support import REPO_ROOT
 
 T = TypeVar("T")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = REPO_ROOT
 # Reconnect quickly after a server goes away instead of kazoo's exponential back-off.
 FAST_RECONNECT: dict[str, Any] = {"max_tries": -1, "delay": 0.1, "backoff": 1, "max_delay": 0.5}
 

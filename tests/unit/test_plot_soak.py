@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import REPO_ROOT
+
+ROOT = REPO_ROOT
 SCRIPT = ROOT / "bench" / "plot_soak.py"
 
 
