@@ -298,6 +298,10 @@ async def make_search_server(
         fields.setdefault("heartbeat_interval", 0.2)
         fields.setdefault("heartbeat_ttl", 2.0)
         fields.setdefault("reconcile_interval", 1.0)
+        # A budget no load on a test machine exhausts, for a query that gives none: a
+        # test that expects a complete answer gets one however slow the machine is, and
+        # a test of deadlines says its own (timeout_ms).
+        fields.setdefault("default_timeout_ms", 5000)
         config = SearchServerConfig(
             zk=ZkConfig(
                 hosts=zk or zk_hosts,

@@ -63,7 +63,8 @@ EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.I)
 # The pages whose repository paths must exist (CHANGELOG.md names paths of its time).
 PAGES_NAMING_PATHS = ("docs/**/*.md", "README.md")
 # Files a run writes and the repository does not keep: `make soak`'s reports and plot,
-# and the screenshot tests/integration/test_dashboard.py takes (docs/dashboard.png is the kept copy).
+# and the screenshot tests/integration/test_dashboard.py takes (docs/dashboard.png is
+# the kept copy).
 WRITTEN_BY_RUNS = (
     "bench/results/soak-*.json",
     "bench/results/soak*.png",
