@@ -1,29 +1,10 @@
 """Admission of searches on a data server: a cap on the searches in progress at once.
 
-Why a cap: a data server runs its searches on one event loop, in slices of about half a
-millisecond that take turns (see :mod:`.searching`). An ordinary search finishes in its
-first slice and is never in progress beside another; only expensive ones (a shard's most
-frequent terms) and searches held by an injected fault overlap. Every overlapping search
-slows all the others down, since they share the loop: past a few, each of them is cut by
-its budget before it ends, and the server does more work for worse answers while its
-queue, and every search server waiting on it, grows. So a search that arrives while
-``limit`` searches are in progress is refused at once, before any search work (the data
-server answers HTTP 429 with ``Retry-After``), and the search server that sent it can go
-to another replica while this one catches up: a busy minute stays a busy minute.
+:class:`SearchAdmission` refuses an ordinary search once ``limit`` are in progress and
+always admits a priority one (the agent's probe), counted apart. No I/O, no clock, not
+thread-safe (the server's loop only); an unpaired ``leave`` raises :class:`RuntimeError`.
 
-Priority requests (the agent's health probes, marked by the header
-:data:`discovery.agent.probes.PROBE_HEADER`) are never refused and not counted against
-the cap: a full server must not fail its own health check because it is full, or load
-alone would take it offline. They are still real searches on the same loop, so a
-blocked loop still fails them. They are counted apart (:attr:`SearchAdmission.priority`),
-so that :attr:`SearchAdmission.total` is every search in progress.
-
-:class:`SearchAdmission` is a plain object with no I/O and no clock: the server asks it
-(``try_enter``) before the search and tells it (``leave``) after, in a ``finally``. It is
-not thread-safe: it lives on the server's event loop, like the searches it counts.
-
-Failure behaviour: ``leave`` without a matching ``enter`` raises :class:`RuntimeError`
-(a bug in the caller, never a state to go on from); nothing else raises.
+Design: docs/design/overload.md, "Overload is an answer, not a failure".
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Documents of one shard: generated deterministically, or loaded from a JSONL file.
 
-Generated shards use a synthetic vocabulary of pronounceable words whose frequencies
-follow Zipf's law, so that an inverted index over them has the shape of a real one
-(a few terms in almost every document, a long tail of rare ones) and queries drawn by
-:func:`sample_queries` hit a realistic number of documents. Everything is derived from
-explicitly seeded :class:`random.Random` instances, never the global generator, so a
-shard is the same in every process and on every run.
+Generated shards draw Zipf-distributed words only from explicitly seeded
+:class:`random.Random` instances, so a shard is the same in every process and run.
+
+Design: docs/design/data-server.md, "The data server".
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Injected faults, for simulating the failures the agent must catch.
 
-``POST /admin/fault`` sets one of:
+``POST /admin/fault`` sets ``slow``, ``error``, ``hang`` (``block_loop``: the event loop
+itself) or ``none``. Only ``/search`` is affected: health and admin endpoints keep
+working, so a faulty server can still be looked at and repaired.
 
-* ``{"mode":"slow","delay_ms":N}``: every search waits N ms before answering;
-* ``{"mode":"error","rate":R}``: a fraction R (0..1) of searches answer HTTP 500;
-* ``{"mode":"hang"}``: searches never answer (until the fault is cleared); with
-  ``"block_loop":true`` (and optionally ``"duration_ms":N``, default 30000) the next
-  search instead blocks the whole event loop, as a stuck C call or a GC storm would;
-* ``{"mode":"none"}``: back to normal (releases hung requests).
-
-The fault applies to ``/search`` only: health and admin endpoints keep working, so
-an operator can still look at and repair a faulty server.
+Design: docs/design/data-server.md, "The data server".
 """
 
 from __future__ import annotations

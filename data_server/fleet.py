@@ -1,15 +1,10 @@
 """``data-server fleet``: N simulated data servers in P processes.
 
-Each simulated server is a full :class:`~data_server.server.DataServer` with its own
-port, shard, ZooKeeper session and agent; the servers of one process share its event
-loop and one agent :class:`~discovery.agent.loopthread.LoopThread`. The parent process starts
-P workers (``data-server fleet --worker I``), forwards SIGINT/SIGTERM to them, and
-exits non-zero if any worker failed. A worker starts its servers spread over
-``--start-spread`` seconds and, on a signal, begins their drains spread over 2 s, as
-independent machines would, not all in one burst on a shared CPU.
+Each is a full :class:`~data_server.server.DataServer` (own port, shard, session and
+agent); a process's servers share its event loop, so a ``block_loop`` hang blocks them
+all. The parent forwards SIGINT/SIGTERM to its workers and fails if any of them failed.
 
-Caveat of sharing a loop: a ``hang`` fault with ``block_loop`` blocks every server of
-that worker process, not just one.
+Design: docs/design/data-server.md, "The data server".
 """
 
 from __future__ import annotations

@@ -1,60 +1,10 @@
 """An in-memory inverted index over one shard, ranked with BM25, searched in slices.
 
-Postings are kept in compressed-sparse-row form: a single ``array('I')`` for the whole
-index, each term owning a contiguous slice of entries that pack the document number
-(high 24 bits) with the term frequency (low 8 bits). That is 4 bytes per posting and a
-handful of objects per index, instead of one Python object per posting, which matters
-when a hundred simulated servers share one machine. Frequencies of 255 or more are
-kept exactly in a small side table. Besides the postings each term keeps one byte, its
-largest frequency (capped at 255), from which a query derives the term's BM25 upper
-bound. Document texts are not retained: a hit carries only the id, score and title.
+A search (:class:`IncrementalSearch`) does a bounded amount of work per
+:meth:`~IncrementalSearch.step` and can be stopped at any point with its best hits so
+far; run to its end it gives what :meth:`InvertedIndex.search_exhaustive` gives.
 
-**Searching in slices.** :meth:`InvertedIndex.start_search` returns an
-:class:`IncrementalSearch`, a plain object (no asyncio) whose :meth:`~IncrementalSearch.step`
-does at most a given amount of work (counted in postings read; a binary search or a
-selection counts as the postings it costs) and returns. Whoever drives it (the data
-server, between yields to its event loop) decides when to stop: at any point
-:meth:`~IncrementalSearch.hits` gives the best hits found so far. Run to its end it gives
-what the exhaustive algorithm (:meth:`InvertedIndex.search_exhaustive`, kept as the
-reference and the benchmarks' baseline) gives (see "Exactness").
-
-**Top-k dynamic pruning: MaxScore, term at a time** (Turtle and Flood, 1995). Each
-term's contribution to a score is bounded: its weight times ``T / (T + norm_min)`` with
-``T`` its largest frequency and ``norm_min`` the shortest document's length norm. Terms
-are read in decreasing order of that bound, the rare, decisive ones first, adding each
-posting to its document's score. Between terms, once the bounds of the terms still to
-read add up to less than the k-th best score so far (a lower bound of the final k-th),
-no document not seen yet can enter the top k: the remaining terms are MaxScore's
-*non-essential* ones. From then on they only update documents already seen (a
-dictionary miss for the others, about a quarter of the cost of a posting added), a
-document whose score plus the remaining bounds falls below the k-th is dropped, and
-when few documents are left a term's contributions are found by binary search in its
-postings instead of reading them all: the most frequent terms, a posting in almost
-every document and each worth little, cost a binary search per surviving document.
-
-Why MaxScore and not WAND: WAND finds its next candidate by keeping the query's posting
-cursors sorted by their current document and moving a pivot, work done per candidate
-document. In CPython that bookkeeping (re-sorting up to hundreds of cursors, a method
-call per move) costs far more per document than the postings it skips, and the queries
-that need pruning are exactly those with many terms. MaxScore needs the terms ordered
-once; in its term-at-a-time form the per-posting loop stays the tight loop of the
-exhaustive search and the bound is applied only between terms. What it saves depends on
-the bounds: on the generated corpus (Zipf-distributed words) the bounds of a shard's 150
-most frequent terms add up to about six times the best score, so the query closes to
-new documents only after about two thirds of its terms; it then reads or looks up about
-60 % of the postings the exhaustive search reads, in about 0.7 of its time. Ordinary
-queries with stop words added gain more (half the postings, 0.6 of the time); see
-bench/bench_worst_case.py. That is why the data server also slices and stops searches
-(:mod:`data_server.searching`): pruning makes the worst case cheaper, not cheap.
-
-**Exactness.** Pruning compares with a slack of ``1e-9`` of the query's largest possible
-score, far above the rounding of a sum of a few hundred positive floats, so rounding
-never drops a document that belongs in the top k. Scores summed in another order than
-the query's can differ from the exhaustive search's in the last bits; the candidates
-whose order such a difference could change (those within the slack of a neighbour) are
-rescored in query order with the exhaustive search's arithmetic. So the ids, their order
-and the id tie-break are identical to the exhaustive search's, and the scores equal
-within rounding (bit for bit when the terms were read in query order).
+Design: docs/design/data-server.md, "The index".
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """``data-server loadgen``: send real queries through search servers at a steady rate.
 
-Open loop: a query is started every ``1/rate`` seconds whether or not earlier ones
-have answered (a closed loop would slow down with the system and hide its stalls).
-Queries are drawn from the same vocabulary as the generated shards, so they hit a
-realistic share of documents. Targets are used round-robin; a target that refuses
-the connection (a search server that died) or answers 503 (not ready, or shedding
-load) is skipped for that query and the next one is tried, as a load balancer would.
+Open loop (a query every ``1/rate`` seconds, whatever earlier ones did), or with
+``--worst-case`` a hostile client. ``--json`` prints a line per query,
+``{"t","outcome","ms"}``, with ``target`` and ``shards`` for a partial answer.
 
-Each outcome is ``ok`` (complete), ``partial``, ``overloaded`` (503) or ``error``.
-With ``--json`` every query is one JSON line on stdout (``{"t","outcome","ms"}``; a
-partial answer adds the search server that gave it, ``target``, and its ``shards``
-counts, so that a check can say which shards were missing and why), for programs such
-as ``discovery demo``; otherwise a summary line per ``--report-interval``.
-
-``--worst-case`` is a hostile client instead (the query storm of ``discovery chaos``
-and issue 21): ``--clients`` clients each send one query back to back, without pause
-(closed loop, ``--rate`` unused), the worst case for a data server: shard ``--shard``'s
-``--terms`` most frequent terms by document frequency (:func:`worst_case_query`),
-computed from the documents a data server generates for that shard (``--docs``,
-``--seed``). Outcomes add ``refused`` (422: the search server's query-of-death guard
-refused it); after a connection error a client waits 10 ms, so that a search server
-that is gone does not turn the storm into a busy loop of refused connects.
+Design: docs/design/data-server.md, "The data server".
 """
 
 from __future__ import annotations

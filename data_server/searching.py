@@ -1,43 +1,10 @@
 """Run one search on the event loop in bounded slices, and stop it at its deadline.
 
-A search of a shard's most frequent terms reads hundreds of thousands of postings.
-Run in one piece on the data server's event loop it would hold the loop for as long:
-``/healthz``, the agent's own probe (a search over HTTP) and every other search would
-wait behind it, and the search would go on long after the search server that asked for
-it has given up. So :func:`run_search` drives an :class:`~data_server.index.
-IncrementalSearch` a slice of ``slice_work`` units at a time (about half a millisecond
-of CPython, see ``SLICE_WORK``), yields to the loop between slices (``asyncio.sleep(0)``:
-whatever else is ready runs, and the loop polls its sockets), and stops at the deadline
-with the best hits found so far, marked as cut. A search that finishes within its first
-slice (every ordinary query) never yields at all.
+Between slices of about half a millisecond :func:`run_search` hands the GIL over and
+yields to the loop; at the deadline it stops with the best hits so far, marked cut.
+:func:`work_deadline` keeps a margin of the budget for the answer. Nothing raises.
 
-**The other threads.** The agent probes its server from a thread of its own, over HTTP,
-and each step of a request there needs the GIL back. While a search keeps the loop's
-thread busy, a thread waiting for the GIL gets it only when the busy one releases it
-(at the latest after the interpreter's switch interval, 5 ms): a probe made of some
-twenty such steps took 100 ms and more with slices of 2 ms (the agent's limit is
-0.5 s, 0.25 s in the tests). The loop's own thread releases the GIL at every poll of
-its sockets but takes it straight back, and a waiter that sees the GIL change hands
-does not ask for it again: a thread that wakes every millisecond was measured up to
-460 ms late. Short slices and an explicit release of the GIL between them
-(``time.sleep(0)``) bring that to a few milliseconds and a probe to a few tens, for
-some of the worst-case searches' throughput (bench/bench_worst_case.py: 72 of them in
-5 s on one loop, 84 without the release, on a shared machine).
-
-**The budget and its margin.** A request carries its remaining budget (``timeout_ms``,
-measured by the search server when it sent the request), or gets the server's default.
-:func:`work_deadline` turns it into the time to stop working: the budget from the
-request's arrival, less a safety margin, because the answer still has to be encoded,
-sent and merged before the search server's own deadline, and because a deadline is
-only looked at between slices (the slice running when it passes, and the slices of
-the other searches ready before ours, run to their end). The margin is a tenth of the
-budget, at least ``MIN_MARGIN`` (5 ms: a slice or two and a loopback round trip), and
-never more than half the budget, so that even a request with a budget of a few
-milliseconds gets its first slice. The time the request spent on the network and in
-the server's queue before it arrived is not known (the clocks of two machines are not
-compared), as with gRPC's propagated deadlines; the margin also covers a little of it.
-
-Failure behaviour: none of its own; a step never raises (see ``IncrementalSearch``).
+Design: docs/design/data-server.md, "Searching in slices".
 """
 
 from __future__ import annotations

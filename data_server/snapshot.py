@@ -1,27 +1,10 @@
 """Index snapshots: a restarted data server loads its shard instead of building it.
 
-Building a shard's index is CPU work: generating and tokenising 2,000 documents and
-building their postings take about 0.3 s of one core, and a container of 50 simulated
-servers pays 15 s of CPU on each start. On a small machine a restarted fleet did that
-beside the fleet still answering for every shard, whose answers then came late: the
-compose check's deploy day lost a third of its answers while a fleet restarted. In-memory
-search servers load a snapshot on restart for the same reason; so does this one, from
-``--index-snapshot-dir`` (about 3 ms a shard, 100 times less).
+A snapshot can cost a rebuild, never a wrong index: one with another key, a bad digest
+or in a directory others may write to is not used. Nothing raises into the data
+server's start-up; each problem is logged once and costs a build.
 
-A snapshot is the pickled :class:`~data_server.index.InvertedIndex` behind a header that
-names what it was built from (:class:`SnapshotKey`: the shard, the seed and document
-count of generated documents, or the ``--docs-file``'s path, size and modification
-time, and the package version, which stands for the index's format) and a SHA-256 of the
-payload. A snapshot whose key differs, whose digest does not match (a torn write), or
-that cannot be read is ignored and rebuilt over: a snapshot can cost a rebuild, never a
-wrong index. Writes go to a temporary file renamed into place, so a reader never sees a
-half-written one.
-
-Trust: unpickling runs code named in the file, so the directory must be the data
-server's own: :class:`IndexSnapshots` refuses (logs, then builds without snapshots) a
-directory that is not owned by this user or that others may write to. Failure
-behaviour: nothing here raises into the data server's start-up; every problem is logged
-once and costs a build.
+Design: docs/design/overload.md, "A restart does not starve the servers answering".
 """
 
 from __future__ import annotations

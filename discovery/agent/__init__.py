@@ -1,19 +1,6 @@
 """The agent a data server embeds: register when ready, probe, go offline, drain.
 
-* :mod:`~discovery.agent.agent`: :class:`Agent`, which owns the session and the
-  registration and acts on the decisions of its policy, through its parts:
-  :mod:`~discovery.agent.probeloop` (probe, decide, act), :mod:`~discovery.agent.probing`
-  (one probe), :mod:`~discovery.agent.presence` (the node: admit, leave, drain) and
-  :mod:`~discovery.agent.status` (:class:`AgentStatus`).
-* :mod:`~discovery.agent.policy`: :class:`HealthPolicy`, which decides when the server
-  is admitted, taken offline or held out: no I/O, its clock passed in.
-* :mod:`~discovery.agent.probes`: the :class:`Probe` protocol and its implementations.
-* :mod:`~discovery.agent.pressure`: the :class:`CpuPressure` protocol (how long the
-  server waited for a CPU during a probe), :class:`ThreadRunDelay` (the default: one
-  thread's run delay, Linux schedstat) and :class:`PsiCpuPressure` (the machine's
-  stall, Linux PSI).
-* :mod:`~discovery.agent.loopthread`: :class:`LoopThread`, an event loop in a thread
-  of its own, for servers that are not asyncio.
+Design: docs/design/data-server.md, "The agent".
 """
 
 from discovery.agent.agent import Agent, AgentStatus

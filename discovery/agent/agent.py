@@ -1,53 +1,10 @@
 """The data-server agent: register when ready, probe, go offline when unhealthy, drain.
 
-An :class:`Agent` is embedded in a data server. It owns the server's ZooKeeper
-session and its :class:`~discovery.zk.registration.Registration`, and it runs on a
-:class:`~discovery.agent.loopthread.LoopThread`, never on the server's own event loop: the
-case we exist for is a server whose ZooKeeper session is alive (kazoo's threads keep
-pinging) while the server itself cannot answer, and an agent on a blocked loop could
-not take it offline.
+An :class:`Agent` runs on a :class:`~discovery.agent.loopthread.LoopThread`, never on the
+server's own loop, so it can take offline a server whose loop is blocked. Its public
+methods are thread-safe: blocking ones, and awaitable ones (``a...``) for asyncio servers.
 
-Life of a server, as the agent sees it::
-
-    STARTING --(ready and one good probe)--> SERVING
-    SERVING --(fall failed probes)--> OFFLINE --(rise good probes)--> SERVING
-    OFFLINE --(rise good probes, but re-admitted flap_max times within flap_window)-->
-        DAMPED --(flap_cooldown elapsed and rise good probes)--> SERVING
-    any --(take_offline)--> ADMIN_OFFLINE --(bring_online and a good probe)--> SERVING
-    any --(drain)--> DRAINING: node marked draining, grace period, node removed
-    any --(stop)--> STOPPED
-
-"Offline" always means our node is deleted, so search servers stop routing to us;
-the ZooKeeper session stays open, so coming back is one create. Where the ACL
-refuses data servers deletes (``discovery zk-init``, see :mod:`discovery.zk.acl`), the
-node goes by ending the session instead, and a new session is opened at once
-(:class:`~discovery.zk.registration.Removal`). After a session
-expiry the registration re-creates the node by itself if, and only if, the agent
-still wants to be online.
-
-What to do when is decided by a :class:`~discovery.agent.policy.HealthPolicy`, a plain
-object fed the probes' results and a clock (its module spells the rules out); the
-agent carries its decisions out with ZooKeeper calls, metrics and logs.
-
-Around each probe the agent reads a CPU pressure
-(:class:`~discovery.agent.pressure.CpuPressure`) and gives the policy the share of
-the probe's time spent waiting for a CPU: a probe slow only because the machine is
-busy is excused for a bounded time (``busy_grace``), so that load does not take every
-server of a machine offline at once. By default the pressure is the run delay of the
-thread that constructed the agent
-(:class:`~discovery.agent.pressure.ThreadRunDelay`): the time the server's own thread
-was runnable but given no CPU, so that a hung or slowed server, whose thread is
-blocked or asleep rather than waiting for a CPU, is never excused, however busy the
-machine. A probe during which that thread was busy (running or waiting for a CPU)
-nearly all along is excused too: a loop saturated by its searches is serving (a loop
-spinning forever looks the same, and goes after ``busy_grace``). Where the pressure is
-unknown (not Linux) nothing is excused: the "busy guard" is off, which is logged once
-at info and shown in the status.
-
-The public methods are thread-safe and come in two flavours: blocking ones for
-threaded servers (``start``, ``drain``, ``stop``...) and awaitable ones for asyncio
-servers (``astart``, ``adrain``, ``astop``...), which wait without blocking the
-caller's loop.
+Design: docs/design/data-server.md, "The agent".
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""An asyncio event loop running in a thread of its own.
+"""An asyncio event loop running in a thread of its own, for the agent.
 
-The agent must keep probing and, if need be, take its server offline while the
-server's own event loop is blocked (a handler stuck in a C call, a GC storm, plain
-overload). So it does not run on that loop: it runs on a :class:`LoopThread`, and the
-server talks to it only through thread-safe calls (:meth:`LoopThread.submit`).
+Other threads talk to it only through thread-safe calls (:meth:`LoopThread.submit`).
+One ``LoopThread`` can host many agents: a fleet process shares one.
 
-One ``LoopThread`` can host many agents: a fleet of simulated data servers in one
-process shares one.
+Design: docs/design/data-server.md, "Its own thread and loop".
 """
 
 from __future__ import annotations

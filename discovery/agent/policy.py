@@ -1,59 +1,10 @@
 """The agent's health policy: when a data server is admitted, taken offline or held out.
 
-:class:`HealthPolicy` decides every transition of the state diagram in
-:mod:`discovery.agent.agent`, and does nothing else: no ZooKeeper, no metrics, no
-logging, and its clock passed in, so that the rules below are unit-tested with a fake
-clock rather than end to end in real time. The :class:`~discovery.agent.agent.Agent`
-feeds it each probe's result (:meth:`HealthPolicy.observe`) and the operator's
-requests (:meth:`~HealthPolicy.take_offline`, :meth:`~HealthPolicy.bring_online`,
-:meth:`~HealthPolicy.drain`, :meth:`~HealthPolicy.stop`), and carries out what it
-decides: registering, deregistering, counting and logging.
+:class:`HealthPolicy` decides, the :class:`~discovery.agent.agent.Agent` carries out. No
+I/O, its clock passed in, never raises; not thread-safe (the agent's loop only). A
+decision takes effect in the policy at once, before the agent's ZooKeeper work for it.
 
-The rules (``rise``, ``fall``, ``flap_*``, ``max_latency`` and ``busy_grace`` from
-:class:`~discovery.config.AgentConfig`):
-
-* Probes count once the server is ready (:meth:`~HealthPolicy.set_ready`) and until
-  it drains or stops; before and after, a result changes nothing, not even the counts.
-* A good probe resets the count of consecutive failures, a failed one the count of
-  consecutive successes. The counts go on in every state (the status shows them);
-  only :meth:`~HealthPolicy.bring_online` resets both.
-* Busy, not sick: a probe that failed as ``slow`` or ``timeout`` is **excused**
-  (:attr:`Decision.excused`, kind ``busy``) when the CPU stall during it (by default
-  the time the server's own thread waited for a CPU, see
-  :mod:`discovery.agent.pressure`) explains its slowness: without the stalled share of
-  its wall time it would have met the bound, ``latency * (1 - stall_share) <=
-  max_latency``, or the server's thread was busy (running or waiting for a CPU) at
-  least :data:`BUSY_SHARE` (90 %) of it: a loop saturated by its work is serving, a
-  stuck one is blocked in between. Errors are never excused, nor is anything while
-  the shares are unknown. Excuses last at most
-  ``busy_grace`` seconds (0: none at all), counted from the first excused probe of an
-  unbroken run of failed probes, its last instant included; after that, slow and
-  timed-out probes fail again until a good probe ends the run (nothing else ends it,
-  not even :meth:`~HealthPolicy.bring_online`). Why: on a machine short
-  of CPU every server's probe is slow at once, and taking them all offline together
-  turns load into an outage; a server slow for that long does go.
-* An excused probe is neither a failure nor a success: it keeps the count of
-  consecutive failures (it is no evidence of health, so an erroring server whose
-  other probes are excused still reaches ``fall``) and resets the count of
-  consecutive successes (``rise`` asks for good answers in a row, and a slow answer
-  is not one, so a starved server is not re-admitted on answers between slow ones).
-* STARTING: one good probe admits the server (:attr:`Action.ADMIT`).
-* SERVING: ``fall`` consecutive failures take it offline (:attr:`Action.LEAVE`).
-* OFFLINE: ``rise`` consecutive good probes re-admit it (:attr:`Action.READMIT`),
-  unless it was already re-admitted ``flap_max`` times within the last
-  ``flap_window`` seconds (a re-admission exactly ``flap_window`` ago still counts):
-  then it is held out (:attr:`Action.DAMP`) for ``flap_cooldown`` seconds.
-* DAMPED: once the cool-down is over (at its last instant too) and the last ``rise``
-  probes were good, it is re-admitted with its flap history forgotten: the cool-down
-  was the penalty. Failures while damped change nothing but the counts.
-* ADMIN_OFFLINE: probes change nothing until :meth:`~HealthPolicy.bring_online`,
-  which starts over in STARTING (one good probe, no flap check).
-* Re-admissions are remembered across an administrative offline/online cycle; the
-  first admission and admissions out of STARTING do not count as flaps.
-
-Failure behaviour: none of its own; it never raises and does no I/O. A decision
-takes effect in the policy at once, before the agent's ZooKeeper work for it has
-begun or returned. Not thread-safe: the agent uses it only on its own loop.
+Design: docs/design/data-server.md, "The policy's rules".
 """
 
 from __future__ import annotations
@@ -72,7 +23,7 @@ __all__ = ["Action", "AgentState", "Decision", "HealthPolicy", "ProbeResult"]
 
 
 class AgentState(enum.StrEnum):
-    """Where the agent is in the diagram of :mod:`discovery.agent.agent`."""
+    """Where the agent is in its state diagram (docs/design/data-server.md, "The agent")."""
 
     STARTING = "starting"
     SERVING = "serving"

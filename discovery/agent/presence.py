@@ -1,4 +1,7 @@
-"""The agent's node in ZooKeeper, as its policy wants it: admitted, left, drained."""
+"""The agent's node in ZooKeeper, as its policy wants it: admitted, left, drained.
+
+Design: docs/design/data-server.md, "The agent".
+"""
 
 from __future__ import annotations
 

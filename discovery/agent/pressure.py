@@ -1,59 +1,10 @@
 """CPU pressure: how much of a probe's time the server was kept waiting for a CPU.
 
-A probe can be slow because the server is sick, or because its machine is short of
-CPU (a deploy, a restart's indexing, other busy processes beside the cluster). In the
-second case every server on the machine is slow at once, and if each agent took its
-server offline for it, load would become an outage. The agent therefore reads a
-:class:`CpuPressure` before and after each probe, and :func:`stall_share` turns the
-two readings into the share of the probe's wall time that was spent stalled, waiting
-for a CPU; the policy (:class:`~discovery.agent.policy.HealthPolicy`) excuses, for a
-bounded time, the slowness that this stall explains.
+:class:`ThreadRunDelay` (the default: a thread's run delay, so a blocked server is never
+excused) or :class:`PsiCpuPressure` (the machine's stall). A reading never raises; None
+means unknown (logged at debug once per change), and the agent then excuses nothing.
 
-:class:`ThreadRunDelay`, the default, measures **the server's own thread**: Linux's
-``/proc/self/task/<tid>/schedstat`` holds three counters of one thread, nanoseconds
-on a CPU, nanoseconds **runnable but waiting on a runqueue** (``run_delay``) and
-timeslices, and the second is the stall. Only a thread that wants to run and is given
-no CPU accumulates it (the kernel adds a wait when it ends, so a wait in progress at
-a reading, a few milliseconds under ordinary scheduling, counts at the next one). A
-thread that is blocked does not: hung in a syscall or on a lock, sleeping (an
-``asyncio.sleep``, an idle event loop waiting for an answer that never comes, a
-``time.sleep`` on the loop), or waiting for the GIL (a futex sleep). So a hung or
-slowed server whose thread is blocked or asleep is never excused, however busy the
-machine, and a server starved of CPU by other processes is. A reading of a thread
-also carries ``busy``, its time on a CPU plus its run delay (:func:`busy_share`): the
-policy excuses as well a probe during which the thread was busy nearly all along
-(``BUSY_SHARE`` of :mod:`discovery.agent.policy`), a loop saturated by its own
-searches; a loop stuck *spinning* on the CPU (an endless computation that never
-yields) looks the same, and is excused too, for at most ``busy_grace``, then goes.
-The thread is the one that constructs the
-:class:`~discovery.agent.agent.Agent` (``threading.get_native_id()`` there, not the
-agent's own loop thread): an asyncio server such as
-:class:`~data_server.server.DataServer` constructs it on its event loop, the thread
-that answers the probe. An embedder whose requests are served elsewhere (a threaded
-server) passes ``ThreadRunDelay(tid)`` of a serving thread, or
-:class:`PsiCpuPressure`; left with the default, its agent measures a thread that is
-mostly blocked and excuses (almost) nothing, which errs on the safe side.
-
-:class:`PsiCpuPressure`, the alternative, reads Linux's pressure stall information
-(PSI, kernel 4.20 and later): the ``some`` line of ``/proc/pressure/cpu`` holds
-``total=<microseconds>``, the cumulative time during which at least one runnable task
-was waiting for a CPU. It stays near 0 while there are no more runnable tasks than
-CPUs. A cgroup v2 directory's ``cpu.pressure`` has the same format, so
-``PsiCpuPressure("/sys/fs/cgroup/<group>/cpu.pressure")`` measures one container's
-stall instead of the machine's. Its measure is the machine's, not the server's: a
-hung server on a starved machine is excused too (its probe timed out while *other*
-tasks waited for a CPU), for up to ``busy_grace``. That is why it is not the default.
-
-Failure behaviour: a reading never raises. Where the file is missing or unreadable
-(not Linux, a kernel without ``CONFIG_SCHED_INFO`` or PSI, PSI disabled with
-``psi=0``, a masked ``/proc``, the thread gone) or its content is not understood,
-``read`` answers None ("unknown"), logged at debug once per change, and the agent
-then excuses nothing (the "busy guard" is off). A read is one
-``open``/``read``/``close`` of a file of under 100 bytes that the kernel generates
-from memory, and a split: 7.5 µs for a thread's schedstat, whichever thread reads it,
-8.4 µs for PSI (best of 7 runs of 20,000 reads on a 2-core VM), so the two of each
-probe cost a fleet process of 25 agents probing every second under 0.4 ms of CPU a
-second (0.04 % of a core).
+Design: docs/design/overload.md, "Busy is not sick".
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The agent's probe loop: probe on schedule, ask the policy, have its decision carried out."""
+"""The agent's probe loop: probe on schedule, ask the policy, have its decision carried out.
+
+Design: docs/design/data-server.md, "The agent".
+"""
 
 from __future__ import annotations
 

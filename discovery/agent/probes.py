@@ -1,25 +1,11 @@
 """Health probes: how the agent decides that its server can answer queries.
 
-A probe is any object with ``async def check(self) -> None`` that returns when the
-server is healthy and raises otherwise (:class:`ProbeFailed` for a clear reason; any
-other exception also counts as a failure, with its type as the reason). The agent
-runs probes on its own loop thread, with a timeout, and also fails a probe that
-answered but took longer than the latency threshold: a slow server is as bad as a
-dead one for a fan-out that waits for the slowest shard.
+A probe is any object whose ``async check()`` returns when the server is healthy and
+raises otherwise. :class:`HttpProbe` and :class:`SearchProbe` send :data:`PROBE_HEADER`
+(HTTP contract: serve such a request the ordinary way, never refuse it for load).
 
-The default for a data server is :class:`SearchProbe`: a real search query against
-the server's own HTTP endpoint, so the probe exercises the same path (event loop,
-index, serialisation) as the queries of the search servers.
-
-**HTTP contract: the probe header.** :class:`HttpProbe` and :class:`SearchProbe` send
-``X-Discovery-Probe: 1`` (:data:`PROBE_HEADER`, :data:`PROBE_HEADER_VALUE`) with every
-request. Any server may give such requests priority, and should not refuse them for
-load: a server that sheds load (our data server answers 429 when it has its cap of
-searches in progress) must not fail its own health check because it is full, or load
-alone would take it offline. The request must still be served the ordinary way (the
-same event loop, the same index), or the probe would no longer see a blocked or broken
-server. The header is a hint, not a credential: a client that sends it only escapes
-the load shedding, never any check.
+Design: docs/design/data-server.md, "The agent"; the header: docs/design/overload.md,
+"Probes do not queue behind searches".
 """
 
 from __future__ import annotations

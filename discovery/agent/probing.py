@@ -1,4 +1,7 @@
-"""One probe of the agent, timed and bounded, with the CPU pressure read around it."""
+"""One probe of the agent, timed and bounded, with the CPU pressure read around it.
+
+Design: docs/design/data-server.md, "The agent".
+"""
 
 from __future__ import annotations
 
