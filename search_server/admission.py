@@ -1,69 +1,10 @@
 """How many queries a search server fans out at once: a limit that follows latency.
 
-Queueing is how the original system fell over, so a search server never queues a query:
-past its in-flight limit it answers 503 at once (:class:`~discovery.errors.OverloadedError`
-in :meth:`~search_server.fanout.FanOut.search`). A fixed limit (256) is no protection:
-on a 2-core machine the search servers and the data servers share the CPU, and past the
-knee (about 70 queries a second for the demo's three search servers and 100 data
-servers) every admitted query made the others slower until nearly every answer hit its
-500 ms deadline and came back partial, with 8 to 60 queries in flight per search
-server and nothing shed. What must be kept is the goodput, complete answers a second,
-not the throughput.
+Past the limit a query is refused at once with 503, never queued. :class:`GradientLimit`
+(the default) and :class:`FixedLimit` (``--admission fixed``) are pure (``now`` is
+passed in, no I/O) and not thread-safe: the fan-out calls them on its loop.
 
-:class:`GradientLimit` (the default; after Netflix's ``Gradient2Limit`` in
-``concurrency-limits``, as Envoy's adaptive concurrency filter) moves the limit with the
-ratio of the latency now to the latency the search server usually has:
-
-* ``short``, the mean latency of the last window of queries (half a second), against
-  ``long``, an EWMA of the last ``long_window`` windows: the baseline. When ``short``
-  falls far below ``long`` (an overload is over), ``long`` decays quickly towards it,
-  so a baseline inflated by an overload does not keep the limit high afterwards.
-* ``gradient = clamp(min(max(tolerance x long, ceiling / 4), ceiling) / short, 0.5,
-  1)``: 1 while queries take up to ``tolerance`` times their usual time (or a quarter
-  of the ceiling, whichever is more) and never more than ``ceiling`` (a share of the
-  deadline), less beyond. The fan-out feeds it the time a query spent *waiting*: its
-  latency less the longest search a data server reported for it, so that an expensive
-  query's own cost does not read as overload. The ceiling is what keeps the
-  admitted queries inside their deadline under a sustained overload: the baseline,
-  an average of what the latency was, creeps up with it (Gradient2's known drift), so
-  the tolerance alone would let the limit climb until answers came back partial.
-* Below 1 the limit is multiplied by the gradient at once: a fan-out's latency climbs
-  steeply near the knee (every shard's answer waits in a busier queue), and a smoothed
-  decrease left it over the cliff for seconds with every answer partial. At 1 it grows
-  gently, by ``smoothing x sqrt(limit)`` a window (room to probe upwards, so a cluster
-  that got faster is found); always within ``[min_limit, max_limit]``. At equilibrium
-  queries take about ``tolerance`` times their unloaded time, or the ceiling, and the
-  excess is shed.
-* It does not grow while fewer than half of the limit are in flight: then the latency
-  says nothing of a higher limit (an idle search server would otherwise climb to the
-  maximum, and the first burst would be admitted whole). It still comes down when the
-  latency says so (what is in flight already takes too long: a machine short of CPU),
-  and otherwise returns to its **resting point** once all is well.
-* The resting point is where the limit last held under load: its value after every
-  window that ends ``sustain`` (30) windows in a row in which the limit bound (half of
-  it or more in flight), fifteen seconds of a load pressing on it. Between such times
-  it returns to ``initial`` with a time constant of ``memory`` (300 s). A fixed resting
-  point at ``initial`` let a cluster that had shown its capacity (3 to 4 queries in
-  flight per search server, r14) climb back to 10 while the load was light, and the
-  next step past the knee was admitted whole: 27 queries across three search servers
-  at once, about 20 of them partial within a second, the admitted p99 over the
-  deadline (r13, r14). A resting point of 5 for every cluster (``ff0979f``) refused
-  the bursts of a cluster that had never been near its limit (the compose check's
-  deploy day). So did a resting point learned from two seconds of binding
-  (``e2938af``): a fleet's restart stalls the cluster for a few seconds, the limit
-  binds and is cut, then binds again while it climbs back at the same light load (1
-  in flight against a limit of 2), and what it learned there refused 56 and 84
-  queries of the compose check's deploy day. A stall and the climb after it last
-  seconds; a load past the knee lasts. A limit unused for minutes says little of the
-  cluster now, so it goes back to ``initial``, from below or from above.
-* A **dropped** query (it came back partial because a quarter of its shards were late
-  or refused: the system was already too slow) multiplies the limit by ``backoff``
-  (0.7) while the limit binds, at most once per ``backoff_interval`` (1 s), so that
-  one stall's burst of late answers lowers it once, not to its minimum.
-
-:class:`FixedLimit` is the old behaviour (``--admission fixed``). Both are pure: no
-clock of their own (``now`` is passed in), no I/O, not thread-safe; the fan-out calls
-them on its loop.
+Design: docs/design/overload.md, "Adaptive admission".
 """
 
 from __future__ import annotations
@@ -113,7 +54,8 @@ class FixedLimit:
 
 
 class GradientLimit:
-    """A limit that follows the gradient of latency (see the module docstring).
+    """A limit that follows the gradient of latency (docs/design/overload.md, "Adaptive
+    admission").
 
     Defaults, for queries with a 500 ms deadline whose unloaded latency is tens of
     milliseconds: start at ``initial`` 10 (a search server starting in a busy cluster
@@ -195,7 +137,7 @@ class GradientLimit:
         self._initial = initial
         self._sustain = sustain
         self._memory = memory
-        #: Where the limit returns to while it does not bind (see the module docstring).
+        #: Where the limit returns to while it does not bind (its resting point).
         self.rest = float(initial)
         self._bound_windows = 0
         self.short: float | None = None

@@ -1,10 +1,10 @@
 """Whose lateness a fan-out saw: its replicas', or its own (or everyone's).
 
-:class:`OwnLoad` tells when this search server itself is behind (it refused queries
-for its in-flight limit lately, its loop lagged); :class:`TimeoutBlame` decides, at a
-query's deadline, what the requests still out are charged with (:class:`Blame`), and
-counts the timeouts it charges no one with. Every time is the fan-out's ``clock``
-unless named otherwise. Not thread-safe; runs on the fan-out's event loop.
+:class:`OwnLoad` tells when this search server is behind; :class:`TimeoutBlame` what a
+query's requests still out at its deadline are charged with. Times are the fan-out's
+``clock`` unless named otherwise; not thread-safe (the fan-out's event loop).
+
+Design: docs/design/overload.md, "Only outliers are blamed".
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Which of a shard's replicas a query's next request may go to.
 
-:class:`Candidates` narrows a shard's replicas to those a request may go to now (the
-:class:`~search_server.picking.ReplicaPicker` then picks one of them): routable, not
-ejected, not yet tried by the query, within its subset, not lately overloaded, in the
-search server's own zone and warmed up while the shard has such a replica; else its
-draining ones, as a last resort. Pure choice: it sends nothing. Not thread-safe.
+:class:`Candidates` narrows them for the :class:`~search_server.picking.ReplicaPicker`,
+draining replicas only as a last resort. Pure choice: it sends nothing. Not thread-safe.
+
+Design: docs/design/search-server.md, "Replicas: picked, draining as a last resort".
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
-"""What one search server tells of its cluster (:class:`ClusterStatus`): the body of
-``GET /cluster`` and each dashboard event. Read-only; a part not built yet shows as
-empty (no list, not leader), never as an error."""
+"""What one search server tells of its cluster: ``GET /cluster`` and each dashboard event.
+
+Read-only; a part not built yet shows as empty (no list, not leader), never as an error.
+
+Design: docs/design/search-server.md, "/cluster, bounded at any size".
+"""
 
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
 """The live dashboard's data: query statistics, the search servers, the event stream.
 
-``GET /`` is a static page (``dashboard.html``, no external assets) that opens an
-``EventSource`` on ``GET /events``. This module serves that stream: every
-``interval`` seconds one server-sent event whose data is a JSON snapshot, built by the
-search server (its ``cluster_view()`` plus ``search_servers`` and ``stats``).
+A ``GET /events`` stream (:class:`EventStream`) ends when its client goes away or the
+server shuts down, so it never holds up a shutdown. Runs on the server's event loop;
+not thread-safe.
 
-* :class:`QueryStats` is a rolling window of the last seconds of queries, fed by the
-  ``/search`` handler: rate, p50/p99 latency and the partial share, exact for the
-  counts and computed from at most a bounded number of latency samples per second.
-* :class:`MemberCache` lists ``/search_servers/members/*`` with the ZooKeeper
-  session's async methods, at most once per ``ttl`` seconds, one refresh at a time;
-  a snapshot waits for a refresh only briefly and otherwise uses the last list.
-* :class:`EventStream` is the ``/events`` handler. Each open stream ends when its
-  client goes away (the next write fails) or when :meth:`EventStream.close` is called
-  (the application's ``on_shutdown``), so shutting the server down never waits for a
-  dashboard left open in a browser. At most ``max_streams`` are open at once
-  (``--max-event-streams``): each holds a connection and a task for as long as its
-  client likes, so one more is refused at once with 503 (and counted) rather than let
-  dashboards, or a client opening streams in a loop, pile up.
-
-Everything runs on the server's event loop and is not thread-safe.
+Design: docs/design/search-server.md, "The dashboard".
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Outlier ejection and half-open probing: which data servers a fan-out skips for now.
 
-A data server that failed or timed out ``eject_after`` times in a row is skipped for
-``eject_cooldown`` seconds, as long as no more than ``max_ejected_share`` of the
-routable servers (at least one) are ejected at once. This covers the seconds before its
-agent takes it offline, and failures the agent cannot see (a network partition between
-search and data servers only); without it every query would pay a full timeout for
-that server in the meantime. The cap keeps a moment of trouble on our side (a CPU
-stall) from ejecting everything at once. A draining replica is never ejected: it is on
-its way out, and would only take a place under the cap.
+:class:`OutlierEjection` keeps its state on each :class:`~search_server.picking.Replica`,
+so it survives changes of the live list. Every method takes ``now`` from the caller's
+clock: no sockets, no event loop, no clock of its own. Not thread-safe.
 
-When every replica of a shard is ejected, one request still goes to one of them every
-``probe_interval`` seconds (a half-open probe, as a circuit breaker sends): an answer
-ends its ejection. So a stall of a shard's last replica costs the queries sent during
-the stall and up to a probe interval, not every query of the whole cool-down; a dead
-one costs one query per interval its deadline on that shard.
-
-:class:`OutlierEjection` decides; the state it decides on is kept on each
-:class:`~search_server.picking.Replica` (``failures``, ``ejected_until``,
-``next_probe``), so that it survives changes of the live list with the replica. Every
-method takes ``now`` from the caller's clock: no sockets, no event loop, no clock of
-its own. Not thread-safe.
+Design: docs/design/search-server.md, "Local outlier ejection".
 """
 
 from __future__ import annotations

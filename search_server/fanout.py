@@ -1,71 +1,11 @@
-"""Fan a query out to one replica of every shard, under one deadline: what outlives a
-query (admission, routing, ejection, budgets, metrics); each query's own state and
-steps are a :class:`~search_server.query.Query`.
+"""Fan a query out to one replica of every shard, under one deadline (:class:`FanOut`).
 
-This is the part of the search server the whole product exists for: with a static list,
-one dead or hung data server made every query wait for it, requests piled up and the
-site fell over. Discovery keeps dead servers out of the list within a session timeout
-and sick ones within a few probes; the fan-out bounds what is left over:
+The fan-out keeps what outlives a query; each query's own state and steps are a
+:class:`~search_server.query.Query`. A hung data server costs a query at most its
+deadline; a query over the in-flight limit is refused at once, never queued. Runs on
+the caller's event loop; not thread-safe.
 
-* **One deadline per query.** At the deadline every unanswered shard is reported as
-  ``timed_out`` and its requests are abandoned (their connections closed). A hung data
-  server costs a query at most its deadline, never more. Each sub-request carries what
-  is left of it (``timeout_ms``, taken when it is sent, so a retry or a hedge carries
-  less): the data server stops its search in time and answers with what it found,
-  marked ``cut``, which counts as an answer but makes the result ``partial``.
-* **Replica choice** by a :class:`~search_server.picking.ReplicaPicker` (by default
-  adaptive replica selection) among the shard's candidates: routable, not ejected, not
-  yet tried by this query, in the search server's own ``zone`` when a usable replica
-  is there (other zones otherwise), and **warmed up**: a replica with fewer than
-  ``warmup_samples`` answers from this search server gets one request at a time, as
-  Finagle's probation does, so that a replica that has just joined is not sent a flood
-  before anyone knows its speed; and its share **ramps** over a window (slow start,
-  :mod:`.slowstart`) from a tenth of its weight.
-* **Hedged requests**: one more request to another replica when a shard's request is
-  out longer than its replicas' recent p95, within a budget of ``hedge_ratio`` of the
-  sub-requests (:mod:`.hedging` says when, and keeps the budget). The budget is kept
-  for stragglers (see ``Query._hedge`` in :mod:`.query`): no hedge while fewer than
-  half of the query's shards have answered, nor while more are still out than
-  outliers make (the data servers are slow together), none to a replica whose p95 is
-  above the time waited, and a refused one is offered again later.
-* **Retry on failure** (connection error, non-200, bad JSON) to another replica of the
-  shard while time remains, each replica at most once per query.
-* **One retry budget** for both (:mod:`.retrybudget`): retries and hedges together
-  are at most a share of the first requests plus a small steady rate, so a shard whose
-  replicas all fail gets about one request per query, not one per replica.
-* **Subsets.** A search server routes each shard to a stable subset of its replicas
-  (:mod:`.subsetting`, at least ``size`` of them, spread evenly over the search
-  servers by their :attr:`FanOut.position`), so that it holds connections to and
-  learns about a few replicas per shard, not all; an ejected member, or every member
-  tried, is stood in for by the replicas after the subset on its ring.
-* **Draining replicas are a last resort.** A draining data server gets no request while
-  a routable replica of its shard is left to try, but once every one has been tried
-  (a hedge or a retry) or is ejected (a first request too), a request may go to one of
-  the shard's draining replicas (:meth:`~search_server.routing.RoutingTable.reserve`),
-  before any half-open probe of an ejected one: it answers until its grace ends, and
-  while one replica of a pair drains, a slow answer from the other, or its ejection,
-  would otherwise cost the shard.
-* **Outlier ejection.** A data server that failed or timed out ``eject_after`` times in a
-  row is skipped for ``eject_cooldown`` seconds, under a cap of ``max_ejected_share``;
-  when every replica of a shard is ejected, one of them gets a half-open probe every
-  ``probe_interval`` seconds (:mod:`.ejection` decides both). A query that wakes more
-  than ``stall_grace`` (0.1 s) after its deadline charges no one with its timeouts: its
-  own loop was stalled, and it cannot tell whose lateness it saw.
-* **Admission control.** At most ``max_in_flight`` queries at once; the next one is
-  refused at once with :class:`OverloadedError` rather than queued, so that a slow cluster
-  cannot make requests pile up on the search server (the original outage). One query
-  (by the key the caller gives) holds at most a share of that limit while others ask
-  (:mod:`.queryshare`): a storm of one query cannot take it all.
-
-**Cost.** A 100-shard query is 100 sub-requests, and their cost on the search server's
-CPU bounds its queries per second. So the common path has no task per sub-request: the
-client's future for each one ends in a callback (``Query._on_answer``) that records the
-answer and, for the last shard, wakes the query; the query's request line is encoded
-once; the routing table (replicas by shard) follows the live list change by change
-(:mod:`.routing`); hits are validated in place and only the merged top ``k`` are copied
-with their shard (:mod:`.merging`).
-
-Everything here runs on the caller's event loop and is not thread-safe.
+Design: docs/design/search-server.md, "The fan-out".
 """
 
 from __future__ import annotations
@@ -304,11 +244,12 @@ class FanOut:
         ``servers`` is the live list (instances, or a mapping of ids to instances);
         instances that are not ``routable`` (draining, disabled, in maintenance) get no
         first request (a draining one may get a request of last resort once its shard's
-        routable replicas have all been tried or are ejected: see the module's
-        docstring). Passing the same object again (an unchanged live list) reuses the
-        routing table built for it, so do not mutate it in between. Returns within
-        ``timeout_ms`` (plus a loop iteration): shards that failed or had no answer by
-        then are counted in the result, which is then ``partial``; they never raise.
+        routable replicas have all been tried or are ejected: docs/design/search-server.md,
+        "Replicas: picked, draining as a last resort"). Passing the same object again (an
+        unchanged live list) reuses the routing table built for it, so do not mutate it
+        in between. Returns within ``timeout_ms`` (plus a loop iteration): shards that
+        failed or had no answer by then are counted in the result, which is then
+        ``partial``; they never raise.
         ``key`` (the query's normalised terms) puts it under the query share
         (:mod:`.queryshare`): queries of one key hold at most a share of the limit while
         others ask.

@@ -1,6 +1,10 @@
-"""The fan-out's routing table and the cluster views, moved along the live list change by
-change (:class:`FollowRoutes`); a change that fails to apply costs a rebuild, never a list
-left in the past."""
+"""The routing table and cluster views, moved along the live list change by change.
+
+:class:`FollowRoutes`: a change that fails to apply costs a rebuild, never a list left
+in the past.
+
+Design: docs/design/search-server.md, "The routing table".
+"""
 
 from __future__ import annotations
 

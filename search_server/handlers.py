@@ -1,6 +1,9 @@
-"""The search server's HTTP API (:class:`SearchHandlers`): ``/search``, ``/cluster``, the
-dashboard and its ``/events``, ``/metrics``, ``/healthz`` and ``/readyz``. Errors are
-JSON; a server still starting answers ``/search`` with 503 "starting"."""
+"""The search server's HTTP API (:class:`SearchHandlers`).
+
+Errors are JSON; a server still starting answers ``/search`` with 503 "starting".
+
+Design: docs/design/search-server.md, "The search server"; API: docs/aggregator.md.
+"""
 
 from __future__ import annotations
 

@@ -1,32 +1,9 @@
-"""Keeps a search server's long-lived heap out of the garbage collector's full
-collections.
+"""Keeps a search server's long-lived heap out of the garbage collector's full collections.
 
-At 50,000 data servers the live list, the routing table, the views' index and the
-fan-out's replicas and connections are some 375,000 objects that CPython's cyclic
-collector tracks. It runs a full collection whenever the objects promoted to its
-oldest generation since the last one exceed a quarter of those already there, and a
-fan-out over 500 shards promotes many (a query's objects live across several young
-collections): in ``bench/bench_fleet_scale.py`` that was 8 full collections in 30 s,
-each 170-190 ms with the event loop stopped, the p99 of every query (244 ms against
-8 ms at 100 data servers) and a quarter of the search server's CPU. The pause grows
-with the fleet; nothing else on the query path does.
+:class:`HeapFreezer` freezes the old generation (:func:`gc.freeze`) once it has grown,
+and settles it hourly; a frozen object is still freed by its reference count.
 
-:class:`HeapFreezer` moves the oldest generation into the permanent one
-(:func:`gc.freeze`) once it has grown by more than ``above`` objects (since the
-server started, then since the last freeze): full collections then walk only what
-was promoted since, at most about ``above`` objects more than the process held at
-start, whatever the fleet's size. A frozen object is still freed by its reference
-count when the last reference goes (a server that left, a closed connection); only a
-*cycle* of frozen objects that became garbage waits, until the next settle: every
-``settle_every`` seconds (an hour) the heap is unfrozen, collected once in full (one
-pause of the old length) and frozen again, so what waits is bounded by what was
-alive at the last settle.
-
-The collector is the interpreter's, shared by everything in the process: two search
-servers in one process (tests) both freeze it, which is harmless, and the growth is
-counted from what the process held when this one started, so a test process's own
-heap is never frozen by a small cluster. ``collector`` is the :mod:`gc` module (a
-stand-in in tests); ``clock`` a monotonic clock in seconds.
+Design: docs/design/search-server.md, "The heap".
 """
 
 from __future__ import annotations
@@ -68,7 +45,8 @@ class Collector(Protocol):
 class HeapFreezer:
     """Freezes the old generation once it has grown by ``above`` objects, checked every
     ``interval`` seconds (give or take a tenth), and settles the heap every
-    ``settle_every`` seconds while anything is frozen (see the module's docstring).
+    ``settle_every`` seconds while anything is frozen (docs/design/search-server.md,
+    "The heap").
     ``above`` 0 turns it off. ``async with`` it to run the checks in a task.
 
     Metrics (on ``registry``): ``search_server_heap_frozen_objects`` (gauge) and

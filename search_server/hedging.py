@@ -1,17 +1,9 @@
 """When a shard's request is worth a hedge, and how many hedges the fan-out may send.
 
-Hedged requests ("The Tail at Scale", Dean and Barroso): when a shard's request is out
-longer than the recent 95th percentile of the fastest other replica of the shard (or,
-while no other has enough answers to tell, of the replica asked itself, or of every
-answer the fan-out got), one more request goes to another replica; the first answer
-wins and the other is abandoned. A :class:`HedgeBudget` caps hedges at a ratio of the
-sub-requests (plus a burst), so that a slow cluster is not sent more load (Finagle's
-BackupRequestFilter does the same).
+:class:`HedgePolicy` gives the delays and keeps the :class:`HedgeBudget`; the fan-out
+sends the hedges. No clock, no I/O: a policy reads only the latencies it was given.
 
-This module decides the delays and keeps the budget (:class:`HedgePolicy`); the
-fan-out sends the hedges, and keeps them for stragglers (see
-:meth:`~search_server.fanout.FanOut._hedge`). No clock, no I/O: a policy reads only the
-latencies it was given.
+Design: docs/design/search-server.md, "Hedged requests".
 """
 
 from __future__ import annotations

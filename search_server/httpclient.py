@@ -1,35 +1,12 @@
 """The fan-out's HTTP/1.1 client: keep-alive connections per data server, parsed by httptools.
 
-A 100-shard query is 100 sub-requests, so what one costs the search server's CPU is what
-bounds its queries per second. aiohttp's client is general (cookies, redirects, a
-``ClientResponse`` and a task per request, URL objects) and spent about 140 µs of CPU per
-sub-request here; a sub-request only needs "write these bytes on an idle connection, give
-me the status and the body". :class:`HttpClient` does that on
-:class:`asyncio.Protocol` connections with httptools (the parser uvicorn and aiohttp's own
-C speedups are built on), and hands back a plain future, so the fan-out needs no task
-per sub-request.
+:class:`SubrequestClient` is the seam, :class:`HttpClient` its default. A request is a
+future that fails with :class:`SubrequestError` (a bad address, connection or answer, a
+closed client), costing only that data server's requests, and never hangs once its
+connection is gone; the caller bounds it by its deadline, and cancelling it closes that
+connection.
 
-The seam is :class:`SubrequestClient`; :class:`HttpClient` is its default. The public
-HTTP API of the search server stays aiohttp's server; only the outgoing sub-requests use
-this.
-
-A data server is a participant, not a trusted peer: whatever one registers or sends
-costs at most its own sub-requests. An address that cannot be put in a request
-(:meth:`Endpoint.of` never raises) fails the requests sent there; answers are bounded
-(body ``max_body``, at most :data:`MAX_HEADERS` headers, :data:`MAX_HEAD_BYTES` of status
-line and headers, :data:`MAX_LINE_BYTES` per line); a connection that sends anything but
-one final response per request (a second response, bytes nobody asked for, a 1xx
-answer: we never send ``Expect``) is closed and never pooled again. Errors and log lines
-quote at most :data:`EXCERPT_CHARS` characters of what a data server sent.
-
-Failure behaviour: a request's future fails with :class:`SubrequestError` (an unusable
-address, refused or broken connection, any exception while connecting, a response
-httptools cannot parse or over a limit, a closed client) and never hangs by itself once
-its connection is gone; the caller bounds it with its deadline and cancels it, which
-closes that connection (its response may still arrive, so it cannot carry another
-request). Idle connections are dropped after ``idle_timeout`` (shorter than aiohttp
-servers' 75 s keep-alive, so a request is rarely written on a connection the server is
-closing) and when the server closes them.
+Design: docs/design/search-server.md, "One data server's problem is its own, in the client too".
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Turn the shards' answers to one query into its ranked, bounded result.
 
-A data server's answer is validated before anything of it is used (:func:`ranked_hits`):
-a hit is a flat, bounded record, so that no answer can make the search server's own
-response fail to encode (a hit nested 900 levels deep did) or weigh more than ``k``
-hits should; error messages quote at most a short excerpt of what was sent. Hits are
-validated in place and only the merged top ``k`` are copied with their shard
-(:func:`merge`), because a 100-shard query validates 100 answers on the search
-server's CPU.
+:func:`ranked_hits` validates an answer before anything of it is used; :func:`merge`
+copies only the merged top ``k``. Pure functions: no I/O, no clock, no metrics.
 
-Pure functions: no I/O, no clock, no metrics (the fan-out counts what :func:`merge`
-returns).
+Design: docs/design/search-server.md, "Answers are flat, bounded records".
 """
 
 from __future__ import annotations

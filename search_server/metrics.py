@@ -1,10 +1,8 @@
-"""Prometheus metrics of the search server's fan-out.
+"""Prometheus metrics of the search server's fan-out (:class:`FanOutMetrics`).
 
-Like every component of the project, :class:`FanOutMetrics` registers on the
-:class:`~prometheus_client.CollectorRegistry` it is given, never the global one: the
-application decides what it exposes, and each test gets a fresh registry. Names are
-prefixed ``search_server_fanout_`` so they cannot collide with the HTTP handler's own
-``search_server_*`` metrics.
+On the :class:`~prometheus_client.CollectorRegistry` given, never the global one.
+
+Design: docs/ARCHITECTURE.md, "Metrics".
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
-"""The parts a search server builds once it listens (:class:`ServerParts`): set by
-:class:`~search_server.server.SearchServer` as start-up builds them, read by the HTTP
-handlers and the cluster status, which answer "starting" while a part is missing."""
+"""The parts a search server builds once it listens (:class:`ServerParts`).
+
+Set by :class:`~search_server.server.SearchServer` as start-up builds them; the HTTP
+handlers and the cluster status answer "starting" while one is missing.
+
+Design: docs/design/search-server.md, "The search server".
+"""
 
 from __future__ import annotations
 

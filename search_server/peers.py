@@ -1,6 +1,9 @@
-"""This search server's place among its peers (:class:`Peers`): the fan-out's subset
-position and adaptive replica selection's count of clients, kept from
-``/search_servers/members``; a failed read keeps the last place."""
+"""This search server's place among its peers (:class:`Peers`), from ``/search_servers/members``.
+
+The subset position and adaptive selection's count of clients; a failed read keeps the last.
+
+Design: docs/design/search-server.md, "Subsets".
+"""
 
 from __future__ import annotations
 

@@ -1,34 +1,12 @@
 """Which replica of a shard gets a query's request: the picker seam of the fan-out.
 
-:class:`~search_server.fanout.FanOut` keeps one :class:`Replica` per data server it
-routes to, with what it learned of it: requests in flight from this search server,
-EWMAs of the response time it saw and of the service time and queue length the data
-server reported, its consecutive failures. It narrows a shard's replicas to the
-candidates (routable, not ejected, not yet tried by this query, in its own zone when
-one there is usable, warmed up or idle) and asks its :class:`ReplicaPicker` for one.
+:class:`AdaptiveReplicaSelection` is the default, :class:`PowerOfTwoChoices` the other;
+another policy is a new class passed as ``FanOut(picker=...)``,
+``SearchServer(config, picker=...)`` or ``search_server.cli.main(picker=...)``. A picker
+runs on the fan-out's event loop for every sub-request: it must be fast, is not
+thread-safe, and must never raise for a non-empty list of candidates.
 
-Two pickers, both weighted by the replica's :attr:`Replica.weight`: the payload's
-``weight`` (a replica of weight 200 takes about twice the share of one of weight 100),
-scaled down while the replica is in slow start (:mod:`.slowstart`):
-
-* :class:`AdaptiveReplicaSelection` (the default; chosen on ``bench/bench_fanout.py``'s
-  skew figures): Elasticsearch's adaptive replica selection, after the C3 paper
-  (Suresh et al., NSDI '15). A replica's rank is its response time minus its service
-  time plus the cube of its estimated queue times its service time, with the queue
-  estimated as ``1 + outstanding x clients + reported queue``: the ``x clients`` is C3's
-  concurrency compensation, which makes every search server assume the others send
-  like it does, so that they do not all herd onto the replica that looks best. Of more
-  than four candidates (a subset's members) it ranks two drawn at random, not all. A
-  replica it has no answer from yet is given a prior, the typical statistics of the
-  candidates it has answers from, rather than the best rank.
-* :class:`PowerOfTwoChoices`: two random candidates, the less loaded one wins.
-
-Another policy is a new class passed as ``FanOut(picker=...)``,
-``SearchServer(config, picker=...)`` or, for a whole ``search-server`` process with its
-flags, ``search_server.cli.main(picker=...)`` (``examples/custom_picker.py``), not an
-edit of the fan-out. A picker runs on the fan-out's event loop for every sub-request
-and must be fast, is not thread-safe, and must never raise for a non-empty list of
-candidates.
+Design: docs/design/search-server.md, "The replica picker".
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """One query's fan-out: its shard calls, retries, hedges and deadline, and its answer.
 
 A :class:`Query` is made by :meth:`FanOut.search <search_server.fanout.FanOut.search>`
-for each admitted query and run once. It holds what lives as long as the query: its
-request line, its deadline, its :class:`~search_server.shardcall.ShardCall` per shard,
-the hedges it deferred; what outlives it (replica choice, ejection, budgets, metrics)
-it reaches through its :class:`QueryContext`. Answers arrive in callbacks, not a task
-per sub-request. Its deadline and hedges run on a :class:`Timer`: the running loop by
-default, or a test's own. Runs on the caller's event loop; not thread-safe.
+for each admitted query and run once; what outlives it (replica choice, ejection,
+budgets, metrics) it reaches through its :class:`QueryContext`. Answers arrive in
+callbacks, not a task per sub-request. Runs on the caller's event loop; not thread-safe.
+
+Design: docs/design/search-server.md, "The fan-out".
 """
 
 from __future__ import annotations

@@ -1,37 +1,9 @@
 """Queries of death: a query that fails on many shards every time is refused for a while.
 
-Some queries are expensive everywhere: a query made of a shard's most frequent terms
-makes every data server work until its budget runs out, and each one that arrives
-takes every shard's CPU from the queries around it. A data server bounds what one
-such search costs it (its budget, :mod:`data_server.index`'s slices); this guard
-bounds how often the search server sends one. Like Google's "query of death"
-handling, a search server that has seen one query time out or fail on many shards
-several times stops fanning it out for a cool-down and answers it at once with a
-clear error (``422``, see :mod:`search_server.server`).
+:class:`QueryOfDeathGuard` counts a strike only while other queries go well; its memory
+is bounded. Pure policy, no I/O: the clock is passed in; not thread-safe.
 
-What counts:
-
-* Queries are keyed by their **normalised text** (:func:`normalise`): lower-cased word
-  tokens, each once, sorted. ``k`` and ``timeout_ms`` do not matter: the terms make
-  the cost, and a client must not dodge the guard by reordering or repeating words.
-* A fan-out is **bad** when at least ``shard_fraction`` of its shards, and at least
-  two, failed, timed out or cut their search at the budget: one sick data server
-  fails one shard for every query, which is no sign of the query.
-* A bad fan-out is a **strike** only while other queries show that the cluster is
-  fine: at least ``min_others`` fan-outs of other queries in the last ``window``
-  seconds, at most ``max_others_bad`` of them bad (by default half). When the cluster
-  itself is failing (a partition, an overload), every query looks like a query of
-  death, and refusing the popular ones would turn partial answers into errors; when
-  nothing else is asked, there is nothing to protect and nothing to compare with. The
-  guard then stays out of the way.
-* ``strikes`` strikes within ``window`` quarantine the query for ``cooldown``
-  seconds. After that it is on probation: one more strike quarantines it again, for
-  twice as long (up to ``max_cooldown``); a good fan-out ends the probation.
-
-Memory is bounded: at most ``max_tracked`` queries are remembered (least recently
-seen forgotten first) and the outcomes behind the "others" baseline are a bounded
-window. Pure policy, no I/O: the clock is passed in; not thread-safe (the search
-server's event loop owns it).
+Design: docs/design/search-server.md, "Queries of death".
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """One query's share of the in-flight limit: a storm of one query cannot take it all.
 
-The admission (:mod:`.admission`) decides how many queries a search server fans out at
-once, not which. With a limit that follows latency that matters: a client that sends
-the same expensive query back to back from a few connections holds a few slots all the
-time, its cost makes every query slower, the limit comes down to about what it holds,
-and everyone else's queries are refused with 503. Measured in the chaos run's query
-storm (4 clients, a shard's 150 most frequent terms) on a 2-core machine with two busy
-processes beside it: in 4 storms of 14 more than a tenth of the normal queries through
-that search server were refused (up to 22 of 58), while the storm was served.
+Pure bookkeeping, no I/O: the clock is passed in; memory bounded by the queries in
+flight; not thread-safe (the fan-out's loop owns it).
 
-So one query, by its normalised terms (the key of
-:func:`~search_server.querydeath.normalise`: a client cannot dodge it by reordering or
-repeating words), may hold at most ``share`` of the limit (at least one query) while
-other queries are asking: another one is in flight, or arrived (admitted or not) within
-the last ``window`` seconds. Its excess is refused at once like any excess, and the
-rest of the limit stays for the others. Alone, a query may use the whole limit: a load
-test that repeats one URL, or a quiet minute's only client, is not a storm of anything.
-A popular query, a few percent of the traffic, never comes near half of the limit.
-
-Pure bookkeeping, no I/O: the clock is passed in; not thread-safe (the fan-out's loop
-owns it). Memory is bounded by the queries in flight.
+Design: docs/design/overload.md, "One query's share of the limit".
 """
 
 from __future__ import annotations
@@ -30,7 +14,8 @@ __all__ = ["QueryShare"]
 
 
 class QueryShare:
-    """How much of the in-flight limit one query may hold (see the module docstring).
+    """How much of the in-flight limit one query may hold (docs/design/overload.md, "One
+    query's share of the limit").
 
     ``share`` 1 turns the rule off. Raises ``ValueError`` for a share outside (0, 1] or
     a window that is not positive.

@@ -1,10 +1,9 @@
 """What a fan-out remembers of its replicas' failures and refusals across queries.
 
-:class:`ReplicaHealth` puts :class:`~search_server.ejection.OutlierEjection` (failures
-towards ejection, half-open probes) together with the fan-out's metrics and log, and
-keeps what ejection does not: the replicas that refused for overload lately, and the
-shards routing in panic. Every time is the fan-out's ``clock``. Not thread-safe; runs
-on the fan-out's event loop.
+Ejection with the fan-out's metrics and log, recent refusals for overload, the shards in
+panic. Times are the fan-out's ``clock``; not thread-safe (the fan-out's event loop).
+
+Design: docs/design/overload.md, "Panic".
 """
 
 from __future__ import annotations

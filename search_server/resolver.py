@@ -1,35 +1,10 @@
 """Name resolution for the fan-out's new connections, cached for a few seconds.
 
-A data server registered by name (``--advertise fleet-1``, a host name in a data
-centre) needs a lookup before each new connection to it. Without a cache every new
-connection asked the resolver: a job on the loop's default executor (a handful of
-threads) and a DNS round trip in front of the connect. Connections are opened exactly
-when things go wrong: a request abandoned at its deadline closes its connection, so a
-moment of overload turns into a burst of connects, each behind a lookup, and a busy
-resolver (Docker's embedded one while it stops a container) kept whole fleets from
-answering in time for seconds after the overload itself was over (``make
-compose-check``, issue 21). aiohttp's client, which the fan-out used before, caches
-lookups for 10 s by default; :class:`CachingResolver` does the same.
+:class:`CachingResolver` (the default :class:`Resolver`) serves a stale answer while it
+refreshes it, so no lookup stands in front of a connection to a name once resolved.
+Not thread-safe. :meth:`CachingResolver.aclose` cancels the lookups in progress.
 
-* An answer is fresh for ``ttl`` seconds (10 s). After that it is still used, while
-  one lookup in the background refreshes it (RFC 8767's serve-stale): after the first
-  connection to a name, no lookup stands in front of a connection again, so a resolver
-  that is slow or gone (Docker's, while it stops a container) costs nothing as long as
-  the addresses still answer. A stale answer is used for at most ``max_stale`` seconds
-  (5 minutes) past its freshness, in case every refresh fails.
-* A name whose cached address refused a connection is forgotten (the caller calls
-  :meth:`Resolver.forget`): the next connection looks it up again, so a name that moved
-  is followed at once.
-* Connections that need the same name at once share one lookup; a caller that gives up
-  (its query's deadline) does not cancel it for the others.
-* A failed lookup is not kept: the next connection asks again (one lookup at a time per
-  name). A failed refresh keeps the stale answer and is logged at debug level.
-* At most ``max_names`` names are kept (the oldest answer goes first), so a list of
-  50,000 names costs a bounded dict, not an unbounded one.
-
-The seam is :class:`Resolver`; :class:`CachingResolver` is its default. Runs on the
-loop it is used from; not thread-safe. Close it with :meth:`CachingResolver.aclose`,
-which cancels the lookups in progress.
+Design: docs/design/search-server.md, "No lookup in front of a connection".
 """
 
 from __future__ import annotations
@@ -79,7 +54,8 @@ class Resolver(Protocol):
 
 class CachingResolver:
     """:class:`Resolver` keeping each answer fresh ``ttl`` seconds and usable
-    ``max_stale`` more while it is refreshed; see the module doc.
+    ``max_stale`` more while it is refreshed (docs/design/search-server.md, "No lookup in
+    front of a connection").
 
     ``lookup`` defaults to the running loop's ``getaddrinfo`` (the default executor);
     ``clock`` (monotonic seconds) times the answers. Raises ``ValueError`` for a

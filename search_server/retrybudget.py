@@ -1,29 +1,10 @@
 """One budget for every extra sub-request: retries after a failure and hedges.
 
-A retry after a failed sub-request and a hedge after a slow one are both a second
-request for the same shard of the same query. Bounded apart, they add up: when a
-shard's replicas all fail, every query retries it on each replica in turn, and the
-load on that shard (the one already in trouble) multiplies by its replica count.
-Finagle's answer is one retry budget per client: extra requests may be a share of the
-first requests, plus a small steady rate so that a client with little traffic can
-still retry (``RetryBudget(ttl, minRetriesPerSec, percentCanRetry)``). This is that
-budget, as a token bucket:
+Over any ``t`` seconds with ``n`` first requests, extra requests are at most
+``ratio · n + per_second · t + burst``, whatever fails. Pure (the ``clock`` is passed
+in); not thread-safe (one per fan-out, on its event loop).
 
-* every first request deposits ``ratio`` of a token; time deposits ``per_second``
-  tokens a second; the balance never exceeds ``burst``;
-* a retry takes a token when one is there;
-* a hedge takes one only when more than a second's steady tokens (``per_second``)
-  would be left: hedges are for the tail of a healthy shard, retries for a failing
-  one, and a burst of hedges must not leave none for the retries;
-* it starts with a second's steady tokens, so a search server that has just started
-  can retry its first failures but has no hedges to spend on its cold connections (a
-  full budget at start once hedged a cold start into a storm on a 2-core machine).
-
-Over any stretch of ``t`` seconds with ``n`` first requests, extra requests are at
-most ``ratio · n + per_second · t + burst``, whatever fails.
-
-Pure: time comes from the ``clock`` passed in. Not thread-safe (one per fan-out, on
-its event loop).
+Design: docs/design/search-server.md, "One retry budget".
 """
 
 from __future__ import annotations
@@ -39,7 +20,7 @@ ExtraRequest = Literal["retry", "hedge"]
 
 
 class RetryBudget:
-    """The extra requests of one fan-out (see the module's docstring).
+    """The extra requests of one fan-out (docs/design/search-server.md, "One retry budget").
 
     Raises ``ValueError`` for a ratio out of 0..1, a negative rate, or a burst below
     one token more than a second of the rate.

@@ -1,10 +1,11 @@
 """One shard's part of one query: its sub-requests (:class:`Attempt`) and its answer.
 
-A :class:`ShardCall` is made per shard by a :class:`~search_server.query.Query`, which
-decides what to send and when; the call keeps the state (replicas tried, requests
-out, the answer or why there is none) and the bookkeeping of its requests on their
-replicas (``outstanding``). It is what :func:`~search_server.merging.merge` reads.
-Not thread-safe; runs on the query's event loop.
+A :class:`ShardCall` keeps the state (replicas tried, requests out and their place in
+their replicas' ``outstanding``, the answer or why there is none); its
+:class:`~search_server.query.Query` decides what to send, and
+:func:`~search_server.merging.merge` reads it. Not thread-safe (the query's loop).
+
+Design: docs/design/search-server.md, "The fan-out".
 """
 
 from __future__ import annotations

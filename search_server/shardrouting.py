@@ -1,11 +1,9 @@
 """Which replicas a fan-out routes each shard to, kept across its queries.
 
-:class:`ShardRouting` holds the fan-out's :class:`~search_server.routing.RoutingTable`
-(the live list by shard, followed change by change), each shard's :class:`ShardRoute`
-(its subset for this search server's :class:`~search_server.subsetting.Position`), the
-shards the cluster is expected to have, and the slow start of new replicas. A server
-left out of the table is counted and logged once, never fails it. Not thread-safe;
-runs on the fan-out's event loop.
+A server left out of the routing table is counted and logged once, never fails it. Not
+thread-safe; runs on the fan-out's event loop.
+
+Design: docs/design/search-server.md, "The routing table".
 """
 
 from __future__ import annotations

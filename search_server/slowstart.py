@@ -1,41 +1,10 @@
-"""Slow start: a replica that is new to the fan-out gets a share of its shard's traffic
-that ramps up over a window, as Envoy's ``slow_start_config`` does.
+"""Slow start: a replica new to the fan-out has its weight ramped up over a window.
 
-A data server that has just registered (started, restarted, or re-admitted by its
-agent after being offline) has cold connections from every search server, and may
-have a cold process; sent its full share at once, it is the slowest replica of its
-shard for a while, and under adaptive selection, which knew nothing of it, it used
-to be sent every request until it answered (elastic/elasticsearch#147579). While it
-ramps, its :attr:`~search_server.picking.Replica.weight` (what both pickers scale its
-share by) is
+:class:`SlowStart` is the policy (pure); :class:`Ramps` rewrites the ramping replicas'
+weights at most every :data:`REFRESH_INTERVAL` seconds. A bad setting raises
+:class:`~discovery.errors.ConfigError` naming its flag. Not thread-safe.
 
-    ``base_weight * max(min_weight, (elapsed / window) ** (1 / aggression))``
-
-with ``elapsed`` the seconds since the fan-out first made its
-:class:`~search_server.picking.Replica` (keyed by
-:func:`~search_server.picking.target_key`: id, address, port and registration time,
-so a restarted or re-admitted server is new again). ``aggression`` 1 ramps linearly,
-more ramps faster early on; ``min_weight`` (Envoy's ``min_weight_percent``, 10 % by
-default) keeps a share from the start, so that the replica gets the requests that
-show its speed. Once ``window`` has passed, its weight is ``base_weight`` again. A
-search server that has just started sees every replica as new at once: they ramp
-together, their weights stay in proportion, and the shares are what they would be
-without slow start (as in Envoy; the fan-out may as well not ramp its first table).
-
-What a weight buys differs by picker: power of two choices compares requests in
-flight per unit of weight, so a ramping replica's share follows its weight under
-load; adaptive selection divides a rank that grows with the cube of the queue, so
-under load a tenth of the weight costs about what twice the queue does, and the ramp
-is shallower than the weights say, while at light load the replica is tried once its
-lost picks' discount has made up for its weight (about every 110 picks at a tenth).
-
-Cheap where it matters: the pickers run for every sub-request and read ``weight``
-only. :class:`SlowStart` is the policy (pure, the clock's values passed in);
-:class:`Ramps` keeps one fan-out's ramping replicas and rewrites their weights at most
-every :data:`REFRESH_INTERVAL` seconds, O(replicas ramping), nothing once none is
-(about 7 ms for 50,000 ramping replicas on a loaded 2-core machine).
-A bad setting raises :class:`~discovery.errors.ConfigError` naming its flag. Not
-thread-safe (one per fan-out, on its event loop).
+Design: docs/design/overload.md, "Slow start".
 """
 
 from __future__ import annotations
@@ -57,7 +26,7 @@ REFRESH_INTERVAL = 0.1
 
 @dataclass(frozen=True, slots=True)
 class SlowStart:
-    """How a new replica's weight ramps (see the module's docstring).
+    """How a new replica's weight ramps (docs/design/overload.md, "Slow start").
 
     ``window`` seconds (0 disables slow start), ``aggression`` (> 0; 1 is linear),
     ``min_weight`` the least share of the registered weight (0 < share <= 1). Raises
@@ -122,7 +91,7 @@ class SlowStart:
 
 
 class Ramps:
-    """One fan-out's replicas in slow start (see the module's docstring).
+    """One fan-out's replicas in slow start (docs/design/overload.md, "Slow start").
 
     :meth:`add` each replica the fan-out makes, :meth:`refresh` before routing a
     query: the weights are rewritten at most every ``interval`` seconds of the clock

@@ -1,45 +1,10 @@
 """Deterministic subsets: which replicas of a shard this search server sends to.
 
-A search server that may send to every replica of every shard keeps a connection pool
-to each: at 50,000 data servers and 100 search servers, up to 5 million connections
-into the fleet, and statistics on 50,000 replicas each seen once in a while. Each
-search server therefore routes to a stable slice of each shard's replicas, its
-**subset**, and the slices of all search servers together cover every replica evenly
-(Finagle's deterministic aperture; Google's deterministic subsetting, "Site
-Reliability Engineering", chapter 20).
+:class:`DeterministicAperture` (the default :class:`Subsetter`) spreads every shard's
+load evenly over its replicas, in integers, so every search server computes the same
+arcs from the same lists. Pure: no I/O, no clock of its own; not thread-safe.
 
-**The ring.** A shard's ``R`` replicas, ordered by instance id, share a ring of
-circumference 1 in equal slots (replica ``j`` holds ``[j/R, (j+1)/R)``); the ``N``
-search servers, ordered by member id, share it in equal units (search server ``i`` at
-``i/N``). Search server ``i``'s aperture is the arc ``[i/N, (i+c)/N)`` of ``c`` whole
-units, ``c = ⌈size·N/R⌉`` so that it covers at least ``size`` slots (``c >= N`` is the
-whole ring: no subset). Every point of the ring is then inside exactly ``c``
-apertures, so if each search server sends to a replica in proportion to the part of
-its slot inside its aperture (its **share**: 1 inside, less for the replicas its arc's
-edges cut), every replica gets the same load, whatever ``N`` and ``R``. Rounding the
-arc to whole units is what makes it exact (Finagle rounds its aperture the same way):
-subsets of whole replicas sent to evenly cannot be even unless ``N·size`` is a
-multiple of ``R`` (with 3 search servers and 100 replicas, 2 replicas would get twice
-the load of the others).
-
-All arithmetic is on integers (the ring has ``R·N`` ticks: a slot is ``N`` of them, a
-unit ``R``), so every search server computes the same arcs from the same lists.
-
-**Churn.** A replica that joins or leaves shifts the slots after it by one: an aperture
-gains or loses at most one replica at each edge, and keeps the others with their
-statistics and connections. A search server that joins or leaves moves every unit by
-at most ``1/N``, about ``R/N`` replicas (one at 100 search servers and 100 replicas
-per shard). A draining replica leaves the routing table's list, so its slot goes to
-its neighbours as a departure's does.
-
-**Spares.** The replicas beyond the arc's end, in ring order, stand in for members
-that cannot take a request: one per ejected member (ejection is this search server's
-own view, so it must not move the ring), and, once every member has been tried by a
-query, the next untried one for its retry or hedge. Each search server's spares are
-its neighbours' members, so its replacements spread as its subset does.
-
-:class:`Subsetter` is the seam; :class:`DeterministicAperture` the default. Pure: no
-I/O, no clock of its own; not thread-safe (one per fan-out, on its event loop).
+Design: docs/design/search-server.md, "Subsets".
 """
 
 from __future__ import annotations
@@ -211,7 +176,8 @@ class Subsetter(Protocol):
 
 
 class DeterministicAperture:
-    """Subsets of at least ``size`` replicas on the ring (see the module's docstring);
+    """Subsets of at least ``size`` replicas on the ring (docs/design/search-server.md,
+    "Subsets");
     ``size`` 0 turns subsetting off (every replica a member).
 
     Raises ``ValueError`` for a negative size.

@@ -1,5 +1,9 @@
-"""Routing from a direct read of ``/data_servers`` while Redis is down for long
-(:class:`ZkFallback`, off by default); it stops as soon as the live list is current."""
+"""Routing from a direct read of ``/data_servers`` while Redis is down for long.
+
+:class:`ZkFallback` is off by default and stops as soon as the live list is current.
+
+Design: docs/design/live-list.md, "Following the list".
+"""
 
 from __future__ import annotations
 
