@@ -1,5 +1,8 @@
 """The diff a leader publishes: membership (with the markers laid over it) against what
-readers hold, over the ids that may have changed. Pure functions, no I/O."""
+readers hold, over the ids that may have changed. Pure functions, no I/O.
+
+Design: docs/design/live-list.md, "Election and publishing".
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-""":class:`LeaderDuty`: what an elected search server runs for each term of leadership."""
+""":class:`LeaderDuty`: what an elected search server runs for each term of leadership.
+
+Design: docs/design/live-list.md, "Election and publishing".
+"""
 
 from __future__ import annotations
 

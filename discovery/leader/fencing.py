@@ -1,4 +1,7 @@
-"""What a term does when the fence refuses a write: resign, or hold the term."""
+"""What a term does when the fence refuses a write: resign, or hold the term.
+
+Design: docs/design/live-list.md, "Election and publishing" (a poisoned fence).
+"""
 
 from __future__ import annotations
 

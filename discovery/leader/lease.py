@@ -1,4 +1,7 @@
-"""A term's lease: it writes only while ZooKeeper recently showed its election node ours."""
+"""A term's lease: it writes only while ZooKeeper recently showed its election node ours.
+
+Design: docs/design/live-list.md, "Election and publishing".
+"""
 
 from __future__ import annotations
 

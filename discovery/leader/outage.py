@@ -1,4 +1,7 @@
-"""A term's record of its store's failures: the streak of failed writes and its bound."""
+"""A term's record of its store's failures: the streak of failed writes and its bound.
+
+Design: docs/design/live-list.md, "Election and publishing".
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""What one term has published, and what changed since: membership reconciled to the list."""
+"""What one term has published, and what changed since: membership reconciled to the list.
+
+Design: docs/design/live-list.md, "Election and publishing".
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""One term of leadership: the loop that publishes, heartbeats and decides when to stop."""
+"""One term of leadership: the loop that publishes, heartbeats and decides when to stop.
+
+Design: docs/design/live-list.md, "Election and publishing".
+"""
 
 from __future__ import annotations
 

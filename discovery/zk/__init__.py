@@ -1,14 +1,9 @@
 """Everything the framework does in ZooKeeper, over one kazoo client per process.
 
-* :mod:`~discovery.zk.session`: :class:`ZkSession`, one kazoo client bridged into
-  asyncio (SUSPENDED and LOST told apart, kazoo errors translated to
-  :class:`~discovery.errors.ZkError`).
-* :mod:`~discovery.zk.watch` and :mod:`~discovery.zk.multiread`: ZooKeeper 3.6+
-  protocol work kazoo lacks (persistent recursive watches, ``multiRead``).
-* :mod:`~discovery.zk.registration`, :mod:`~discovery.zk.membership`,
-  :mod:`~discovery.zk.election`, :mod:`~discovery.zk.maintenance`,
-  :mod:`~discovery.zk.epochs` and :mod:`~discovery.zk.acl`: the recipes built on them.
-* :mod:`~discovery.zk.paths`: the contract's paths.
+The recipes (registration, membership, election, maintenance, epochs, acl) are built on
+one :class:`~discovery.zk.session.ZkSession`, which bridges kazoo's threads to asyncio.
+
+Design: docs/design/zookeeper.md.
 """
 
 from discovery.zk.election import LeaderElection, Leadership

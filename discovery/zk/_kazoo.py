@@ -1,23 +1,9 @@
 """Every use of kazoo's private internals, in one place, checked when imported.
 
-kazoo has no public API for what three of our modules need:
+A kazoo that lacks one fails ``import discovery`` with an error naming its version and
+the missing names (:func:`check`), never a watch that silently never fires.
 
-* :mod:`~discovery.zk.multiread` and :mod:`~discovery.zk.watch` send requests kazoo
-  does not know (``multiRead``, ``addWatch``, ``removeWatches``) through the client's
-  request queue (``KazooClient._call``), and chroot paths as kazoo does
-  (``kazoo.protocol.paths._prefix_root``);
-* :mod:`~discovery.zk.watch` delivers persistent-watch events by shadowing the
-  connection's readers of watch events and responses (``ConnectionHandler.
-  _read_watch_event`` and ``_read_response``), and reads the client's one-shot watcher
-  tables, its queues of requests in flight, its stop flag, its live event and its state;
-* :mod:`~discovery.zk.session` reads the session timeout it asked for
-  (``_session_timeout``, in milliseconds).
-
-Those names are not kazoo's contract and may change in any release, so they are all
-here, and :func:`check` verifies at import time that the installed kazoo has each of
-them: a kazoo outside :data:`TESTED` that lacks one fails ``import discovery`` with an
-error naming the kazoo version and the missing names, instead of a watch that silently
-never fires. ``pyproject.toml`` bounds kazoo to :data:`TESTED` for the same reason.
+Design: docs/design/zookeeper.md, "The persistent watch and kazoo".
 """
 
 from __future__ import annotations

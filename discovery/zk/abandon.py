@@ -1,9 +1,6 @@
-"""Closing a ZooKeeper session from outside it: by id and password.
+"""Closing a ZooKeeper session from outside it: the one a connection gave up on.
 
-:class:`AbandonedSessions` remembers the id and password of a connection's live session
-and, once the connection has given that session up (declared it lost on the client
-side), closes it from a connection of its own as soon as a new session is connected,
-so that its ephemeral nodes go at once instead of a session timeout later.
+Design: docs/design/zookeeper.md, "The session watchdog: a session can never hang".
 """
 
 from __future__ import annotations

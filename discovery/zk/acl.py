@@ -1,52 +1,9 @@
 """ZooKeeper access control at run time: the rights each server needs, checked at start-up.
 
-ZooKeeper checks the right to *create* or *delete* a node against the ACL of its
-**parent**, not of the node itself (verified against ZooKeeper 3.8: an identity with
-all rights on a child but no DELETE on the parent cannot delete it; one with DELETE on
-the parent can delete a child whose own ACL denies it everything). So an identity that
-may delete its own node under ``/data_servers`` may delete every data server's node.
-The design therefore gives data servers no DELETE at all:
+:func:`check_access` tries them, since ZooKeeper takes any digest password as another
+identity: a wrong password fails the start, not later writes. ``zk-init`` sets the ACLs.
 
-=========================== ===============================================================
-node                        ACL (set by ``discovery zk-init``, :mod:`discovery.tools.zkinit`)
-=========================== ===============================================================
-chroot node (``/``)         admin ALL, world READ
-``/data_servers``           admin ALL, data role CREATE|READ, search role READ,
-                            world READ
-``/search_servers``         admin ALL, search role READ, world READ
-``/search_servers/election`` admin ALL, search role CREATE|DELETE|READ, world READ
-``/search_servers/members``  admin ALL, search role CREATE|DELETE|READ, world READ
-``/maintenance``            admin ALL, search role READ, world READ
-=========================== ===============================================================
-
-* A data server creates its ephemeral node with "all rights for this process's own
-  owner identity, read for everyone" (see :class:`~discovery.zk.session.ZkSession`): only it
-  can rewrite its payload (``state: draining``), even if all data servers share one
-  credential. It removes its node by **ending its session**: ZooKeeper deletes a
-  session's ephemeral nodes when the session closes, with no ACL check, and only that
-  session's. "A data server deletes only its own node" holds by construction
-  (:class:`~discovery.zk.registration.Removal`).
-* Search servers may create and delete under the election and members directories:
-  kazoo's election recipe deletes its own node to resign, and a search server removes
-  a stale member node of its previous incarnation. The search role is trusted not to
-  remove another search server's election node; there are a handful of them, run by
-  the same operators as ZooKeeper.
-* Maintenance markers (``/maintenance/<id>``, :mod:`discovery.zk.maintenance`) are
-  written by operators with the admin identity (``discovery maint --zk-auth``); the
-  leader only reads them. Neither data nor search servers may create or delete one:
-  a data server must not be able to take itself (or another) out of maintenance,
-  which is the point of keeping the marker outside its own node.
-* Everyone may read: the list of data servers is not a secret (their addresses are on
-  the network anyway), Java readers with Curator and ``discovery status`` need no
-  credentials, and a read-only ACL still keeps an unauthenticated client from
-  creating, changing or deleting anything of ours.
-* The chroot node is locked too: an empty ``/data_servers`` could otherwise be
-  deleted by anyone with DELETE on it and re-created under their own ACL. Without a
-  chroot the ZooKeeper root is left alone (it is shared with other applications).
-
-:func:`check_access` is what a server runs at start-up: ZooKeeper accepts any digest
-password when a session authenticates (a wrong password is just another identity), so
-without the check a wrong password would surface only as refused writes later.
+Design: docs/design/security.md, "ZooKeeper access control".
 """
 
 from __future__ import annotations

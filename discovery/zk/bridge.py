@@ -1,10 +1,8 @@
 """kazoo's asynchronous results and watches, brought onto the event loop.
 
-:class:`KazooBridge` awaits a kazoo ``*_async`` call on the loop (its result is handed
-over with ``call_soon_threadsafe``, so the loop never blocks), bounded by the operation
-timeout, with kazoo's errors translated into :class:`~discovery.errors.ZkError` and a
-session the server reports expired handed to the connection. Watch callbacks run on the
-loop, never on kazoo's thread.
+Both come over by ``call_soon_threadsafe``: the loop never blocks on kazoo.
+
+Design: docs/design/zookeeper.md, "The session: kazoo's threads and the loop".
 """
 
 from __future__ import annotations

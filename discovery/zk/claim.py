@@ -1,11 +1,9 @@
 """Creating and keeping the ephemeral node of a :class:`~discovery.zk.registration.Registration`.
 
-:class:`NodeClaim` creates the node with the instance's document or rewrites it in
-place, replaces a stale node of an earlier session or incarnation of ours, and refuses
-to take one that a live foreign session owns (a conflict, reported through a
-:class:`~discovery.zk.conflict.ConflictTracker`). It remembers which session owns the
-node and which sessions did before. ZooKeeper errors are raised, except the races it
-resolves itself.
+A stale node of ours is replaced; one a live foreign session owns is never taken (a
+conflict). ZooKeeper errors are raised, except the races :class:`NodeClaim` resolves.
+
+Design: docs/design/zookeeper.md, "Registration".
 """
 
 from __future__ import annotations

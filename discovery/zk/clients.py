@@ -1,9 +1,9 @@
 """The kazoo client of a ZooKeeper connection, and its replacements.
 
-:class:`KazooClients` holds the current client, reports its state changes (from
-kazoo's connection thread, as they come) and replaces it with a fresh one when the
-connection starts a new session. Replaced clients stop in daemon threads of their own:
-a hung one never blocks the event loop or the connection's close.
+State changes are reported from kazoo's connection thread. A replaced client stops in a
+daemon thread of its own: a hung one never blocks the loop or the connection's close.
+
+Design: docs/design/zookeeper.md, "The session watchdog: a session can never hang".
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Ownership conflicts of a :class:`~discovery.zk.registration.Registration`, reported loudly.
 
-:class:`ConflictTracker` holds the conflict of the moment and the look-alike nodes (our
-address and port) that could not be deleted. A conflict is logged as an ERROR when it
-starts and again every minute while it lasts, and shown by
-``discovery_registration_conflicted``. It never talks to ZooKeeper and never fails.
+:class:`ConflictTracker` never talks to ZooKeeper and never fails.
+
+Design: docs/design/zookeeper.md, "Registration".
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """A ZooKeeper connection's lifecycle, its state on the loop, and its watchdog.
 
-:class:`ZkConnection` starts, restarts and closes the kazoo client, turns its state
-changes into :class:`~discovery.zk.states.SessionEvent` values on the loop, and keeps
-the watchdog that declares a session LOST on the client side when the connection has
-not come back ``lost_after`` seconds after a disconnect (kazoo has no client-side
-expiry: a client whose reconnection stalls, python-zk/kazoo #577 and #567, stays
-SUSPENDED forever). The lost session is then replaced in a fresh kazoo client, as
-ZooKeeper's own client (ZOOKEEPER-4508) and Curator do.
+A session whose connection has not come back ``lost_after`` seconds after a disconnect
+is declared LOST on the client side, and the kazoo client replaced by a fresh one.
+
+Design: docs/design/zookeeper.md, "The session watchdog: a session can never hang".
 """
 
 from __future__ import annotations

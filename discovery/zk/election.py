@@ -1,26 +1,11 @@
-"""Leader election among search servers, through kazoo's election recipe.
+"""Leader election among search servers: kazoo's election recipe in a thread of its own.
 
-kazoo's :class:`~kazoo.recipe.election.Election` is a blocking recipe: ``run(func)``
-waits (in ZooKeeper terms: an EPHEMERAL_SEQUENTIAL node, watching only its
-predecessor, so there is no herd) until this contender holds the lowest node, calls
-``func`` and releases the node when ``func`` returns. :class:`LeaderElection` runs it
-in a thread of its own and makes ``func`` hand over to the event loop: the actual
-leadership work is an asyncio task (``lead(leadership)``), which can be cancelled,
-never code running in kazoo's threads.
+Each term is a cancellable asyncio task on the loop, never code in kazoo's threads or
+the election's; its epoch is the election node's czxid. On SUSPENDED the term goes on
+(it must stop writing itself), on LOST it is cancelled at once; when it ends, the node
+is released and the election contends again.
 
-The **epoch** of a leadership is the ``czxid`` of the winning election node: issued
-by ZooKeeper, strictly greater for every later node, so a newer leader always has a
-higher epoch than every earlier one. Publishers fence their writes with it.
-
-Session behaviour:
-
-* SUSPENDED: leadership continues; the leadership task itself must stop writing at
-  once (see :class:`~discovery.leader.LeaderDuty`): we may already have lost the
-  node, we just cannot know yet.
-* LOST: the node is gone with the session, so someone else may lead already. The
-  leadership task is cancelled at once, and we contend again in the new session.
-* If the leadership task ends by itself (e.g. a fenced publish proved us deposed),
-  we release the node and contend again.
+Design: docs/design/zookeeper.md, "The election's thread".
 """
 
 from __future__ import annotations

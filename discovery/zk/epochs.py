@@ -1,26 +1,10 @@
 """Which fencing epochs a leader can hold: the bound ZooKeeper sets on them.
 
-A leader's epoch is the ``czxid`` of its election node (:mod:`discovery.zk.election`),
-a child of the election directory. Creating a child sets the directory's ``pzxid``
-to the zxid of that create, and later creates and deletes only raise it, so **every
-epoch any leader has held, or holds now, is at most the election directory's
-pzxid**. Read after a ``sync`` (which makes the server we talk to catch up with the
-ensemble's leader), that pzxid covers every election node created before the read
-began, hence every leader that can have published before it.
+Every epoch a leader has held or holds (its election node's czxid) is at most the
+election directory's pzxid, read after a ``sync``: a stored epoch above it was written
+by no leader. Reading the bound needs no right beyond reading the election directory.
 
-A stored epoch above that bound was written by no leader: a hand edit, a restore
-of another cluster's Redis, a Redis kept while ZooKeeper was rebuilt from scratch
-(zxids start again), or two clusters configured with one Redis prefix. Such an
-epoch fences every real leader off for good, so the leader does not resign for it
-(that would hand the problem from search server to search server); it holds its
-term, publishes nothing and alerts (:class:`~discovery.leader.LeaderDuty`), and an
-operator repairs the fence (``discovery fence repair``,
-:mod:`discovery.livelist.redis.fence`).
-
-The pzxid is read, not written: the check needs no ZooKeeper right beyond reading
-the election directory, which every search server has. (The other bound, the mzxid
-of a fresh write, is never lower, so it would call fewer epochs impossible, and it
-needs a write.)
+Design: docs/design/live-list.md, "Election and publishing" (a poisoned fence).
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Closing a ZooKeeper session from outside it, by its id and password.
 
-ZooKeeper deletes a session's ephemeral nodes when the session is closed or expires.
-A client that has lost its connection cannot close its own session, and the server
-keeps it, with its nodes, for up to a session timeout. Another connection that
-attaches with the session's id and password takes the session over (the server drops
-the old connection) and can close it at once: that is
-:func:`~discovery.zk.session.close_session` (in the session module, which closes the
-sessions its watchdog abandoned with it; re-exported here).
+:func:`expire_session` makes the server expire a live session (fault injection): its
+ephemeral nodes go at once for everybody. :func:`close_session` is re-exported here.
 
-:func:`expire_session` uses it against a live session, the way ZooKeeper's own tests
-inject an expiry: the server deletes the session's ephemeral nodes at once, other
-clients really see them go, and the victim's kazoo client learns of the expiry on its
-next reconnect (LOST, then a new session). Tests, the chaos run and the data server's
-loopback ``/admin/expire-session`` use it as fault injection; the ZooKeeper Java
-client has the same hook in its core (``Testable.injectSessionExpiration``).
+Design: docs/design/zookeeper.md, "The session watchdog: a session can never hang".
 """
 
 from __future__ import annotations

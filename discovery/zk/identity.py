@@ -1,12 +1,9 @@
 """Who a ZooKeeper session is in digest ACLs, and the ACLs of the nodes it creates.
 
-With credentials (``ZkConfig.auth``, digest scheme) a session authenticates as the
-configured identity and, in addition, as an *owner* identity invented for the process
-(a random user and password that never leave it). Persistent nodes get "all rights for
-the configured identity, read for everyone"; ephemeral nodes get "all rights for the
-owner identity, read for everyone", so no other process, not even one holding the same
-credentials, can rewrite them. Deleting a node is a right on its *parent* in
-ZooKeeper; see :mod:`discovery.zk.acl` for the tree that makes use of this.
+Ephemeral nodes get all rights for an owner identity invented for the process: no other
+process, not even one holding the same credentials, can rewrite them.
+
+Design: docs/design/security.md, "ZooKeeper access control".
 """
 
 from __future__ import annotations

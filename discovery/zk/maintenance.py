@@ -1,49 +1,12 @@
-"""Operator maintenance: persistent markers under ``/maintenance`` and the leader's overlay.
+"""Operators' maintenance markers (``/maintenance/<id>``) and the leader's overlay of them.
 
-An operator takes a data server out of the fan-out with ``discovery maint set <id>
---reason TEXT``, which writes a PERSISTENT znode ``/maintenance/<id>`` holding a small
-JSON document (:class:`MaintenanceMarker`)::
+:class:`MaintenanceMarker` is the document; its :meth:`~MaintenanceMarker.parse` never
+raises (an unreadable marker still keeps its server out). :func:`apply_marker`,
+:func:`overlay` and :class:`MaintenanceView` lay markers over a membership view.
+:class:`MaintenanceWatcher` follows them for the leader: callbacks on the loop, markers
+kept while SUSPENDED and all read again on every CONNECTED.
 
-    {"reason": "disk replacement, ticket OPS-123", "set_at": 1763700000000, "by": "ann@ops-1"}
-
-While the marker exists the leader publishes that server, whenever it is registered,
-with ``payload.state`` ``maintenance``, the marker's reason, and ``enabled: false``
-(so Curator readers stop routing too): it stays in the live list, visible, but no
-search server sends it a query. The data server's own node is never touched; a
-restart or a re-registration of the server makes a fresh node saying ``serving``,
-and the leader overlays the marker on it again. Only ``discovery maint clear <id>``
-(deleting the marker) puts it back as registered. Why the leader and not the agent:
-an agent that reported ``maintenance`` itself would overwrite it with its own health
-view at its next admission, which is exactly Eureka's OUT_OF_SERVICE problem
-(Netflix/eureka #904); a marker outside the server's node is out of its reach.
-
-* :class:`MaintenanceMarker` is the document: :meth:`~MaintenanceMarker.create`
-  validates what an operator writes (raising
-  :class:`~discovery.errors.InvalidMarkerError`), :meth:`~MaintenanceMarker.parse`
-  decodes what is read and **never raises**: a marker that cannot be decoded (not
-  JSON, over 64 KiB, no usable reason, a name that is no instance id) is still a
-  marker, with a reason saying it is unreadable, so an unreadable marker errs on the
-  side of keeping the server out, never of routing to it.
-* :func:`apply_marker`, :func:`overlay` and :class:`MaintenanceView` put markers on
-  a membership view: one instance, a whole view in O(markers) (for a full publish),
-  or lazily (for a delta, whose ``servers`` argument is only counted or, rarely,
-  iterated).
-* :class:`MaintenanceWatcher` follows ``/maintenance`` for the leader: one child
-  watch on the directory (an existence watch while it does not exist: a search
-  server never creates it, since with ``zk-init``'s ACLs it may not) and one data
-  watch per marker. Markers change rarely and are few, so this costs nothing per
-  membership change; a marker change reads that marker and tells the caller which ids
-  changed (``on_change``), so the leader diffs only those ids.
-* :func:`read_markers` reads them once (``discovery status``, ``discovery maint list``).
-
-Failure and session behaviour of the watcher: watch callbacks run on the event loop
-(:class:`~discovery.zk.session.ZkSession` hands them over with ``call_soon_threadsafe``) and
-only mark what is dirty and wake one refresh task; every ZooKeeper call is an
-asynchronous one. While SUSPENDED the last markers are kept; on every CONNECTED (the
-same session again, or a new one after an expiry, whose watches are gone) everything
-is read again. A refresh that fails is retried at the next reconnect or after a
-second. An unreadable marker is logged and counted once per version
-(``discovery_maintenance_unreadable_versions_total``), never raised.
+Design: docs/design/live-list.md, "Operator maintenance".
 """
 
 from __future__ import annotations
@@ -313,7 +276,7 @@ async def read_markers(
 
 
 class MaintenanceWatcher:
-    """Follow the markers under ``path`` (see the module docstring).
+    """Follow the markers under ``path`` (docs/design/live-list.md, "Operator maintenance").
 
     ``async with MaintenanceWatcher(session, on_change=...) as watcher:`` reads the
     markers once, then follows them in a background task until closed. :attr:`markers`

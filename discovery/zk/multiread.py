@@ -1,65 +1,12 @@
-"""Bulk reads of many znodes with ZooKeeper 3.6+ ``multiRead`` (opcode 22).
+"""Bulk reads of many znodes with ZooKeeper 3.6+ ``multiRead``, which kazoo lacks.
 
-A newly elected leader reads every child of ``/data_servers``: at 50,000 data servers,
-50,000 ``get`` requests, each paying kazoo's per-request machinery (an async result, a
-wake-up byte through its socket pair, a completion on its callback thread) and our
-hand-over to the loop, about 0.4 ms of Python per node. ``multiRead`` puts hundreds of
-``getData`` operations in one request with one answer, so that cost is paid once per
-batch. kazoo 2.11, the latest release, cannot send it; this module adds the request,
-as :mod:`discovery.zk.watch` adds ``addWatch``.
+:func:`read_many` gives each path's ``(data, stat)`` in order, or ``None``: no such node.
+Any other error of one read fails the call as its ``get`` would; a lost connection or
+session, or a batch outliving ``operation_timeout``, is a
+:class:`~discovery.errors.ZkConnectionError`. A batch the server refuses, and every read
+of a session whose server lacks ``multiRead``, falls back to one ``get`` per node.
 
-The wire format (``MultiOperationRecord`` and ``MultiResponse`` in ZooKeeper's
-``org.apache.zookeeper``, records from ``zookeeper.jute``; the same framing as a
-``multi`` transaction, opcode 14):
-
-* request: per path a ``MultiHeader {int type=4 (getData); boolean done=false;
-  int err=-1}`` then a ``GetDataRequest {ustring path; boolean watch=false}``; closed
-  by ``MultiHeader {type=-1, done=true, err=-1}``;
-* answer (after the usual ``ReplyHeader``): per operation, in request order, a
-  ``MultiHeader`` and either ``{type=4, err=0}`` + ``GetDataResponse {buffer data;
-  Stat stat}``, or ``{type=-1, err=code}`` + ``ErrorResponse {int err}``; closed by a
-  ``MultiHeader`` with ``done=true``. Unlike ``multi``, every read runs on its own
-  (``FinalRequestProcessor``): a node deleted meanwhile is a NONODE (-101) for that
-  operation alone, reported here as ``None``, never as a failure of the batch.
-
-No watch can be set through ``multiRead`` (the server reads each op with
-``watch=false``): callers that need a data watch per node use
-:meth:`ZkSession.get <discovery.zk.session.ZkSession.get>`.
-
-Sizes. ZooKeeper refuses *requests* larger than ``jute.maxbuffer`` (1 MiB by default)
-by closing the connection, and the Java client refuses *answers* larger than its own
-``jute.maxbuffer`` (1 MiB); the server sends answers of any size and kazoo reads them.
-An answer costs about 85 bytes per node plus its data, which nobody knows before
-reading. So requests are cut at ``batch`` paths and :data:`REQUEST_BUDGET` bytes, the
-first batch is sent alone, and the size of every later batch follows the largest
-bytes per node seen so far in the call, to keep answers within ``response_budget``
-(512 KiB by default: 500 children of ~0.5 KiB, our data servers' size, fit with room
-to spare). This keeps answers near the budget when children are alike; it cannot bound
-one batch of unusually large nodes (up to 1 MiB each, ZooKeeper's limit for a node),
-which is read all the same, and shrinks the batches after it.
-
-Failure and session behaviour:
-
-* Paths come back in the order given, each as ``(data, stat)`` (data ``b""`` for a
-  node without data, as :meth:`ZkSession.get` returns it) or ``None``: no such node.
-* Any other error of one operation (NOAUTH, say) fails the call with the translated
-  :class:`~discovery.errors.ZkError`, as the single ``get`` of that node would.
-* A lost connection, an expired session or a batch that outlives the session's
-  ``operation_timeout`` fails the call with :class:`~discovery.errors.ZkConnectionError`
-  (batches still in flight are abandoned); the caller retries (the one retry here is
-  that of the old-server fallback below).
-* A batch the server refuses as a whole (any other error of the request, or an answer
-  that cannot be decoded) is read again with one ``get`` per node, logged.
-* A server without ``multiRead`` (before 3.6) answers UNIMPLEMENTED and closes the
-  connection: the call reads every node with ``get`` instead (tried a second time if
-  the first ``get`` requests went with that connection: kazoo sends the next ones once
-  it has reconnected), and so does every later call on the same
-  :class:`~discovery.zk.session.ZkSession`, which is logged once.
-
-Batches go through :meth:`ZkSession.call <discovery.zk.session.ZkSession.call>`, the
-session's own bridge from kazoo's threads to the loop (results handed over with
-``call_soon_threadsafe``; the loop never blocks), so they share its timeout, error
-translation, expiry detection and metrics.
+Design: docs/design/zookeeper.md, "Bulk reads: multiRead".
 """
 
 from __future__ import annotations
@@ -100,7 +47,7 @@ ReadResult = tuple[bytes, NodeStat]
 DEFAULT_BATCH: Final = 500
 #: Requests of one call in flight at once.
 DEFAULT_CONCURRENCY: Final = 4
-#: Bytes of answer a batch is sized for (see the module documentation).
+#: Bytes of answer a batch is sized for (docs/design/zookeeper.md, "Bulk reads: multiRead").
 RESPONSE_BUDGET: Final = 512 * 1024
 #: Bytes of request at most; ZooKeeper closes the connection beyond ``jute.maxbuffer``.
 REQUEST_BUDGET: Final = 256 * 1024
@@ -270,8 +217,8 @@ async def read_many(
     """Read the data and stat of every path; ``None`` where there is no such node.
 
     Results are in the order of ``paths`` (relative to the session's chroot, like
-    every operation of the session). See the module documentation for batching,
-    sizes and failures.
+    every operation of the session). Failures are in the module documentation;
+    batching and sizes in docs/design/zookeeper.md, "Bulk reads: multiRead".
 
     Raises:
         ZkConnectionError: the connection or the session was lost, or a batch timed

@@ -1,8 +1,8 @@
 """ZooKeeper's operations, asyncio side: reads, writes, ACLs and the rights probe.
 
-:class:`ZkOperations` builds each operation on its host's :meth:`~OperationsHost.call`
-and :meth:`~OperationsHost.watcher` (the session's bridge to kazoo) and gives new nodes
-their ACLs from the session's :class:`~discovery.zk.identity.AclIdentity`.
+New nodes get their ACLs from the session's :class:`~discovery.zk.identity.AclIdentity`.
+
+Design: docs/design/zookeeper.md, "The session: kazoo's threads and the loop".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ZooKeeper paths of the contract in one place (see docs/contracts.md).
+"""The ZooKeeper paths of the contract in one place (docs/contracts.md, "ZooKeeper").
 
 All paths are relative to the cluster's chroot, if the hosts string names one.
 """

@@ -1,9 +1,9 @@
 """When a :class:`~discovery.zk.registration.Registration` reads its node back.
 
-:class:`ReadBackSchedule` keeps the read-backs due after the last connection and the
-slow sweep, each wait drawn between half and one and a half times its nominal length,
-so that a fleet reconnected at once does not read back in one burst. Times are the
-running event loop's; it never talks to ZooKeeper and never fails.
+Each wait is jittered, so that a fleet reconnected at once does not read back in one
+burst. Times are the running loop's; no I/O, never fails.
+
+Design: docs/design/zookeeper.md, "Registration".
 """
 
 from __future__ import annotations

@@ -1,54 +1,12 @@
 """Keep one ephemeral znode per service instance for as long as it is wanted.
 
-A :class:`Registration` owns ``<base>/<instance-id>``. It creates the node when asked
-to register, rewrites it in place when the instance changes (``state: draining``,
-say), deletes it when asked to deregister, and reconciles on every reconnect:
+A :class:`Registration` creates its node again after an expiry, a deletion by someone
+else, or a zombie session its read-backs uncover, and retries a failed deregister at
+the next reconnect. It never takes a node that a live foreign session owns: that
+conflict is raised (:class:`~discovery.errors.RegistrationConflictError`) and reported
+loudly, and the node is claimed once the other goes. :class:`Removal` says how it goes.
 
-* after a session expiry (a CONNECTED event with a new session) the node is gone,
-  so it is created again, without any operator action;
-* if someone deletes the node while we want it, an existence watch brings us back;
-* if a deregister failed because the connection was down, the node is deleted at
-  the next reconnect (the session survived, so the node did too);
-* with ``verify_interval``, the node is also read back while it is wanted, and
-  re-created if it is missing or not ours: a client can stay connected to a session
-  the ensemble has closed, and then no event ever tells us that the node went with it
-  (the write that re-creates it makes the session find out that it is gone, see
-  :class:`~discovery.zk.session.ZkSession`). Such a session comes of a reconnection
-  racing the session's close, so the node is read back a few times after every
-  connection (about 2, 10 and 30 s after it), and otherwise only in a slow sweep
-  (every ``verify_interval``); each wait is drawn at random between half and one and
-  a half times its nominal length, so that a fleet reconnected at once by a server's
-  restart does not read back in one burst. At 50,000 data servers a sweep of 120 s
-  costs the ensemble about 420 reads a second, where a read every 10 s cost 5,000.
-
-Ownership is decided by the node's ``ephemeralOwner``. A node owned by our current
-session is ours. A node owned by a session this object held before, or one that
-carries our own address and port (an earlier incarnation of this very server, whose
-session has not timed out yet: nobody else can be listening on our port), is stale
-and is replaced. Any other owner is a live foreign session: we refuse to steal the
-node, count a conflict, raise :class:`~discovery.errors.RegistrationConflictError`
-from :meth:`register`, and keep watching the path so that we register as soon as
-the other owner's node goes away.
-
-A conflict is reported loudly, never retried in silence: an ERROR when it starts and
-again every minute while it lasts, ``discovery_registration_conflicted`` at 1, and
-:attr:`Registration.conflict` (which the agent's status shows). Another identity that
-can create nodes under ``/data_servers`` can *squat* an id: create its node before
-the real server does (after its restart, say), even with the real server's address
-and port so that it looks like a stale node of ours. Such a look-alike that we cannot
-delete and that outlives ``stale_grace`` (longer than any session of ours can
-outlive its process) is reported as a conflict too. Ids another identity cannot
-predict (a per-start random suffix, or ZooKeeper ACLs per identity) make squatting
-impossible; see ``docs/ARCHITECTURE.md``.
-
-How the node is removed is a :class:`Removal`. Deleting it needs DELETE on the
-*parent* in ZooKeeper, which the access-controlled tree of :mod:`discovery.zk.acl`
-does not give data servers (it would let one delete every other's node). Such a
-registration removes its node by ending its session instead: ZooKeeper deletes the
-session's ephemeral nodes, and only those, without an ACL check, and a new session is
-opened at once so that coming back online is one create. A stale node of an earlier
-incarnation cannot be removed either then: we wait, watching it, until ZooKeeper
-expires its session.
+Design: docs/design/zookeeper.md, "Registration".
 """
 
 from __future__ import annotations
@@ -104,7 +62,7 @@ class Registration:
     for ``stale_grace`` seconds of ``clock``, and for a squatter's after that. With
     ``verify_interval`` the node is read back that long (jittered by ``rng``) after
     the last read-back, and ``verify_after_connect`` seconds after each connection
-    (see the module's docstring; ``()`` for none).
+    (see docs/design/zookeeper.md, "Registration"; ``()`` for none).
     """
 
     def __init__(

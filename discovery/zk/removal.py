@@ -1,8 +1,9 @@
 """How a :class:`~discovery.zk.registration.Registration` removes its node.
 
-:class:`Removal` is the choice (delete it, or end the session that owns it);
-:class:`NodeRemover` carries it out, only ever on a node of the current session.
+Delete it, or end the session that owns it; only ever a node of the current session.
 ZooKeeper errors are raised, except a node already gone.
+
+Design: docs/design/zookeeper.md, "Registration".
 """
 
 from __future__ import annotations

@@ -1,42 +1,12 @@
 """One ZooKeeper session, owned by one kazoo client, used from asyncio.
 
-kazoo is threaded: its connection thread reports state changes to listeners and its
-callback thread runs watch functions and completes asynchronous results. A session is
-the bridge between those threads and the event loop for every ZooKeeper operation,
-watch and state change (the other two bridges of the project are the election's
-thread, :mod:`discovery.zk.election`, and the agent's own loop,
-:mod:`discovery.agent.loopthread`). :class:`ZkSession` is the facade of its parts:
+:class:`ZkSession` bridges kazoo's threads and the loop for every operation, watch and
+state change: no blocking kazoo call on the loop, watch callbacks on the loop, kazoo's
+errors translated into :mod:`discovery.errors`. SUSPENDED: the session may still be
+alive. LOST: it expired (or the watchdog declared it lost) and its ephemeral nodes are
+gone. CONNECTED with ``new_session``: recipes re-create what they own.
 
-* :mod:`~discovery.zk.connection`: the kazoo client's lifecycle, its state changes
-  handed to the loop with ``loop.call_soon_threadsafe``, and the watchdog
-  (:mod:`~discovery.zk.watchdog`) that declares a stalled session LOST on the client
-  side and replaces the client (:mod:`~discovery.zk.clients`); a session given up that
-  way is closed from outside (:mod:`~discovery.zk.abandon`);
-* :mod:`~discovery.zk.states`: the states and their fan-out to subscribers;
-* :mod:`~discovery.zk.bridge` and :mod:`~discovery.zk.operations`: operations through
-  kazoo's ``*_async`` methods (no blocking kazoo call ever runs on the loop), watch
-  callbacks run on the loop, kazoo's exceptions translated into the
-  :mod:`discovery.errors` tree (:mod:`~discovery.zk.translate`);
-* :mod:`~discovery.zk.identity`: the digest identities and the ACLs of new nodes.
-
-Session semantics follow kazoo (and Curator): SUSPENDED means the connection dropped
-but the session, its ephemeral nodes and watches may still be alive; LOST means the
-session expired (or the client stopped), its ephemeral nodes are gone, and kazoo will
-establish a new session by itself. A CONNECTED event whose ``new_session`` is true
-tells recipes to re-create what they own.
-
-kazoo has no client-side expiry: a client whose reconnection stalls (python-zk/kazoo
-#577, #567; about one in 35 forced expiries in our chaos runs) stays SUSPENDED forever,
-and a data server whose client hangs that way is never registered again. So a session
-keeps a **watchdog**, after ZooKeeper's own client (ZOOKEEPER-4508) and Curator (LOST
-after a session timeout of SUSPENDED): when the connection has not come back within
-``lost_after`` (by default the session timeout) of a disconnect, the session is
-declared LOST on the client side, and the kazoo client is replaced by a fresh one,
-which opens a new session. By then the server has expired the session anyway (it last
-heard from us no later than the disconnect), so the declaration is the truth whenever
-the ensemble has a quorum; recipes react to it as to any expiry (a leader resigns, a
-registration re-creates its node in the new session, replacing the old node by its
-``ephemeralOwner`` if the server has not removed it yet).
+Design: docs/design/zookeeper.md, "The session: kazoo's threads and the loop".
 """
 
 from __future__ import annotations

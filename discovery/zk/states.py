@@ -1,7 +1,8 @@
 """A ZooKeeper session's states as the event loop sees them, and their fan-out.
 
-:class:`SessionEvents` hands every state change to subscribers (queued, never dropped)
-and to listeners (called at once). Loop-side only: kazoo's threads never touch it.
+Loop-side only: kazoo's threads never touch it.
+
+Design: docs/design/zookeeper.md, "The session: kazoo's threads and the loop".
 """
 
 from __future__ import annotations

@@ -1,55 +1,12 @@
-"""Persistent recursive watches (ZooKeeper 3.6+ ``addWatch``) for kazoo.
+"""Persistent recursive watches (ZooKeeper 3.6+ ``addWatch``) for kazoo, which lacks them.
 
-A one-shot child watch tells the leader *that* ``/data_servers`` changed, never *what*:
-every event costs a ``get_children`` of the whole directory (at 50,000 data servers,
-50,000 names, about 2 MB). A *persistent recursive* watch, added once with ``addWatch``
-(opcode 106, mode ``PERSISTENT_RECURSIVE``), makes the server send ``NodeCreated``,
-``NodeDeleted`` and ``NodeDataChanged`` for the watched node and every descendant, with
-the path, for as long as the connection lasts: no re-arming and no re-listing
-(children events are not sent in that mode). kazoo 2.11, the latest release, cannot
-send the request nor deliver such events; this module adds both.
+A watch reports every node created, changed or deleted under a path, with its path:
+:class:`PersistentRecursiveWatch` on one kazoo client (on kazoo's callback thread),
+:class:`SessionRecursiveWatch` on a :class:`~discovery.zk.session.ZkSession` (on the
+loop, across its client replacements). After every reconnection the callback gets
+``resync`` (events may have been missed: re-read); ``failed`` if it cannot be re-added.
 
-:class:`PersistentRecursiveWatch` is the watch on one kazoo client (threads);
-:class:`SessionRecursiveWatch` follows a :class:`~discovery.zk.session.ZkSession` on the event
-loop, across the client replacements the session makes.
-
-How events reach us. kazoo's connection thread reads every notification in
-``ConnectionHandler._read_watch_event`` and hands it to the one-shot watchers it pops
-from ``client._data_watchers`` / ``client._child_watchers`` by exact path, so events
-for descendants of a persistent watch would be dropped. The first watch on a client
-installs a *hook* on that client's connection object (instance attributes shadowing two
-of its methods; the class and other clients are untouched): the original method runs
-first, unchanged, then events under a watched path are dispatched to our watches on
-kazoo's own callback thread, in wire order, with the chroot stripped as kazoo does.
-The hook never lets an error of ours into kazoo's connection loop, and it is removed
-when the client's last watch stops. Every private name of kazoo used here is reached
-through :mod:`discovery.zk._kazoo`, which checks them all when it is imported.
-
-Connections, sessions and the ``resync`` event. A ZooKeeper server keeps watches per
-*connection*: the Java client re-registers them after a reconnect with SetWatches2
-(which carries persistent watches since 3.6; the server re-adds them without any
-catch-up event). kazoo sends no SetWatches at all (its one-shot watchers get a
-``NONE`` event on every disconnect instead), so after every CONNECTED, same session or
-new, the watch re-sends ``addWatch`` by itself. Changes made while the connection was
-down are never reported, by any client, so once the watch is back the callback gets
-``("resync", path)``: re-read the subtree (``get_children`` and the children you care
-about); events after that one are complete again.
-
-Two ZooKeeper 3.6-3.8 quirks (ZOOKEEPER-4466, fixed in 3.9: one connection holds one
-watch *mode* per path) are compensated for on the watched path itself:
-
-* a one-shot ``exists``/``get`` watch set on it through the same client replaces the
-  persistent watch (descendant events stop). The hook sees kazoo register such a
-  watch, re-adds the persistent watch at once and reports ``resync``;
-* our ``addWatch`` replaces a one-shot ``get_children`` watch already set on it through
-  the same client, which then never fires. The hook fires those kazoo watchers with a
-  ``CHILD`` event when the ``addWatch`` answer arrives, so their owners re-list and
-  re-arm (a spurious wake-up on 3.9+, which every watcher tolerates).
-
-A server without ``addWatch`` (before 3.6) answers ``UNIMPLEMENTED`` and closes the
-connection: :meth:`PersistentRecursiveWatch.start` raises :class:`ZkUnsupportedError`;
-met later (a reconnection to an older server), the callback gets ``("failed", path)``
-and the watch stops.
+Design: docs/design/zookeeper.md, "The persistent watch and kazoo".
 """
 
 from __future__ import annotations
@@ -322,8 +279,9 @@ class PersistentRecursiveWatch:
 
     The watched node need not exist (its creation is reported). The watch survives
     reconnections and session expiries of the client, re-adding itself on every
-    CONNECTED (then :data:`RESYNC`), until :meth:`stop`. See the module documentation
-    for why and for the one-shot watches it interacts with.
+    CONNECTED (then :data:`RESYNC`), until :meth:`stop`. See docs/design/zookeeper.md,
+    "The persistent watch and kazoo", for why and for the one-shot watches it
+    interacts with.
     """
 
     def __init__(

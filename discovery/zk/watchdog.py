@@ -1,8 +1,6 @@
-"""When to give up on a ZooKeeper connection that does not come back, and the
-replacement of its client, one at a time.
+"""When to give up on a ZooKeeper connection that does not come back, and rebuild it.
 
-:class:`Watchdog` is the timer and the rebuild task; what firing means (declaring the
-session LOST) and how to rebuild are its owner's, passed in.
+Design: docs/design/zookeeper.md, "The session watchdog: a session can never hang".
 """
 
 from __future__ import annotations
