@@ -371,3 +371,18 @@ def test_every_repository_path_the_docs_name_exists() -> None:
             if problem:
                 stale.append(f"{page.relative_to(ROOT)}: `{word}`: {problem}")
     assert not stale, "paths the docs name that the repository does not hold:\n" + "\n".join(stale)
+
+
+def test_every_module_has_a_row_in_the_module_map() -> None:
+    """docs/design/modules.md names every module of the three packages (a module of
+    ``discovery`` by its path below ``discovery/``), and no module that is gone."""
+    table = (ROOT / "docs" / "design" / "modules.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `([^`]+\.py)` \|", table, re.MULTILINE))
+    modules = set()
+    for package in ("discovery", "search_server", "data_server"):
+        for path in (ROOT / package).rglob("*.py"):
+            relative = path.relative_to(ROOT)
+            name = relative.relative_to("discovery") if package == "discovery" else relative
+            modules.add(name.as_posix())
+    assert not modules - rows, f"modules with no row: {sorted(modules - rows)}"
+    assert not rows - modules, f"rows of modules that are gone: {sorted(rows - modules)}"
