@@ -10,7 +10,8 @@ servers are built on.
   watches the data servers (:class:`MembershipWatcher`), holds back suspicious mass
   losses (:class:`MassLossBrake`) and publishes the live list through a
   :class:`LiveListStore`, fenced by its epoch. Every search server routes with the
-  store's :class:`LiveListFollower`. The default store is :class:`RedisLiveStore`.
+  store's :class:`LiveListFollower`. :func:`open_store` opens a store by its URL: the
+  default is :class:`RedisLiveStore`; ``memory://NAME`` is :class:`MemoryLiveStore`.
 
 Every error is a :class:`DiscoveryError` (:mod:`discovery.errors`). Settings are frozen
 dataclasses (:class:`ZkConfig`, :class:`ClusterConfig`, :class:`AgentConfig`); metrics
@@ -43,7 +44,9 @@ from discovery.errors import (
     RedisPermissionError,
     RedisUnavailableError,
     RegistrationConflictError,
+    StoreAccessError,
     StoreError,
+    StoreUnavailableError,
     ZkAuthError,
     ZkBadVersionError,
     ZkConnectionError,
@@ -55,7 +58,9 @@ from discovery.errors import (
 )
 from discovery.instance import MAX_INSTANCE_BYTES, InstancePayload, InstanceState, ServiceInstance
 from discovery.leader import LeaderDuty
+from discovery.livelist.admin import LiveListAdmin, OpenedStore
 from discovery.livelist.brake import MassLossBrake, MassLossBrakeConfig
+from discovery.livelist.memory import MemoryLiveStore
 from discovery.livelist.model import (
     LiveList,
     LiveListChange,
@@ -63,6 +68,7 @@ from discovery.livelist.model import (
     LiveListPublisher,
     LiveListStore,
 )
+from discovery.livelist.open import open_store
 from discovery.livelist.redis.follower import LiveListReader
 from discovery.livelist.redis.publisher import LivePublisher
 from discovery.livelist.redis.store import RedisLiveStore
@@ -102,6 +108,7 @@ __all__ = [
     "LeaderElection",
     "Leadership",
     "LiveList",
+    "LiveListAdmin",
     "LiveListChange",
     "LiveListFollower",
     "LiveListPublisher",
@@ -113,6 +120,8 @@ __all__ = [
     "MassLossBrakeConfig",
     "MembershipChange",
     "MembershipWatcher",
+    "MemoryLiveStore",
+    "OpenedStore",
     "OverloadedError",
     "PayloadTooLargeError",
     "PressureReading",
@@ -133,7 +142,9 @@ __all__ = [
     "ServiceInstance",
     "SessionEvent",
     "SessionState",
+    "StoreAccessError",
     "StoreError",
+    "StoreUnavailableError",
     "ThreadRunDelay",
     "ZkAuthError",
     "ZkBadVersionError",
@@ -146,4 +157,5 @@ __all__ = [
     "ZkSessionExpiredError",
     "ZkUnsupportedError",
     "__version__",
+    "open_store",
 ]

@@ -1,7 +1,8 @@
 """The library's settings: frozen dataclasses, built once and passed down.
 
-:class:`ZkConfig` (how to reach ZooKeeper), :class:`ClusterConfig` and its
-:class:`RedisConfig` (the cluster's name, Redis and its credentials) and
+:class:`ZkConfig` (how to reach ZooKeeper), :class:`ClusterConfig` (the cluster's name
+and its live-list store's URL) with :class:`RedisConfig` (the Redis store's credentials
+and TLS) and
 :class:`AgentConfig` (how the data-server agent probes) are plain values: an embedding
 application builds them in code. Each checks itself when built and raises
 :class:`~discovery.errors.ConfigError` naming the setting, and, for the settings that
@@ -288,7 +289,8 @@ class RedisConfig:
         if parts.scheme not in _REDIS_SCHEMES:
             raise ConfigError(
                 f"{where}: {redact_url(url)!r} must start with redis://, rediss://, unix://, "
-                "redis+sentinel://, rediss+sentinel://, redis+cluster:// or rediss+cluster://"
+                "redis+sentinel://, rediss+sentinel://, redis+cluster://, rediss+cluster:// "
+                "or memory://"
             )
         if in_url and (self.username is not None or self.password is not None):
             raise ConfigError(
@@ -305,12 +307,15 @@ class RedisConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Cluster-wide names: the cluster, the Redis URL and key prefix, the admin token.
+    """Cluster-wide names: the cluster, its live-list store's URL, the admin token.
 
-    ``redis`` holds the Redis credentials and TLS settings that go with ``redis_url``;
-    :func:`discovery.livelist.redis.conn.make_redis` builds clients from both. The repr hides
-    the URL's password and the admin token. The admin token is sent by clients in an
-    HTTP header, so it must be visible ASCII (no spaces or control characters).
+    ``redis_url`` is the store's URL (:attr:`store_url`, its neutral name; the field
+    keeps the name of the ``--redis`` flag that sets it): a Redis URL, or
+    ``memory://NAME`` for the in-process store (:func:`discovery.livelist.open_store`).
+    ``redis`` holds the Redis store's credentials and TLS settings; only the Redis
+    store reads them (:func:`discovery.livelist.redis.conn.make_redis`). The repr hides the URL's
+    password and the admin token. The admin token is sent by clients in an HTTP
+    header, so it must be visible ASCII (no spaces or control characters).
     """
 
     cluster: str = "default"
@@ -324,7 +329,14 @@ class ClusterConfig:
                 f"--cluster / DISCOVERY_CLUSTER: {self.cluster!r} must be a non-empty name "
                 "without spaces, ':', '/' or braces"
             )
-        self.redis.check_url(self.redis_url)
+        if self.store_scheme == "memory":
+            if self.redis != RedisConfig():
+                raise ConfigError(
+                    "--redis / DISCOVERY_REDIS_URL: a memory:// store takes no Redis "
+                    "credentials or TLS settings"
+                )
+        else:
+            self.redis.check_url(self.redis_url)
         token = self.admin_token
         if token is not None and not (token and all("!" <= c <= "~" for c in token)):
             # The token itself is never echoed: it is a secret, and this ends up in logs.
@@ -342,6 +354,20 @@ class ClusterConfig:
         )
 
     @property
+    def store_url(self) -> str:
+        """The live-list store's URL (the ``redis_url`` field)."""
+        return self.redis_url
+
+    @property
+    def store_scheme(self) -> str:
+        """The scheme of :attr:`store_url`, which picks the store (``""`` if unparsable)."""
+        try:
+            return urllib.parse.urlsplit(self.redis_url).scheme
+        except ValueError:
+            return ""
+
+    @property
     def redis_prefix(self) -> str:
-        """``discovery:{<cluster>}``: the live list's key prefix, a Redis Cluster hash tag."""
+        """``discovery:{<cluster>}``: the live list's key prefix, a Redis Cluster hash tag
+        (the in-memory store names its lists the same way)."""
         return "discovery:{" + self.cluster + "}"

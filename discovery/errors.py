@@ -24,11 +24,13 @@ kept as ``__cause__``.
     │   └── RegistrationConflictError       another live session owns our id
     ├── FencedError                         a newer leader has published: stop leading
     ├── StoreError                          the live-list store failed (retry later)
+    │   ├── StoreUnavailableError           the store unreachable, loading or read-only
+    │   │   └── RedisUnavailableError       (also a RedisOperationError)
     │   └── RedisOperationError             an error reply from Redis
-    │       └── RedisUnavailableError       Redis unreachable, loading or read-only
-    ├── RedisAccessError                    credentials or ACL refused (retrying won't help)
-    │   ├── RedisAuthError
-    │   └── RedisPermissionError
+    ├── StoreAccessError                    credentials or ACL refused (retrying won't help)
+    │   └── RedisAccessError
+    │       ├── RedisAuthError
+    │       └── RedisPermissionError
     ├── MalformedLiveListError              a stored list or change that cannot be used
     │   └── MalformedMetaError              the list's meta record (Redis P:meta)
     ├── OverloadedError                     the fan-out refused a query (answer 503)
@@ -59,7 +61,9 @@ __all__ = [
     "RedisUnavailableError",
     "RegistrationConflictError",
     "StatusError",
+    "StoreAccessError",
     "StoreError",
+    "StoreUnavailableError",
     "ZkAuthError",
     "ZkBadVersionError",
     "ZkConnectionError",
@@ -234,6 +238,14 @@ class StoreError(DiscoveryError):
     """
 
 
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached or cannot serve right now (connection refused or lost,
+    a timeout, a failover in progress, an outage the in-memory store simulates).
+
+    The outcome of a write that failed this way is unknown: it may have been applied.
+    """
+
+
 class RedisOperationError(StoreError):
     """A Redis command failed with an error reply or an unexpected answer.
 
@@ -242,7 +254,7 @@ class RedisOperationError(StoreError):
     """
 
 
-class RedisUnavailableError(RedisOperationError):
+class RedisUnavailableError(RedisOperationError, StoreUnavailableError):
     """Redis cannot be reached or cannot serve writes right now (connection refused or lost,
     timeout, loading its data, read-only replica).
 
@@ -250,15 +262,22 @@ class RedisUnavailableError(RedisOperationError):
     """
 
 
-class RedisAccessError(DiscoveryError):
+class StoreAccessError(DiscoveryError):
+    """The store refused us: bad credentials, or an ACL that does not allow what we asked.
+
+    Deliberately *not* a :class:`StoreError`: callers retry those (an outage passes),
+    but waiting does not fix a wrong password or a missing permission. An operator has
+    to change the configuration or the store's ACL, so whoever meets this error should
+    stop what needs the permission and say so loudly.
+    """
+
+
+class RedisAccessError(StoreAccessError):
     """Redis refused us: bad credentials, or an ACL that does not allow what we asked.
 
-    Deliberately *not* a :class:`RedisOperationError`: callers retry those (an outage
-    passes), but waiting does not fix a wrong password or a missing permission. An
-    operator has to change the configuration or the server's ACL, so whoever meets
-    this error should stop what needs the permission and say so loudly. Translated
-    from redis-py by :func:`discovery.livelist.redis.layout.translate_redis_error`; the original
-    is ``__cause__``.
+    Translated from redis-py by
+    :func:`discovery.livelist.redis.layout.translate_redis_error`; the original is
+    ``__cause__``.
     """
 
 

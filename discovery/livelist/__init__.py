@@ -2,14 +2,20 @@
 
 * :mod:`~discovery.livelist.model`: :class:`LiveList` and the store protocols
   (:class:`LiveListStore`, :class:`LiveListPublisher`, :class:`LiveListFollower`), the
-  seam a second backend implements.
-* :mod:`~discovery.livelist.feed`: a follower's changes fanned out to many iterators.
+  seam a second backend implements; :mod:`~discovery.livelist.admin`: operators' access
+  to a store (:class:`LiveListAdmin`).
+* :mod:`~discovery.livelist.open`: :func:`open_store`, a store from its URL's scheme.
+* :mod:`~discovery.livelist.feed` and :mod:`~discovery.livelist.held`: a follower's
+  list and its changes, fanned out to many iterators (every backend's).
 * :mod:`~discovery.livelist.brake`: the leader's mass-loss brake (pure, clock injected).
-* :mod:`discovery.livelist.redis`: the default store, in Redis.
+* :mod:`discovery.livelist.redis`: the default store, in Redis;
+  :mod:`discovery.livelist.memory`: one in process memory, for tests and embedding.
 """
 
+from discovery.livelist.admin import LiveListAdmin, OpenedStore
 from discovery.livelist.brake import MassLossBrake, MassLossBrakeConfig
 from discovery.livelist.feed import ChangeFeed
+from discovery.livelist.memory import MemoryLiveStore
 from discovery.livelist.model import (
     LiveList,
     LiveListChange,
@@ -17,14 +23,22 @@ from discovery.livelist.model import (
     LiveListPublisher,
     LiveListStore,
 )
+from discovery.livelist.open import StoreSchemes, StoreSettings, default_schemes, open_store
 
 __all__ = [
     "ChangeFeed",
     "LiveList",
+    "LiveListAdmin",
     "LiveListChange",
     "LiveListFollower",
     "LiveListPublisher",
     "LiveListStore",
     "MassLossBrake",
     "MassLossBrakeConfig",
+    "MemoryLiveStore",
+    "OpenedStore",
+    "StoreSchemes",
+    "StoreSettings",
+    "default_schemes",
+    "open_store",
 ]

@@ -70,6 +70,7 @@ __all__ = [
     "RedisRole",
     "acl_user_line",
     "credentials_for",
+    "describe_redis",
     "make_redis",
     "parse_hosts",
     "publisher_acl_rules",
@@ -325,3 +326,21 @@ def make_redis(
     if scheme.endswith("+cluster"):
         return _cluster_client(cluster.redis_url, kwargs)
     return aioredis.Redis.from_url(_url_without_credentials(cluster.redis_url, tls), **kwargs)
+
+
+def describe_redis(redis: aioredis.Redis) -> str:
+    """Where a client connects, without credentials (``host:port/db``, the socket path,
+    ``sentinel:<primary name>/db`` or ``cluster:<host:port,...>``)."""
+    pool = getattr(redis, "connection_pool", None)
+    if pool is None:  # Redis Cluster: no single pool
+        nodes = getattr(redis, "startup_nodes", None) or {}
+        names = sorted(f"{n.host}:{n.port}" for n in getattr(nodes, "values", lambda: nodes)())
+        return "cluster:" + ",".join(names)
+    service = getattr(pool, "service_name", None)
+    if service is not None:  # behind Sentinel
+        return f"sentinel:{service}/{pool.connection_kwargs.get('db', 0)}"
+    kwargs = pool.connection_kwargs
+    db = kwargs.get("db", 0)
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']}/{db}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}"

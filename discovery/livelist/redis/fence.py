@@ -42,16 +42,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
 from discovery.errors import MalformedLiveListError, RedisOperationError
+from discovery.livelist.admin import Repaired, StoredFence
 from discovery.livelist.redis.layout import (
     MAX_NUMBER,
-    Meta,
     RedisKeys,
     parse_meta,
     parse_number,
@@ -94,41 +93,6 @@ return {'repaired', count}
 """The Lua script of :func:`repair_fence` (see the module docstring)."""
 
 
-@dataclass(frozen=True)
-class StoredFence:
-    """``P:meta`` as read for a check: the raw ``epoch``, ``version`` and ``fence``
-    (compared by the repair), and the decoded record (None if missing or malformed,
-    ``problem`` saying which)."""
-
-    raw: tuple[bytes | None, bytes | None, bytes | None]
-    meta: Meta | None
-    problem: str | None = None
-
-    @property
-    def missing(self) -> bool:
-        return self.meta is None and self.problem is None
-
-    @property
-    def generation(self) -> int:
-        """The fence generation stored (0 if absent or unreadable)."""
-        if self.meta is not None:
-            return self.meta.fence
-        try:
-            return 0 if self.raw[2] is None else parse_number(self.raw[2], "fence")
-        except MalformedLiveListError:
-            return 0
-
-
-@dataclass(frozen=True)
-class Repaired:
-    """What :func:`repair_fence` wrote: the new ``epoch`` (version 1), the new fence
-    ``generation``, and the ``count`` of servers the list holds."""
-
-    epoch: int
-    generation: int
-    count: int
-
-
 def _raw(value: object) -> bytes | None:
     if value is None:
         return None
@@ -154,7 +118,15 @@ async def read_fence(redis: aioredis.Redis, keys: RedisKeys) -> StoredFence:
     try:
         return StoredFence(raw, parse_meta(fields))
     except MalformedLiveListError as exc:
-        return StoredFence(raw, None, str(exc))
+        return StoredFence(raw, None, str(exc), _generation(raw[2]))
+
+
+def _generation(raw: bytes | None) -> int:
+    # The generation beside a malformed record, if it is readable itself (else 0).
+    try:
+        return 0 if raw is None else parse_number(raw, "fence")
+    except MalformedLiveListError:
+        return 0
 
 
 def next_generation(stored: StoredFence) -> int:

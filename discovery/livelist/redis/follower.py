@@ -75,8 +75,8 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from discovery.aio import cancel_and_wait
+from discovery.livelist.held import HeldList
 from discovery.livelist.model import LiveList, LiveListChange
-from discovery.livelist.redis.held import HeldList
 from discovery.livelist.redis.layout import RedisKeys, translate_redis_error
 from discovery.livelist.redis.snapshot import REDIS_FAILURES, SnapshotLoader
 from discovery.livelist.redis.stream import FollowSettings, StreamFollower

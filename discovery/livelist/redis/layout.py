@@ -49,6 +49,8 @@ Decoders (:func:`parse_number`, :func:`parse_meta`, :func:`parse_position`,
 whatever Redis returns and report what they cannot use as
 :class:`~discovery.errors.MalformedLiveListError` (or in the value), never another
 exception. redis-py errors become our tree through :func:`translate_redis_error`.
+The records they decode into, :class:`Meta` and :class:`Heartbeat`, are every
+backend's (:mod:`discovery.livelist.admin`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from discovery.errors import (
     RedisUnavailableError,
 )
 from discovery.instance import ServiceInstance
+from discovery.livelist.admin import Heartbeat, Meta
 
 __all__ = [
     "FIRST_STREAM_ID",
@@ -150,24 +153,6 @@ class RedisKeys:
 
 
 @dataclass(frozen=True)
-class Meta:
-    """``P:meta``: which list ``P:servers`` holds, and who wrote it."""
-
-    epoch: int
-    version: int
-    leader: str
-    published_at: int
-    count: int
-    writer: str = ""
-    fence: int = 0
-    """The fence's generation (``discovery fence repair`` changes it; absent: 0)."""
-
-    @property
-    def position(self) -> tuple[int, int]:
-        return (self.epoch, self.version)
-
-
-@dataclass(frozen=True)
 class ChangeEntry:
     """One entry of ``P:changes``.
 
@@ -195,28 +180,6 @@ class ChangeEntry:
     @property
     def full(self) -> bool:
         return self.kind == "full"
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """The leader's heartbeat ``P:leader``; ``error`` if it could not be decoded."""
-
-    leader: str | None
-    epoch: int | None
-    version: int | None
-    at: int | None
-    ttl_ms: int | None
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "leader": self.leader,
-            "epoch": self.epoch,
-            "version": self.version,
-            "at": self.at,
-            "ttl_ms": self.ttl_ms,
-            "error": self.error,
-        }
 
 
 _UNAVAILABLE = (

@@ -17,8 +17,8 @@ import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 
 from discovery.errors import MalformedLiveListError, MalformedMetaError
+from discovery.livelist.held import HeldList
 from discovery.livelist.model import LiveList
-from discovery.livelist.redis.held import HeldList
 from discovery.livelist.redis.layout import (
     META_NUMBERS,
     Loaded,

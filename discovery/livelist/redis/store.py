@@ -21,7 +21,8 @@ give the search servers that never lead a Redis user that cannot write. A store 
 with ``read_only=True`` has no publisher at all.
 
 Clients passed in stay the caller's; :meth:`RedisLiveStore.from_config` opens its own,
-which :meth:`RedisLiveStore.aclose` closes.
+which :meth:`RedisLiveStore.aclose` closes. Operators' reads and the fence's repair go
+through :attr:`RedisLiveStore.admin` (:class:`~discovery.livelist.redis.admin.RedisAdmin`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from prometheus_client import CollectorRegistry
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from discovery.config import ClusterConfig
 from discovery.errors import ConfigError
 from discovery.livelist.model import LiveList
+from discovery.livelist.redis.admin import RedisAdmin
 from discovery.livelist.redis.conn import RedisRole, make_redis
 from discovery.livelist.redis.follower import LiveListReader
 from discovery.livelist.redis.layout import RedisKeys, load, translate_redis_error
@@ -92,6 +96,13 @@ class RedisLiveStore:
         self._follower_metrics = LiveListMetrics(registry)
         self._publisher_metrics = None if read_only else PublisherMetrics(registry)
         self._owned: list[aioredis.Redis] = []
+        self._admin = RedisAdmin(
+            redis,
+            self.keys,
+            publish_redis=self._publish_redis,
+            stream_length=stream_length,
+            clock=clock,
+        )
 
     @classmethod
     def from_config(
@@ -104,13 +115,18 @@ class RedisLiveStore:
         stream_length: int = DEFAULT_STREAM_LENGTH,
         registry: CollectorRegistry | None = None,
         socket_timeout: float = 2.0,
+        retry: bool = True,
     ) -> RedisLiveStore:
         """A store on clients of its own for ``cluster`` (closed by :meth:`aclose`).
 
         Followers read with the reading credentials; publishers write with the
         publishing ones (:class:`~discovery.config.RedisConfig`). Nothing connects yet:
         a Redis that is down now is no error here (followers keep trying).
+        ``socket_timeout`` bounds connecting and each reply; ``retry=False`` makes a
+        failed command fail at once, without the clients' one quick retry (an
+        operator's command answers now or says it cannot).
         """
+        options: dict[str, object] = {} if retry else {"retry": Retry(NoBackoff(), 0)}
 
         def client(role: RedisRole) -> aioredis.Redis:
             return make_redis(
@@ -118,6 +134,7 @@ class RedisLiveStore:
                 role=role,
                 socket_timeout=socket_timeout,
                 socket_connect_timeout=socket_timeout,
+                **options,
             )
 
         redis = client(RedisRole.READ)
@@ -138,6 +155,11 @@ class RedisLiveStore:
     @property
     def prefix(self) -> str:
         return self.keys.prefix
+
+    @property
+    def admin(self) -> RedisAdmin:
+        """Operators' reads and the fence's repair (with the publishing client)."""
+        return self._admin
 
     def publisher(self, *, leader_id: str, epoch: int) -> LivePublisher:
         """A fenced :class:`~discovery.livelist.redis.LivePublisher` for one term.

@@ -18,7 +18,7 @@ from typing import Any, Final
 import redis.asyncio as aioredis
 
 from discovery.errors import MalformedLiveListError
-from discovery.livelist.redis.held import HeldList
+from discovery.livelist.held import HeldList
 from discovery.livelist.redis.layout import (
     FIRST_STREAM_ID,
     ChangeEntry,

@@ -1,8 +1,8 @@
-"""The live list a :class:`~discovery.livelist.redis.LiveListReader` holds, and what it implies.
+"""The live list a follower holds, and what it implies (every backend's followers).
 
 :class:`HeldList` keeps the current list, when it was installed and last confirmed, its
 routable count and gauges, and tells waiters and change subscribers of each new list.
-It never talks to Redis and never fails: what to install is decided by its callers.
+It never talks to a store and never fails: what to install is decided by its callers.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class HeldList:
         return max(0.0, self._monotonic() - since)
 
     def confirm(self) -> None:
-        """The list held was found current against Redis."""
+        """The list held was found current against the store."""
         self._confirmed_at = self._monotonic()
 
     async def take_delta(
