@@ -22,12 +22,12 @@ import asyncio
 import contextlib
 import os
 
-from discovery import ClusterConfig, RedisLiveStore
+from discovery import ClusterConfig, open_store
 
 
 async def follow(cluster: ClusterConfig) -> None:
     async with (
-        RedisLiveStore.from_config(cluster, read_only=True) as store,
+        open_store(cluster, read_only=True) as store,  # the store the URL names
         store.follower() as follower,
     ):
         async for change in follower.changes():  # the first one: the whole list, added

@@ -1,6 +1,6 @@
 """This search server's part in the leader election (:class:`LeaderRole`): it contends,
-runs the leader's duty for each term it wins, and resigns for a while when Redis refuses
-to let it publish."""
+runs the leader's duty for each term it wins, and resigns for a while when the store
+refuses to let it publish."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 
 from discovery.address import NetworkPolicy
-from discovery.errors import RedisAccessError
+from discovery.errors import StoreAccessError
 from discovery.instance import ServiceInstance
 from discovery.leader import LeaderDuty
 from discovery.livelist.model import LiveListStore
@@ -33,7 +33,7 @@ class LeaderRole:
 
     ``async with`` joins the election; :meth:`leave` (also on exit) leaves it for good,
     so that a successor takes over while this server still answers queries. A term
-    that Redis refuses ends at once and the role contends again ``retry_pause``
+    that the store refuses ends at once and the role contends again ``retry_pause``
     seconds later (:meth:`_lead`); a failed re-join is logged, never raised: the
     server keeps reading and serving.
     """
@@ -47,9 +47,9 @@ class LeaderRole:
         self._retry_pause = retry_pause
         #: The election this server takes part in now (a new one after each resignation).
         self.election: LeaderElection | None = None
-        # Re-joins the election after a leader resigned because Redis refused it.
+        # Re-joins the election after a leader resigned because the store refused it.
         self._rejoin: asyncio.Task[None] | None = None
-        #: Terms given up because Redis refused the publishing credentials or ACL.
+        #: Terms given up because the store refused the publishing credentials or ACL.
         self.refusals = 0
         self._left = False
 
@@ -110,7 +110,7 @@ class LeaderRole:
         return LeaderElection(self._session, SEARCH_ELECTION_PATH, self._server_id, self._lead)
 
     async def _lead(self, leadership: Leadership) -> None:
-        """One term of leadership; if Redis refuses to let us publish, resign for a while.
+        """One term of leadership; if the store refuses to let us publish, resign for a while.
 
         Refused credentials or a missing ACL permission do not pass by retrying, and a
         leader that kept its term would hold the election while publishing nothing. So
@@ -121,7 +121,7 @@ class LeaderRole:
         """
         try:
             await self._duty(leadership)
-        except RedisAccessError as exc:
+        except StoreAccessError as exc:
             self.refusals += 1
             log.error(
                 "leader %s (epoch %d): Redis refused to let it publish the live list: %s. "

@@ -5,8 +5,8 @@ Every search server
 * registers ``/search_servers/members/<id>`` (EPHEMERAL) for status and dashboards;
 * joins the election (unless ``--no-leader-eligible``); while it leads, it watches
   ``/data_servers`` and publishes the live list (:class:`~discovery.leader.LeaderDuty`)
-  to its live-list store, by default Redis with the publishing credentials
-  (:class:`~discovery.livelist.redis.RedisLiveStore`); a leader that Redis refuses
+  to its live-list store (:func:`~discovery.livelist.open_store` on ``--redis``'s URL:
+  Redis with the publishing credentials by default); a leader that the store refuses
   (credentials, ACL) resigns and stays out of the election for
   ``--leader-retry-pause`` seconds;
 * follows the live list in the store (a :class:`~discovery.livelist.LiveListFollower`),
@@ -39,7 +39,7 @@ from discovery.http import MAX_QUERY_LENGTH, json_app
 from discovery.httpedge import KEEPALIVE_TIMEOUT, HeaderGuard
 from discovery.instance import InstancePayload, InstanceState, ServiceInstance
 from discovery.livelist.model import LiveList, LiveListFollower, LiveListStore
-from discovery.livelist.redis.store import RedisLiveStore
+from discovery.livelist.open import open_store
 from discovery.looplag import LoopLagMonitor
 from discovery.zk.acl import SEARCH_SERVER_ACCESS, check_access
 from discovery.zk.election import LeaderElection
@@ -74,10 +74,10 @@ log = logging.getLogger(__name__)
 class SearchServer:
     """A search server. ``await start()``, later ``await shutdown()``.
 
-    ``store`` is where the live list is published and read; by default a
-    :class:`~discovery.livelist.redis.RedisLiveStore` on ``config.cluster`` that the server
-    opens and closes itself, with the heartbeat TTL and reconcile interval of ``config``
-    (a store passed in brings its own and stays the caller's to close). ``picker``
+    ``store`` is where the live list is published and read; by default the store
+    ``config.cluster``'s URL names (:func:`~discovery.livelist.open_store`), which the
+    server opens and closes itself, with the heartbeat TTL and reconcile interval of
+    ``config`` (a store passed in brings its own and stays the caller's to close). ``picker``
     chooses a replica per shard for the fan-out (default: the one ``config.picker``
     names, :class:`~search_server.picking.AdaptiveReplicaSelection` unless ``--picker
     p2c``); ``search_server.cli.main(picker=...)`` runs a search server with one of
@@ -167,7 +167,7 @@ class SearchServer:
 
     @property
     def leader_refusals(self) -> int:
-        """Terms given up because Redis refused the publishing credentials or ACL."""
+        """Terms given up because the store refused the publishing credentials or ACL."""
         leader = self._parts.leader
         return leader.refusals if leader is not None else 0
 
@@ -201,7 +201,7 @@ class SearchServer:
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Listen, connect to ZooKeeper and Redis, join the election.
+        """Listen, connect to ZooKeeper and the live-list store, join the election.
 
         Raises:
             DiscoveryError: ZooKeeper unreachable (everything started is stopped again).
@@ -238,13 +238,13 @@ class SearchServer:
         # Store outages are survivable (the follower keeps the last list), so a store
         # that cannot be reached yet is not a start-up failure. Refused credentials are
         # no start-up failure either: the follower logs them and keeps trying, since an
-        # operator may fix the ACL on the Redis side without restarting us.
+        # operator may fix the ACL on the store's side without restarting us.
         store = self._store
         if store is None:
             # The leader publishes with credentials of its own (by default the reading
             # ones), so a cluster can give the other search servers a user that cannot
             # write. The publishing client connects only once we lead.
-            store = RedisLiveStore.from_config(
+            store = open_store(
                 config.cluster,
                 read_only=not config.leader_eligible,
                 heartbeat_ttl=config.heartbeat_ttl,

@@ -19,8 +19,12 @@ depend on one: the :class:`LiveList` value and three protocols.
 start of each term; ``search_server`` takes one and routes with its follower. The
 default implementation is :class:`~discovery.livelist.redis.RedisLiveStore` (Redis layout 2:
 a hash of servers, a meta hash, a stream of changes, a heartbeat key and one Lua script
-that fences every write). A second backend is a new class implementing these protocols,
-not an edit of the leader or the search server.
+that fences every write); :class:`~discovery.livelist.memory.MemoryLiveStore` keeps
+the list in process memory. A second backend is a new class implementing these
+protocols (and :class:`~discovery.livelist.admin.LiveListAdmin` for operators),
+registered by URL scheme (:mod:`discovery.livelist.open`), not an edit of the leader,
+the search server or the tools; ``discovery.testing.storecontract`` is the suite it
+must pass.
 """
 
 from __future__ import annotations
@@ -149,9 +153,9 @@ class LiveListPublisher(Protocol):
     caller must stop leading, unless no leader can hold the stored epoch:
     :mod:`discovery.zk.epochs`; it then asks a new publisher of its term later),
     :class:`~discovery.errors.StoreError` when the backend
-    failed for now (the caller keeps its view and publishes in full later), and an
-    access error (:class:`~discovery.errors.RedisAccessError` for Redis) when it refused
-    our credentials, which retrying cannot fix.
+    failed for now (the caller keeps its view and publishes in full later), and
+    :class:`~discovery.errors.StoreAccessError` when it refused our credentials, which
+    retrying cannot fix.
     """
 
     @property

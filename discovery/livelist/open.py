@@ -10,7 +10,6 @@ never name a store's class, so a new store is one factory registered on the sche
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -84,16 +83,22 @@ def _memory(
 class StoreSchemes:
     """URL schemes and the factory that opens a store of each (see the module docstring)."""
 
-    def __init__(self, factories: Mapping[str, StoreFactory] | None = None) -> None:
-        self._factories = dict(factories or {})
+    def __init__(self) -> None:
+        self._factories: dict[str, tuple[StoreFactory, str]] = {}
 
-    def register(self, scheme: str, factory: StoreFactory) -> None:
-        """Open URLs of ``scheme`` with ``factory`` (replacing any factory it had)."""
-        self._factories[scheme] = factory
+    def register(self, scheme: str, factory: StoreFactory, *, backend: str) -> None:
+        """Open URLs of ``scheme`` with ``factory`` (replacing any factory it had);
+        ``backend`` names the kind of store in messages (``Redis``)."""
+        self._factories[scheme] = (factory, backend)
 
     @property
     def schemes(self) -> frozenset[str]:
         return frozenset(self._factories)
+
+    def backend(self, cluster: ClusterConfig) -> str:
+        """What the store of ``cluster``'s URL is, for messages (``the store`` if unknown)."""
+        known = self._factories.get(cluster.store_scheme)
+        return known[1] if known is not None else "the store"
 
     def open(
         self,
@@ -107,19 +112,20 @@ class StoreSchemes:
         Raises:
             ConfigError: no factory for the URL's scheme, or a URL the factory refuses.
         """
-        factory = self._factories.get(cluster.store_scheme)
-        if factory is None:
-            known = ", ".join(f"{scheme}://" for scheme in sorted(self._factories))
+        known = self._factories.get(cluster.store_scheme)
+        if known is None:
+            schemes = ", ".join(f"{scheme}://" for scheme in sorted(self._factories))
             raise ConfigError(
                 f"--redis / DISCOVERY_REDIS_URL: no store for {cluster.store_scheme!r} "
-                f"URLs (known: {known})"
+                f"URLs (known: {schemes})"
             )
-        return factory(cluster, settings, registry)
+        return known[0](cluster, settings, registry)
 
 
 def default_schemes() -> StoreSchemes:
     """The stores the library ships: Redis and ``memory://``."""
-    redis = (
+    schemes = StoreSchemes()
+    for scheme in (
         "redis",
         "rediss",
         "unix",
@@ -127,8 +133,10 @@ def default_schemes() -> StoreSchemes:
         "rediss+sentinel",
         "redis+cluster",
         "rediss+cluster",
-    )
-    return StoreSchemes({**dict.fromkeys(redis, _redis), "memory": _memory})
+    ):
+        schemes.register(scheme, _redis, backend="Redis")
+    schemes.register("memory", _memory, backend="memory")
+    return schemes
 
 
 def open_store(

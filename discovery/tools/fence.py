@@ -1,6 +1,7 @@
 """``discovery fence``: check the live list's fence against ZooKeeper, and repair it.
 
-The fence is ``P:meta``'s epoch (:mod:`discovery.livelist.redis.fence`). A leader's epoch is
+The fence is ``P:meta``'s epoch (:mod:`discovery.livelist.redis.fence`; the store's
+admin reads and repairs it, :class:`~discovery.livelist.admin.LiveListAdmin`). A leader's epoch is
 the czxid of its election node, so no leader can hold an epoch above the election
 directory's pzxid (:mod:`discovery.zk.epochs`). An epoch above it, once stored, refuses
 every real leader and pins every reader: the leader then holds its term without
@@ -42,10 +43,6 @@ import json
 import sys
 from typing import Any, Final
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-
 from discovery.cli.entrypoint import add_verbose_flag
 from discovery.cli.options import (
     COMMON_OPTIONS,
@@ -59,14 +56,13 @@ from discovery.cli.options import (
 from discovery.config import ClusterConfig, ZkConfig, redact_url
 from discovery.errors import (
     DiscoveryError,
-    RedisAccessError,
-    RedisOperationError,
+    StoreAccessError,
+    StoreError,
     ZkAuthError,
     ZkError,
 )
-from discovery.livelist.redis.conn import RedisRole, make_redis
-from discovery.livelist.redis.fence import Repaired, StoredFence, read_fence, repair_fence
-from discovery.livelist.redis.layout import RedisKeys
+from discovery.livelist.admin import LiveListAdmin, Repaired, StoredFence
+from discovery.livelist.open import default_schemes, open_store
 from discovery.zk.epochs import EpochVerdict, FenceCheck, highest_possible_epoch
 from discovery.zk.paths import SEARCH_ELECTION_PATH
 from discovery.zk.session import ZkSession
@@ -88,8 +84,8 @@ __all__ = ["EXIT_POISONED", "FenceReport", "add_parser", "run"]
 PROG: Final = "discovery fence"
 #: ``--zk-connect-timeout`` default: an operator at a prompt wants an answer in seconds.
 CONNECT_TIMEOUT: Final = 5.0
-#: Socket timeouts for Redis; no retries.
-REDIS_TIMEOUT: Final = 2.0
+#: Connect and read timeout for the store (Redis: its sockets); no retries.
+STORE_TIMEOUT: Final = 2.0
 #: ``check``: the fence is poisoned; ``repair``: refused, it is not.
 EXIT_POISONED: Final = EXIT_ATTENTION
 _EPILOG: Final = (
@@ -102,12 +98,18 @@ _SKIPPED = frozenset({"--log-level", "--admin-token"})
 
 @dataclasses.dataclass(frozen=True)
 class FenceReport:
-    """What a check found: the stored fence, the leader, ZooKeeper's bound."""
+    """What a check found: the stored fence, the leader, ZooKeeper's bound, and what the
+    store calls its fence record (``<prefix>:meta`` if not given)."""
 
     prefix: str
     stored: StoredFence
     leader: Contender | None
     highest: int
+    record: str = ""
+
+    @property
+    def meta_name(self) -> str:
+        return self.record or f"{self.prefix}:meta"
 
     @property
     def check(self) -> FenceCheck | None:
@@ -156,31 +158,32 @@ class FenceReport:
 # -- reading -------------------------------------------------------------------------------
 
 
-async def collect(session: ZkSession, redis: aioredis.Redis, prefix: str) -> FenceReport:
-    """Read ``P:meta``, then ZooKeeper's bound and leader (in that order: a leader that
-    published before the Redis read is covered by the bound read after it).
+async def collect(session: ZkSession, store: LiveListAdmin) -> FenceReport:
+    """Read the fence (``P:meta``), then ZooKeeper's bound and leader (in that order: a
+    leader that published before the store's read is covered by the bound read after it).
 
     Raises:
-        ZkError, RedisOperationError, RedisAccessError: a read failed.
+        ZkError, StoreError, StoreAccessError: a read failed.
     """
-    stored = await read_fence(redis, RedisKeys(prefix))
+    stored = await store.read_fence()
     highest = await highest_possible_epoch(session, SEARCH_ELECTION_PATH)
     contenders = await read_contenders(session, SEARCH_ELECTION_PATH)
-    return FenceReport(prefix, stored, contenders[0] if contenders else None, highest)
+    leader = contenders[0] if contenders else None
+    return FenceReport(store.prefix, stored, leader, highest, store.names.meta)
 
 
 def describe(report: FenceReport) -> list[str]:
     """The check's verdict in a few lines of text."""
-    keys = RedisKeys(report.prefix)
+    record = report.meta_name
     meta, leader = report.stored.meta, report.leader
     lines = []
     if report.stored.problem is not None:
-        lines.append(f"{keys.meta} is malformed: {report.stored.problem}")
+        lines.append(f"{record} is malformed: {report.stored.problem}")
     elif meta is None:
-        lines.append(f"{keys.meta} is missing: nothing is published (or Redis lost it)")
+        lines.append(f"{record} is missing: nothing is published (or Redis lost it)")
     else:
         lines.append(
-            f"{keys.meta} holds epoch {meta.epoch} version {meta.version} (leader "
+            f"{record} holds epoch {meta.epoch} version {meta.version} (leader "
             f"{meta.leader!r}, fence generation {meta.fence})"
         )
     who = f"leader {leader.id!r} with epoch {leader.czxid}" if leader else "no leader"
@@ -208,7 +211,7 @@ def describe(report: FenceReport) -> list[str]:
     else:
         lines.append(
             "ok: no fence to repair; the leader's next publish (within its heartbeat) "
-            f"writes {keys.meta} anew, and search servers keep their list meanwhile."
+            f"writes {record} anew, and search servers keep their list meanwhile."
         )
     return lines
 
@@ -303,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
     except DiscoveryError as exc:  # ConfigError, naming the flag
         _err(str(exc))
         return EXIT_USAGE
-    redis_where = redact_url(cluster.redis_url)
+    store_where = redact_url(cluster.store_url)
+    backend = default_schemes().backend(cluster)
     try:
         return asyncio.run(_run(args, zk, cluster))
     except ZkAuthError as exc:
@@ -312,35 +316,32 @@ def run(args: argparse.Namespace) -> int:
     except ZkError as exc:
         _err(f"cannot use ZooKeeper at {zk.hosts}: {' '.join(str(exc).split())}")
         return EXIT_UNREACHABLE
-    except RedisAccessError as exc:
+    except StoreAccessError as exc:
         credentials = (
             "--redis-publish-username / --redis-publish-password"
             if args.fence_action == "repair"
             else "--redis-username / --redis-password"
         )
-        _err(f"Redis at {redis_where} refused: {exc} (check {credentials})")
+        _err(f"{backend} at {store_where} refused: {exc} (check {credentials})")
         return EXIT_REFUSED
-    except RedisOperationError as exc:
-        _err(f"cannot use Redis at {redis_where}: {' '.join(str(exc).split())}")
+    except StoreError as exc:
+        _err(f"cannot use {backend} at {store_where}: {' '.join(str(exc).split())}")
         return EXIT_UNREACHABLE
-
-
-def _client(cluster: ClusterConfig, role: RedisRole) -> aioredis.Redis:
-    return make_redis(
-        cluster,
-        role=role,
-        socket_timeout=REDIS_TIMEOUT,
-        socket_connect_timeout=REDIS_TIMEOUT,
-        retry=Retry(NoBackoff(), 0),  # answer now or say it cannot
-    )
 
 
 async def _run(args: argparse.Namespace, zk: ZkConfig, cluster: ClusterConfig) -> int:
     session = ZkSession.from_config(zk)
-    reader = _client(cluster, RedisRole.READ)
+    # The reading credentials for the check; the publishing ones write the repair.
+    # Answer now or say it cannot: no retries.
+    store = open_store(
+        cluster,
+        read_only=args.fence_action == "check",
+        timeout=STORE_TIMEOUT,
+        retry=False,
+    )
     try:
         await session.start()
-        report = await collect(session, reader, cluster.redis_prefix)
+        report = await collect(session, store.admin)
         if args.fence_action == "check":
             _print(args, report, None)
             return EXIT_POISONED if report.poisoned else EXIT_OK
@@ -352,27 +353,21 @@ async def _run(args: argparse.Namespace, zk: ZkConfig, cluster: ClusterConfig) -
                 "dangerous (see --help)"
             )
             return EXIT_POISONED
-        writer = _client(cluster, RedisRole.PUBLISH)
-        try:
-            repaired = await repair_fence(
-                writer,
-                RedisKeys(cluster.redis_prefix),
-                report.stored,
-                epoch=report.repair_epoch(),
-                by=args.by if args.by is not None else default_by(),
-            )
-        finally:
-            await writer.aclose()
+        repaired = await store.admin.repair_fence(
+            report.stored,
+            epoch=report.repair_epoch(),
+            by=args.by if args.by is not None else default_by(),
+        )
         _print(args, report, repaired)
         if repaired is None:
             _err(
-                f"{RedisKeys(cluster.redis_prefix).meta} changed since it was checked; "
+                f"{report.meta_name} changed since it was checked; "
                 "nothing was written: run the command again"
             )
             return EXIT_ATTENTION
         return EXIT_OK
     finally:
-        await reader.aclose()
+        await store.aclose()
         await session.aclose()
 
 

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from data_server.corpus import sample_queries
 from discovery.errors import InvalidMarkerError, ZkAuthError
 from discovery.instance import InstanceState, ServiceInstance
+from discovery.livelist.redis.store import RedisLiveStore
 from discovery.testing import RedisServer
 from discovery.tools import main as cli
 from discovery.tools.status import collect_status, format_text
@@ -268,7 +269,7 @@ async def test_maintenance_routes_around_a_server_through_restarts_until_cleared
     code, out, err = await maint(capsys, "set", "ds-9", "--reason", "new rack", "--zk", zk_hosts)
     assert code == 0, err
     assert "ds-9 is not registered now: the marker applies as soon as it registers" in out
-    status = await collect_status(await make_session(), client, redis_prefix)
+    status = await collect_status(await make_session(), RedisLiveStore(client, redis_prefix).admin)
     document = conforming(status.to_dict(), "status")
     assert document["differences"]["in_sync"] is True, document["differences"]
     markers = {m["id"]: m for m in document["maintenance"]["markers"]}

@@ -35,10 +35,10 @@ from discovery.livelist.redis.layout import (
     parse_position,
 )
 from discovery.livelist.redis.publisher import LivePublisher
+from discovery.livelist.redis.store import RedisLiveStore
 from discovery.testing import RedisServer, free_port
 from discovery.tools.fence import FenceReport, describe
 from discovery.tools.status.model import Contender
-from discovery.tools.status.reader import read_redis
 from discovery.zk.epochs import highest_possible_epoch
 from discovery.zk.paths import SEARCH_ELECTION_PATH
 from discovery.zk.session import ZkSession
@@ -247,7 +247,7 @@ async def test_status_reports_a_malformed_meta_instead_of_crashing(
 ) -> None:
     keys = RedisKeys(redis_prefix)
     await client.hset(keys.meta, mapping={**VALID_META, "epoch": "7" * 5000})
-    _heartbeat, published = await read_redis(client, redis_prefix)
+    _heartbeat, published = await RedisLiveStore(client, redis_prefix).admin.read_published()
     assert published.live is None
     assert published.error is not None
     assert "epoch" in published.error

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 
 from discovery.livelist.redis.layout import RedisKeys
 from discovery.livelist.redis.publisher import LivePublisher
+from discovery.livelist.redis.store import RedisLiveStore
 from discovery.testing import RedisServer, free_port
 from discovery.tools.main import build_parser
 from discovery.tools.status import PROBLEMS, collect_status, format_text
@@ -100,7 +101,7 @@ async def test_in_sync_cluster_shows_leader_epoch_servers_and_no_differences(
     assert leader.election.leadership is not None
     epoch = leader.election.leadership.epoch
 
-    status = await collect_status(await make_session(), client, redis_prefix)
+    status = await collect_status(await make_session(), RedisLiveStore(client, redis_prefix).admin)
     document = conforming(status.to_dict(), "status")
     assert document["leader"]["id"] == leader.server_id
     assert document["leader"]["epoch"] == epoch
@@ -193,7 +194,7 @@ async def test_differences_between_registered_and_published_are_listed(
     }
     version = await publisher.publish_full(published)
 
-    status = await collect_status(session, client, redis_prefix)
+    status = await collect_status(session, RedisLiveStore(client, redis_prefix).admin)
     differences = conforming(status.to_dict(), "status")["differences"]
     assert differences["in_sync"] is False
     assert differences["registered_not_published"] == ["ds-b"]
@@ -242,7 +243,7 @@ async def test_differences_between_registered_and_published_are_listed(
     # The heartbeat runs out: nobody is publishing.
     await client.delete(RedisKeys(redis_prefix).leader)
 
-    status = await collect_status(session, client, redis_prefix)
+    status = await collect_status(session, RedisLiveStore(client, redis_prefix).admin)
     document = conforming(status.to_dict(), "status")
     assert document["leader"]["id"] == "ss-new"
     assert document["leader"]["epoch"] == first.czxid
@@ -309,7 +310,7 @@ async def test_malformed_children_and_snapshot_are_listed_not_fatal(
     await client.hset(keys.meta, mapping={"epoch": "garbage", "version": "1"})
     await client.set(keys.leader, b"{", px=60_000)
 
-    status = await collect_status(session, client, redis_prefix)
+    status = await collect_status(session, RedisLiveStore(client, redis_prefix).admin)
     document = conforming(status.to_dict(), "status")
     assert data_server_ids(document) == {"ds-ok": 3, "ds-static": 4}
     invalid = {entry["id"]: entry["reason"] for entry in document["data_servers"]["invalid"]}
@@ -436,7 +437,7 @@ async def test_one_address_claimed_by_several_ids_is_shown_as_a_squatting_sign(
         ephemeral=True,
     )
 
-    status = await collect_status(real, client, redis_prefix)
+    status = await collect_status(real, RedisLiveStore(client, redis_prefix).admin)
     assert conforming(status.to_dict(), "status")["data_servers"]["shared_targets"] == [
         {"target": "10.0.0.7:9301", "ids": ["ds-real", "ds-squat"]}
     ]

@@ -30,6 +30,7 @@ from discovery.errors import ZkNoNodeError
 from discovery.http import MAX_QUERY_LENGTH
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.livelist.redis.layout import RedisKeys, parse_servers
+from discovery.livelist.redis.store import RedisLiveStore
 from discovery.testing.ports import free_port
 from discovery.testing.redis import RedisServer
 from discovery.tools.chaos.hostile import (
@@ -439,14 +440,16 @@ async def test_the_observer_tolerates_malformed_redis_contents_only_during_their
 ) -> None:
     keys = RedisKeys(redis_prefix)
     client = fast_redis_client(redis_server.url)
-    observer = Observer(SimpleNamespace(data={}, redis_prefix=redis_prefix))  # type: ignore[arg-type]
-    observer._redis = client
+    observer = Observer(
+        SimpleNamespace(data={}),  # type: ignore[arg-type]
+        store=RedisLiveStore(client, redis_prefix).admin,
+    )
     try:
         await client.hset(
             keys.meta, mapping={"epoch": "5", "version": "2", "leader": "s1", "count": "2"}
         )
         await client.hset(keys.servers, mapping=hostile_fields("ab12cd", 4000))
-        assert await observer._read_redis() == (frozenset(), 5, 2, None)  # no heartbeat
+        assert await observer._read_store() == (frozenset(), 5, 2, None)  # no heartbeat
         assert [v.invariant for v in observer.violations] == ["published list readable"]
         await client.hset(keys.meta, "epoch", "9" * 5000)
         observer.violations.clear()
@@ -458,10 +461,10 @@ async def test_the_observer_tolerates_malformed_redis_contents_only_during_their
             redis_garbage=True,
         )
         observer.hostile = watch
-        assert await observer._read_redis() == (None, None, 0, None)  # unreadable, not a crash
+        assert await observer._read_store() == (None, None, 0, None)  # unreadable, not a crash
         assert observer.violations == []
         observer.hostile = None
-        assert await observer._read_redis() == (None, None, 0, None)
+        assert await observer._read_store() == (None, None, 0, None)
         assert [v.invariant for v in observer.violations] == ["published list readable"]
     finally:
         await client.aclose()

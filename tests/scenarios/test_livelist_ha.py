@@ -20,12 +20,11 @@ from prometheus_client import CollectorRegistry
 from discovery.config import ClusterConfig
 from discovery.errors import ConfigError, RedisUnavailableError
 from discovery.livelist.model import LiveList, LiveListChange, LiveListPublisher
-from discovery.livelist.redis.conn import make_redis
+from discovery.livelist.redis.conn import describe_redis, make_redis
 from discovery.livelist.redis.store import RedisLiveStore
 from discovery.testing.redis import redis_command
 from discovery.testing.rediscluster import RedisClusterServers
 from discovery.testing.sentinel import DEFAULT_DOWN_AFTER_MS, RedisSentinelGroup
-from discovery.tools.status.reader import describe_redis
 from tests.support import make_instance, view, waited
 
 log = logging.getLogger(__name__)

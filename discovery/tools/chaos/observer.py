@@ -6,16 +6,16 @@ The observer keeps four views of the data servers, refreshed every ``interval``:
   minus those it killed or faulted and has not healed yet), kept by the fault runner;
 * **ZooKeeper**: the serving nodes under ``/data_servers``, from a
   :class:`~discovery.zk.membership.MembershipWatcher` on a session of our own;
-* **Redis**: the serving servers of ``P:live``, read directly and decoded as the
-  contract (:mod:`discovery.livelist.redis.layout`) says, with a client made like the search
-  servers' (:func:`~discovery.livelist.redis.conn.make_redis`): behind Sentinel it asks the
-  sentinels for the primary at each new connection, so it follows a failover;
+* **Redis** (the store): the serving servers of the published list, read through the
+  store's admin (:class:`~discovery.livelist.admin.LiveListAdmin`) on a store opened
+  like the search servers' (:func:`~discovery.livelist.open_store`): behind Sentinel it
+  asks the sentinels for the primary at each new connection, so it follows a failover;
 * each running search server's list (``GET /cluster``).
 
-It checks continuously that the epoch in Redis never decreases (``P:live``,
-``P:leader`` and every message on ``P:events``, which the publishing script sends with
-each accepted write): a message or key with an epoch below one already seen is a write
-of a deposed leader that was accepted. Convergence ("all four views agree") is awaited
+It checks continuously that the epoch in the store never decreases (the published
+list, the heartbeat and every accepted write, :meth:`~discovery.livelist.admin.
+LiveListAdmin.publishes`): a write or record with an epoch below one already seen is a
+write of a deposed leader that was accepted. Convergence ("all four views agree") is awaited
 by the fault runner with :meth:`wait_converged`.
 """
 
@@ -29,19 +29,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as aioredis
-import redis.exceptions as redis_errors
-
 from discovery.config import ClusterConfig, ZkConfig
-from discovery.errors import DiscoveryError, MalformedLiveListError
-from discovery.livelist.redis.conn import make_redis
-from discovery.livelist.redis.layout import (
-    RedisKeys,
-    load,
-    parse_change,
-    parse_heartbeat,
-    reply_text,
-)
+from discovery.errors import DiscoveryError, MalformedLiveListError, StoreAccessError, StoreError
+from discovery.livelist.admin import LiveListAdmin, OpenedStore
+from discovery.livelist.open import open_store
 from discovery.zk.membership import MembershipWatcher
 from discovery.zk.session import ZkSession
 
@@ -54,8 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["Observer", "Snapshot", "Violation"]
 
 log = logging.getLogger(__name__)
-
-_REDIS_ERRORS = (redis_errors.RedisError, OSError, TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -146,7 +135,11 @@ def _serving(servers: list[dict[str, Any]]) -> frozenset[str]:
 
 
 class Observer:
-    """Sample the views every ``interval`` seconds and check the epoch continuously."""
+    """Sample the views every ``interval`` seconds and check the epoch continuously.
+
+    ``store`` reads the published list (default: a store on the cluster's URL that
+    :meth:`start` opens and :meth:`aclose` closes; one passed in stays the caller's).
+    """
 
     def __init__(
         self,
@@ -154,6 +147,7 @@ class Observer:
         *,
         interval: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
+        store: LiveListAdmin | None = None,
     ) -> None:
         self._cluster = cluster
         self._interval = interval
@@ -172,7 +166,8 @@ class Observer:
         self._changed = asyncio.Condition()
         self._session: ZkSession | None = None
         self._watcher: MembershipWatcher | None = None
-        self._redis: aioredis.Redis | None = None
+        self._store: LiveListAdmin | None = store
+        self._owned: OpenedStore | None = None
         self._tasks: list[asyncio.Task[None]] = []
         #: The invariants of the hostile fault running now (:mod:`.watch`), if any.
         self.hostile: HostileWatch | None = None
@@ -208,13 +203,14 @@ class Observer:
         await self._session.start()
         self._watcher = MembershipWatcher(self._session)
         await self._watcher.start()
-        # The sentinel URL in a run with sentinels: only make_redis builds a client that
-        # follows a failover (a plain from_url cannot even parse that URL).
-        self._redis = make_redis(
-            ClusterConfig(cluster=CLUSTER_NAME, redis_url=cluster.redis_url),
-            socket_timeout=1.0,
-            socket_connect_timeout=1.0,
-        )
+        # The sentinel URL in a run with sentinels: the store's client follows a failover.
+        if self._store is None:
+            self._owned = open_store(
+                ClusterConfig(cluster=CLUSTER_NAME, redis_url=cluster.redis_url),
+                read_only=True,
+                timeout=1.0,
+            )
+            self._store = self._owned.admin
         self._tasks = [
             asyncio.create_task(self._sample_forever(), name="chaos:sample"),
             asyncio.create_task(self._follow_events(), name="chaos:events"),
@@ -234,8 +230,8 @@ class Observer:
             await self._watcher.aclose()
         if self._session is not None:
             await self._session.aclose()
-        if self._redis is not None:
-            await self._redis.aclose()
+        if self._owned is not None:
+            await self._owned.aclose()
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -244,12 +240,12 @@ class Observer:
     # -- sampling ------------------------------------------------------------------
 
     async def sample(self) -> Snapshot:
-        """Take one snapshot of every view now (also checks the epoch of ``P:live``)."""
+        """Take one snapshot of every view now (also checks the published list's epoch)."""
         at, model = self.now(), frozenset(self.model)
         zk: frozenset[str] | None = None
         if self._watcher is not None and self._session is not None and self._session.connected:
             zk = frozenset(i for i, inst in self._watcher.members.items() if inst.routable)
-        redis_ids, epoch, problems, heartbeat_ms = await self._read_redis()
+        redis_ids, epoch, problems, heartbeat_ms = await self._read_store()
         search: dict[str, frozenset[str]] = {}
         leaders: list[str] = []
         subscribed: set[str] = set()
@@ -302,48 +298,47 @@ class Observer:
         """Children of ``/data_servers`` our own watcher skips, with the reason."""
         return self._watcher.invalid if self._watcher is not None else {}
 
-    async def _read_redis(
+    async def _read_store(
         self,
     ) -> tuple[frozenset[str] | None, int | None, int, float | None]:
-        """The routable ids of the published list, its epoch, the number of fields of
-        ``P:servers`` that do not decode and the heartbeat's stamp (ms); (None, None, 0,
+        """The routable ids of the published list, its epoch, the number of its server
+        entries that do not decode and the heartbeat's stamp (ms); (None, None, 0,
         None) if unreadable."""
-        assert self._redis is not None
-        keys = RedisKeys(self._cluster.redis_prefix)
+        assert self._store is not None
+        names = self._store.names
         # What these reads may not go below: the epochs published before they were sent.
         # In a leader change they may rightly see less than max_epoch by then: the new
-        # leader's heartbeat (read first) is ahead of P:meta until its first publish, and
-        # its stream entry can be handled while these replies are on the way (another
+        # leader's heartbeat is ahead of the published list until its first publish,
+        # and its change can be handled while this reply is on the way (another
         # connection, another task). Neither is a step back.
         floor = self.max_epoch
         # A hostile fault that writes malformed contents on purpose judges them itself.
         garbage_expected = self.hostile is not None and self.hostile.redis_garbage
         try:
-            beat = await self._redis.get(keys.leader)
-            loaded = await load(self._redis, keys)
-        except _REDIS_ERRORS:
+            heartbeat, published = await self._store.read_published()
+        except (StoreError, StoreAccessError):
             return None, None, 0, None
-        except MalformedLiveListError as exc:
+        if published.error is not None and published.error != "missing":
             if not garbage_expected:
-                self.violate("published list readable", f"{keys.meta} does not parse: {exc}")
+                problem = published.error.removeprefix("invalid: ")
+                self.violate("published list readable", f"{names.meta} does not parse: {problem}")
             return None, None, 0, None
         heartbeat_ms: float | None = None
-        if beat is not None:
-            heartbeat = parse_heartbeat(beat, -1)
-            if heartbeat.epoch is not None:
-                self._check_epoch(heartbeat.epoch, keys.leader, floor)
-                if heartbeat.at is not None:
-                    heartbeat_ms = float(heartbeat.at)
-                    self._wrote(heartbeat.epoch, heartbeat_ms)
-        if loaded.meta is None:
+        if heartbeat is not None and heartbeat.epoch is not None:
+            self._check_epoch(heartbeat.epoch, names.heartbeat, floor)
+            if heartbeat.at is not None:
+                heartbeat_ms = float(heartbeat.at)
+                self._wrote(heartbeat.epoch, heartbeat_ms)
+        live = published.live
+        if live is None:
             return None, None, 0, heartbeat_ms
-        if loaded.problems and not garbage_expected:
+        if published.skipped and not garbage_expected:
             self.violate(
-                "published list readable", f"{keys.servers}: {'; '.join(loaded.problems[:3])}"
+                "published list readable", f"{names.servers}: {'; '.join(published.skipped[:3])}"
             )
-        self._check_epoch(loaded.meta.epoch, keys.meta, floor)
-        routable = frozenset(k for k, instance in loaded.servers.items() if instance.routable)
-        return routable, loaded.meta.epoch, len(loaded.problems), heartbeat_ms
+        self._check_epoch(live.epoch, names.meta, floor)
+        routable = frozenset(k for k, instance in live.servers.items() if instance.routable)
+        return routable, live.epoch, len(published.skipped), heartbeat_ms
 
     def _check_epoch(self, epoch: int, where: str, floor: int | None = None) -> None:
         """``epoch``, read from ``where``, must not be below ``floor``: the highest epoch
@@ -381,37 +376,22 @@ class Observer:
             await asyncio.sleep(max(0.0, self._interval - (self._clock() - started)))
 
     async def _follow_events(self) -> None:
-        """Every accepted publish appends one stream entry; check each one's epoch, in
-        order."""
-        assert self._redis is not None
-        stream = RedisKeys(self._cluster.redis_prefix).changes
-        last = "$"  # from now on; then from the last entry seen
-        # The stream is in order: each entry is checked against the entries before it.
-        # Not against what a sample read meanwhile: an entry appended before a newer
-        # epoch's publish can reach us after a sample that saw that publish.
+        """Every accepted publish is one write the store reports; check each one's
+        epoch, in order."""
+        assert self._store is not None
+        where = self._store.names.changes
+        # The writes are in order: each is checked against the writes before it. Not
+        # against what a sample read meanwhile: a write accepted before a newer epoch's
+        # publish can reach us after a sample that saw that publish.
         stream_max = 0
-        while True:
-            try:
-                while True:
-                    reply: Any = await self._redis.xread({stream: last}, count=100, block=1000)
-                    for _name, entries in reply or []:
-                        for stream_id, fields in entries:
-                            last = reply_text(stream_id)
-                            try:
-                                entry = parse_change(stream_id, fields)
-                            except MalformedLiveListError as exc:
-                                self.violate("published change readable", f"{stream}: {exc}")
-                                continue
-                            self.publishes += 1
-                            self._check_epoch(
-                                entry.epoch, f"change from {entry.leader!r}", stream_max
-                            )
-                            stream_max = max(stream_max, entry.epoch)
-                            self._wrote(entry.epoch, time.time() * 1000)
-            except _REDIS_ERRORS as exc:
-                log.debug("observer: following %s failed: %s", stream, exc)
-            # Redis is down (a fault of this very run): try again shortly.
-            await asyncio.sleep(0.2)
+        async for write in self._store.publishes():
+            if isinstance(write, MalformedLiveListError):
+                self.violate("published change readable", f"{where}: {write}")
+                continue
+            self.publishes += 1
+            self._check_epoch(write.epoch, f"change from {write.leader!r}", stream_max)
+            stream_max = max(stream_max, write.epoch)
+            self._wrote(write.epoch, time.time() * 1000)
 
     # -- waiting ---------------------------------------------------------------------
 

@@ -2,9 +2,10 @@
 
 :class:`ClusterStatus` is what was read (:mod:`discovery.tools.status.reader` reads it):
 the election's :class:`Contender` nodes, the registered search and data servers, the
-leader's heartbeat (:class:`~discovery.livelist.redis.layout.Heartbeat`) and the published list
-(:class:`Published`). :func:`compare` finds the :class:`Differences` between what is
-registered (and elected) and what is published; it does no I/O. Operators'
+leader's heartbeat (:class:`~discovery.livelist.admin.Heartbeat`) and the published list
+(:class:`~discovery.livelist.admin.Published`), as the store's admin reads them.
+:func:`compare` finds the :class:`Differences` between what is registered (and
+elected) and what is published; it does no I/O. Operators'
 maintenance markers (``/maintenance``) are part of what is registered: a marked server
 is expected to be published as ``maintenance`` (as the leader applies it), so a
 marker the leader has applied is no difference, and one it has not applied is.
@@ -18,8 +19,7 @@ from functools import cached_property
 from typing import Any, Final
 
 from discovery.instance import InstanceState, ServiceInstance
-from discovery.livelist.model import LiveList
-from discovery.livelist.redis.layout import Heartbeat
+from discovery.livelist.admin import Heartbeat, Published
 from discovery.zk.maintenance import MaintenanceMarker, overlay
 
 __all__ = [
@@ -47,16 +47,6 @@ class Contender:
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "node": self.node, "czxid": self.czxid}
-
-
-@dataclass(frozen=True)
-class Published:
-    """The published live list ``P:live``: ``live`` is None when it is absent or unreadable
-    (``error`` says which); ``skipped`` lists server entries a reader would skip."""
-
-    live: LiveList | None
-    error: str | None = None
-    skipped: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -189,7 +179,9 @@ class ClusterStatus:
     ``contenders`` are in election order, the leader first. ``data_servers`` and
     ``search_servers`` map ids to decoded registrations; ``*_invalid`` map the ids of
     children that are not valid ServiceInstances to the reason. ``now_ms`` is the wall
-    clock when the reads finished. ``maintenance`` maps ids to the operators' markers
+    clock when the reads finished. ``redis`` says where the store is
+    (:meth:`~discovery.livelist.admin.LiveListAdmin.where`; the key keeps its name in the
+    JSON document). ``maintenance`` maps ids to the operators' markers
     (registered or not). ``expected_shards`` is the cluster's shard count (``--shards``;
     0: only the shards seen), so that a shard whose last server left is named.
     """

@@ -1,4 +1,4 @@
-"""Reading a cluster's status: ZooKeeper and Redis, read once, never written.
+"""Reading a cluster's status: ZooKeeper and the live-list store, read once, never written.
 
 * **ZooKeeper** (through :class:`~discovery.zk.session.ZkSession`'s asynchronous reads, never a
   blocking kazoo call on the loop; contenders and registrations with ``multiRead``,
@@ -11,11 +11,11 @@
   claiming to be an ephemeral registration) is listed as invalid with the same reason.
   And the operators' maintenance markers under ``/maintenance``
   (:func:`~discovery.zk.maintenance.read_markers`; an unreadable one is listed as such).
-* **Redis** (one MULTI/EXEC, so the keys are read at one instant): the published
-  list (``P:meta`` and ``P:servers``) and the leader's heartbeat ``P:leader`` with its
-  remaining TTL, decoded by the contract module :mod:`discovery.livelist.redis.layout`.
+* **the store** (:meth:`~discovery.livelist.admin.LiveListAdmin.read_published`, read at
+  one instant; for Redis one MULTI/EXEC): the published list and the leader's heartbeat
+  with its remaining TTL.
 
-The ZooKeeper and Redis reads are not one atomic snapshot: while the cluster changes
+The ZooKeeper and store reads are not one atomic snapshot: while the cluster changes
 (a server registers, a leader takes over) a difference may show for the moment the
 leader needs to publish it.
 """
@@ -31,49 +31,33 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-import redis.asyncio as aioredis
-import redis.exceptions as redis_errors
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-
 from discovery.config import ClusterConfig, ZkConfig, redact_url
 from discovery.errors import (
-    MalformedLiveListError,
-    RedisAccessError,
-    RedisOperationError,
     StatusError,
+    StoreAccessError,
+    StoreError,
     ZkAuthError,
     ZkError,
     ZkNoNodeError,
 )
 from discovery.instance import ServiceInstance
-from discovery.livelist.model import LiveList
-from discovery.livelist.redis.conn import RedisRole, make_redis
-from discovery.livelist.redis.layout import (
-    Heartbeat,
-    RedisKeys,
-    parse_heartbeat,
-    parse_meta,
-    parse_servers,
-    translate_redis_error,
-)
+from discovery.livelist.admin import LiveListAdmin, OpenedStore
+from discovery.livelist.open import default_schemes, open_store
 from discovery.zk.maintenance import read_markers
 from discovery.zk.membership import decode_child
 from discovery.zk.multiread import read_many
 from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.zk.session import ZkSession
 
-from .model import ClusterStatus, Contender, Published, compare
+from .model import ClusterStatus, Contender, compare
 
 __all__ = [
     "CONNECT_TIMEOUT",
-    "REDIS_TIMEOUT",
+    "STORE_TIMEOUT",
     "collect_status",
-    "describe_redis",
     "fetch_status",
     "read_contenders",
     "read_directory",
-    "read_redis",
 ]
 
 log = logging.getLogger(__name__)
@@ -81,8 +65,8 @@ log = logging.getLogger(__name__)
 #: ``--zk-connect-timeout`` default of this command: an operator waiting at a prompt
 #: wants an answer in seconds, not the 30 s a server grants itself at start-up.
 CONNECT_TIMEOUT: Final = 5.0
-#: Socket connect and read timeout for Redis; no retries.
-REDIS_TIMEOUT: Final = 2.0
+#: Connect and read timeout for the store (Redis: its sockets); no retries.
+STORE_TIMEOUT: Final = 2.0
 # kazoo's lock recipe names contenders ``<uuid>__lock__<10-digit sequence>`` and orders
 # them by the sequence text (see kazoo.recipe.lock.Lock.contenders).
 _CONTENDER_RE: Final = re.compile(r"__lock__(-?\d{10})$")
@@ -135,74 +119,24 @@ async def read_contenders(session: ZkSession, path: str = SEARCH_ELECTION_PATH) 
     ]
 
 
-def _parse_published(meta_fields: Any, server_fields: Any) -> Published:
-    try:
-        meta = parse_meta(meta_fields)
-    except MalformedLiveListError as exc:
-        return Published(None, error=f"invalid: {exc}")
-    if meta is None:
-        return Published(None, error="missing")
-    servers, problems = parse_servers(server_fields)
-    live = LiveList(meta.epoch, meta.version, meta.leader, meta.published_at, servers)
-    return Published(live, skipped=tuple(problems))
-
-
-async def read_redis(redis: aioredis.Redis, prefix: str) -> tuple[Heartbeat | None, Published]:
-    """Read the published list (``P:meta``, ``P:servers``), ``P:leader`` and its TTL in
-    one MULTI/EXEC.
-
-    Raises:
-        RedisOperationError: Redis failed (:class:`RedisUnavailableError` if unreachable).
-    """
-    try:
-        async with redis.pipeline(transaction=True) as pipe:
-            keys = RedisKeys(prefix)
-            pipe.hgetall(keys.meta)
-            pipe.hgetall(keys.servers)
-            pipe.get(keys.leader)
-            pipe.pttl(keys.leader)
-            meta_fields, server_fields, raw_leader, ttl_ms = await pipe.execute()
-    except (redis_errors.RedisError, OSError) as exc:
-        raise translate_redis_error(exc) from exc
-    heartbeat = None if raw_leader is None else parse_heartbeat(raw_leader, int(ttl_ms))
-    return heartbeat, _parse_published(meta_fields, server_fields)
-
-
-def describe_redis(redis: aioredis.Redis) -> str:
-    """Where a client connects, without credentials (``host:port/db``, the socket path,
-    ``sentinel:<primary name>/db`` or ``cluster:<host:port,...>``)."""
-    pool = getattr(redis, "connection_pool", None)
-    if pool is None:  # Redis Cluster: no single pool
-        nodes = getattr(redis, "startup_nodes", None) or {}
-        names = sorted(f"{n.host}:{n.port}" for n in getattr(nodes, "values", lambda: nodes)())
-        return "cluster:" + ",".join(names)
-    service = getattr(pool, "service_name", None)
-    if service is not None:  # behind Sentinel
-        return f"sentinel:{service}/{pool.connection_kwargs.get('db', 0)}"
-    kwargs = pool.connection_kwargs
-    db = kwargs.get("db", 0)
-    if "path" in kwargs:
-        return f"unix:{kwargs['path']}/{db}"
-    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}"
-
-
 async def collect_status(
     session: ZkSession,
-    redis: aioredis.Redis,
-    prefix: str,
+    store: LiveListAdmin,
     *,
     expected_shards: int = 0,
     clock: Callable[[], float] = time.time,
 ) -> ClusterStatus:
     """Read the cluster's registrations, election and published list, and compare them.
 
-    ``session`` must be started; ``prefix`` is the Redis key prefix
-    (``discovery:{<cluster>}``); ``expected_shards`` the cluster's shard count (0:
-    only the shards seen). The ZooKeeper and Redis reads run concurrently.
+    ``session`` must be started; ``store`` is the live-list store's admin
+    (:attr:`~discovery.livelist.admin.OpenedStore.admin`); ``expected_shards`` the
+    cluster's shard count (0: only the shards seen). The ZooKeeper and store reads run
+    concurrently.
 
     Raises:
         ZkError: a ZooKeeper read failed (ZkConnectionError if unreachable).
-        RedisOperationError: a Redis read failed (RedisUnavailableError if unreachable).
+        StoreError: a store read failed (StoreUnavailableError if unreachable);
+            StoreAccessError if it refused.
     """
     (
         contenders,
@@ -214,13 +148,14 @@ async def collect_status(
         read_contenders(session),
         read_directory(session, SEARCH_MEMBERS_PATH),
         read_directory(session, DATA_SERVERS_PATH),
-        read_redis(redis, prefix),
+        store.read_published(),
         read_markers(session),
     )
     elected = tuple(contenders)
+    prefix = store.prefix
     status = ClusterStatus(
         zookeeper=session.hosts,
-        redis=describe_redis(redis),
+        redis=store.where(),
         prefix=prefix,
         now_ms=int(clock() * 1000),
         contenders=elected,
@@ -256,7 +191,7 @@ async def _gather_first_error(*aws: Awaitable[Any]) -> list[Any]:
 
 
 # Answers that retrying with the same credentials cannot change.
-_REFUSALS: Final = (ZkAuthError, RedisAccessError)
+_REFUSALS: Final = (ZkAuthError, StoreAccessError)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -275,47 +210,40 @@ async def _open_zk(config: ZkConfig) -> ZkSession:
     return session
 
 
-async def _open_redis(cluster: ClusterConfig) -> aioredis.Redis:
-    # The reading role's credentials suffice: status only reads (GET, PTTL, MULTI/EXEC).
-    client = make_redis(
-        cluster,
-        role=RedisRole.READ,
-        socket_timeout=REDIS_TIMEOUT,
-        socket_connect_timeout=REDIS_TIMEOUT,
-        # A status command answers now or says it cannot: no backoff between retries.
-        retry=Retry(NoBackoff(), 0),
-    )
+async def _open_store(cluster: ClusterConfig) -> OpenedStore:
+    # Read-only: status only reads. An operator waiting at a prompt wants an answer
+    # now or a reason: no retries.
+    store = open_store(cluster, read_only=True, timeout=STORE_TIMEOUT, retry=False)
     try:
-        await client.ping()
-    except BaseException as exc:
-        await client.aclose()
-        if isinstance(exc, Exception):
-            # Refused credentials must say so (exit 4), not pass for an outage.
-            raise translate_redis_error(exc) from exc
+        # Refused credentials must say so (exit 4), not pass for an outage.
+        await store.admin.ping()
+    except BaseException:
+        await store.aclose()
         raise
-    return client
+    return store
 
 
 async def fetch_status(
     zk: ZkConfig, cluster: ClusterConfig, *, expected_shards: int = 0
 ) -> ClusterStatus:
-    """Connect to ZooKeeper and Redis (concurrently), collect the status, disconnect.
+    """Connect to ZooKeeper and the store (concurrently), collect the status, disconnect.
 
     Raises:
         StatusError: one line per system that could not be reached or read, naming it
-            and where (Redis passwords are not shown); ``refused`` when one refused our
+            and where (passwords are not shown); ``refused`` when one refused our
             credentials or lacked a right.
     """
-    redis_where = redact_url(cluster.redis_url)
-    zk_result, redis_result = await asyncio.gather(
-        _open_zk(zk), _open_redis(cluster), return_exceptions=True
+    store_where = redact_url(cluster.store_url)
+    backend = default_schemes().backend(cluster)
+    zk_result, store_result = await asyncio.gather(
+        _open_zk(zk), _open_store(cluster), return_exceptions=True
     )
     try:
         failures: list[str] = []
         refused = False
         for what, where, result in (
             ("ZooKeeper", zk.hosts, zk_result),
-            ("Redis", redis_where, redis_result),
+            (backend, store_where, store_result),
         ):
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
@@ -325,23 +253,23 @@ async def fetch_status(
         if failures:
             raise StatusError("\n".join(failures), refused=refused)
         assert isinstance(zk_result, ZkSession)
-        assert isinstance(redis_result, aioredis.Redis)
+        assert not isinstance(store_result, BaseException)
         try:
             return await collect_status(
-                zk_result, redis_result, cluster.redis_prefix, expected_shards=expected_shards
+                zk_result, store_result.admin, expected_shards=expected_shards
             )
         except ZkError as exc:
             raise StatusError(
                 f"cannot read ZooKeeper at {zk.hosts}: {_one_line(exc)}",
                 refused=isinstance(exc, _REFUSALS),
             ) from exc
-        except (RedisOperationError, RedisAccessError) as exc:
+        except (StoreError, StoreAccessError) as exc:
             raise StatusError(
-                f"cannot read Redis at {redis_where}: {_one_line(exc)}",
+                f"cannot read {backend} at {store_where}: {_one_line(exc)}",
                 refused=isinstance(exc, _REFUSALS),
             ) from exc
     finally:
         if isinstance(zk_result, ZkSession):
             await zk_result.aclose()
-        if isinstance(redis_result, aioredis.Redis):
-            await redis_result.aclose()
+        if not isinstance(store_result, BaseException):
+            await store_result.aclose()
