@@ -21,6 +21,8 @@ sits beside ``kazoo.client``: nothing here is imported by the library.
   network namespaces of a :class:`~discovery.testing.netns.NetworkLab` and cuts links
   between them with iptables.
 * :func:`free_port` / :func:`free_ports` pick unused loopback ports.
+* :mod:`discovery.testing.storecontract` (imported by name): the checks every
+  live-list store must pass, with harnesses for the in-memory store and Redis.
 """
 
 from .cluster import DevCluster

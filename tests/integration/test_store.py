@@ -1,9 +1,12 @@
-"""The live-list store seam: the Redis store against a real redis-server, and the leader
-publishing through a store of another kind (an in-memory one) under a real election."""
+"""The live-list store seam: the Redis store against a real redis-server, the leader
+publishing through a store of another kind under a real election, and search servers
+sharing a ``memory://`` store. What every store must keep is checked for each by
+tests/test_store_conformance.py (:mod:`discovery.testing.storecontract`)."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Mapping
 
 import pytest
@@ -13,14 +16,14 @@ from prometheus_client import CollectorRegistry
 from discovery.config import ClusterConfig
 from discovery.errors import (
     ConfigError,
-    FencedError,
     MalformedLiveListError,
     RedisUnavailableError,
     StoreError,
 )
 from discovery.instance import ServiceInstance
 from discovery.leader import LeaderDuty
-from discovery.livelist.model import LiveList, LiveListFollower, LiveListPublisher, LiveListStore
+from discovery.livelist.model import LiveList, LiveListFollower, LiveListStore
+from discovery.livelist.open import open_store
 from discovery.livelist.redis.layout import RedisKeys
 from discovery.livelist.redis.store import RedisLiveStore
 from discovery.testing import RedisServer
@@ -43,15 +46,6 @@ from tests.support import (
 
 A = make_instance("ds-a", 9001, shard=0)
 B = make_instance("ds-b", 9002, shard=1)
-
-
-async def test_the_redis_store_implements_the_protocols(
-    client: aioredis.Redis, redis_prefix: str
-) -> None:
-    store = RedisLiveStore(client, redis_prefix)
-    assert isinstance(store, LiveListStore)
-    assert isinstance(store.publisher(leader_id="ss-1", epoch=1), LiveListPublisher)
-    assert isinstance(store.follower(), LiveListFollower)
 
 
 async def test_publish_read_and_follow_through_the_store(
@@ -85,23 +79,6 @@ async def test_publish_read_and_follow_through_the_store(
     # One set of metrics for every term and follower, on the registry given.
     assert registry.get_sample_value("discovery_publisher_version") == 2
     assert registry.get_sample_value("discovery_livelist_version") == 2
-
-
-async def test_a_publisher_of_an_older_term_is_fenced(
-    client: aioredis.Redis, redis_prefix: str
-) -> None:
-    store = RedisLiveStore(client, redis_prefix)
-    old = store.publisher(leader_id="ss-old", epoch=5)
-    new = store.publisher(leader_id="ss-new", epoch=6)
-    await old.publish_full(view(A))
-    await new.publish_full(view(B))
-    with pytest.raises(FencedError):
-        await old.publish_full(view(A, B))
-    assert old.fenced
-    assert not new.fenced
-    stored = await store.read()
-    assert stored is not None
-    assert (stored.epoch, stored.leader, set(stored.servers)) == (6, "ss-new", {"ds-b"})
 
 
 async def test_a_read_only_store_has_no_publisher_and_no_publisher_metrics(
@@ -254,6 +231,32 @@ async def test_a_search_server_publishes_and_routes_through_the_store_it_is_give
     await server.shutdown()
     # A store passed in stays the caller's: still open after the server is gone.
     assert await store.read() is not None
+
+
+async def test_search_servers_in_one_process_share_a_memory_store(
+    make_search_server: SearchServerFactory,
+    make_data_server: DataServerFactory,
+    redis_prefix: str,
+) -> None:
+    """``--redis memory://NAME``: the store is chosen by the URL's scheme, and every
+    store of that name in the process is one list, so the leader's publishes reach the
+    other search server without Redis."""
+    url = f"memory://test-{uuid.uuid4().hex[:8]}"
+    data = await make_data_server(shard=0, instance_id="ds-in-memory")
+    assert data.agent is not None
+    leader = await make_search_server(redis_url=url, server_id="ss-mem-1")
+    other = await make_search_server(redis_url=url, server_id="ss-mem-2", leader_eligible=False)
+    for server in (leader, other):
+        assert server.reader is not None
+        live = await waited(
+            server.reader.wait_until(lambda live: "ds-in-memory" in live.servers, timeout=15),
+            f"ds-in-memory in {server.server_id}'s list",
+        )
+        assert live.leader == "ss-mem-1"
+    async with open_store(ClusterConfig(cluster=cluster_of(redis_prefix), redis_url=url)) as store:
+        stored = await store.read()
+    assert stored is not None
+    assert "ds-in-memory" in stored.servers
 
 
 async def test_a_change_set_the_leader_consumes_late_is_still_published(

@@ -36,6 +36,9 @@ Three deployments, told apart by the URL's scheme (:func:`make_redis`):
   shares a hash slot (``P = discovery:{<cluster>}``), so scripts and transactions run
   on the one node that owns it.
 
+:func:`describe_redis` says where a client connects, without credentials (``discovery
+status``).
+
 Clients connect lazily (on their first command), so building one never fails for an
 unreachable Redis; refused credentials then surface on the first command as
 ``redis.exceptions.AuthenticationError``, which
