@@ -8,7 +8,7 @@ keeps its list through an outage and catches up after; a full publish reloads; t
 admin reads what was published and repairs a broken fence. A :class:`StoreHarness`
 gives a check stores on one fresh list of its backend, and that backend's faults;
 :class:`MemoryHarness` and :class:`RedisHarness` are the library's.
-``tests/test_store_conformance.py`` runs every check against every store.
+``tests/integration/test_store_conformance.py`` runs every check against every store.
 """
 
 from __future__ import annotations

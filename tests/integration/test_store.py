@@ -1,7 +1,7 @@
 """The live-list store seam: the Redis store against a real redis-server, the leader
 publishing through a store of another kind under a real election, and search servers
 sharing a ``memory://`` store. What every store must keep is checked for each by
-tests/test_store_conformance.py (:mod:`discovery.testing.storecontract`)."""
+tests/integration/test_store_conformance.py (:mod:`discovery.testing.storecontract`)."""
 
 from __future__ import annotations
 
