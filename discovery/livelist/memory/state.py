@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 import time
 from collections import deque
@@ -264,8 +265,14 @@ class MemoryList:
         """The changes kept after ``seq``, oldest first, at most ``limit``."""
         with self._lock:
             self._check()
-            newer = [entry for entry in self._entries if entry.seq > seq]
-            return newer[:limit]
+            # The changes kept have consecutive seqs ending at the last one: the newer
+            # ones are the tail, read from the right (a follower is near the end).
+            newer = min(self._seq - seq, len(self._entries))
+            if newer <= 0:
+                return []
+            tail = list(itertools.islice(reversed(self._entries), newer))
+            tail.reverse()
+            return tail[:limit]
 
     @property
     def last_seq(self) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from prometheus_client import CollectorRegistry
@@ -164,8 +165,9 @@ class MemoryLiveStore:
         Raises:
             ConfigError: the URL is not ``memory://NAME``.
         """
-        name = cluster.store_url.removeprefix("memory://")
-        if cluster.store_scheme != "memory" or not name or "/" in name:
+        parts = urllib.parse.urlsplit(cluster.store_url)
+        name = parts.netloc
+        if parts.scheme != "memory" or not name or parts.path not in ("", "/"):
             raise ConfigError(
                 f"--redis / DISCOVERY_REDIS_URL: {cluster.store_url!r} is not memory://NAME"
             )
