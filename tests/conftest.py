@@ -58,7 +58,7 @@ TIER_FIXTURES: dict[str, frozenset[str]] = {
             "own_redis",
             "lab",  # network namespaces (root, iptables); lab_zk and lab_redis use it
             # modules' own servers
-            "sentinel_group",  # test_livelist_ha.py
+            "sentinel_group",  # test_livelist_ha.py, test_store_conformance.py
             "acl_redis",  # test_redis_auth.py
             "tls_redis",  # test_redis_auth.py
             "dist",  # test_package.py: `python -m build`, then pip into an empty venv
