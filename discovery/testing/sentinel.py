@@ -44,6 +44,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# How long a silent primary takes to be judged down while failovers are held: longer
+# than any test holds them.
+_HELD_DOWN_AFTER_MS = 3_600_000
+
 
 class RedisSentinelGroup:
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels, all real processes.
@@ -94,6 +98,7 @@ class RedisSentinelGroup:
         self._master_name = master_name
         self._password = password
         self._host = host
+        self._down_after_ms = down_after_ms
         config = [
             # Diskless replication waits 5 s by default for more replicas before a full sync.
             "repl-diskless-sync-delay 0",
@@ -307,6 +312,21 @@ class RedisSentinelGroup:
                 complete, within ``timeout`` seconds.
         """
         return self._faults.failover(timeout)
+
+    def hold_failovers(self) -> None:
+        """Start no failover until :meth:`release_failovers`: every running sentinel
+        judges a silent primary down only after an hour, so a primary killed meanwhile
+        stays unreachable, however slow the machine, for as long as a test needs.
+
+        Raises:
+            redis.RedisError, OSError: a running sentinel did not take the setting.
+        """
+        self._faults.set_down_after(_HELD_DOWN_AFTER_MS)
+
+    def release_failovers(self) -> None:
+        """The group's own ``down_after_ms`` again: a primary silent all along is judged
+        down at once, and a failover follows."""
+        self._faults.set_down_after(self._down_after_ms)
 
     def kill_primary(self) -> RedisServer:
         """SIGKILL the current primary, as a crash would, and return it (reaped, stopped).

@@ -73,6 +73,18 @@ class SentinelFaults:
                 )
             time.sleep(_POLL_INTERVAL_S)
 
+    def set_down_after(self, down_after_ms: int) -> None:
+        """Tell every running sentinel how long a silent primary takes to be judged down;
+        see :meth:`RedisSentinelGroup.hold_failovers`."""
+        for sentinel in self._sentinels:
+            if sentinel.running:
+                redis_command(
+                    sentinel.host,
+                    sentinel.port,
+                    *("SENTINEL", "SET", self._master_name),
+                    *("down-after-milliseconds", str(down_after_ms)),
+                )
+
     def kill_primary(self) -> RedisServer:
         """SIGKILL the primary; see :meth:`RedisSentinelGroup.kill_primary`."""
         primary = self._view.server_at(self._view.primary_address())

@@ -158,16 +158,26 @@ async def restart_of(server: RedisServer) -> AsyncIterator[None]:
 
 @contextlib.asynccontextmanager
 async def failover_of(group: RedisSentinelGroup) -> AsyncIterator[None]:
-    """The primary of ``group`` killed when the block starts; after it, a replica is
-    promoted and the killed server restarted as a replica."""
+    """The primary of ``group`` killed when the block starts and unreachable all through
+    it (the sentinels hold their failover, so that no slowness of the machine lets one
+    end the outage early); after it, a replica is promoted and the killed server
+    restarted as a replica."""
     await asyncio.to_thread(group.wait_replicated)
     old = group.primary_address()
-    killed = await asyncio.to_thread(group.kill_primary)
+    await asyncio.to_thread(group.hold_failovers)
+    released = False
     try:
-        yield
+        killed = await asyncio.to_thread(group.kill_primary)
+        try:
+            yield
+        finally:
+            released = True
+            await asyncio.to_thread(group.release_failovers)
+            await asyncio.to_thread(group.wait_for_new_primary, old, TIMEOUT)
+            await asyncio.to_thread(group.restart, killed, TIMEOUT)
     finally:
-        await asyncio.to_thread(group.wait_for_new_primary, old, TIMEOUT)
-        await asyncio.to_thread(group.restart, killed, TIMEOUT)
+        if not released:  # the kill failed: the group's failovers as they were
+            await asyncio.to_thread(group.release_failovers)
 
 
 # -- helpers -------------------------------------------------------------------------------
