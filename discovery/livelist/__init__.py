@@ -5,6 +5,8 @@
   seam a second backend implements.
 * :mod:`~discovery.livelist.feed`: a follower's changes fanned out to many iterators.
 * :mod:`~discovery.livelist.brake`: the leader's mass-loss brake (pure, clock injected).
+* :mod:`~discovery.livelist.shards`: who gets queries, shard by shard (:class:`ShardIndex`,
+  :func:`route_of`), following the list's changes.
 * :mod:`discovery.livelist.redis`: the default store, in Redis.
 """
 
@@ -17,6 +19,7 @@ from discovery.livelist.model import (
     LiveListPublisher,
     LiveListStore,
 )
+from discovery.livelist.shards import Route, ShardIndex, route_of, unroutable_kind
 
 __all__ = [
     "ChangeFeed",
@@ -27,4 +30,8 @@ __all__ = [
     "LiveListStore",
     "MassLossBrake",
     "MassLossBrakeConfig",
+    "Route",
+    "ShardIndex",
+    "route_of",
+    "unroutable_kind",
 ]

@@ -1,0 +1,262 @@
+"""Routing semantics of the live list: who gets queries, shard by shard.
+
+:func:`route_of` is the one rule: a serving, enabled server is **routable**; a draining
+one is in its shard's **reserve** (sent nothing new, but still answering during its
+grace: a last resort); any other (disabled, in maintenance) is in neither.
+:func:`unroutable_kind` names why a listed server is not routable.
+
+:class:`ShardIndex` applies the rule to a whole list once (:meth:`~ShardIndex.load`) and
+then follows :class:`~discovery.livelist.model.LiveListChange`\\ s: a change costs the
+servers of the shards it touches, not the list. Per-shard lists are replaced, never
+edited, so a reader holding one keeps a consistent snapshot. Order within a shard is
+the consumer's to choose per query (weights, zones, load): the index promises none.
+Not thread-safe; use it from one event loop.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Mapping
+from enum import StrEnum
+from typing import Any, Generic, Literal, TypeVar
+
+from discovery.instance import InstanceState, ServiceInstance
+from discovery.livelist.model import LiveListChange
+
+__all__ = ["Route", "ShardIndex", "route_of", "unroutable_kind"]
+
+T = TypeVar("T")
+
+#: What :meth:`ShardIndex.load` takes: instances, or ids to instances.
+Servers = Iterable[ServiceInstance] | Mapping[str, ServiceInstance]
+
+
+class Route(StrEnum):
+    """How a listed server is routed to (see :func:`route_of`)."""
+
+    ROUTABLE = "routable"
+    """Serving and enabled: queries go here."""
+    RESERVE = "reserve"
+    """Draining: nothing new, unless every routable replica of its shard has failed."""
+
+
+def route_of(instance: ServiceInstance) -> Route | None:
+    """``instance``'s route: routable, in reserve (draining), or None (disabled, in
+    maintenance)."""
+    if instance.routable:
+        return Route.ROUTABLE
+    if instance.payload.state is InstanceState.DRAINING:
+        return Route.RESERVE
+    return None
+
+
+def unroutable_kind(instance: ServiceInstance) -> str | None:
+    """Why ``instance`` is not routable: ``"disabled"`` (serving, but its enabled flag is
+    off) or its state (``"draining"``, ``"maintenance"``); None when it is routable."""
+    if instance.routable:
+        return None
+    state = instance.payload.state
+    return "disabled" if state is InstanceState.SERVING else state.value
+
+
+# A shard with no entries: shared, never modified.
+_EMPTY: list[Any] = []
+
+
+class ShardIndex(Generic[T]):
+    """The routable entries and the reserve of every shard of one live list.
+
+    ``entry(instance, previous)`` makes what is stored for an instance (a routable or
+    draining one): ``previous`` is the entry held for its id, if any, which it may
+    return (updated) to keep it. It returns None to leave the instance out (e.g.
+    refused by an admission policy); it must not raise. ``on_leave`` hears of each
+    entry the index stops holding (its server removed, no longer routable nor
+    draining, or given a new entry). :meth:`ShardIndex.instances` stores the instances
+    themselves.
+    """
+
+    def __init__(
+        self,
+        entry: Callable[[ServiceInstance, T | None], T | None],
+        *,
+        on_leave: Callable[[T], None] | None = None,
+    ) -> None:
+        self._entry = entry
+        self._on_leave = on_leave
+        self.source: object = None
+        """The list (by identity) loaded or followed last; None before."""
+        # (shard, routable entries) in shard order, and the same lists by shard.
+        self._table: list[tuple[int, list[T]]] = []
+        self._routable: dict[int, list[T]] = {}
+        self._reserve: dict[int, list[T]] = {}
+        # Each indexed id: its entry and where it is (the entry itself is opaque).
+        self._held: dict[str, tuple[T, int, Route]] = {}
+        self._counts = {Route.ROUTABLE: 0, Route.RESERVE: 0}
+
+    @staticmethod
+    def instances() -> ShardIndex[ServiceInstance]:
+        """An index that stores the instances themselves."""
+        return ShardIndex[ServiceInstance](_the_instance)
+
+    # -- reading ------------------------------------------------------------------
+
+    @property
+    def table(self) -> list[tuple[int, list[T]]]:
+        """``(shard, routable entries)`` for each shard with one, in shard order.
+        Updated in place by :meth:`follow` (its per-shard lists are not): do not
+        modify it, nor hold it across a change."""
+        return self._table
+
+    @property
+    def routable_count(self) -> int:
+        """Routable entries in all shards."""
+        return self._counts[Route.ROUTABLE]
+
+    @property
+    def reserve_count(self) -> int:
+        """Draining entries in all shards."""
+        return self._counts[Route.RESERVE]
+
+    def routable(self, shard: int) -> list[T]:
+        """``shard``'s routable entries (a snapshot: never edited; do not modify it)."""
+        return self._routable.get(shard, _EMPTY)
+
+    def reserve(self, shard: int) -> list[T]:
+        """``shard``'s draining entries, the last resort (a snapshot, as
+        :meth:`routable`). Empty for most shards."""
+        return self._reserve.get(shard, _EMPTY)
+
+    def preference(self, shard: int) -> list[T]:
+        """``shard``'s entries in preference order: routable first, draining last (a
+        new list when there is a reserve, else :meth:`routable`'s)."""
+        reserve = self._reserve.get(shard)
+        routable = self._routable.get(shard, _EMPTY)
+        return [*routable, *reserve] if reserve else routable
+
+    def get(self, instance_id: str) -> T | None:
+        """The entry held for ``instance_id`` (routable or in reserve), if any."""
+        held = self._held.get(instance_id)
+        return None if held is None else held[0]
+
+    # -- moving ---------------------------------------------------------------------
+
+    def load(self, servers: Servers) -> None:
+        """Index ``servers`` (instances, or ids to instances) in full, O(servers),
+        offering each one's previous entry to ``entry``; ``servers`` becomes
+        :attr:`source`."""
+        instances = servers.values() if isinstance(servers, Mapping) else servers
+        before = self._held
+        held: dict[str, tuple[T, int, Route]] = {}
+        routable: dict[int, list[T]] = {}
+        reserve: dict[int, list[T]] = {}
+        make = self._entry
+        for instance in instances:
+            route = route_of(instance)
+            if route is None:
+                continue
+            previous = before.get(instance.id)
+            entry = make(instance, None if previous is None else previous[0])
+            if entry is None:
+                continue
+            shard = instance.payload.shard
+            held[instance.id] = (entry, shard, route)
+            group = routable if route is Route.ROUTABLE else reserve
+            group.setdefault(shard, []).append(entry)
+        self._held, self._routable, self._reserve = held, routable, reserve
+        self._table = sorted(routable.items())
+        self._counts = {
+            Route.ROUTABLE: sum(map(len, routable.values())),
+            Route.RESERVE: sum(map(len, reserve.values())),
+        }
+        self.source = servers
+        if self._on_leave is not None and before:
+            kept = {id(entry) for entry, _, _ in held.values()}
+            for entry, _, _ in before.values():
+                if id(entry) not in kept:
+                    self._on_leave(entry)
+
+    def follow(self, change: LiveListChange) -> Literal["change", "full", "none"]:
+        """Move to ``change.current``: by its delta if the index holds
+        ``change.previous`` (a reload's delta included), else by a full :meth:`load`.
+        Returns which it did (``"none"``: it holds ``change.current`` already)."""
+        if change.current.servers is self.source:
+            return "none"
+        if change.previous.servers is not self.source:
+            self.load(change.current.servers)
+            return "full"
+        for instance_id in change.removed:
+            self._remove(instance_id)
+        # An add of an id already indexed is taken as a change, not a second entry.
+        for instance in (*change.changed.values(), *change.added.values()):
+            self._upsert(instance)
+        self.source = change.current.servers
+        return "change"
+
+    def _remove(self, instance_id: str) -> None:
+        held = self._held.pop(instance_id, None)
+        if held is not None:
+            entry, shard, route = held
+            self._take(entry, shard, route)
+            if self._on_leave is not None:
+                self._on_leave(entry)
+
+    def _upsert(self, instance: ServiceInstance) -> None:
+        old = self._held.get(instance.id)
+        previous = None if old is None else old[0]
+        route = route_of(instance)
+        entry = None if route is None else self._entry(instance, previous)
+        shard = instance.payload.shard
+        if old is not None:
+            if entry is previous and old[1] == shard and old[2] is route:
+                return  # the same entry where it was (a payload change): nothing moves
+            self._take(*old)
+        if entry is None or route is None:
+            self._held.pop(instance.id, None)
+        else:
+            self._held[instance.id] = (entry, shard, route)
+            self._put(entry, shard, route)
+        if previous is not None and previous is not entry and self._on_leave is not None:
+            self._on_leave(previous)
+
+    def _put(self, entry: T, shard: int, route: Route) -> None:
+        self._counts[route] += 1
+        if route is Route.ROUTABLE:
+            self._replace_routable(shard, [*self._routable.get(shard, ()), entry])
+        else:
+            self._reserve[shard] = [*self._reserve.get(shard, ()), entry]
+
+    def _take(self, entry: T, shard: int, route: Route) -> None:
+        self._counts[route] -= 1
+        groups = self._routable if route is Route.ROUTABLE else self._reserve
+        rest = [e for e in groups[shard] if e is not entry]
+        if route is Route.ROUTABLE:
+            self._replace_routable(shard, rest)
+        elif rest:
+            self._reserve[shard] = rest
+        else:
+            del self._reserve[shard]
+
+    def _replace_routable(self, shard: int, group: list[T]) -> None:
+        """Put ``group`` in place of ``shard``'s list, in the table too (an insertion
+        for a new shard, a deletion for an emptied one)."""
+        table = self._table
+        i = bisect.bisect_left(table, shard, key=_shard_of)
+        present = i < len(table) and table[i][0] == shard
+        if group:
+            self._routable[shard] = group
+            if present:
+                table[i] = (shard, group)
+            else:
+                table.insert(i, (shard, group))
+        else:
+            self._routable.pop(shard, None)
+            if present:
+                del table[i]
+
+
+def _the_instance(instance: ServiceInstance, previous: ServiceInstance | None) -> ServiceInstance:
+    return instance
+
+
+def _shard_of(row: tuple[int, list[Any]]) -> int:
+    return row[0]
