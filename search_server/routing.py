@@ -71,9 +71,9 @@ class RoutingTable:
         self._admit = admit
         self._on_skip = on_skip
         # The replicas in the list, routable and in reserve, by shard.
-        self._index = ShardIndex[Replica](self._replica_for, on_leave=self._forget)
+        self._index = ShardIndex[Replica](self._replica_of, on_leave=self._forget)
         # Every replica known by target: those in the list and those that left while
-        # ejected (also in _departed, with the time their ejection ends).
+        # ejected (all of these in _departed, with the time their ejection ends).
         self._replicas: dict[str, Replica] = {}
         self._departed: list[tuple[float, str]] = []
 
@@ -115,8 +115,8 @@ class RoutingTable:
         (``"none"``: the table holds ``change.current`` already)."""
         source = self._index.source
         if change.previous.servers is source and change.current.servers is not source:
-            # Before the delta, as always: a replica whose ejection ended while it was
-            # away comes back new.
+            # A delta: first sweep the ejections that ended (a replica whose ejection
+            # ended while it was away comes back new).
             self._expire_departed()
         kind = self._index.follow(change)
         if kind == "full":
@@ -125,20 +125,13 @@ class RoutingTable:
 
     # -- one replica at a time ------------------------------------------------------
 
-    def _replica_for(self, instance: ServiceInstance, previous: Replica | None) -> Replica | None:
-        """The index's entry for ``instance``: ``previous`` brought up to its payload
-        while the target stays (admitted then: the policy looks at the address, part
-        of the target), else :meth:`_replica_of`'s."""
-        if previous is not None and previous.key == target_key(instance):
-            return _updated(previous, instance)
-        return self._replica_of(instance)
-
-    def _replica_of(self, instance: ServiceInstance) -> Replica | None:
+    def _replica_of(self, instance: ServiceInstance, previous: Replica | None) -> Replica | None:
         """The replica to route ``instance`` with (the known one of its target, updated,
         or a new one), or None if it is not to be routed to: refused by ``admit``, or
         any failure in making its replica. One registration's problem stays with it,
         never fails the table (an address nobody could encode once made every query
-        fail)."""
+        fail). The index's ``previous`` (by id) is not needed: replicas are kept by
+        target, and beyond the list."""
         problem = self._admit(instance) if self._admit is not None else None
         if problem is None:
             try:
@@ -169,18 +162,20 @@ class RoutingTable:
             del self._replicas[replica.key]
 
     def _settle_departed(self) -> None:
-        """After a whole load: keep, of the replicas known and not listed, those ejected
-        now, and only those (O(known))."""
+        """After a whole load: keep, of the replicas known and not listed (all in
+        ``_departed``), those ejected now, and only those (O(departed))."""
         now = self._clock()
-        departed: list[tuple[float, str]] = []
-        for key, replica in list(self._replicas.items()):
-            if self._listed(replica):
+        kept: dict[str, float] = {}
+        for _, key in self._departed:
+            replica = self._replicas.get(key)
+            if replica is None or key in kept or self._listed(replica):
                 continue
             until = _ejected_until(replica, now)
             if until is None:
                 del self._replicas[key]
             else:
-                departed.append((until, key))
+                kept[key] = until
+        departed = [(until, key) for key, until in kept.items()]
         heapq.heapify(departed)
         self._departed = departed
 
