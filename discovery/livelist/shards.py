@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Final, Generic, Literal, TypeVar
 
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.livelist.model import LiveListChange
@@ -42,13 +42,20 @@ class Route(StrEnum):
     """Draining: nothing new, unless every routable replica of its shard has failed."""
 
 
+# The members as plain names: an enum's attribute costs 70 ns on Python 3.11, and a
+# whole load asks for them once or twice per server.
+_ROUTABLE: Final = Route.ROUTABLE
+_RESERVE: Final = Route.RESERVE
+_DRAINING: Final = InstanceState.DRAINING
+
+
 def route_of(instance: ServiceInstance) -> Route | None:
     """``instance``'s route: routable, in reserve (draining), or None (disabled, in
     maintenance)."""
     if instance.routable:
-        return Route.ROUTABLE
-    if instance.payload.state is InstanceState.DRAINING:
-        return Route.RESERVE
+        return _ROUTABLE
+    if instance.payload.state is _DRAINING:
+        return _RESERVE
     return None
 
 
@@ -156,18 +163,22 @@ class ShardIndex(Generic[T]):
         routable: dict[int, list[T]] = {}
         reserve: dict[int, list[T]] = {}
         make = self._entry
+        replaced: list[T] = []  # entries let go for a new one of the same id
         for instance in instances:
             route = route_of(instance)
             if route is None:
                 continue
             instance_id = instance.id
-            entry = make(instance, before.get(instance_id))
+            previous = before.get(instance_id)
+            entry = make(instance, previous)
             if entry is None:
                 continue
+            if previous is not None and entry is not previous:
+                replaced.append(previous)
             shard = instance.payload.shard
             entries[instance_id] = entry
             shards[instance_id] = shard
-            if route is Route.ROUTABLE:
+            if route is _ROUTABLE:
                 routable.setdefault(shard, []).append(entry)
             else:
                 reserved.add(instance_id)
@@ -177,9 +188,10 @@ class ShardIndex(Generic[T]):
         self._table = sorted(routable.items())
         self.source = servers
         if self._on_leave is not None:
-            for instance_id, entry in before.items():
-                if entries.get(instance_id) is not entry:
-                    self._on_leave(entry)
+            for instance_id in before.keys() - entries.keys():
+                self._on_leave(before[instance_id])
+            for entry in replaced:
+                self._on_leave(entry)
 
     def follow(self, change: LiveListChange) -> Literal["change", "full", "none"]:
         """Move to ``change.current``: by its delta if the index holds
@@ -213,7 +225,7 @@ class ShardIndex(Generic[T]):
             if (
                 entry is previous
                 and self._shards[instance_id] == shard
-                and (instance_id in self._reserved) is (route is Route.RESERVE)
+                and (instance_id in self._reserved) is (route is _RESERVE)
             ):
                 return  # the same entry where it was (a payload change): nothing moves
             self._take(instance_id)
@@ -225,7 +237,7 @@ class ShardIndex(Generic[T]):
     def _put(self, instance_id: str, entry: T, shard: int, route: Route) -> None:
         self._entries[instance_id] = entry
         self._shards[instance_id] = shard
-        if route is Route.ROUTABLE:
+        if route is _ROUTABLE:
             self._replace_routable(shard, [*self._routable.get(shard, ()), entry])
         else:
             self._reserved.add(instance_id)
