@@ -100,6 +100,12 @@ def test_the_rule_routable_reserve_or_neither() -> None:
     ]
     # Draining whatever its enabled flag says (a Curator client may leave it on).
     assert route_of(dataclasses.replace(draining, enabled=True)) is Route.RESERVE
+    # Routable is the instance's own word for it, in every combination.
+    for instance in (serving, draining, maintenance):
+        for enabled in (True, False):
+            either = dataclasses.replace(instance, enabled=enabled)
+            assert (route_of(either) is Route.ROUTABLE) is either.routable
+            assert (unroutable_kind(either) is None) is either.routable
 
 
 # -- load and follow ---------------------------------------------------------------
