@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.livelist.model import LiveListChange
+from discovery.livelist.shards import unroutable_kind
 
 __all__ = [
     "DEFAULT_PAGE",
@@ -158,30 +159,28 @@ class ListIndex:
         self.disabled = 0
         #: Shards (in no order) to their replicas and routable count.
         self.shards: dict[int, _Shard] = {}
-        #: Servers not routable (not serving, or disabled), by shard and id: the
-        #: problems of the list itself, before ejections.
+        #: Servers not routable (:func:`~discovery.livelist.shards.unroutable_kind`),
+        #: by shard and id: the problems of the list itself, before ejections.
         self.unroutable: list[ServiceInstance] = []
         # What add() does for one server, inlined: this loop is the whole cost of an
         # index at 50,000 (and it runs on the event loop).
         shards, unroutable = self.shards, self.unroutable
         by_state: Counter[InstanceState] = Counter()
-        serving = InstanceState.SERVING
         disabled = 0
         for instance in servers.values():
             payload = instance.payload
-            state = payload.state
-            by_state[state] += 1
+            by_state[payload.state] += 1
             entry = shards.get(payload.shard)
             if entry is None:
                 entry = shards[payload.shard] = _Shard([])
             entry.servers.append(instance)
-            if state is not serving:
-                unroutable.append(instance)
-            elif instance.enabled:
+            kind = unroutable_kind(instance)
+            if kind is None:
                 entry.routable += 1
             else:
-                disabled += 1  # serving, but its enabled flag is off
                 unroutable.append(instance)
+                if kind == "disabled":
+                    disabled += 1
         self.disabled = disabled
         for state, count in by_state.items():
             self.states[state.value] = count
@@ -195,12 +194,13 @@ class ListIndex:
     def _count(self, instance: ServiceInstance, sign: int) -> None:
         payload = instance.payload
         self.states[payload.state.value] += sign
-        if instance.routable:
+        kind = unroutable_kind(instance)
+        if kind is None:
             entry = self.shards.get(payload.shard)
             if entry is not None:
                 entry.routable += sign
-        elif payload.state is InstanceState.SERVING:
-            self.disabled += sign  # serving, but its enabled flag is off
+        elif kind == "disabled":
+            self.disabled += sign
 
     def add(self, instance: ServiceInstance) -> None:
         """Index ``instance`` (an id not in the index)."""
@@ -211,7 +211,7 @@ class ListIndex:
             entry = self.shards[shard] = _Shard([])
         bisect.insort(entry.servers, instance, key=_in_shard)
         self._count(instance, 1)
-        if not instance.routable:
+        if unroutable_kind(instance) is not None:
             bisect.insort(self.unroutable, instance, key=_by_shard)
 
     def remove(self, instance: ServiceInstance) -> None:
@@ -227,7 +227,7 @@ class ListIndex:
         _delete(entry.servers, _in_shard(instance), instance.id, _in_shard)
         if not entry.servers:
             del self.shards[shard]
-        if not instance.routable:
+        if unroutable_kind(instance) is not None:
             _delete(self.unroutable, _by_shard(instance), instance.id, _by_shard)
 
 
@@ -252,13 +252,6 @@ def _problem(kind: str, instance: ServiceInstance) -> dict[str, Any]:
     if instance.payload.reason:
         entry["reason"] = instance.payload.reason
     return entry
-
-
-def _unroutable_kind(instance: ServiceInstance) -> str:
-    state = instance.payload.state
-    if state is InstanceState.SERVING:
-        return "disabled"  # serving, but taken out by its enabled flag
-    return state.value
 
 
 class ClusterViews:
@@ -350,7 +343,9 @@ class ClusterViews:
         for instance in ejected_routable[: MAX_PROBLEMS - len(problems)]:
             problems.append(_problem("ejected", instance))
         for instance in index.unroutable[: max(0, MAX_PROBLEMS - len(problems))]:
-            problems.append(_problem(_unroutable_kind(instance), instance))
+            kind = unroutable_kind(instance)
+            assert kind is not None  # what index.unroutable holds
+            problems.append(_problem(kind, instance))
 
         listed, next_after, matching = self._page(index, servers, ejected, page)
         ejected_set = ejected if isinstance(ejected, set | frozenset) else set(ejected)
@@ -445,7 +440,7 @@ def _state_filter(
     if state == "ejected":
         return lambda i: i.id in ejected
     if state == "disabled":
-        return lambda i: not i.enabled and i.payload.state is InstanceState.SERVING
+        return lambda i: unroutable_kind(i) == "disabled"
     if state == "live":
         return lambda i: i.routable and i.id not in ejected
     return lambda i: i.payload.state.value == state

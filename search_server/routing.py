@@ -20,32 +20,32 @@ elsewhere wherever the shard has a routable replica in service, so routing stops
 first write of ``draining`` all the same. Disabled servers and servers in maintenance
 are in neither list.
 
-A shard's replica list is replaced, never edited: a query in flight keeps the list it
-started with (it may still retry or hedge to a replica that has just left; that request
-fails or answers like any other). Replicas are kept by :func:`~search_server.picking.
-target_key`, and the same :class:`~search_server.picking.Replica` is reused while its
-target stays in the list, so what the search server learned of it survives changes. A
-replica that leaves while ejected is remembered until its ejection ends, so that a
-server that flaps out of the list and back does not come back with a clean record.
+Which server is routable, which in reserve, the grouping by shard and the following of
+changes are :class:`~discovery.livelist.shards.ShardIndex`'s. A shard's replica list is
+replaced, never edited: a query in flight keeps the list it started with (it may still
+retry or hedge to a replica that has just left; that request fails or answers like any
+other). Replicas are kept by :func:`~search_server.picking.target_key`, and the same
+:class:`~search_server.picking.Replica` is reused while its target stays in the list, so
+what the search server learned of it survives changes. A replica that leaves while
+ejected is remembered until its ejection ends, so that a server that flaps out of the
+list and back does not come back with a clean record.
 
 Not thread-safe; runs on the search server's event loop.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Literal
 
-from discovery.instance import InstanceState, ServiceInstance
+from discovery.instance import ServiceInstance
 from discovery.livelist.model import LiveListChange
+from discovery.livelist.shards import Servers, ShardIndex
 
 from .picking import Replica, target_key
 
 __all__ = ["RoutingTable"]
-
-Servers = Iterable[ServiceInstance] | Mapping[str, ServiceInstance]
 
 
 class RoutingTable:
@@ -70,36 +70,33 @@ class RoutingTable:
         self._on_new = on_new
         self._admit = admit
         self._on_skip = on_skip
-        self.source: object = None
-        """The list (by identity) the table was built for or moved to last."""
-        # (shard, replicas) in shard order: the table a query iterates, kept sorted by
-        # insertion so a new shard costs a list insert.
-        self._table: list[tuple[int, list[Replica]]] = []
-        # The replica routed to for each instance id in the list.
-        self._by_id: dict[str, Replica] = {}
-        # Draining servers: by id, and by shard (the reserve), lists replaced, not edited.
-        self._reserve_by_id: dict[str, Replica] = {}
-        self._reserve: dict[int, list[Replica]] = {}
+        # The replicas in the list, routable and in reserve, by shard.
+        self._index = ShardIndex[Replica](self._replica_of, on_leave=self._forget)
         # Every replica known by target: those in the list and those that left while
-        # ejected (also in _departed, with the time their ejection ends).
+        # ejected (all of these in _departed, with the time their ejection ends).
         self._replicas: dict[str, Replica] = {}
         self._departed: list[tuple[float, str]] = []
 
     @property
+    def source(self) -> object:
+        """The list (by identity) the table was built for or moved to last."""
+        return self._index.source
+
+    @property
     def table(self) -> list[tuple[int, list[Replica]]]:
         """``(shard, replicas)`` in shard order; do not modify it."""
-        return self._table
+        return self._index.table
 
     @property
     def routable(self) -> int:
         """Routable data servers in the list (the base of the fan-out's ejection cap)."""
-        return len(self._by_id)
+        return self._index.routable_count
 
     def reserve(self, shard: int) -> list[Replica]:
         """The draining replicas of ``shard``: for requests of last resort, once every
         routable one has been tried or is ejected. Empty for most shards; do not modify
         it."""
-        return self._reserve.get(shard, _NONE)
+        return self._index.reserve(shard)
 
     def replica(self, key: str) -> Replica | None:
         """The replica of target ``key``, in the list (routable or in reserve) or departed
@@ -109,92 +106,43 @@ class RoutingTable:
     def load(self, servers: Servers) -> None:
         """Build the table for ``servers`` (instances, or ids to instances), reusing the
         replicas of targets already known; remember ``servers`` as the source."""
-        instances = servers.values() if isinstance(servers, Mapping) else servers
-        old = self._replicas
-        self._replicas, self._by_id, self._reserve_by_id = {}, {}, {}
-        by_shard: dict[int, list[Replica]] = {}
-        reserve: dict[int, list[Replica]] = {}
-        for instance in instances:
-            routable = instance.routable
-            if not routable and not _draining(instance):
-                continue
-            replica = self._replica_of(instance, old)
-            if replica is None:
-                continue
-            self._replicas[replica.key] = replica
-            if routable:
-                self._by_id[instance.id] = replica
-                by_shard.setdefault(replica.shard, []).append(replica)
-            else:
-                self._reserve_by_id[instance.id] = replica
-                reserve.setdefault(replica.shard, []).append(replica)
-        self._reserve = reserve
-        now = self._clock()
-        departed: list[tuple[float, str]] = []
-        for key, replica in old.items():
-            until = _ejected_until(replica, now)
-            if until is not None and key not in self._replicas:
-                self._replicas[key] = replica
-                departed.append((until, key))
-        heapq.heapify(departed)
-        self._departed = departed
-        self._table = sorted(by_shard.items())
-        self.source = servers
+        self._index.load(servers)
+        self._settle_departed()
 
     def follow(self, change: LiveListChange) -> Literal["change", "full", "none"]:
         """Move to ``change.current``: by its delta if the table holds ``change.previous``
         (a reload's delta included), else by a full :meth:`load`. Returns which it did
         (``"none"``: the table holds ``change.current`` already)."""
-        if change.current.servers is self.source:
-            return "none"
-        if change.previous.servers is not self.source:
-            self.load(change.current.servers)
-            return "full"
-        self._expire_departed()
-        for instance_id in change.removed:
-            self._forget(self._detach(instance_id))
-        # An add of an id already listed is taken as a change, not a second replica.
-        for instance in (*change.changed.values(), *change.added.values()):
-            if self._update_in_place(instance):
-                continue
-            old = self._detach(instance.id)
-            new = self._attach(instance)
-            if old is not None and old is not new:
-                self._forget(old)
-        self.source = change.current.servers
-        return "change"
+        source = self._index.source
+        if change.previous.servers is source and change.current.servers is not source:
+            # A delta: first sweep the ejections that ended (a replica whose ejection
+            # ended while it was away comes back new).
+            self._expire_departed()
+        kind = self._index.follow(change)
+        if kind == "full":
+            self._settle_departed()
+        return kind
 
     # -- one replica at a time ------------------------------------------------------
 
-    def _update_in_place(self, instance: ServiceInstance) -> bool:
-        """The common change, a new payload for the same target in the same shard (a
-        weight, a zone, a document count): the replica is updated where it is."""
-        replica = self._by_id.get(instance.id)
-        if (
-            replica is None
-            or not instance.routable
-            or instance.payload.shard != replica.shard
-            or target_key(instance) != replica.key
-        ):
-            return False
-        _updated(replica, instance)
-        return True
-
-    def _replica_of(self, instance: ServiceInstance, known: dict[str, Replica]) -> Replica | None:
-        """The replica to route ``instance`` with (``known``'s, updated, or a new one),
-        or None if it is not to be routed to: refused by ``admit``, or any failure in
-        making its replica. One registration's problem stays with it, never fails the
-        table (an address nobody could encode once made every query fail)."""
+    def _replica_of(self, instance: ServiceInstance, previous: Replica | None) -> Replica | None:
+        """The replica to route ``instance`` with (the known one of its target, updated,
+        or a new one), or None if it is not to be routed to: refused by ``admit``, or
+        any failure in making its replica. One registration's problem stays with it,
+        never fails the table (an address nobody could encode once made every query
+        fail). The index's ``previous`` (by id) is not needed: replicas are kept by
+        target, and beyond the list."""
         problem = self._admit(instance) if self._admit is not None else None
         if problem is None:
             try:
-                old = known.get(target_key(instance))
+                old = self._replicas.get(target_key(instance))
                 replica = _updated(old, instance)
                 # A target new to the table (slow start); not in the first table, whose
                 # replicas are all new at once (ramping them together would change no
                 # share, and cost a refresh of every one for the window).
                 if old is None and self._on_new is not None and self.source is not None:
                     self._on_new(replica)
+                self._replicas[replica.key] = replica
                 return replica
             except Exception as exc:
                 problem = f"cannot route to it: {type(exc).__name__}: {exc}"[:300]
@@ -202,46 +150,34 @@ class RoutingTable:
             self._on_skip(instance, problem)
         return None
 
-    def _attach(self, instance: ServiceInstance) -> Replica | None:
-        routable = instance.routable
-        if not routable and not _draining(instance):
-            return None
-        replica = self._replica_of(instance, self._replicas)
-        if replica is None:
-            return None
-        self._replicas[replica.key] = replica
-        if routable:
-            self._by_id[instance.id] = replica
-            self._replace_shard(replica.shard, lambda group: [*group, replica])
-        else:
-            self._reserve_by_id[instance.id] = replica
-            self._reserve[replica.shard] = [*self._reserve.get(replica.shard, ()), replica]
-        return replica
-
-    def _detach(self, instance_id: str) -> Replica | None:
-        replica = self._by_id.pop(instance_id, None)
-        if replica is not None:
-            self._replace_shard(replica.shard, lambda group: [r for r in group if r is not replica])
-            return replica
-        replica = self._reserve_by_id.pop(instance_id, None)
-        if replica is not None:
-            rest = [r for r in self._reserve[replica.shard] if r is not replica]
-            if rest:
-                self._reserve[replica.shard] = rest
-            else:
-                del self._reserve[replica.shard]
-        return replica
-
-    def _forget(self, replica: Replica | None) -> None:
+    def _forget(self, replica: Replica) -> None:
         """Drop a replica that left the list, unless it is ejected: that one is kept
         until its ejection ends."""
-        if replica is None or self._replicas.get(replica.key) is not replica:
+        if self._replicas.get(replica.key) is not replica:
             return
         until = _ejected_until(replica, self._clock())
         if until is not None:
             heapq.heappush(self._departed, (until, replica.key))
         else:
             del self._replicas[replica.key]
+
+    def _settle_departed(self) -> None:
+        """After a whole load: keep, of the replicas known and not listed (all in
+        ``_departed``), those ejected now, and only those (O(departed))."""
+        now = self._clock()
+        kept: dict[str, float] = {}
+        for _, key in self._departed:
+            replica = self._replicas.get(key)
+            if replica is None or key in kept or self._listed(replica):
+                continue
+            until = _ejected_until(replica, now)
+            if until is None:
+                del self._replicas[key]
+            else:
+                kept[key] = until
+        departed = [(until, key) for key, until in kept.items()]
+        heapq.heapify(departed)
+        self._departed = departed
 
     def _expire_departed(self) -> None:
         now = self._clock()
@@ -258,30 +194,7 @@ class RoutingTable:
                 del self._replicas[key]
 
     def _listed(self, replica: Replica) -> bool:
-        instance_id = replica.instance.id
-        return (
-            self._by_id.get(instance_id) is replica
-            or self._reserve_by_id.get(instance_id) is replica
-        )
-
-    def _replace_shard(self, shard: int, edit: Callable[[list[Replica]], list[Replica]]) -> None:
-        i = bisect.bisect_left(self._table, shard, key=_shard_of)
-        present = i < len(self._table) and self._table[i][0] == shard
-        group = edit(self._table[i][1] if present else [])
-        if present and group:
-            self._table[i] = (shard, group)
-        elif present:
-            del self._table[i]
-        elif group:
-            self._table.insert(i, (shard, group))
-
-
-_NONE: list[Replica] = []
-
-
-def _draining(instance: ServiceInstance) -> bool:
-    """Listed as draining: not routable, but still answering during its grace."""
-    return instance.payload.state is InstanceState.DRAINING
+        return self._index.get(replica.instance.id) is replica
 
 
 def _updated(replica: Replica | None, instance: ServiceInstance) -> Replica:
@@ -300,7 +213,3 @@ def _ejected_until(replica: Replica, now: float) -> float | None:
     """When ``replica``'s ejection ends, if it is ejected at ``now``."""
     until = replica.ejected_until
     return until if until is not None and now < until else None
-
-
-def _shard_of(entry: tuple[int, list[Replica]]) -> int:
-    return entry[0]

@@ -8,6 +8,8 @@
 * :mod:`~discovery.livelist.feed` and :mod:`~discovery.livelist.held`: a follower's
   list and its changes, fanned out to many iterators (every backend's).
 * :mod:`~discovery.livelist.brake`: the leader's mass-loss brake (pure, clock injected).
+* :mod:`~discovery.livelist.shards`: who gets queries, shard by shard (:class:`ShardIndex`,
+  :func:`route_of`), following the list's changes.
 * :mod:`discovery.livelist.redis`: the default store, in Redis;
   :mod:`discovery.livelist.memory`: one in process memory, for tests and embedding.
 """
@@ -24,6 +26,7 @@ from discovery.livelist.model import (
     LiveListStore,
 )
 from discovery.livelist.open import StoreSchemes, StoreSettings, default_schemes, open_store
+from discovery.livelist.shards import Route, ShardIndex, route_of, unroutable_kind
 
 __all__ = [
     "ChangeFeed",
@@ -37,8 +40,12 @@ __all__ = [
     "MassLossBrakeConfig",
     "MemoryLiveStore",
     "OpenedStore",
+    "Route",
+    "ShardIndex",
     "StoreSchemes",
     "StoreSettings",
     "default_schemes",
     "open_store",
+    "route_of",
+    "unroutable_kind",
 ]
