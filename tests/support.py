@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import faulthandler
 import functools
+import heapq
 import inspect
 import io
+import itertools
 import json
 import sys
 import time
@@ -164,6 +166,44 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class _Alarm:
+    __slots__ = ("args", "callback", "cancelled")
+
+    def __init__(self, callback: Callable[..., object], args: tuple[object, ...]) -> None:
+        self.callback = callback
+        self.args = args
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualTimer:
+    """A fan-out's timer (``FanOut(timer=...)``: a loop's ``time`` and ``call_at``) that
+    the test moves with :meth:`advance`: what fell due by then runs, in order of time;
+    nothing runs by itself."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._due: list[tuple[float, int, _Alarm]] = []
+        self._order = itertools.count()
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: object) -> _Alarm:
+        alarm = _Alarm(callback, args)
+        heapq.heappush(self._due, (when, next(self._order), alarm))
+        return alarm
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        while self._due and self._due[0][0] <= self.now:
+            _, _, alarm = heapq.heappop(self._due)
+            if not alarm.cancelled:
+                alarm.callback(*alarm.args)
 
 
 def cluster_of(prefix: str) -> str:

@@ -24,7 +24,7 @@ from search_server.admission import FixedLimit, GradientLimit
 from search_server.fanout import FanOut, FanOutConfig
 from search_server.httpclient import Endpoint, Response
 from search_server.picking import EWMA_ALPHA
-from tests.support import FakeClock, eventually, make_instance, sample, shard_counts
+from tests.support import FakeClock, ManualTimer, eventually, make_instance, sample, shard_counts
 
 OK = "ok"
 FULL = "full"  # 429 at once
@@ -43,6 +43,8 @@ class _Scripted:
         # Seconds an OK answer takes (0: at once), and the search time it reports.
         self.delay = 0.0
         self.took_ms = 0.1
+        # Given one, an OK answer's delay passes on it (at once, in no real time).
+        self.timer: ManualTimer | None = None
 
     def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
         port = endpoint.port
@@ -53,7 +55,10 @@ class _Scripted:
             hits = [{"id": f"d{port}", "score": 1.0}]
             body = {"hits": hits, "shard": self.shard_of[port], "took_ms": self.took_ms}
             answer = (200, orjson.dumps(body))
-            if self.delay:
+            if self.delay and self.timer is not None:
+                self.timer.advance(self.delay)
+                future.set_result(answer)
+            elif self.delay:
                 asyncio.get_running_loop().call_later(
                     self.delay, lambda: future.done() or future.set_result(answer)
                 )
@@ -505,11 +510,19 @@ async def test_an_expensive_querys_own_search_time_does_not_lower_the_limit(
     not queueing: a storm of them must not refuse everyone's ordinary queries. The same
     latency spent waiting (a data server reporting a short search) lowers the limit."""
     servers, client = _cluster(shards=1, replicas=1)
+    # Each answer takes exactly 50 ms of the fan-out's time, whatever the machine's load.
+    client.timer = ManualTimer()
     client.delay = 0.05
     client.took_ms = 50.0 if searching else 0.1
     # One update per query; 10 ms of queueing is the most the limit accepts.
     limit = GradientLimit(initial=2, min_limit=1, ceiling=0.01, window=1e-9, min_window_samples=1)
-    fanout = FanOut(client, config=FanOutConfig(hedge_ratio=0), registry=registry, admission=limit)
+    fanout = FanOut(
+        client,
+        config=FanOutConfig(hedge_ratio=0),
+        registry=registry,
+        admission=limit,
+        timer=client.timer,
+    )
     for _ in range(5):
         await fanout.search(servers, "a", 10, 500)
     assert (limit.limit >= 2) is searching

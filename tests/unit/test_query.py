@@ -1,6 +1,6 @@
 """A query's deadline and hedges run on the timer the fan-out is given.
 
-The timer here (:class:`_ManualTimer`) moves only when the test says, and the client
+The timer here (:class:`ManualTimer`) moves only when the test says, and the client
 (:class:`_Held`) answers only when the test says: what a query does at its deadline or
 when a hedge is due is seen at exact times, with no wall-clock wait.
 """
@@ -8,9 +8,6 @@ when a hedge is due is seen at exact times, with no wall-clock wait.
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
-from collections.abc import Callable
 
 import orjson
 from prometheus_client import CollectorRegistry
@@ -19,44 +16,7 @@ from discovery.instance import ServiceInstance
 from search_server.fanout import FanOut, FanOutConfig
 from search_server.httpclient import Endpoint, Response
 from search_server.retrybudget import RetryBudget
-from tests.support import FakeClock, make_instance, sample, shard_counts
-
-
-class _Alarm:
-    __slots__ = ("args", "callback", "cancelled")
-
-    def __init__(self, callback: Callable[..., object], args: tuple[object, ...]) -> None:
-        self.callback = callback
-        self.args = args
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class _ManualTimer:
-    """A timer the test moves with :meth:`advance`: what fell due by then runs, in order
-    of time; nothing runs by itself."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._due: list[tuple[float, int, _Alarm]] = []
-        self._order = itertools.count()
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: Callable[..., object], *args: object) -> _Alarm:
-        alarm = _Alarm(callback, args)
-        heapq.heappush(self._due, (when, next(self._order), alarm))
-        return alarm
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        while self._due and self._due[0][0] <= self.now:
-            _, _, alarm = heapq.heappop(self._due)
-            if not alarm.cancelled:
-                alarm.callback(*alarm.args)
+from tests.support import FakeClock, ManualTimer, make_instance, sample, shard_counts
 
 
 class _Held:
@@ -107,7 +67,7 @@ class _Only:
 async def test_a_query_ends_at_its_deadline_on_its_timer(registry: CollectorRegistry) -> None:
     servers = [make_instance(f"ds-{s}", 20_000 + s, shard=s) for s in range(4)]
     client = _Held(servers)
-    timer = _ManualTimer()
+    timer = ManualTimer()
     fanout = FanOut(
         client,
         config=FanOutConfig(eject_after=1, hedge_ratio=0),
@@ -138,7 +98,7 @@ async def test_a_hedge_goes_out_when_its_timer_says_it_is_due(
     servers = [make_instance(f"ds-{r}", 20_000 + r, shard=0, replica=r) for r in range(2)]
     primary, other = servers
     client = _Held(servers)
-    timer = _ManualTimer()
+    timer = ManualTimer()
     fanout = FanOut(
         client,
         config=FanOutConfig(hedge_ratio=1.0, hedge_burst=10),
