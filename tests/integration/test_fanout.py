@@ -608,11 +608,13 @@ async def test_a_shards_last_replica_is_probed_while_ejected(
     assert replica is not None
     replica.failures = 0
     clock.advance(1)
-    result = await fanout.search(servers, QUERIES[0], 10, timeout_ms)
+    # A budget no load exhausts: the released server answers its held requests at once,
+    # and a short budget could run out in its queue (a 504, an overload refusal).
+    result = await fanout.search(servers, QUERIES[0], 10, 5000)
     assert not result.partial
     assert result.shards == shard_counts(2, 2)
     assert fanout.ejected() == set()
-    result = await fanout.search(servers, QUERIES[0], 10, timeout_ms)
+    result = await fanout.search(servers, QUERIES[0], 10, 5000)
     assert not result.partial
     assert _sample(registry, "ejections_total") == 1
 
