@@ -1,24 +1,11 @@
-"""Service discovery for search clusters: the library a data server embeds and search
-servers are built on.
+"""Service discovery for search clusters: the library data servers embed and search servers use.
 
-* **Data servers** embed the :class:`Agent`: it registers the server's
-  :class:`ServiceInstance` (Apache Curator's JSON) as an ephemeral node once a
-  :class:`Probe` says the server answers, takes it offline while probes fail, and
-  drains it on shutdown. Underneath: :class:`ZkSession` (one kazoo client bridged into
-  asyncio) and :class:`Registration` (one ephemeral node, kept while wanted).
-* **Search servers** run a :class:`LeaderElection`; the leader's :class:`LeaderDuty`
-  watches the data servers (:class:`MembershipWatcher`), holds back suspicious mass
-  losses (:class:`MassLossBrake`) and publishes the live list through a
-  :class:`LiveListStore`, fenced by its epoch. Every search server routes with the
-  store's :class:`LiveListFollower`. :func:`open_store` opens a store by its URL: the
-  default is :class:`RedisLiveStore`; ``memory://NAME`` is :class:`MemoryLiveStore`.
+Data servers embed the :class:`Agent`. Search servers elect a leader
+(:class:`LeaderElection`), whose :class:`LeaderDuty` publishes the live list through a
+:class:`LiveListStore` (:func:`open_store`), and route with the store's
+:class:`LiveListFollower`. Every error is a :class:`DiscoveryError`.
 
-Every error is a :class:`DiscoveryError` (:mod:`discovery.errors`). Settings are frozen
-dataclasses (:class:`ZkConfig`, :class:`ClusterConfig`, :class:`AgentConfig`); metrics
-go to a ``CollectorRegistry`` you pass in. Tools live beside the library and are not
-imported by it: :mod:`discovery.testing` (a real local ZooKeeper and Redis, fault
-injection), :mod:`discovery.tools` (the ``discovery`` command) and :mod:`discovery.cli`
-(flags and environment variables of the entry points). See docs/ARCHITECTURE.md.
+Design: docs/ARCHITECTURE.md, "Processes and data flow".
 """
 
 from importlib.metadata import PackageNotFoundError

@@ -1,32 +1,12 @@
 """Which addresses a registration may name, and which a search server will send to.
 
-A registration's ``address`` is where every search server opens connections, so it is
-untrusted input with reach: a name that cannot be encoded once made every query of
-every search server fail, and an address such as ``169.254.169.254`` (a cloud's
-metadata service) or a multicast group would turn the fan-out against something that
-is not a data server. Two layers:
-
-* :func:`validate_address`, the contract, applied wherever a
-  :class:`~discovery.instance.ServiceInstance` is built (the agent's own, what the
-  leader reads from ZooKeeper, what a reader loads from Redis): an IPv4 or IPv6
-  literal, or an ASCII DNS name (labels of 1-63 letters, digits and hyphens, not
-  starting or ending with a hyphen; at most 253 characters in all); never a
-  link-local (``169.254.0.0/16``, ``fe80::/10``), multicast or unspecified address, in
-  any spelling (an IPv4-mapped IPv6 address is judged by its IPv4 address), and never
-  a name that the C resolver would read as a number (``2130706433``, ``0x7f.1``,
-  ``0251.0376.1.1``: ``inet_aton`` forms that would slip a refused address past the
-  literal check).
-* :class:`NetworkPolicy`, a deployment's own narrowing (``--allowed-networks
-  CIDR,...`` on search servers): the IP literals it admits. A DNS name cannot be
-  judged before it is resolved; the policy says so (:meth:`NetworkPolicy.admits_names`)
-  and its user decides (the leader publishes names; the fan-out checks what a name
-  resolves to when it connects).
-
-Failure behaviour: :func:`validate_address` raises
-:class:`~discovery.errors.InvalidInstanceError` naming ``field_name`` (``address`` for
-a document; the agent and the data server pass their flag, ``--advertise``).
-:func:`parse_networks` raises :class:`~discovery.errors.ConfigError` naming its flag.
+:func:`validate_address` is the contract: an IP literal or an ASCII DNS name, never
+link-local, multicast or unspecified in any spelling, nor a name the C resolver reads as a
+number. :class:`NetworkPolicy` is a deployment's narrowing (``--allowed-networks``).
 Nothing here does I/O or logs.
+
+Contract: docs/contracts.md, "The registration document"; why: docs/design/security.md,
+"Input hardening".
 """
 
 from __future__ import annotations

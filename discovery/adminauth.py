@@ -1,23 +1,10 @@
 """Who may call a server's admin endpoints (``POST /admin/...`` on the data servers).
 
-Admin requests change what a server does (drain it, take it offline, inject faults),
-so they must come from an operator, never from a web page that a user on the same
-machine happens to open. A page can send a "simple" cross-site request (a form's POST)
-without asking the server first; anything beyond that (a custom header, an
-``Authorization`` header) needs a CORS preflight, which our servers never grant. So:
+Never a browser's cross-site request; with an admin token, only a request bearing it;
+without one, only a loopback request that names a loopback ``Host`` and carries
+``X-Discovery-Admin: 1``. Clients send :func:`admin_headers`.
 
-1. A browser's cross-site request is refused, whatever else it carries: a
-   ``Sec-Fetch-Site`` of ``cross-site`` or ``same-site`` (another port of this host is
-   the same site), or an ``Origin`` other than the request's own.
-2. With an admin token, ``Authorization: Bearer <token>`` is required (401 when missing
-   or malformed, a header that is not ASCII included; 403 when wrong). The comparison
-   takes the same time whatever the presented token.
-3. Without one, the request must come from a loopback address, name a loopback host in
-   its ``Host`` header (a page whose name an attacker re-points at 127.0.0.1, DNS
-   rebinding, is same-origin to the browser but names the attacker's host) and carry
-   ``X-Discovery-Admin: 1`` (403 otherwise).
-
-Clients send :func:`admin_headers` with every admin request.
+Design: docs/design/security.md, "Admin endpoints".
 """
 
 from __future__ import annotations

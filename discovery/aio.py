@@ -1,14 +1,6 @@
-"""Cancelling tasks that run library code which may swallow a cancellation; logging the
-crash of a background task.
+"""Cancelling tasks that may swallow a cancellation, and logging a background task's crash.
 
-redis-py's asyncio client has been seen to absorb a ``CancelledError`` that lands in
-the middle of a command (it catches it while disconnecting, or turns it into a
-``ConnectionError``: redis/redis-py #2028, #2717), after which our task goes on, as
-if nothing had happened, into its next iteration: a reader's reconnect loop, a
-leader's next publish. Awaiting such a task once after ``cancel()`` then hangs for
-good (seen: a test's teardown stuck for its whole timeout, the event loop idle).
-:func:`cancel_and_wait` cancels again until the task really ends; the next
-cancellation lands in one of our own awaits (a sleep, a lock), which never swallow it.
+Design: docs/design/live-list.md, "Redis clients".
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The library's settings: frozen dataclasses, built once and passed down.
 
-:class:`ZkConfig` (how to reach ZooKeeper), :class:`ClusterConfig` (the cluster's name
-and its live-list store's URL) with :class:`RedisConfig` (the Redis store's credentials
-and TLS) and
-:class:`AgentConfig` (how the data-server agent probes) are plain values: an embedding
-application builds them in code. Each checks itself when built and raises
-:class:`~discovery.errors.ConfigError` naming the setting, and, for the settings that
-have one, its flag and environment variable, since command lines build them too
-(:mod:`discovery.cli.options` holds the flag and environment tables and the builders).
-Nothing here reads ``os.environ`` or knows about argparse.
+Each checks itself when built and raises :class:`~discovery.errors.ConfigError` naming the
+setting (and its flag and variable, where it has them). Nothing here reads ``os.environ``.
+
+Settings: docs/settings.md, "How settings are read".
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""The exception tree of the discovery framework.
+"""Every public error of the discovery framework, under :class:`DiscoveryError`.
 
-Every error raised by our code derives from :class:`DiscoveryError`, so an
-embedding application can catch one type, and every public one is defined here. kazoo
-and redis-py errors are translated where they enter our code
-(:func:`discovery.zk.session.translate_kazoo_error`,
-:func:`discovery.livelist.redis.layout.translate_redis_error`); the original exception is always
-kept as ``__cause__``.
-
-::
+kazoo's and redis-py's errors are translated where they enter our code, keeping the
+original as ``__cause__``::
 
     DiscoveryError
     ├── ConfigError (ValueError)            a setting is missing or malformed

@@ -1,23 +1,11 @@
-"""HTTP input handling shared by the data and search servers.
+"""HTTP input handling shared by the data and search servers: parsers, JSON errors, counts.
 
-Both servers build their application with :func:`json_app`, which installs the
-:func:`json_errors` middleware and a :class:`~discovery.metrics.HttpMetrics` on the
-server's own registry. Handlers validate their input with the pure functions here
-(:func:`parse_search_params`, :func:`parse_int`, :func:`parse_query_text`,
-:func:`parse_json_body`), which raise :class:`BadRequestError` naming the offending
-parameter. The middleware turns that into ``400 {"error": ..., "parameter": ...}``
-and counts it in ``discovery_http_rejected_total{endpoint,parameter,reason}``; every
-other 4xx answer (unknown path, wrong method, body too large, admin refused) is
-counted there too, with parameter ``-``.
+Handlers parse input with the pure functions here, which raise :class:`BadRequestError`
+naming the parameter; :func:`json_app`'s middleware answers it with a 400 and counts it.
+Both servers share the search parameters' parser, so whatever a search server accepts,
+every data server accepts.
 
-Why the search parameters are parsed by one function for both servers: the search
-server forwards ``q`` and ``k`` to every data server, and a data server answering
-400 counts as a failure that can eject it from the fan-out. Whatever the search
-server accepts, every data server must accept, so both use the same rules.
-
-Limits of what the middleware sees: aiohttp's HTTP parser refuses a request target
-(path and query) over 8190 bytes, or raw non-ASCII bytes in it, with a plain-text
-400 before any middleware runs; such requests are not counted here.
+Design: docs/design/security.md, "Input hardening".
 """
 
 from __future__ import annotations

@@ -1,38 +1,10 @@
-"""The HTTP servers' edge: how long a request's head may take to arrive, and how many
-connections may be waiting for one.
+"""The HTTP servers' edge: bounds on how long a request head may take, and on how many wait.
 
-aiohttp's server ends idle kept-alive connections (its keep-alive timeout) but puts no
-bound on the time a request's head takes to arrive. A client that opens connections
-and sends header bytes one at a time (slowloris) holds each one, with its socket, for
-as long as it keeps trickling; enough of them use up the process's file descriptors
-and nobody else can connect.
+:class:`HeaderGuard` answers ``408`` and closes a connection whose head takes longer than
+``header_timeout``, and closes the longest waiting when more than ``max_pending_headers``
+wait; a request in the application is never cut. On the server's loop; not thread-safe.
 
-:class:`HeaderGuard` serves an :class:`aiohttp.web.AppRunner` on a listening socket of
-its own and puts a thin :class:`asyncio.Protocol` in front of each connection's aiohttp
-protocol. A connection waits for a request head
-
-* from the moment it opens, and
-* on a kept-alive connection, from the first byte of its next request (an idle
-  kept-alive connection waits for nothing: aiohttp's keep-alive timeout ends it);
-
-it stops waiting when its request reaches the application, which the guard sees with
-:meth:`HeaderGuard.middleware` (aiohttp calls the application only once it has parsed
-the whole head). A connection that waits longer than ``header_timeout`` is answered
-``408`` (if it sent anything) and closed. At most ``max_pending_headers`` connections
-wait at once: one more closes the one that has waited longest. So a client holding many
-slow connections displaces its own: a normal client's head arrives within a round trip
-of its connection, it is never the oldest for long, and new clients always get in.
-
-Only documented aiohttp interfaces are used: the runner's ``server`` is a protocol
-factory for :meth:`asyncio.loop.create_server`, middlewares see each request, and a
-request has its ``transport`` and its body stream ``content``. Nothing private is
-touched, so no aiohttp version is singled out. What relies on aiohttp's behaviour
-(the application is called once the head is parsed; a request's body is read before
-the next request is parsed) is checked by ``tests/integration/test_http_edge.py``.
-
-Failure behaviour: the guard only ever closes connections that have no request in the
-application; a request being handled (a slow search, a dashboard stream) is never cut
-by it. Everything runs on the server's event loop and is not thread-safe.
+Design: docs/design/security.md, "HTTP edge".
 """
 
 from __future__ import annotations

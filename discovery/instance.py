@@ -1,59 +1,11 @@
-"""The ``ServiceInstance`` document stored in ``/data_servers/<instance-id>``.
+"""The ``ServiceInstance`` document of ``/data_servers/<id>``, in Apache Curator's JSON layout.
 
-Each data server registers one EPHEMERAL znode whose data is a JSON document in
-the layout Apache Curator's ``JsonInstanceSerializer`` writes for
-``ServiceInstance<T>``, so Java services using curator-x-discovery (base path
-``/``, service name ``data_servers``) can read our registrations and we can read
-theirs::
+Decoding and the constructors validate every field and raise
+:class:`~discovery.errors.InvalidInstanceError` naming it (``payload.shard``), or
+:class:`~discovery.errors.PayloadTooLargeError` past :data:`MAX_INSTANCE_BYTES`; an
+instance that exists is always encodable. Nothing here logs or does I/O.
 
-    {"name":"data_servers","id":"ds-007","address":"10.0.0.7","port":9001,
-     "sslPort":null,"payload":{"shard":3,"replica":0,"docs":125000,
-     "version":"1.4.2","state":"serving"},"registrationTimeUTC":1718000000000,
-     "serviceType":"DYNAMIC","uriSpec":null,"enabled":true}
-
-Our own fields live in ``payload`` (:class:`InstancePayload`). The same
-dictionaries (:meth:`ServiceInstance.to_dict`) are embedded in the live list
-published to Redis.
-
-Failure behaviour: every malformed document or field raises
-:class:`~discovery.errors.InvalidInstanceError` whose message names the field in
-its JSON spelling (``port``, ``sslPort``, ``payload.shard``, ...); a document
-larger than the bound (:data:`MAX_INSTANCE_BYTES`, 64 KiB) raises
-:class:`~discovery.errors.PayloadTooLargeError` (a subclass) before it is
-parsed, and so does encoding an instance that would exceed it. Nothing here
-logs: readers such as the ``/data_servers`` watcher catch
-``InvalidInstanceError``, skip the child and count it. Validation runs in the
-constructors, so an instance that exists is always encodable (though a document
-near the bound that was read may re-encode a few bytes longer: missing optional
-fields are written out, ``1e5`` becomes ``100000.0``; the live list in Redis uses
-:meth:`ServiceInstance.to_dict`, which has no bound).
-
-Compatibility rules:
-
-* Unknown top-level keys (a newer Curator's fields) are tolerated on decode and
-  dropped, as Curator itself does.
-* ``payload.zone`` and ``payload.weight`` are optional (a Java service registering
-  through Curator may omit them; so did our own first release). Absent or ``null``
-  means no zone and weight :data:`DEFAULT_WEIGHT` (100). ``zone`` is written only
-  when set and ``weight`` only when it is not 100, so a document without them
-  re-encodes byte for byte; a document that spells out ``"weight":100`` re-encodes
-  without it (same meaning, a few bytes shorter).
-* Unknown payload keys are kept in :attr:`InstancePayload.extra` and written
-  back, so a newer writer's fields survive a round trip through an older
-  reader. Jackson's ``"@class"`` type id (present when a Java writer uses a typed
-  payload) is kept there too and written first, where Jackson puts it.
-* ``sslPort``, ``serviceType``, ``uriSpec`` and ``enabled`` may be absent
-  (Curator's compatibility mode omits ``enabled``); they default to ``null``,
-  ``"DYNAMIC"``, ``null`` and ``true``.
-* ``address`` is an IPv4/IPv6 literal or an ASCII DNS name, never link-local,
-  multicast or unspecified (:func:`discovery.address.validate_address`): one
-  registration naming an address no search server can encode or should reach fails
-  alone, where it is read, instead of in every search server's fan-out.
-* Non-standard JSON (``NaN``, ``Infinity``), duplicate keys, integer literals
-  longer than Python converts (``sys.get_int_max_str_digits()``), JSON floats
-  where an integer is expected and booleans where an integer is expected are
-  rejected, anywhere in the document and naming where: a document that Jackson
-  would read differently from us is not a document we want to route by.
+Contract: docs/contracts.md, "The registration document".
 """
 
 from __future__ import annotations

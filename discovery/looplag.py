@@ -1,28 +1,11 @@
-"""How far behind a server's own event loop is, so that its own lateness is not blamed
-on others.
+"""How far behind a server's own event loop is, so its lateness is blamed on no one else.
 
-A search server's fan-out asks it before blaming a replica for a timeout. A
-sub-request that "times out" while the search server's loop was too busy to read its
-answer says nothing about the replica: the answer may have been in the socket for a
-while. On a machine short of CPU (a deploy, a restart's indexing, a burst of queries)
-every sub-request looked late at once, each replica was charged, ejected, and the load
-piled onto fewer replicas: load became an outage. :class:`LoopLagMonitor` keeps a timer
-on the loop every ``interval`` seconds and measures how late it fires; a lateness above
-``threshold`` is a *lag*, remembered as the stretch of time the loop was not running.
-The fan-out asks :meth:`LoopLagMonitor.lagged_since` before charging a replica with a
-timeout or sending a hedge: if the loop lagged since the request was sent, the
-lateness may be ours.
+:class:`LoopLagMonitor` keeps a timer on the loop it measures (a ``call_at`` chain, not a
+task: a few microseconds a wake-up) and remembers each stretch in which it fired more than
+``threshold`` late, for :meth:`~LoopLagMonitor.lagged_since`. An async context manager on
+that loop; not thread-safe. A monitor never started reports no lag.
 
-A data server asks it how long a request has waited in its loop before its handler
-ran: that wait is spent from the request's budget, so that a request that queued past
-its deadline is answered at once (504) instead of searched for a search server that has
-given up on it (work for nobody, which kept an overloaded fleet overloaded after the
-load had passed).
-
-The timer is a ``call_at`` chain, not a task: at 40 wake-ups a second it costs a few
-microseconds each. Used as an async context manager (or :meth:`start` /
-:meth:`aclose`) on the loop it measures; not thread-safe. Failure behaviour: none of its
-own; a monitor never started reports no lag.
+Design: docs/design/overload.md, "Only outliers are blamed".
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Prometheus metrics of the discovery framework.
+"""Prometheus metrics of the discovery framework, on the ``CollectorRegistry`` passed in.
 
-Each component gets its metrics object from the :class:`~prometheus_client.CollectorRegistry`
-passed to it, never the global ``REGISTRY``: an embedding application decides which
-registry it exposes, a fleet of simulated servers in one process keeps one registry per
-server, and every test gets a fresh one.
+Names: docs/contracts.md, "Metrics".
 """
 
 from __future__ import annotations

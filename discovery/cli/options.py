@@ -1,20 +1,10 @@
 """Flags and environment variables: one table of options, and the builders of the settings.
 
-Every process builds its configuration once, at start-up, from flags and the
-environment (a flag wins over the variable, the variable over the default) into the
-frozen dataclasses of :mod:`discovery.config`, and passes those down. Nothing reads
-``os.environ`` later.
+A flag wins over its variable, the variable over the default; a bad value is reported by
+its flag's or variable's name. The settings are built once, at start-up; only entry
+points use this module.
 
-An :class:`Option` names its flag, variable, type and help once; :func:`add_options`
-puts a group of them on an :mod:`argparse` parser (the help text shows the variable
-and the default), and :func:`parse_env` validates the variables so that a bad value
-is reported with the variable's name instead of a traceback. :func:`zk_config`,
-:func:`cluster_config` (with :func:`redis_config`) and :func:`agent_config` build the
-library's settings from a namespace parsed with :data:`ZK_OPTIONS`,
-:data:`COMMON_OPTIONS` and :data:`AGENT_OPTIONS`.
-
-Entry points (``discovery``, ``data-server``, ``search-server``) use this module; the
-library itself never does, so embedding the agent imports no argparse tables.
+Settings: docs/settings.md, "How settings are read".
 """
 
 from __future__ import annotations

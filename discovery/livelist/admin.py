@@ -1,13 +1,10 @@
 """Operators' access to a live-list store: what is published, and the fence.
 
 :class:`LiveListAdmin` is what ``discovery status``, ``discovery fence`` and the chaos
-observer use instead of a backend's keys: read the published list with the leader's
-heartbeat, read and repair the fence, follow every accepted write. Never on the
-routing path: search servers use :class:`~discovery.livelist.LiveListFollower`.
-:class:`OpenedStore` is a store with its admin, as
-:func:`~discovery.livelist.open_store` gives it. The records read (:class:`Meta`,
-:class:`Heartbeat`, :class:`StoredFence`, :class:`Published`) are the same for every
-backend.
+observer read instead of a backend's keys, never on the routing path; its records are the
+same for every backend. :class:`OpenedStore` is a store with its admin.
+
+Design: docs/design/live-list.md, "The live-list store".
 """
 
 from __future__ import annotations

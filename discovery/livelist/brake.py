@@ -1,42 +1,10 @@
 """The leader's mass-loss brake: hold removals when too many data servers vanish at once.
 
-A data server's znode disappears when its ZooKeeper session ends. One server gone is
-almost always a dead server. Many servers gone within seconds, none of which said it
-was leaving, more likely means a problem on ZooKeeper's side (a partition between a
-rack and the ensemble, an overloaded ensemble expiring sessions) while the servers
-themselves still answer. Publishing those removals would shrink every search
-server's fan-out at once, so the leader holds them for a bounded time instead; the
-search servers' own deadlines and outlier ejection keep queries safe if the held
-servers really are dead.
+:class:`MassLossBrake` is a policy (clock passed in, no I/O but logs and metrics) that
+never raises on input. Only unannounced losses are held, each for at most ``hold``
+seconds after its server vanished; a brake belongs to one leader term.
 
-:class:`MassLossBrake` is the policy, with no I/O but logging and metrics, and its
-clock passed in. The leader feeds it the current member set on every publish
-decision (:meth:`MassLossBrake.apply`) and publishes the members it returns:
-
-* An *unannounced loss* is a member that vanished while its last payload said
-  ``serving`` (and ``enabled``). A member whose last payload was draining or
-  disabled announced its departure: its removal is deliberate and never held.
-* Unannounced losses are remembered for ``window`` seconds. When more than
-  ``fraction`` of the members known in the window (the current members plus those
-  lost in it) are lost, and at least ``min_count`` of them, the brake *engages*.
-* Engaging holds every loss of the window: its last instance is published again,
-  unchanged. That includes the first few of a burst, which the leader read and
-  published before the threshold was crossed (the watcher reads the first change
-  of a burst at once): they come back into the list tens of milliseconds after
-  leaving it, instead of staying out for the whole partition. While engaged, every
-  further unannounced loss is held too.
-* A held member that comes back simply stays (it is a member again). Additions,
-  changes and deliberate removals are never held.
-* **The bound**: a removal is released (published as removed) ``hold`` seconds after
-  its server vanished, whether or not it came back; no server absent from ZooKeeper
-  is published for longer than that. The brake disengages when nothing is held any
-  more. :meth:`MassLossBrake.seconds_until_release` tells the caller when to call
-  :meth:`~MassLossBrake.apply` again so the bound is kept.
-
-Failure behaviour: none of its own; it never raises on input. The brake belongs to
-one leader term: a new term (this or another search server) starts with an empty
-brake, so removals held by a deposed leader are published by its successor's first
-full snapshot.
+Design: docs/design/live-list.md, "The mass-loss brake".
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Fan a follower's list changes out to any number of async iterators.
 
-A :class:`~discovery.livelist.LiveListFollower` keeps one list current; code that wants
-to *react* to it (another Python service keeping its own routing table, a dashboard)
-iterates :meth:`~discovery.livelist.model.LiveListFollower.changes`. :class:`ChangeFeed` is that
-part of a follower, shared by every implementation: each subscriber gets its own
-unbounded queue (a slow consumer delays only itself and never loses a step), its first
-item is the list held at subscription, and every queue ends when the feed closes.
+Each subscriber has its own queue (a slow consumer delays only itself and loses nothing),
+starting with the list held; every queue ends when the feed closes.
 
-:func:`diff_lists` computes what a reload changed; it is O(size of the lists), so
-followers call it only for a reload, and build a delta's change from the delta itself.
+Design: docs/design/live-list.md, "The live-list store".
 """
 
 from __future__ import annotations

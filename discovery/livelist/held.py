@@ -1,8 +1,9 @@
 """The live list a follower holds, and what it implies (every backend's followers).
 
-:class:`HeldList` keeps the current list, when it was installed and last confirmed, its
-routable count and gauges, and tells waiters and change subscribers of each new list.
-It never talks to a store and never fails: what to install is decided by its callers.
+:class:`HeldList` never talks to a store and never fails: what to install is decided by
+its callers.
+
+Design: docs/design/live-list.md, "Following the list".
 """
 
 from __future__ import annotations

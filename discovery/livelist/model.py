@@ -1,30 +1,11 @@
-"""The live-list store: where the leader publishes the list and every search server reads it.
+"""The live-list store seam: the :class:`LiveList` value and the protocols a backend implements.
 
-This module is the seam between the live list and its backend. It holds what does not
-depend on one: the :class:`LiveList` value and three protocols.
+A store gives a fenced publisher per leadership term, reads the stored list, and builds
+followers. A write the backend refuses for a newer epoch or version raises
+:class:`~discovery.errors.FencedError`; a follower never moves backwards in
+``(epoch, version)`` and keeps its list while the backend is unreachable.
 
-* :class:`LiveListStore` — one cluster's list in some backend. It hands out a
-  :class:`LiveListPublisher` per leadership term (**publish full, publish change,
-  heartbeat**), reads the stored list once (**read snapshot**) and builds a
-  :class:`LiveListFollower` (**follow changes**) that keeps a local copy current.
-* :class:`LiveListPublisher` — the fenced writer of one term. A write that the backend
-  refuses because a newer epoch or version is stored raises
-  :class:`~discovery.errors.FencedError`: a deposed leader can never overwrite its
-  successor, whatever it believes about its own session.
-* :class:`LiveListFollower` — the list a search server routes with. It never moves
-  backwards in ``(epoch, version)``, keeps the last list while its backend is
-  unreachable, and says how old its list is (:meth:`LiveListFollower.age`).
-
-:class:`~discovery.leader.LeaderDuty` takes a store and asks it for a publisher at the
-start of each term; ``search_server`` takes one and routes with its follower. The
-default implementation is :class:`~discovery.livelist.redis.RedisLiveStore` (Redis layout 2:
-a hash of servers, a meta hash, a stream of changes, a heartbeat key and one Lua script
-that fences every write); :class:`~discovery.livelist.memory.MemoryLiveStore` keeps
-the list in process memory. A second backend is a new class implementing these
-protocols (and :class:`~discovery.livelist.admin.LiveListAdmin` for operators),
-registered by URL scheme (:mod:`discovery.livelist.open`), not an edit of the leader,
-the search server or the tools; ``discovery.testing.storecontract`` is the suite it
-must pass.
+Design: docs/design/live-list.md, "The live-list store".
 """
 
 from __future__ import annotations

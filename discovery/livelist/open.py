@@ -1,11 +1,9 @@
 """Opening a live-list store by its URL: :func:`open_store`.
 
-:class:`StoreSchemes` maps URL schemes to :class:`StoreFactory`\\ s; :func:`default_schemes`
-has the stores the library ships: Redis (``redis://``, ``rediss://``, ``unix://``,
-``redis+sentinel://``, ``rediss+sentinel://``, ``redis+cluster://``,
-``rediss+cluster://``) and the in-memory one (``memory://NAME``). Callers (the search
-server, ``discovery status`` and ``fence``, the chaos run) open their store here and
-never name a store's class, so a new store is one factory registered on the schemes.
+:class:`StoreSchemes` maps URL schemes to factories (:func:`default_schemes`: Redis and
+``memory://``); callers never name a store's class, so a new store is one factory.
+
+Design: docs/design/live-list.md, "The live-list store".
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The in-memory live-list store, for tests and for embedding in one process.
+"""The in-memory live-list store (:class:`MemoryLiveStore`), for tests and one-process use.
 
-* :mod:`~discovery.livelist.memory.state`: the shared list and its fence.
-* :mod:`~discovery.livelist.memory.publisher`: the fenced writer of one term.
-* :mod:`~discovery.livelist.memory.follower`: a search server's copy of the list.
-* :mod:`~discovery.livelist.memory.store`: :class:`MemoryLiveStore` and its admin.
+Design: docs/design/live-list.md, "The live-list store".
 """
 
 from discovery.livelist.memory.state import MemoryList, MemorySpace

@@ -1,14 +1,10 @@
 """A search server's copy of an in-memory list: :class:`MemoryFollower`.
 
-It follows the rules of :class:`~discovery.livelist.redis.LiveListReader`: load the
-list and the position of the last change at one instant; apply each delta that
-follows the list held; load again on a ``full`` change, a new epoch or a gap (a
-change whose ``prev`` is not the version held: the changes between were trimmed);
-reconcile with the meta record when nothing arrived for ``reconcile_interval`` and
-after an outage. The list never moves backwards in ``(epoch, version)``, except when
-the fence's generation moves on (``discovery fence repair``). In an outage the list is
-kept, :attr:`~MemoryFollower.connected` is False and the follower tries again with a
-jittered backoff.
+It keeps the rules of :class:`~discovery.livelist.redis.LiveListReader`: deltas in order,
+a reload on a gap or a new epoch, reconciles, never backwards but on a new fence
+generation; in an outage it keeps the list and retries with a jittered backoff.
+
+Design: docs/design/live-list.md, "Following the list".
 """
 
 from __future__ import annotations

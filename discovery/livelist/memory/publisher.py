@@ -1,10 +1,9 @@
 """The fenced writer of one term on an in-memory list: :class:`MemoryPublisher`.
 
-It keeps the rules of :class:`~discovery.livelist.redis.LivePublisher`: versions start
-at 1 and every attempt takes the next one; a change is written as a delta only on top
-of this publisher's last write, else in full; a refused write raises
-:class:`~discovery.errors.FencedError`, then so does every later call, without asking
-the list; an outage raises :class:`~discovery.errors.StoreUnavailableError`.
+It keeps the rules of :class:`~discovery.livelist.redis.LivePublisher`; an outage raises
+:class:`~discovery.errors.StoreUnavailableError`.
+
+Design: docs/design/live-list.md, "The live-list store".
 """
 
 from __future__ import annotations

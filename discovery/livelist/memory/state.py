@@ -1,12 +1,11 @@
 """The shared state of an in-memory live list: :class:`MemoryList` and :class:`MemorySpace`.
 
-A :class:`MemoryList` holds what Redis holds for one cluster (the servers, the meta
-record, a bounded stream of changes, the heartbeat) and applies the same fence to
-every write (:meth:`MemoryList.write`: the rules of
-:data:`~discovery.livelist.redis.publisher.PUBLISH_SCRIPT`). Each method is one atomic
-step under a lock, so stores on several event loops of one process may share a list.
-:meth:`MemoryList.set_available` simulates an outage: every call then raises
+A :class:`MemoryList` holds what Redis holds for one cluster and applies the same fence to
+every write, each method one atomic step under a lock (stores on several event loops may
+share it). :meth:`MemoryList.set_available` simulates an outage: every call then raises
 :class:`~discovery.errors.StoreUnavailableError`, and nothing is lost.
+
+Design: docs/design/live-list.md, "The live-list store".
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The in-memory live-list store: :class:`MemoryLiveStore` and its :class:`MemoryAdmin`.
 
-For tests and for embedding the whole system in one process: every store opened on
-``memory://NAME`` (:func:`~discovery.livelist.open_store`) with the same cluster shares
-one :class:`~discovery.livelist.memory.state.MemoryList`, so a leader and its followers
-see each other. Nothing survives the process. :meth:`MemoryLiveStore.outage` and
-:meth:`MemoryLiveStore.trim` simulate what a real backend does to its clients.
+Every store opened on ``memory://NAME`` with the same cluster shares one list, so a leader
+and its followers in one process see each other; nothing survives the process.
+
+Design: docs/design/live-list.md, "The live-list store".
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Operators' access to the live list in Redis: :class:`RedisAdmin`.
+"""Operators' access to the live list in Redis: :class:`RedisAdmin`, the Redis store's admin.
 
-The :class:`~discovery.livelist.admin.LiveListAdmin` of
-:class:`~discovery.livelist.redis.RedisLiveStore`: the published list and the
-heartbeat in one MULTI/EXEC, the fence (:mod:`discovery.livelist.redis.fence`) and the
-change stream, decoded by the contract module :mod:`discovery.livelist.redis.layout`.
+It reads the published list with the heartbeat in one MULTI/EXEC, the fence and the
+change stream, through the contract module :mod:`discovery.livelist.redis.layout`.
+
+Contract: docs/contracts.md, "Redis".
 """
 
 from __future__ import annotations

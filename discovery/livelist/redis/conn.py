@@ -1,50 +1,11 @@
 """Redis clients built from the configuration, and the ACL rules of the two Redis roles.
 
-Every Redis client of the project is made by :func:`make_redis` from a
-:class:`~discovery.config.ClusterConfig` (the URL) and its
-:class:`~discovery.config.RedisConfig` (credentials, TLS), for one of two roles:
+:func:`make_redis` builds a client for one :class:`RedisRole` on one server, behind
+Sentinel or on Redis Cluster, as the URL's scheme says. Clients connect on their first
+command, so building one never fails for an unreachable Redis; refused credentials
+surface on that command.
 
-* :attr:`RedisRole.READ` — every search server's
-  :class:`~discovery.livelist.redis.LiveListReader` and ``discovery status``: the
-  consistent load (MULTI, HGETALL of ``P:meta`` and ``P:servers``, XREVRANGE of
-  ``P:changes``, EXEC), XREAD (BLOCK) and XRANGE of the stream, HMGET of ``P:meta``,
-  GET and PTTL of the heartbeat, PING. No writes.
-* :attr:`RedisRole.PUBLISH` — the leader's :class:`~discovery.livelist.redis.LivePublisher`:
-  EVALSHA of the publish script (SCRIPT LOAD when Redis does not know it yet, e.g.
-  after a restart or a failover), and, inside the script, HMGET to check the fence,
-  DEL/HSET/HDEL/HLEN on the hashes, SET of the heartbeat and XADD to the stream. Redis
-  checks the commands a script runs against the caller's ACL, key by key, so all of
-  these are listed.
-
-:func:`reader_acl_rules` and :func:`publisher_acl_rules` give exactly those
-permissions for one key prefix, in Redis 7 ACL syntax; :func:`acl_user_line` makes an
-ACL file line of them (the dev cluster's ``RedisServer(users=...)`` takes such lines,
-and ``ACL SETUSER <name> <rules>`` takes the same rules). ``+select`` is in both so
-that the URL may name a database other than 0.
-
-Three deployments, told apart by the URL's scheme (:func:`make_redis`):
-
-* ``redis://`` / ``rediss://`` / ``unix://`` — one Redis server;
-* ``redis+sentinel://h1:26379,h2:26379/<primary name>[/db]`` — a primary found through
-  Sentinel (redis-py's asyncio :class:`~redis.asyncio.sentinel.Sentinel`): every new
-  connection asks the sentinels where the primary is now, so after a failover the
-  client's next connection reaches the promoted replica. The credentials and TLS
-  options are the data servers'; the sentinels are reached with the same TLS setting
-  and no password (``sentinel auth`` is not supported);
-* ``redis+cluster://h1:p1[,h2:p2...]`` — Redis Cluster (redis-py's
-  :class:`~redis.asyncio.cluster.RedisCluster`); every key of one cluster's live list
-  shares a hash slot (``P = discovery:{<cluster>}``), so scripts and transactions run
-  on the one node that owns it.
-
-:func:`describe_redis` says where a client connects, without credentials (``discovery
-status``).
-
-Clients connect lazily (on their first command), so building one never fails for an
-unreachable Redis; refused credentials then surface on the first command as
-``redis.exceptions.AuthenticationError``, which
-:func:`~discovery.livelist.redis.layout.translate_redis_error` turns into
-:class:`~discovery.errors.RedisAuthError`, and an ACL refusal into
-:class:`~discovery.errors.RedisPermissionError`.
+Design: docs/design/security.md, "Redis security: passwords, ACL users, TLS".
 """
 
 from __future__ import annotations
@@ -91,7 +52,7 @@ class RedisRole(StrEnum):
     """Write the live list (the leader): the publishing credentials."""
 
 
-#: Commands of the reading role (see the module docstring for who sends which).
+#: Commands of the reading role (who sends which: docs/design/security.md).
 READER_COMMANDS: Final = (
     "get",
     "hmget",

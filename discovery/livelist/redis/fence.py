@@ -1,41 +1,10 @@
 """Reading and repairing the live list's fence in Redis (layout 2).
 
-The fence is ``P:meta``'s ``(epoch, version)``: the publish script
-(:data:`~discovery.livelist.redis.publisher.PUBLISH_SCRIPT`) refuses a write of a lower epoch, and
-readers (:class:`~discovery.livelist.redis.LiveListReader`) never take a lower position
-than one they hold. So an epoch that no leader can hold (above ZooKeeper's bound,
-:mod:`discovery.zk.epochs`), once written to ``P:meta``, pins every reader on that
-list and refuses every real leader, for good. The leader notices, holds its term
-without publishing and alerts (:class:`~discovery.leader.LeaderDuty`); nothing
-overrides the fence by itself. An operator repairs it (``discovery fence repair``,
-:mod:`discovery.tools.fence`) with :func:`repair_fence`, one Lua script
-(:data:`REPAIR_SCRIPT`), hence atomic:
+:func:`repair_fence` (``discovery fence repair``) resets a fence poisoned by an epoch no
+leader can hold, in one compare-and-set Lua script (:data:`REPAIR_SCRIPT`), and moves the
+fence generation on, which releases every pinned reader; ``P:servers`` is left as it is.
 
-* it writes nothing unless ``P:meta``'s ``epoch``, ``version`` and ``fence`` are
-  still what the operator's check read (compare and set);
-* it sets ``epoch`` to one below the current leader's (0 without a leader), so the
-  leader's next write passes the fence while the writes of leaders before it stay
-  refused; ``version`` 1, so readers route with the list meanwhile (version 0 means
-  "nothing published"); ``leader`` names the repair, ``published_at`` now, ``count``
-  the servers stored; ``writer`` is removed, so the leader's heartbeat finds the
-  list not its own and publishes it in full;
-* it moves the **fence generation** (``P:meta``'s ``fence``) on, and appends a
-  ``full`` entry stamped with it to ``P:changes``. A reader that sees a generation
-  other than its own (on that entry at once, or in ``P:meta`` when it reconciles)
-  takes the stored list whatever its position: that is how pinned readers are
-  released. Only the repair changes the generation; the publish script keeps it and
-  stamps it on its entries.
-
-``P:servers`` is left as it is: the servers a reader routes with do not change,
-only the fence. The leader resumes within ``--fence-recheck-max`` of the repair.
-
-Threat model: whoever can write these keys can damage the list in many ways (write
-``P:servers``, publish a higher version in the current epoch, set the generation
-too); Redis's ACL (:mod:`discovery.livelist.redis.conn`) is what keeps them out. What this adds
-is that the one damage that used to be permanent, an impossible epoch, is detected
-(the leader's metric and alert) and repaired by one command, and that a reader
-released by a generation change is back under the normal fence from the next
-publish on.
+Design: docs/design/live-list.md, "Election and publishing" (a poisoned fence).
 """
 
 from __future__ import annotations

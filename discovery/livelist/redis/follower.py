@@ -1,65 +1,12 @@
 """The live list every search server routes with, read from Redis (layout 2) and kept current.
 
-The default :class:`~discovery.livelist.LiveListFollower`, made by
-:meth:`discovery.livelist.redis.RedisLiveStore.follower`. The leader writes the list
-with :class:`~discovery.livelist.redis.LivePublisher` in the layout of
-:mod:`discovery.livelist.redis.layout`; a :class:`LiveListReader`:
+:class:`LiveListReader` loads the list consistently, then follows ``P:changes``, loading
+again when an entry does not follow and reconciling with ``P:meta`` when quiet. The list
+never moves backwards in ``(epoch, version)`` but on a new fence generation; with Redis
+unreachable it is kept and served while the reader retries, and nothing malformed stops
+the reader.
 
-1. **loads** ``P:meta``, ``P:servers`` and the id of the last ``P:changes`` entry in
-   one MULTI/EXEC (:func:`~discovery.livelist.redis.layout.load`), so the list and the point to
-   follow from agree;
-2. **follows** ``P:changes`` with ``XREAD BLOCK`` from that id, and applies each
-   ``delta`` whose ``prev`` is exactly the version it holds in its epoch, in stream
-   order. Applying one is O(changed): the next :class:`~discovery.livelist.LiveList`
-   shares its map of servers with the last one (:meth:`~discovery.livelist.model.LiveList.apply`);
-3. **loads again** when an entry does not follow: a ``full`` entry (a new term, or a
-   leader that found Redis without its last write), a new epoch, or a gap (``prev``
-   is not our version: entries were trimmed away, or Redis lost some);
-4. **reconciles** when nothing arrived for ``reconcile_interval`` seconds and after
-   every reconnection: it reads ``(epoch, version)`` from ``P:meta``; equal confirms
-   the list, newer is caught up from the stream (or loaded), older is a Redis that
-   lost our writes (kept until the leader republishes). This also covers a stream
-   whose ids went backwards (a failover to a replica whose clock is behind).
-
-The list never moves backwards: a load or entry with a lower epoch, or the same epoch
-and a lower version, than the list held is refused and counted, so the leftovers of a
-deposed leader (or a replica that missed writes) cannot win. Epochs are ZooKeeper
-zxids, monotonic for the life of the ensemble.
-
-The one exception is the **fence generation** (``P:meta``'s ``fence``, stamped on
-every stream entry), which only ``discovery fence repair`` changes: after a write of
-an epoch no leader can hold pinned every reader (and fenced the real leader off), the
-repair resets the fence and moves the generation on. A reader that sees a generation
-other than the one of the list it holds (in ``P:meta`` when it reconciles, or on an
-entry) loads the list and takes it whatever its ``(epoch, version)``: its high-water
-mark starts again from there. Anyone who can write Redis can damage the list anyway;
-the generation makes that damage recoverable rather than permanent.
-
-:meth:`LiveListReader.changes` is the API for other services: after a consistent load,
-an async iterator of :class:`~discovery.livelist.LiveListChange` (what was added, changed
-and removed, and why).
-
-Failure behaviour:
-
-* Redis unreachable (at start or later), or failing over behind Sentinel: the last
-  list is kept and served (at start, the empty list); :attr:`LiveListReader.connected`
-  is False, the reader retries with exponential backoff (0.1 s doubling to 0.5 s, with
-  jitter, so a fleet of search servers does not reconnect in lock-step; a retry is one
-  cheap ``HMGET`` unless the list changed meanwhile) and
-  reconciles on its return; :meth:`LiveListReader.age` grows meanwhile. A dead
-  connection is noticed by the client's socket timeout on the blocking read (keep it
-  above ``block``), or at the latest ``block`` + 5 s.
-* ``P:meta`` missing (Redis restarted empty, FLUSHALL): the list is kept; the
-  leader's heartbeat notices and publishes in full.
-* A malformed entry or meta record is skipped, logged and counted
-  (``discovery_livelist_malformed_total{kind}``); a malformed entry that names a newer
-  version causes a load. A malformed *server* in a load is skipped alone (counted as
-  ``server``). Nothing malformed stops the reader, at start or later.
-* A malformed ``P:meta`` (``kind="meta"``: a field missing, a number out of bounds)
-  keeps the list held (at start, the empty one). The reader goes on following the
-  stream, so the leader's next publish (which rewrites ``P:meta``) is loaded at once,
-  and reads ``P:meta`` again itself with a backoff (``block`` doubling to 30 s). The
-  first warning is logged at once, repeats at most once a minute.
+Design: docs/design/live-list.md, "Following the list".
 """
 
 from __future__ import annotations

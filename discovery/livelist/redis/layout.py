@@ -1,56 +1,10 @@
 """The Redis contract of the live list, layout version 2: key names, records, errors.
 
-Everything that writes or reads the list in Redis spells it through this module: the
-writer (:mod:`~discovery.livelist.redis.publisher`), the follower
-(:mod:`~discovery.livelist.redis.follower`),
-:meth:`~discovery.livelist.redis.RedisLiveStore.read`, ``discovery status`` and the
-chaos run. Under the key prefix ``P`` (``discovery:{<cluster>}``,
-:attr:`~discovery.config.ClusterConfig.redis_prefix`; the braces are a Redis Cluster
-hash tag, so every key of one cluster lives in one slot and one script may touch them
-all, on a single Redis, behind Sentinel or on Redis Cluster):
+Everything that writes or reads the list in Redis spells it through this module. Its
+decoders report what they cannot use as :class:`~discovery.errors.MalformedLiveListError`
+(or in the value), never another exception; :func:`translate_redis_error` maps redis-py's.
 
-* ``P:servers`` — a HASH: field = instance id, value = that instance's JSON in
-  Curator's layout (:meth:`~discovery.instance.ServiceInstance.to_json`). Draining
-  and disabled servers are listed; readers route only to
-  :attr:`~discovery.instance.ServiceInstance.routable` instances.
-* ``P:meta`` — a HASH: ``epoch``, ``version``, ``leader``, ``published_at`` (ms),
-  ``count`` (fields of ``P:servers``), ``writer``, an internal token of the
-  publisher object that wrote last (it makes a retried write recognisable), and
-  ``fence``, the fence's generation (absent: 0), which only ``discovery fence
-  repair`` changes: a reader that sees a generation other than the one of the list
-  it holds takes the stored list whatever its ``(epoch, version)``
-  (:mod:`discovery.livelist.redis.fence`).
-* ``P:changes`` — a STREAM, one entry per accepted publish, with the fields
-  ``epoch``, ``version``, ``prev`` (the version of the same epoch this entry follows;
-  0 for a full publish), ``kind`` (``full`` | ``delta``), ``leader``,
-  ``published_at``, ``upserts`` (a JSON array of instances added or changed) and
-  ``removes`` (a JSON array of ``{"id", "reason"}``), and ``fence``, the generation
-  ``P:meta`` had when the entry was written. A ``full`` entry carries no
-  instances: it says "``P:servers`` was rewritten, load it". Trimmed with
-  ``MAXLEN ~`` to a bounded length.
-* ``P:leader`` — the heartbeat, ``{"leader","epoch","version","at"}`` JSON written
-  with a TTL (``SET PX``), so readers can tell that nobody is publishing.
-
-Every write is one fenced Lua call (:data:`discovery.livelist.redis.publisher.PUBLISH_SCRIPT`):
-refused when its epoch is lower than ``P:meta``'s, or its version does not advance
-within the epoch. Readers load ``P:servers``, ``P:meta`` and the last stream id in
-one MULTI/EXEC (:func:`load`), then follow ``P:changes`` from that id; an
-entry whose ``prev`` is not the version they hold, or a new epoch, means load again.
-
-Numbers (epochs, versions, ``prev``, ``published_at``, ``count``, ``fence``) are
-ZooKeeper-zxid-sized: canonical decimal digits (no sign, no leading zero) of at most
-``2**63 - 1`` (:data:`MAX_NUMBER`, a Java long), which the publish script compares
-as strings. Anything else is not a number of the layout: its length is checked before
-``int()`` sees it, so a value of any size costs a bounded check, never an exception
-from ``int()`` and never a number no writer could have written.
-
-Decoders (:func:`parse_number`, :func:`parse_meta`, :func:`parse_position`,
-:func:`parse_servers`, :func:`parse_change`, :func:`parse_heartbeat`) accept
-whatever Redis returns and report what they cannot use as
-:class:`~discovery.errors.MalformedLiveListError` (or in the value), never another
-exception. redis-py errors become our tree through :func:`translate_redis_error`.
-The records they decode into, :class:`Meta` and :class:`Heartbeat`, are every
-backend's (:mod:`discovery.livelist.admin`).
+Contract: docs/contracts.md, "Redis".
 """
 
 from __future__ import annotations

@@ -1,64 +1,13 @@
-"""The leader's fenced writes of the live list to Redis (layout 2).
+"""The leader's fenced writes of the live list to Redis (layout 2): :class:`LivePublisher`.
 
-Only the elected leader runs a :class:`LivePublisher`, obtained for its term from
-:meth:`discovery.livelist.redis.RedisLiveStore.publisher`. The keys and records it writes
-(``P:servers``, ``P:meta``, ``P:changes``, ``P:leader``) are the contract in
-:mod:`discovery.livelist.redis.layout`; this module is how they are written.
+Every write is one Lua script (:data:`PUBLISH_SCRIPT`); a change writes only what changed.
+Errors: :class:`~discovery.errors.FencedError` once a newer leader has published (then on
+every call, without asking Redis); :class:`~discovery.errors.RedisUnavailableError` for an
+outage, a timeout, a read-only replica or a Sentinel without a primary (publish in full
+later); :class:`~discovery.errors.RedisAccessError` when publishing is refused (retrying
+cannot help).
 
-**A change writes only what changed.** :meth:`LivePublisher.publish_change` sends the
-added and changed instances (each encoded once) and the removed ids: the script
-``HSET``\\s and ``HDEL``\\s those fields, updates ``P:meta`` and appends one stream
-entry. Redis receives about a kilobyte for a change to one server, whether the cluster
-has 500 servers or 50,000. :meth:`LivePublisher.publish_full` rewrites ``P:servers``
-(a new term, or after a write whose outcome is unknown) and appends a ``full`` entry.
-
-**Fencing.** Every write (publish or heartbeat) is one Lua script
-(:data:`PUBLISH_SCRIPT`, EVALSHA through ``register_script``, so it is loaded again
-after a Redis restart or failover), hence atomic:
-
-* a write with an epoch lower than ``P:meta``'s is refused (``epoch`` fence);
-* a publish in the stored epoch with a version not above the stored one is refused
-  (``version`` fence), unless the stored meta is exactly this write (same epoch,
-  version and writer token): our own write retried by redis-py after a lost reply,
-  reported as published without writing again;
-* a heartbeat in the stored epoch is refused if the stored version is above ours, or
-  equal but written by another publisher object;
-* a delta is applied only on top of the exact version it follows, written by this
-  publisher object (``P:meta`` = our epoch, ``prev``, our token). Anything else means
-  ``P:servers`` is not what we last wrote: a failover promoted a replica that missed
-  acknowledged writes (replication is asynchronous), Redis restarted empty, someone
-  wrote by hand. The script then writes nothing and answers ``diverged``, and the
-  publisher republishes in full at once: **it never trusts what Redis says it has,
-  it checks ``P:meta``**.
-
-A refused write raises :class:`~discovery.errors.FencedError`: a newer leader has
-published, so the caller must stop leading; this publisher then refuses every further
-call without touching Redis. (Unless the stored epoch is one no leader can hold: the
-leader checks that against ZooKeeper before it resigns, see
-:class:`~discovery.leader.LeaderDuty`.)
-
-What the script counts as stored is what readers can decode
-(:mod:`discovery.livelist.redis.layout`): an ``epoch`` or ``version`` that is not a number of
-the layout (canonical decimal, at most ``2**63 - 1``) fences nobody, as if ``P:meta``
-were missing, and a heartbeat reports ``P:meta`` as not ours (so the leader publishes
-in full, rewriting every field) while ``published_at``, ``count`` or ``fence`` is
-malformed. Every write keeps ``P:meta``'s ``fence`` generation (a malformed one
-becomes 0) and stamps it on its stream entry; only ``discovery fence repair``
-(:mod:`discovery.livelist.redis.fence`) changes it.
-
-Versions start at 1 with the first publish of a publisher (a new epoch) and each
-publish *attempt* takes the next number, so a number is never reused: a write whose
-outcome is unknown (connection lost, timeout, cancelled) may have been applied, and
-reusing its version would fence ourselves. After such a failure the next
-:meth:`LivePublisher.publish_change` is a full publish. Keep one publisher object for
-the whole term.
-
-Errors: :class:`~discovery.errors.RedisUnavailableError` for connection loss,
-timeouts, a read-only replica or a Sentinel with no primary (the leader keeps its view
-and republishes in full later); :class:`~discovery.errors.RedisAccessError` when our
-credentials or ACL do not allow publishing (retrying cannot help; the leader gives up
-its term). The leader republishes in full once :meth:`LivePublisher.heartbeat`
-reports that ``P:meta`` is missing or not our last write.
+Contract: docs/contracts.md, "Redis".
 """
 
 from __future__ import annotations
@@ -237,7 +186,7 @@ redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[10], '*',
            'upserts', ARGV[11], 'removes', ARGV[12], 'fence', fence)
 return {'published', 'ok', epoch, version}
 """.replace("SLICE", str(_SLICE)).replace("MAX_NUMBER", str(MAX_NUMBER))
-"""The Lua script behind every write; its semantics are in the module docstring."""
+"""The Lua script behind every write; its rules are in docs/contracts.md, "Redis"."""
 
 
 class HeartbeatStatus(StrEnum):

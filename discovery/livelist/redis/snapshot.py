@@ -1,10 +1,10 @@
 """Loading the whole live list from Redis for a :class:`~discovery.livelist.redis.LiveListReader`.
 
-:class:`SnapshotLoader` reads ``P:meta`` and ``P:servers`` consistently and takes the
-list unless it is older than the one held (a new fence generation takes it anyway). It
-also reads ``P:meta``'s numbers for a reconcile. Redis failures are raised; a missing
-or malformed ``P:meta`` keeps the list held (a malformed one is read again after a
-backoff); a malformed server is skipped alone.
+:class:`SnapshotLoader` takes the stored list unless it is older than the one held (a new
+fence generation takes it anyway). Redis failures are raised; a missing or malformed
+``P:meta`` keeps the list held; a malformed server is skipped alone.
+
+Design: docs/design/live-list.md, "Following the list".
 """
 
 from __future__ import annotations

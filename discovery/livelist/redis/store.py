@@ -1,28 +1,10 @@
-"""The default live-list store: Redis, in layout 2 (:mod:`discovery.livelist.redis.layout`).
+"""The default live-list store: :class:`RedisLiveStore`, Redis in layout 2.
 
-:class:`RedisLiveStore` implements :class:`~discovery.livelist.LiveListStore` with the
-pieces that speak that layout: each term's publisher is a
-:class:`~discovery.livelist.redis.LivePublisher` (one Lua script fences every write and
-writes only what changed), each follower a :class:`~discovery.livelist.redis.LiveListReader`
-(a consistent load, then the change stream). The store holds what those share for the
-life of a process: the clients, the key prefix, the heartbeat TTL, the stream length
-and reconcile interval, and one set of metrics on the registry given (a registry
-refuses a second registration, and a search server leads many terms).
+It holds what its publishers and followers share for the life of a process (clients, key
+prefix, settings, metrics). Clients passed in stay the caller's;
+:meth:`RedisLiveStore.from_config` opens its own, which :meth:`RedisLiveStore.aclose` closes.
 
-The clients may be plain, Sentinel-managed (``redis+sentinel://``: the store follows
-a failover, and the leader republishes in full when the new primary lacks its last
-write) or Redis Cluster clients (``redis+cluster://``: every key of a cluster shares
-one hash slot); :func:`~discovery.livelist.redis.conn.make_redis` builds the right one from the
-URL.
-
-Two clients, two roles (:mod:`discovery.livelist.redis.conn`): followers read with ``redis``,
-publishers write with ``publish_redis`` (default: the same client), so a cluster can
-give the search servers that never lead a Redis user that cannot write. A store built
-with ``read_only=True`` has no publisher at all.
-
-Clients passed in stay the caller's; :meth:`RedisLiveStore.from_config` opens its own,
-which :meth:`RedisLiveStore.aclose` closes. Operators' reads and the fence's repair go
-through :attr:`RedisLiveStore.admin` (:class:`~discovery.livelist.redis.admin.RedisAdmin`).
+Design: docs/design/live-list.md, "The live-list store".
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Following ``P:changes`` for a :class:`~discovery.livelist.redis.LiveListReader`.
 
-:class:`StreamFollower` reads the change stream with ``XREAD BLOCK`` from the position
-of the last load, applies each delta that follows the list held, loads the list again
-(through a :class:`~discovery.livelist.redis.snapshot.SnapshotLoader`) when an entry
-does not follow, and reconciles with ``P:meta`` when the stream is quiet. It raises
-every Redis failure to its caller, which keeps the list and retries.
+:class:`StreamFollower` applies each delta that follows the list held, loads again when an
+entry does not, and reconciles with ``P:meta`` when the stream is quiet. It raises every
+Redis failure to its caller, which keeps the list and retries.
+
+Design: docs/design/live-list.md, "Following the list".
 """
 
 from __future__ import annotations
