@@ -1,5 +1,7 @@
-"""A complete local backend for development: a ZooKeeper ensemble plus one Redis server,
-or a Redis primary with replicas watched by Sentinels."""
+"""A local backend in one scratch directory: ZooKeeper, and one Redis or a Sentinel group.
+
+Development: docs/development.md, "The development cluster".
+"""
 
 from __future__ import annotations
 

@@ -1,33 +1,9 @@
 """Real network partitions on one machine: hosts in network namespaces, cuts by iptables.
 
-A :class:`NetworkLab` is a Linux bridge in the root namespace with an address of its
-own, and any number of :class:`Host` s: a network namespace each, joined to the bridge
-by a veth pair, with an address on the same /24 taken from 198.18.0.0/15 (the range
-reserved for network tests, RFC 2544). A process started with :meth:`Host.popen` (or
-given :meth:`Host.wrap` as its command prefix) lives in that namespace: it reaches the
-root namespace's servers at :attr:`NetworkLab.gateway` (servers bind to it), and they
-reach it at :attr:`Host.address`.
+Needs root. A cut drops (never rejects) inside one host's namespace, so nothing outside the
+lab is touched; a reaper removes the lab however its creator ends, SIGKILL included.
 
-A **cut** drops packets with iptables rules inside the host's own namespace, so
-nothing outside the lab is touched: :meth:`NetworkLab.cut` drops a host's traffic to
-one service (``port`` on the other side: "this data server cannot reach ZooKeeper"),
-or the traffic of those who use a service of the host (``served=True``: "the search
-servers cannot reach this data server"), or everything to and from an address. A cut
-drops, it does not reject: both sides learn only by their own timeouts, as in a real
-partition. ``tc netem`` is not available here, so delays stay application faults.
-
-Frames between hosts cross the root namespace's bridge. Where ``br_netfilter`` is loaded
-(Docker loads it, and sets the ``FORWARD`` policy to DROP), bridged frames go through
-the root namespace's ``FORWARD`` chain, so the lab puts one ACCEPT rule for its own
-bridge first in that chain, tagged with a comment, and removes it with the bridge.
-
-Cleanup is certain. Every name carries the creating process's id; a **reaper**
-process, started with the lab, deletes everything carrying it as soon as its pipe from
-us closes, which happens however we end (a SIGKILL included). At start-up, leftovers of
-labs whose creator is gone are swept as well. Root is required (``ip netns``).
-
-Labs of several processes coexist (parallel test workers, concurrent test runs, a chaos
-run): their names differ by process id, and each picks its /24 under a machine-wide lock.
+Development: docs/development.md, "The chaos run".
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Loopback ports for local servers.
+"""Free loopback ports for local servers, picked below the kernel's ephemeral range.
 
-``free_port``/``free_ports`` pick ports the kernel considers free right now. Nothing reserves
-them afterwards, so another process may take one before our server binds it; the server then
-fails to start and :meth:`~discovery.testing.process.ManagedProcess.wait_ready` reports
-its log (``Address already in use``) instead of hanging.
+Nothing reserves a port once picked: one taken meanwhile fails the server's start with its
+log (``Address already in use``), never a hang.
 
-They are picked *below* the kernel's ephemeral range (``ip_local_port_range``), not with a
-bind to port 0, which hands out a port of that range: every outgoing connection takes its
-local port from the same range, and a test suite opens thousands of them, so a port picked
-there was now and then taken by some client's connection before the server bound it (a
-sentinel failed to start that way in a full run). Below the range only servers bind, and
-the bind test below sees them.
+Why below the range: docs/development.md, "The development cluster".
 """
 
 from __future__ import annotations

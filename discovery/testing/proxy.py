@@ -1,18 +1,9 @@
 """A TCP forwarder whose link can be cut: a partition between one client and one server.
 
-:class:`TcpProxy` listens on a loopback port and forwards every connection to a
-target. :meth:`~TcpProxy.blackhole` makes it behave like a network that drops every
-packet: connections stay open, new ones are accepted, and no byte gets through in
-either direction, so the client learns nothing until its own timeouts fire. That is
-the one fault a client library cannot tell from a slow server, and the one kazoo's
-reconnection never recovers from by itself (it is still trying when the server has
-long expired the session); the session watchdog of :class:`discovery.zk.session.ZkSession`
-exists for it. :meth:`~TcpProxy.heal` lets traffic through again, :meth:`~TcpProxy.reset`
-closes every connection (a crashed peer).
+:meth:`TcpProxy.blackhole` drops every byte both ways, connections left open, until
+:meth:`~TcpProxy.heal`; :meth:`~TcpProxy.reset` closes them all. One daemon thread.
 
-Everything runs in one daemon thread with a selector; :meth:`~TcpProxy.close` stops it
-and closes every socket. For links between whole processes (a data server cut from
-ZooKeeper but not from its clients), see the network-namespace tooling instead.
+Design: docs/design/zookeeper.md, "The session watchdog: a session can never hang".
 """
 
 from __future__ import annotations

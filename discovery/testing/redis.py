@@ -1,17 +1,9 @@
 """A real ``redis-server`` for development and tests, on loopback, without persistence.
 
-The server runs in the foreground as our child, with RDB and AOF disabled: the live list it
-holds is republished by the leader, so a dev server never needs its data on disk.
-``$REDIS_SERVER`` overrides the binary; ``make setup`` installs the Debian package.
+Optionally with a password, ACL users and TLS (:mod:`discovery.testing.tls`), or as a
+replica; ``$REDIS_SERVER`` overrides the binary.
 
-By default there is no authentication and no TLS. Optionally the ``default`` user gets a
-password, further ACL users are defined (lines of an ACL file, e.g. from
-:func:`discovery.livelist.redis.conn.acl_user_line`), and the server speaks only TLS, with a
-throwaway CA and certificate made in its directory (:func:`~discovery.testing.tls.make_dev_pki`).
-
-For replication (:mod:`discovery.testing.sentinel`) and Redis Cluster
-(:mod:`discovery.testing.rediscluster`) a server can start as a replica (``replicaof``) and
-take further configuration directives, written to a file in its directory.
+Development: docs/development.md, "The development cluster".
 """
 
 from __future__ import annotations

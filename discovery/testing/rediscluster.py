@@ -1,18 +1,9 @@
-"""A real Redis Cluster for tests, the chaos run and ``discovery devcluster``.
+"""A real Redis Cluster (``redis+cluster://``) for tests, the chaos run and development.
 
-:class:`RedisClusterServers` runs ``primaries`` (at least 3) ``redis-server`` processes in
-cluster mode, plus ``replicas_per_primary`` replicas of each, on free ports of ``host``
-(loopback by default), persistence off, each in its own subdirectory of one work directory
-with its own ``nodes.conf``, and forms the cluster with ``redis-cli --cluster create``.
-Clients reach it through :attr:`RedisClusterServers.url`,
-``redis+cluster://h1:p1,h2:p2,...`` (no database: a cluster has only db 0).
+Formed with ``redis-cli --cluster create`` (``$REDIS_CLI`` overrides it); a failed
+``start()`` stops everything it started and raises ``DevClusterError`` with the logs' tails.
 
-Each node also listens on its cluster bus port, its port + 10000, which Redis derives
-and which must be free as well: :func:`cluster_ports` picks ports for which both are.
-``$REDIS_CLI`` overrides the ``redis-cli`` binary (:func:`find_redis_cli`).
-
-Every wait polls a condition with a deadline and fails with ``DevClusterError`` carrying
-the tails of the logs; a failed ``start()`` stops everything it had started.
+Development: docs/development.md, "The development cluster".
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""Redis high availability for tests, the chaos run and ``discovery devcluster``: a real
-primary, its replicas and the Sentinels that watch them.
+"""A real Redis primary, its replicas and the Sentinels watching them, for tests and tools.
 
-:class:`RedisSentinelGroup` runs every one of them as a ``redis-server`` child process on
-a free port of ``host`` (loopback by default), persistence off, each in a subdirectory of
-one work directory with its log there. ``start()`` returns once the replicas replicate and
-every sentinel knows the primary, all replicas and all other sentinels, so a failover can
-happen right away; ``failover()`` forces one, ``kill_primary()`` makes one happen the way
-a crash does, and ``restart()`` brings a stopped server back as a replica of whoever is
-primary now. Clients reach the group through :meth:`RedisSentinelGroup.sentinel_url`,
-``redis+sentinel://h1:p1,h2:p2,.../<master name>/<db>``.
+``start()`` returns once a failover can happen; a failed one stops everything it started.
+Failovers are forced, or made as a crash makes them; clients use ``redis+sentinel://``.
 
-:class:`RedisSentinel` (:mod:`.sentinelprocess`) is one sentinel; what the group's
-processes report is read by :mod:`.sentinelview`, and its failovers are
-:mod:`.sentinelfaults`'.
-
-Every wait polls a condition with a deadline and fails with ``DevClusterError`` carrying
-the tails of the logs; a failed ``start()`` stops everything it had started.
+Development: docs/development.md, "The development cluster".
 """
 
 from __future__ import annotations

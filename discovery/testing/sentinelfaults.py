@@ -1,9 +1,6 @@
-"""Failovers of a Redis Sentinel group, forced or as a crash makes them, and the
-waits until the group is whole again.
+"""Failovers of a Redis Sentinel group, forced or by a crash, and waits until it is whole.
 
-:class:`SentinelFaults` acts on the group's processes and judges the outcome by what
-:class:`~discovery.testing.sentinelview.SentinelView` reads; every wait has a deadline
-and fails with ``DevClusterError`` carrying the logs' tails.
+Every wait has a deadline and fails with ``DevClusterError`` carrying the logs' tails.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """One Redis Sentinel process for tests, the chaos run and ``discovery devcluster``.
 
-:class:`RedisSentinel` is ``redis-server <conf> --sentinel``, where the binary is
-``$REDIS_SENTINEL``, else ``redis-sentinel`` on PATH, else ``redis-server``
-(:func:`find_redis_sentinel`). Sentinels rewrite their configuration file with what they
-learn; a sentinel restarted on its own keeps it, one whose configuration is reset
-writes it anew.
+A sentinel rewrites its configuration file with what it learns: one restarted on its own
+keeps it, one whose configuration is reset writes it anew.
 """
 
 from __future__ import annotations

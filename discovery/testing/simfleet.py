@@ -1,40 +1,10 @@
 """A simulated fleet: one process answering for thousands of data servers.
 
-Running 50,000 real data servers (each a process, or even a server object with its own
-ZooKeeper session, index and agent) does not fit on one machine. The search path does
-not need them: a search server sees a data server as a registration in ZooKeeper and
-an address that answers ``GET /search``. :class:`SimulatedFleet` gives it both for
-``size`` data servers at once:
+Each server of a :class:`SimulatedFleet` is an ephemeral registration and a loopback address
+of its own, with canned answers, faults and counts. Not thread-safe: it runs on the event
+loop that started it.
 
-* **Addresses.** Simulated server ``i`` is at its own loopback address
-  (:func:`address_of`: ``127.a.b.c``, outside ``127.0.0.0/16``) on one shared port, so
-  a search server holds a distinct connection pool per data server, as it would in a
-  real fleet. Linux delivers every ``127.0.0.0/8`` address to the loopback interface;
-  the fleet listens on the wildcard address and closes at once any connection that did
-  not come in on one of its simulated addresses (nothing from another interface is
-  ever answered).
-* **Answers.** A minimal HTTP/1.1 server (an :class:`asyncio.Protocol`, keep-alive,
-  no request bodies) answers ``/search`` with its shard's ``k`` hits, the same for
-  every query, encoded once per shard, with ``took_ms``, ``queue`` and ``cut`` as a
-  data server reports them, and ``/healthz``. At a few microseconds per answer, one
-  process serves a search server's fan-out over 500 shards at the rates a benchmark
-  needs, without taking the CPU the search server is measured on.
-* **Registrations.** Each server's EPHEMERAL :class:`~discovery.instance.
-  ServiceInstance` node under ``/data_servers`` (shard ``i % shards``, replica
-  ``i // shards``, ``docs``), created by ``sessions`` ZooKeeper sessions in pipelined
-  batches: its registrations go when the fleet closes or a session expires, as a real
-  fleet's would.
-* **Faults**, per server: :meth:`SimulatedFleet.set_mode` ``refuse`` (connections
-  closed at once, as a dead process's port), ``hang`` (requests never answered),
-  ``slow`` (answers after ``delay`` seconds), ``ok``; :meth:`deregister` /
-  :meth:`register` take its node away and back.
-* **Counts**, per server: requests answered (:attr:`SimulatedFleet.served`) and
-  connections open (:attr:`SimulatedFleet.connections`), the figures of a subset's
-  spread and of the sockets a search server holds.
-
-A test tool beside the library (``discovery.testing``), used by
-``bench/bench_fleet_scale.py`` and by tests at smaller sizes. Not thread-safe: it
-runs on the event loop that started it.
+Development: docs/development.md, "The development cluster" (a simulated fleet).
 """
 
 from __future__ import annotations

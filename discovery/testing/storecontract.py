@@ -1,14 +1,10 @@
 """The contract every live-list store keeps, as checks a store's own tests run.
 
-As ``kazoo.testing`` gives tests a real ZooKeeper, this gives a store the cases it
-must pass, each an ``async def check_*(harness)`` (:data:`CHECKS`): a follower sees
-every publish in order; versions never move backwards; a deposed epoch is fenced; a
-gap or an emptied change log makes a follower load the published list; a follower
-keeps its list through an outage and catches up after; a full publish reloads; the
-admin reads what was published and repairs a broken fence. A :class:`StoreHarness`
-gives a check stores on one fresh list of its backend, and that backend's faults;
-:class:`MemoryHarness` and :class:`RedisHarness` are the library's.
-``tests/integration/test_store_conformance.py`` runs every check against every store.
+Each ``check_*`` of :data:`CHECKS` runs on a :class:`StoreHarness` (a fresh list of one
+backend, and that backend's faults); ``tests/integration/test_store_conformance.py`` runs
+every check against every store.
+
+Design: docs/design/live-list.md, "The live-list store".
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Throwaway TLS certificates for a local Redis: a CA, a server and a client certificate.
 
-Made with the ``openssl`` command line tool, for development and tests only: the keys are
-unencrypted files in the given directory, the CA is trusted by nobody but the clients
-told to use it, and everything expires after a few days. The server certificate names
-``localhost`` and ``127.0.0.1``, so clients verify the hostname of a loopback server
-without switching that check off.
+For development and tests only: unencrypted keys, a CA nobody else trusts, a few days'
+validity; the server certificate names ``localhost`` and ``127.0.0.1``.
+
+Design: docs/design/security.md, "Redis security: passwords, ACL users, TLS".
 """
 
 from __future__ import annotations

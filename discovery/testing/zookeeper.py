@@ -1,9 +1,9 @@
 """Real ZooKeeper servers for development and tests: one JVM per server, on loopback.
 
-A :class:`ZooKeeperServer` is one JVM; a :class:`ZooKeeperEnsemble` is one standalone server
-(size 1) or a quorum of three or more. They run the Debian package ``zookeeper`` (3.8) with
-Java 17; ``make setup`` installs both. Each server keeps its ``zoo.cfg``, data and log in its
-own directory, so a restart comes back with the same data on the same port.
+A :class:`ZooKeeperEnsemble` is one standalone server or a quorum of three or more; each
+server keeps its data in its own directory, so a restart comes back with it on its port.
+
+Development: docs/development.md, "The development cluster".
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """``discovery demo``: the whole system on one machine, with a scripted failure scenario.
 
-It runs a 3-server ZooKeeper ensemble and Redis (its own, unless
-``DISCOVERY_ZK_HOSTS`` / ``DISCOVERY_REDIS_URL`` name others), 3 search servers,
-``--nodes`` data servers (most as a fleet over two processes, the few that will be
-crashed and drained as processes of their own) and a load generator sending real
-queries through the search servers. Every component is a separate process started
-from its own console entry point, so each has its own ZooKeeper session, as in
-production; the demo only drives them from outside (signals and admin calls) and
-watches what the search servers route with (``GET /cluster``).
+Each server is a process of its own, driven only from outside (signals, admin calls,
+``GET /cluster``); exit status 0 only if every phase reached its expected state.
 
-The scenario, each phase timed until every search server's list is right:
-
-1. everything registered, one leader, the live list published, queries complete;
-2. 5 data servers crash (SIGKILL) → removed after the session timeout;
-3. 3 data servers turn slow → their agents take them offline → removed;
-4. 2 data servers drain (SIGTERM) → removed, with no failed query;
-5. the leading search server is killed → a new leader with a higher epoch;
-6. faults cleared, crashed and drained servers and the dead search server restarted
-   → back to all of them.
-
-It prints a status line while it waits and a summary table at the end, and exits 0
-only if every phase reached its expected state.
+Operating: docs/operating.md, "``discovery demo``".
 """
 
 from __future__ import annotations

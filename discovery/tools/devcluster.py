@@ -1,12 +1,9 @@
 """The ``discovery devcluster`` subcommand: a local ZooKeeper and Redis until Ctrl+C.
 
-It prints where they listen (one JSON line with ``--json``), keeps them running until SIGINT
-or SIGTERM, then stops them and removes the scratch directory. A start-up failure is
-reported on stderr with exit code 1, after stopping whatever had started.
+On SIGINT or SIGTERM it stops them and removes the scratch directory; a failed start exits
+with status 1, after stopping whatever had started.
 
-With ``--sentinels M`` Redis is a primary with ``--redis-replicas N`` replicas watched by
-M Sentinels, and the URL printed (and exported as ``DISCOVERY_REDIS_URL``) is the
-``redis+sentinel://h1:p1,.../mymaster/0`` form that ``--redis`` accepts.
+Development: docs/development.md, "The development cluster".
 """
 
 from __future__ import annotations

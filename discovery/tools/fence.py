@@ -1,37 +1,10 @@
 """``discovery fence``: check the live list's fence against ZooKeeper, and repair it.
 
-The fence is ``P:meta``'s epoch (:mod:`discovery.livelist.redis.fence`; the store's
-admin reads and repairs it, :class:`~discovery.livelist.admin.LiveListAdmin`). A leader's epoch is
-the czxid of its election node, so no leader can hold an epoch above the election
-directory's pzxid (:mod:`discovery.zk.epochs`). An epoch above it, once stored, refuses
-every real leader and pins every reader: the leader then holds its term without
-publishing and raises ``discovery_leader_fence_poisoned`` (alert
-``DiscoveryFencePoisoned``).
+``check`` is read-only; ``repair`` resets a poisoned fence atomically, and only if it still
+holds what was checked (``--force``: whatever the verdict; dangerous). Exit status as
+:mod:`discovery.tools.exitcodes`; 1: poisoned (``check``), nothing written (``repair``).
 
-* ``discovery fence check`` reads ``P:meta`` (first), then ZooKeeper (a ``sync``,
-  the election directory's pzxid, the leader's epoch), and says what the stored epoch
-  is: ``ok`` (at most the leader's), ``possible`` (above it but within ZooKeeper's
-  bound: a newer leader, or garbage that the next leaders' epochs overtake as they
-  rotate), ``impossible``, or ``missing`` / ``malformed`` (no fence: the leader's next
-  publish writes ``P:meta`` anew). Read-only; the reading credentials suffice.
-* ``discovery fence repair`` checks the same way and, if the stored epoch is
-  impossible, resets the fence in one Lua script
-  (:func:`~discovery.livelist.redis.fence.repair_fence`): epoch one below the leader's (0
-  without a leader), version 1, a new fence generation that releases the pinned
-  readers, and only if ``P:meta`` still holds what was checked. The leader publishes
-  again at its next try of the fence (within the search servers'
-  ``--fence-recheck-max``). It writes with the publishing credentials
-  (``--redis-publish-username`` / ``--redis-publish-password``).
-  ``--force`` repairs whatever the verdict. **Dangerous**: resetting a fence that a
-  real leader holds lets older leaders' writes through until that leader publishes
-  again, and makes every search server take the stored list whatever its version.
-
-Exit status (the scheme of every ``discovery`` command, :mod:`discovery.tools.exitcodes`):
-0 done (``check``: the fence needs no repair; ``repair``: repaired); 1 ``check``: the
-fence is poisoned (run ``repair``), ``repair``: nothing written, because the fence is
-not poisoned (``--force`` overrides) or ``P:meta`` changed during the repair (run it
-again); 2 bad arguments; 3 ZooKeeper or Redis could not be read or written; 4 either
-refused the credentials (the message names the flags).
+Operating: docs/operating.md, "``discovery fence``".
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The ``discovery`` operator command: one subcommand per tool, each with ``add_parser``.
 
-Adding a subcommand is one entry in ``_SUBCOMMANDS``: a function that registers its parser
-on the subparsers and sets ``func`` (``Callable[[argparse.Namespace], int]``) as a default.
-Logging is configured here and nowhere else.
+A subcommand is one entry in ``_SUBCOMMANDS``: its ``add_parser`` sets ``func``, which
+returns the exit status. Logging is configured here and nowhere else.
 
-Logging level: ``--log-level`` (before or after the subcommand) wins, then ``-v`` of the
-one-shot commands (``status``, ``maint``, ``fence``, ``zk-init``), then
-``DISCOVERY_LOG_LEVEL``.
-Otherwise the long-running commands (``devcluster``, ``demo``, ``chaos``, ``zk-exporter``)
-log at INFO, so their progress shows, and the one-shot ones at WARNING: an operator
-asking a question wants the answer, not kazoo's connection log (``-v`` shows it, ``-vv``
-adds DEBUG).
+Operating: docs/operating.md, "The ``discovery`` command" (the log level).
 """
 
 from __future__ import annotations

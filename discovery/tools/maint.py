@@ -1,29 +1,10 @@
 """``discovery maint``: operator maintenance that a restart cannot undo.
 
-``discovery maint set ID --reason TEXT`` writes the PERSISTENT marker
-``/maintenance/ID`` (:class:`~discovery.zk.maintenance.MaintenanceMarker`: the reason,
-when, and by whom); the leader then publishes that data server as ``maintenance``
-(not routable) through its restarts and re-registrations, until
-``discovery maint clear ID`` deletes the marker. ``discovery maint list`` shows the
-markers. Only ZooKeeper is touched (the leader does the rest), so only the ZooKeeper
-flags apply: ``--zk`` (with the cluster's chroot), ``--zk-auth`` (with ``zk-init``'s
-ACLs, the admin identity: no other role may write markers), timeouts.
+``set`` writes the PERSISTENT marker ``/maintenance/ID``, ``clear`` deletes it (idempotent),
+``list`` shows them; only ZooKeeper is touched. Exit status as
+:mod:`discovery.tools.exitcodes`: 0, 2, 3 or 4, never 1.
 
-* ``set`` of an id that is not registered is allowed (maintenance may be set ahead of
-  a server's first start) and says so; ``set`` of an id already in maintenance
-  replaces the reason and says what it was.
-* ``clear`` of an id without a marker changes nothing, says so, and exits 0: the
-  command is idempotent, so a script may clear whatever it set without checking first.
-
-Exit status (the scheme of every ``discovery`` command, :mod:`discovery.tools.exitcodes`):
-0 done (or nothing to do), 2 bad arguments (an invalid id, a missing or blank
-``--reason``; the message names the argument), 3 ZooKeeper could not be reached or
-failed the operation, 4 ZooKeeper refused it (the message names ``--zk-auth``). No
-action exits 1: maintenance is set or cleared, or the command failed.
-
-``--json`` documents: ``set`` and ``clear`` as :func:`_report_set` and
-:func:`_report_clear` build them; ``list``'s schema is
-``docs/schemas/maint-list.schema.json``.
+Operating: docs/operating.md, "``discovery maint``".
 """
 
 from __future__ import annotations

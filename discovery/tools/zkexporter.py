@@ -1,34 +1,9 @@
 """``discovery zk-exporter``: ZooKeeper's own figures for Prometheus, read with ``mntr``.
 
-Debian's ZooKeeper (3.8.0, the one the tests and the containers run) ships without the
-Prometheus metrics provider, so a cluster built from Debian packages shows its search
-and data servers in Prometheus but not the ensemble they all depend on. This exporter
-fills that gap the way ZooKeeper's own ``mntr`` command allows (it has to be in the
-servers' ``4lw.commands.whitelist``, as it is in ours): every ``interval`` seconds it
-asks each server of ``--zk`` for ``mntr`` over a fresh connection, concurrently, each
-with ``timeout``, and keeps the last answer of each; a scrape of ``/metrics`` reads
-those answers and never waits on ZooKeeper.
+It serves each server's last ``mntr`` answer, so a scrape never waits on ZooKeeper; a server
+that stops answering exports only ``zookeeper_up`` 0, no figure frozen at its last value.
 
-Exported, with a ``server`` label (``host:port`` as given in ``--zk``):
-
-* ``zookeeper_up``: 1 if the server answered its last ``mntr``, else 0;
-* ``zookeeper_<key>`` for every numeric ``zk_<key>`` of its last answer (latencies,
-  outstanding requests, alive connections, znodes, watches, ephemerals, followers...);
-* ``zookeeper_<set>{namespace,stat}`` for ZooKeeper's per-namespace counter sets
-  (``zk_<stat>_<namespace>_write_per_namespace``: one key per top-level znode and
-  statistic, 5 per namespace): the namespace is a label, not part of a metric name,
-  since it is any znode name (``-``, ``.``, spaces) and a name per namespace would make
-  the number of metric names grow with the tree;
-* ``zookeeper_server_state{state}``: 1 for the state it reported (leader, follower,
-  standalone, observer);
-* ``zookeeper_info{version}``: 1, with the version it reported;
-* ``zookeeper_exporter_mntr_failures_total``: reads that failed (refused, timed out,
-  not whitelisted, not an ``mntr`` answer);
-* ``zookeeper_exporter_malformed_lines_total``: answer lines skipped (no tab, or a key
-  that cannot be a metric name), per server.
-
-A figure of a server that stopped answering is not exported at all (only its
-``zookeeper_up`` 0), rather than frozen at its last value.
+Operating (the metric families): docs/operating.md, "``discovery zk-exporter``".
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """``discovery zk-init`` and ``discovery zk-digest``: lay out our tree with access control.
 
-:func:`bootstrap` creates ``/data_servers``, ``/search_servers/{election,members}`` and
-``/maintenance`` (under the cluster's chroot) with the ACLs of three roles, or puts
-those ACLs back where they differ; :class:`AclLayout` says who gets which rights (the
-table and the reasons are in :mod:`discovery.zk.acl`, whose
-:func:`~discovery.zk.acl.check_access` every server runs at start-up against this tree).
-:class:`DigestId` is a digest identity, given as ``USER:PASSWORD`` or, so that an
-operator can grant a role without its password, as ``digest:USER:HASH`` (what
-``zk-digest`` prints).
+:func:`bootstrap` creates our nodes with the ACLs of three roles (:class:`AclLayout`), or
+puts those ACLs back where they differ; :class:`DigestId` is one role's identity.
+
+Design: docs/design/security.md, "ZooKeeper access control".
 """
 
 from __future__ import annotations

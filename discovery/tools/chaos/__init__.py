@@ -1,5 +1,7 @@
-"""Chaos testing: seeded faults against a local cluster under load, invariants checked
-continuously (``discovery chaos``)."""
+"""``discovery chaos``: seeded faults against a local cluster under load, invariants checked.
+
+Development: docs/development.md, "The chaos run".
+"""
 
 from .command import add_parser, run
 from .config import ChaosConfig

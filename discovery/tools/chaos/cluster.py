@@ -1,29 +1,9 @@
 """The processes of a chaos run, and the hands that hurt them.
 
-A 3-server ZooKeeper ensemble and Redis (:class:`~discovery.testing.DevCluster`),
-search servers and data servers, each data or search server a process of its own
-started from its console entry point (so each has its own ZooKeeper session and can be
-killed, paused and restarted alone, as in production). The harness talks to them only
-from outside: signals, the data servers' admin endpoints, the search servers'
-``GET /cluster``.
+:class:`ChaosCluster` runs every server as a process of its own and acts on them only from
+outside: signals, admin endpoints, ``GET /cluster``, and (as root) cuts and full disks.
 
-With ``redis_sentinels`` (``--redis-sentinels N``), Redis is a primary with two
-replicas watched by N sentinels
-(:class:`~discovery.testing.sentinel.RedisSentinelGroup`); every search server and the
-observer then reach it through the sentinel URL, so they follow a failover.
-
-With ``partitions``, every data and search server and every ZooKeeper server runs in
-a network namespace of its own (a :class:`~discovery.testing.netns.NetworkLab` host,
-its own 198.18.x.y address), Redis (sentinels included) listens on the lab's gateway,
-and :meth:`ChaosCluster.cut` drops chosen links with iptables inside one server's
-namespace (:meth:`ChaosCluster.cut_zookeeper_peers` cuts one ZooKeeper server from the
-others). The admin endpoints then take a bearer token, since the harness no longer
-calls from loopback.
-
-Where the harness may mount (root, as partitions need), each ZooKeeper server keeps its
-data on a small tmpfs of its own (:attr:`ChaosCluster.zk_disks`), so that a fault can
-fill its disk; ZooKeeper then grows its log in small steps, so a full disk refuses the
-next writes rather than some megabytes later.
+Development: docs/development.md, "The chaos run".
 """
 
 from __future__ import annotations

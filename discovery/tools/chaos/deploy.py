@@ -1,38 +1,10 @@
-"""``deploy_day``: a rolling restart of the whole cluster under load (issue 23, item 4).
+"""``deploy_day``: a rolling restart of the whole cluster under load.
 
-Not a fault but the most common disturbance a cluster meets: a new release goes out.
-Everything is stopped the way a deployment stops it, gracefully (SIGTERM), never
-killed, while the steady load goes on:
+Every server stopped gracefully and started again: search servers one by one, data servers
+in batches that never hold every replica of a shard. Stated outcome (:data:`INVARIANT`): no
+query failed, fewer than 1 % partial.
 
-1. **Every search server, one by one.** SIGTERM: its ``/readyz`` fails at once (the
-   harness, like a load balancer, sends it nothing new from then on), it leaves the
-   election (a leader hands over), keeps answering for its ``--drain-grace`` and
-   finishes the queries in flight, then exits. Wait for the exit (within
-   :data:`STOP_BOUND`), start it again, and wait until it is ready and its list equals
-   the model (:data:`~.context.START_BOUND`) and a leader is in office and publishing
-   (:meth:`~.context.FaultContext.working`: a restarted leader means an election)
-   before the next.
-2. **Every data server, drained and restarted in batches** of a tenth of them (at
-   least one; :func:`deploy_batches`), a batch never holding every replica of a
-   shard, so that each shard keeps a serving replica throughout. SIGTERM makes a data
-   server's agent drain: its node is marked ``draining`` (search servers stop routing
-   to it), it keeps answering for its drain grace, deregisters and exits. The batch
-   leaves every view within :func:`drain_bound` (the drain grace: the search servers
-   must stop routing to it before it stops answering), exits within
-   :data:`STOP_BOUND`, and once started again is back in every view within
-   :data:`~.context.START_BOUND`.
-
-**Stated outcome** (checked at the end, invariant :data:`INVARIANT`): of the queries
-sent during the deploy (from its first SIGTERM until the last step converged, each
-counted once it has ended), **none failed** and **fewer than 1 %** came back partial.
-A graceful stop is no disturbance of the load (:meth:`~.cluster.ChaosCluster.
-stop_gracefully`): a query in flight across it is judged like any other, so none may be
-counted ``disturbed`` either. The figures go to the report
-(:class:`DeployFigures`, one per deploy).
-
-The outcome needs two replicas of every shard (``--data-servers`` at least twice
-``--shards``, the default); a shard with one replica goes missing while it restarts and
-its answers are partial, which the verdict reports as it is.
+Development: docs/development.md, "The chaos run" (deploy; invariant 11).
 """
 
 from __future__ import annotations

@@ -1,39 +1,10 @@
 """Faults of the ZooKeeper ensemble itself, beyond a killed server or a lost quorum.
 
-* ``zk_leader_pause``: the ensemble's own leader stops (SIGSTOP: a long GC pause, a
-  frozen VM) for longer than the session timeout, then goes on (SIGCONT). Its followers
-  give it up after their ``syncLimit`` and elect one of themselves; clients connected to
-  the paused server find their reads timing out and move; the new leader takes every
-  session over with a fresh timeout, so no session expires and nothing may be lost. A
-  client whose own watchdog declared its session lost meanwhile starts a new one and
-  closes the old one (:mod:`discovery.zk.session`), so its old nodes do not linger.
-  Outcome and bounds: the list right and a leader of the search servers publishing
-  again within :func:`reelection_bound` of the pause; once resumed, the old ZooKeeper
-  leader serves again (as a follower) within :data:`REJOIN_TIMEOUT`, and the list is
-  right within the session timeout plus the probe budget.
-* ``zk_disk_full``: the data disk (a small tmpfs of its own,
-  :attr:`~.cluster.ChaosCluster.zk_disks`) of one server or of every server fills up;
-  a data server fails its probes meanwhile, and the harness keeps writing small scratch
-  nodes (as any busy cluster would) until a write is refused. ZooKeeper 3.8 does not
-  refuse writes politely: a server that cannot append to its log stops serving and
-  goes back to the election, where it fails again and again (following, or leading
-  and unable to write its snapshot, when it exits with status 10, "Severe
-  unrecoverable error"). One full disk costs one server (the quorum holds and
-  nothing may change for the clients); all of them cost the quorum. The disks are
-  then freed and, as their supervisor would, the harness starts again every filled
-  server that exits (then or in the moments after: one that decided to exit while
-  its disk was full may still be on its way out); the others recover by themselves.
-  Every filled server must serve again within :data:`REJOIN_TIMEOUT`. Outcome: no
-  registration lost, every search server routing with the list it holds meanwhile,
-  and once the servers are back the list right (the prober's change included)
-  within the session timeout plus the probe budget, as after a quorum loss.
-* ``zk_peer_partition``: one ensemble member (the leader or a follower) cut from its
-  peers, its clients untouched. It stops serving once ``syncLimit`` passes without
-  its peers; its clients move to the majority, which (if it was the leader) elects a
-  new leader meanwhile. Outcome: the list right and a search-server leader publishing
-  within :func:`reelection_bound`; healed, the member serves again within
-  :data:`REJOIN_TIMEOUT` and the list is right within the session timeout plus the
-  probe budget.
+``zk_leader_pause``, ``zk_disk_full``, ``zk_peer_partition``: each judged by its bound
+(:func:`reelection_bound`), every affected server serving again within
+:data:`REJOIN_TIMEOUT`, and no registration lost.
+
+Development: docs/development.md, "The chaos run" (the faults).
 """
 
 from __future__ import annotations

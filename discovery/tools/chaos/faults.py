@@ -1,42 +1,9 @@
 """The faults of a chaos run: each injects, holds, heals, and is judged against its bound.
 
-A fault runs in steps. After each step that changes what should be true (the model:
-which data servers are registered and serving), the runner waits until every view
-(ZooKeeper, Redis, each search server) equals the model, within the bound that this
-kind of fault has by design:
+A step that does not converge within its bound is a violation; its fault then waits for the
+cluster to settle (:data:`~.context.RECOVERY_TIMEOUT`), so that one failure does not spill over.
 
-* probe faults (slow, error, hang): one probe interval, then ``fall`` probes that may
-  each run to the probe timeout, plus 1.5 s of propagation;
-* crash (``kill -9``): the session timeout, one tick, 1 s of propagation;
-* Redis restart / FLUSHALL: the readers' reconnect back-off (0.5 s at most), two
-  heartbeats, 1 s;
-* Redis failover (``--redis-sentinels``: SIGKILL of the primary): ``down-after`` plus
-  the issue's 3 s target plus a heartbeat and the readers' longest back-off
-  (:attr:`~discovery.tools.chaos.config.ChaosConfig.redis_failover_bound`, 5 s); with
-  the leader killed too, the crash bound on top;
-* leader killed or paused: the crash bound plus 1 s for the election and first publish;
-* ZooKeeper server faults: the session timeout once the servers are back;
-* restarts: process start-up plus ``rise`` probes (:data:`START_BOUND`);
-* the ensemble's own leader paused, and other ZooKeeper faults short of a crash:
-  :mod:`.ensemble`; Redis refusing writes while it answers reads: :mod:`.refusals`;
-* hostile participants (:mod:`.hostile`): malformed children skipped by every reader
-  within 3 s of being written and gone within 3 s of their removal; a hostile peer
-  listed within :data:`START_BOUND` of its start and gone within the crash bound of its
-  exit; a malformed ``P:meta`` healed within the Redis bound; and all along the
-  invariants of :mod:`.watch` (answers miss at most the bad participant's shards,
-  search-server memory within its bound, no healthy data server offline);
-* deploy day (:mod:`.deploy`), every server stopped gracefully and started again: a
-  draining data server out of every view within its drain grace, a restarted server
-  back within :data:`START_BOUND`, a leader in office after each search server's
-  restart; and no query of the deploy failed, fewer than 1 % partial.
-
-With sentinels the schedule swaps the kinds that restart the one Redis server empty
-for their failover counterparts (:data:`SENTINEL_KINDS`): a primary that comes back
-empty is not what a Sentinel deployment goes through, a promoted replica is.
-
-A step that does not converge within its bound is a violation; the runner then waits
-(up to :data:`RECOVERY_TIMEOUT`) for the cluster to settle, so that one failure does
-not cascade into the next fault's verdict.
+Development: docs/development.md, "The chaos run" (the faults; the bounds: invariant 2).
 """
 
 from __future__ import annotations

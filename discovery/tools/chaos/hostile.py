@@ -1,38 +1,8 @@
 """The hostile fault kinds: one bad participant in a healthy cluster costs only itself.
 
-Each kind runs under a :class:`~.watch.HostileWatch` (installed on the observer for the
-fault's whole length), which judges every answer of the normal load and every
-snapshot; the kind adds its own checks and figures:
+Each kind runs under a :class:`~.watch.HostileWatch` and adds checks of its own.
 
-* ``hostile_registration``: a raw ZooKeeper session of ours writes malformed children
-  under ``/data_servers`` (bad JSON, an address ``dätä.example``, a 70-character
-  label, ``169.254.169.254``, a persistent node saying ``DYNAMIC``, a node whose
-  document claims the id of a real data server), rewrites them midway, and removes
-  them. The leader must skip and count each (``discovery_membership_skipped_total``
-  rises by at least as many), and every list equals the model all along; queries
-  miss no shard.
-* ``hostile_endless_body``, ``hostile_garbage``, ``hostile_trickle``: a hostile peer
-  (:mod:`.hostile_peer`, a process) registers as an extra replica of a shard whose
-  replicas are all healthy and answers with an endless body, garbage, or a trickle.
-  Answers may miss at most that one shard (while the search servers eject it); no
-  search server's memory rises more than :data:`~.watch.RSS_BOUND`; no healthy data
-  server leaves a list. It is listed within the start-up bound and gone within the
-  crash bound of its exit.
-* ``hostile_query_storm``: ``data-server loadgen --worst-case`` (4 clients, a shard's
-  150 most frequent terms, back to back) through one search server while the normal
-  load goes on: the normal load stays at least 90 % complete, through that search
-  server and in all (the storm's query holds at most its share of the search server's
-  in-flight limit; the query-of-death guard refuses it after a few strikes; data
-  servers cut searches at their budget), and no data server is taken offline by its
-  agent.
-* ``hostile_redis_entry``: garbage fields in ``P:servers`` (bad JSON, an instance at
-  ``dätä.example``), and a search server that does not lead restarted over them: it
-  must start and route with the valid list; then malformed ``P:meta`` numbers (a
-  5,000-digit epoch, a version that is not a number, a count in exponent notation),
-  one at a time: search servers keep their last good list and the leader's next
-  publish heals ``P:meta`` (and ``P:servers``) within the Redis bound.
-
-For every kind: no search or data server process the harness did not stop exits.
+Development: docs/development.md, "The chaos run" (hostile participants; invariants 6 to 10).
 """
 
 from __future__ import annotations

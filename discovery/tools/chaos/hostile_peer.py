@@ -1,31 +1,11 @@
 """A hostile "data server" for chaos runs: registered like any other, answers like none.
 
-``python -m discovery.tools.chaos.hostile_peer --mode MODE --zk HOSTS --id ID --shard S
---replica R --host ADDR --port P`` registers a valid ephemeral registration (through
-:class:`~discovery.zk.registration.Registration`, as a data server's agent does) for an
-extra replica of shard ``S``, and answers every request on ``ADDR:P`` according to
-``MODE``:
+``python -m discovery.tools.chaos.hostile_peer --mode endless|garbage|trickle ...``
+registers through :class:`~discovery.zk.registration.Registration`; on SIGTERM or SIGINT it
+leaves as an agent does, prints its counts as one JSON line and exits 0 (ZooKeeper
+unreachable at start: 2).
 
-* ``endless``: a ``200`` whose body never ends, in turn chunked, delimited by the
-  connection's close, and announced with a ``Content-Length`` of a terabyte; the
-  bytes look like hits (``{"id":..,"score":..},`` for ever), as a buggy server
-  streaming a runaway result would send;
-* ``garbage``: random bytes (in turn from the first byte, or after a status line),
-  then the connection closes;
-* ``trickle``: a valid-looking search answer sent one byte every
-  ``--trickle-interval`` seconds (0.05: about 7 s for the whole answer, far past any
-  query's deadline), on a connection kept open for the next request.
-
-It is test tooling beside the core (a process of :mod:`discovery.tools.chaos`), raw
-asyncio on purpose: an HTTP server library would refuse to send what it sends. On
-SIGTERM or SIGINT it leaves as a stopped data server's agent does (marked draining,
-then deregistered :data:`DEPARTURE_GRACE` later) and exits 0; on exit it prints one
-JSON line
-``{"hostile_peer": MODE, "connections": n, "requests": n, "bytes_sent": n}`` so that
-the chaos run can report how much of the fan-out reached it.
-
-Failure behaviour: a client that goes away mid-answer ends that connection only; an
-unreachable ZooKeeper at start is exit status 2 with the reason on stderr.
+Development: docs/development.md, "The chaos run" (hostile participants).
 """
 
 from __future__ import annotations

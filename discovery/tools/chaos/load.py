@@ -1,16 +1,9 @@
 """The steady query load of a chaos run, and invariant 1: no query outlives its deadline.
 
-Open loop: a query every ``1/rate`` seconds (with jitter) whether or not earlier ones
-have answered, so a stall shows up as latency instead of as a slower load. Each query
-goes to a random search server that is running and not paused, with
-``timeout_ms=deadline``; the search server must answer (complete or partial) within
-the deadline plus 50 ms of slack for the HTTP hop and scheduling.
+Open loop. A query whose search server the harness killed or paused meanwhile is counted
+``disturbed``, not judged; one in flight across a graceful stop is judged.
 
-A query whose search server is killed or paused while the query is in flight is
-not the system's fault (a real client would see a connection error from its load
-balancer): it is counted as ``disturbed``, not judged. A graceful stop (SIGTERM of a
-rolling restart, :meth:`~.cluster.ChaosCluster.stop_gracefully`) is no disturbance: the
-search server must finish what it was sent, so those queries are judged.
+Development: docs/development.md, "The chaos run" (invariant 1).
 """
 
 from __future__ import annotations

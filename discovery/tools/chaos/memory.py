@@ -1,13 +1,10 @@
 """A process's resident memory, read from ``/proc``: what hostile faults bound.
 
-``VmRSS`` is the resident set now; ``VmHWM`` its peak since the process started or
-since the peak was last reset by writing ``5`` to ``/proc/<pid>/clear_refs`` (Linux
-4.0 on; the process's owner or root may). Resetting the peak when a fault starts and
-reading it when it ends gives the highest resident set during the fault, however
-short the spike was (a sampled ``VmRSS`` could miss a buffer that lived 50 ms).
+Its peak (``VmHWM``) is reset through ``/proc/<pid>/clear_refs`` (Linux 4.0 on; its owner or
+root) when a fault starts, so the read at its end sees any spike. A process gone reads as
+None and resets as False; nothing raises.
 
-Failure behaviour: a process that has gone, or a ``/proc`` without these files (not
-Linux, no permission), reads as None and resets as False; nothing here raises.
+Development: docs/development.md, "The chaos run" (invariant 7).
 """
 
 from __future__ import annotations

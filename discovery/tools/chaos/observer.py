@@ -1,22 +1,9 @@
 """What is true, what is published, what each search server routes with; checked all the time.
 
-The observer keeps four views of the data servers, refreshed every ``interval``:
+Four views (the model, ZooKeeper, the store, each search server's ``GET /cluster``) and the
+check that the store's epoch never decreases; the runner awaits :meth:`wait_converged`.
 
-* the **model**: the servers the harness expects registered and serving (all of them,
-  minus those it killed or faulted and has not healed yet), kept by the fault runner;
-* **ZooKeeper**: the serving nodes under ``/data_servers``, from a
-  :class:`~discovery.zk.membership.MembershipWatcher` on a session of our own;
-* **Redis** (the store): the serving servers of the published list, read through the
-  store's admin (:class:`~discovery.livelist.admin.LiveListAdmin`) on a store opened
-  like the search servers' (:func:`~discovery.livelist.open_store`): behind Sentinel it
-  asks the sentinels for the primary at each new connection, so it follows a failover;
-* each running search server's list (``GET /cluster``).
-
-It checks continuously that the epoch in the store never decreases (the published
-list, the heartbeat and every accepted write, :meth:`~discovery.livelist.admin.
-LiveListAdmin.publishes`): a write or record with an epoch below one already seen is a
-write of a deposed leader that was accepted. Convergence ("all four views agree") is awaited
-by the fault runner with :meth:`wait_converged`.
+Development: docs/development.md, "The chaos run" (invariants 2 and 3).
 """
 
 from __future__ import annotations

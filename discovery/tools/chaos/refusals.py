@@ -1,26 +1,10 @@
 """Redis that answers but refuses to write: the store fault between "up" and "down".
 
-``redis_refuses_writes`` makes the Redis primary refuse writes while it keeps answering
-reads, in one of these ways chosen by the seed:
+``redis_refuses_writes``: ``oom``, ``pause``, or with one Redis server only ``readonly``.
+Readers route with the list they hold; allowed again, the change is followed within
+:func:`refusal_bound`.
 
-* ``oom``: ``maxmemory`` set below what Redis holds, with ``noeviction``; every write
-  (the publish script included) fails at once with an OOM error;
-* ``pause``: ``CLIENT PAUSE <ms> WRITE``; every write blocks until the pause ends, so
-  the leader's writes run into its write deadline;
-* ``readonly`` (one Redis server only): the server made a replica of a primary that
-  does not answer, as an operator's mistake or a half-done failover leaves it; it
-  keeps its data and serves reads, and every write fails with READONLY. Undone with
-  ``REPLICAOF NO ONE``. With sentinels a replica answering READONLY is what every
-  failover makes of the old primary already, and the sentinels would act on a
-  primary turned replica, so the kind keeps to the first two there.
-
-Meanwhile a data server starts failing its probes, so there is a change that cannot be
-published. Stated outcome: while writes are refused every search server keeps routing
-with the list it holds (no query fails: invariant 1 and the load's counts), the
-leader keeps its term or hands over after failing for ``heartbeat_ttl`` (either is
-fine: nobody can write); once writes are allowed again the change is published and
-every reader follows it within :func:`refusal_bound`, and a leader is in office and
-publishing (the runner's working check).
+Development: docs/development.md, "The chaos run" (the faults).
 """
 
 from __future__ import annotations

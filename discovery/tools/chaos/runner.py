@@ -1,24 +1,9 @@
 """One chaos run: start everything, inject seeded faults for ``duration``, judge, report.
 
-The schedule is a sequence of rounds; each round is every fault kind of the run's
-Redis mode once (with ``--redis-sentinels``, Redis failovers where a single-Redis run
-restarts Redis empty), in an order shuffled by the seed, the categories (process
-faults, network partitions, two faults at once, hostile participants) taken in turn,
-so that even a short run meets each category and the same seed replays the same run
-(the victims are drawn from the same seeded generator). The hostile category closes
-each turn and is shuffled by a generator of its own, so that the other categories'
-order for a seed is the one it was before hostile faults existed; a deploy day (every
-server restarted gracefully, :mod:`.deploy`) ends each round. ``--kinds`` keeps
-only the named kinds (or categories) of that order. Faults run one after the other:
-a fault is injected, judged, healed and judged again before the next starts, with a
-short seeded pause in between, so that every verdict belongs to one fault (an overlap
-is one fault made of two). After each, the cluster must be whole and working before
-the next: every ZooKeeper server serving (:func:`.ensemble.ensemble_whole`), then a
-leader in office and publishing (:meth:`.context.FaultContext.working`).
+The seed decides the faults and their victims, so a seed replays a run: one fault at a
+time, and the cluster whole and working before the next.
 
-At the end all faults are healed; the final check (invariant 4) is that every data
-server is registered and serving again, in ZooKeeper, in Redis and at every search
-server: none is lost.
+Development: docs/development.md, "The chaos run" (the faults).
 """
 
 from __future__ import annotations

@@ -1,32 +1,9 @@
 """The invariants of one hostile fault, judged from every answer and every snapshot.
 
-A hostile fault puts one bad *participant* into a healthy cluster: a malformed
-registration, a "data server" that answers with an endless body, garbage or a trickle,
-a storm of worst-case queries, a malformed Redis entry. The framework's promise is
-that one bad participant costs at most itself. While such a fault runs, the fault
-installs a :class:`HostileWatch` on the observer; the load hands it every answer of
-the normal load, the observer every snapshot and every reading of the search servers'
-memory, and it says what broke:
+Each broken invariant is reported once per subject and fault. Pure bookkeeping, no I/O: the
+callers read ``/proc`` and HTTP.
 
-* :data:`SHARDS` (a): an answer of the normal load may miss at most the shards the
-  bad participant serves (``failed + timed_out + cut``, counted from the answer's
-  ``shards``): one for a hostile replica, none for a malformed registration or Redis
-  entry; an answer that is not a search result at all (a 500, a refused connection)
-  misses every shard. For a query storm the bad participant is a query, not a shard:
-  the normal load is judged by :data:`STORM` instead, and a normal query refused as
-  a query of death (422) is a violation of this one;
-* :data:`MEMORY` (b): no search server's resident memory rises more than
-  ``rss_bound`` bytes above what it was when the fault began (:data:`RSS_BOUND`);
-* :data:`OFFLINE` (c): every data server that was healthy when the fault began stays
-  registered and serving in every view (ZooKeeper, Redis, each search server's list):
-  a bad participant must not make the healthy ones look sick, nor their agents take
-  them offline;
-* :data:`LISTS`: for a malformed registration or Redis entry, every view equals the
-  model all along (the bad entry never reaches a list, and nothing else moves);
-* :data:`STORM` (d), judged by the storm fault itself with :meth:`HostileWatch.completion`.
-
-Each broken invariant is reported once per subject and fault (a lost server once, not
-at every snapshot). Pure bookkeeping, no I/O: the callers read ``/proc`` and HTTP.
+Development: docs/development.md, "The chaos run" (invariants 6 to 9).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Each ZooKeeper server's data disk in a chaos run: a small tmpfs of its own, so that a
-fault can fill it. Blocking (``mount`` and ``umount`` processes): call in a thread.
+"""Each ZooKeeper server's data disk in a chaos run: a small tmpfs of its own, to fill.
 
-Where the harness may not mount, there are no disks (logged) and the disk faults are
-skipped; an unmount that fails is logged and the rest are unmounted all the same.
+Blocking (``mount`` and ``umount`` processes): call in a thread. Where the harness may not
+mount, there are no disks (logged) and the disk faults are skipped; an unmount that fails is
+logged and the rest are unmounted all the same.
 """
 
 from __future__ import annotations

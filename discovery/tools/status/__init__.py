@@ -1,8 +1,8 @@
 """``discovery status``: what is registered, who leads, what is published, and how they differ.
 
-One read-only look at a cluster, for operators and scripts, in four parts: the status
-and its comparison (:mod:`.model`), reading it from ZooKeeper and Redis
-(:mod:`.reader`), the text report (:mod:`.format`) and the subcommand (:mod:`.command`).
+In four parts: :mod:`.model`, :mod:`.reader`, :mod:`.format` and :mod:`.command`.
+
+Operating: docs/operating.md, "``discovery status``".
 """
 
 from .command import add_parser, run

@@ -1,21 +1,9 @@
 """The ``discovery status`` subcommand: flags, exit status, output.
 
-Exit status, for scripts (the scheme of every ``discovery`` command,
-:mod:`discovery.tools.exitcodes`; also in ``--help``):
+Exit status as :mod:`discovery.tools.exitcodes`: 0 (:data:`EXIT_HEALTHY`) no problem,
+1 (:data:`EXIT_DEGRADED`) some (look again before acting), 2 usage, 3 unreachable, 4 refused.
 
-* 0 (:data:`EXIT_HEALTHY`): both were read and the status shows none of
-  :data:`~discovery.tools.status.model.PROBLEMS`;
-* 1 (:data:`EXIT_DEGRADED`): both were read and it shows some (the report's
-  ``health`` line, the document's ``health.problems``). Right after a change the
-  published list lags the registrations for a moment: look again before acting;
-* 2 (:data:`EXIT_USAGE`): bad arguments or settings, the flag named on stderr;
-* 3 (:data:`EXIT_UNREACHABLE`): ZooKeeper or Redis could not be reached or read, one
-  line per failure on stderr (``discovery status: cannot reach ZooKeeper at HOSTS:
-  ...``), nothing on stdout;
-* 4 (:data:`EXIT_REFUSED`): as 3, but one of them refused the credentials or lacked
-  a right (``--zk-auth``, ``--redis-username`` / ``--redis-password``).
-
-The ``--json`` document's schema is ``docs/schemas/status.schema.json``.
+Operating: docs/operating.md, "``discovery status``".
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The status of a cluster as ``discovery status`` reports it, and how it is compared.
 
-:class:`ClusterStatus` is what was read (:mod:`discovery.tools.status.reader` reads it):
-the election's :class:`Contender` nodes, the registered search and data servers, the
-leader's heartbeat (:class:`~discovery.livelist.admin.Heartbeat`) and the published list
-(:class:`~discovery.livelist.admin.Published`), as the store's admin reads them.
-:func:`compare` finds the :class:`Differences` between what is registered (and
-elected) and what is published; it does no I/O. Operators'
-maintenance markers (``/maintenance``) are part of what is registered: a marked server
-is expected to be published as ``maintenance`` (as the leader applies it), so a
-marker the leader has applied is no difference, and one it has not applied is.
+:func:`compare` (no I/O) finds the :class:`Differences` between what is registered, with
+maintenance markers applied as the leader applies them, and what is published.
+
+Operating: docs/operating.md, "``discovery status``".
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Reading a cluster's status: ZooKeeper and the live-list store, read once, never written.
 
-* **ZooKeeper** (through :class:`~discovery.zk.session.ZkSession`'s asynchronous reads, never a
-  blocking kazoo call on the loop; contenders and registrations with ``multiRead``,
-  :func:`~discovery.zk.multiread.read_many`): the election's contenders under
-  ``/search_servers/election`` (the leader holds the lowest sequence node, and that
-  node's czxid is its epoch, exactly as :mod:`discovery.zk.election` computes it), the
-  search servers under ``/search_servers/members`` and the data servers under
-  ``/data_servers``. A child that :class:`~discovery.zk.membership.MembershipWatcher`
-  skips (not a valid ServiceInstance, an id other than its name, a persistent node
-  claiming to be an ephemeral registration) is listed as invalid with the same reason.
-  And the operators' maintenance markers under ``/maintenance``
-  (:func:`~discovery.zk.maintenance.read_markers`; an unreadable one is listed as such).
-* **the store** (:meth:`~discovery.livelist.admin.LiveListAdmin.read_published`, read at
-  one instant; for Redis one MULTI/EXEC): the published list and the leader's heartbeat
-  with its remaining TTL.
+Never a blocking kazoo call on the loop. The two reads are not one snapshot: while the
+cluster changes, a difference may show for the moment the leader needs to publish it.
 
-The ZooKeeper and store reads are not one atomic snapshot: while the cluster changes
-(a server registers, a leader takes over) a difference may show for the moment the
-leader needs to publish it.
+Operating: docs/operating.md, "``discovery status``".
 """
 
 from __future__ import annotations
