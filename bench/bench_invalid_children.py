@@ -63,6 +63,7 @@ from prometheus_client import CollectorRegistry
 from discovery.config import ZkConfig
 from discovery.instance import InstancePayload, ServiceInstance
 from discovery.testing import ZooKeeperEnsemble
+from discovery.zk.memberread import ChildReader
 from discovery.zk.membership import (
     MembershipChange,
     MembershipSubscription,
@@ -372,17 +373,16 @@ def cleared(name: str, change: MembershipChange) -> bool:
 def stubbed(base: type[MembershipWatcher], reads: dict[str, Any]) -> MembershipWatcher:
     """A watcher of ``base`` whose ZooKeeper reads return ``reads`` (decoded already)."""
 
-    class Stubbed(base):  # type: ignore[valid-type, misc]
-        async def _list_children(self) -> list[str]:
+    class StubReader:
+        async def names(self, watch: Any) -> list[str]:
             return list(reads)
 
-        async def _read_bulk(self, children: list[str]) -> list[Any]:
+        async def read_all(self, children: list[str], watch: Any) -> list[Any]:
             return [reads.get(child) for child in children]
 
-        async def _read(self, child: str) -> Any:
-            return reads.get(child)
-
-    return Stubbed(None, "/data_servers", registry=CollectorRegistry())  # type: ignore[arg-type]
+    watcher = base(None, "/data_servers", registry=CollectorRegistry())  # type: ignore[arg-type]
+    watcher._reader = StubReader()
+    return watcher
 
 
 async def measure_bookkeeping(
@@ -396,9 +396,9 @@ async def measure_bookkeeping(
         raw = await read_many(session, [f"{path}/{name}" for name in names])
     finally:
         await session.aclose()
-    decoder = MembershipWatcher(None, path)  # type: ignore[arg-type]
+    decoder = ChildReader(None, path)  # type: ignore[arg-type]
     decoded = {
-        name: decoder._decode(name, *entry)
+        name: decoder.decode(name, *entry)
         for name, entry in zip(names, raw, strict=True)
         if entry is not None
     }
@@ -432,8 +432,7 @@ async def measure_bookkeeping(
     await new._refresh(True, True, set())
     old = stubbed(LegacyMembershipWatcher, reads)
     assert isinstance(old, LegacyMembershipWatcher)
-    old._members, old._children, old._generation = new._members, set(new._children), 1
-    old.seed_invalid(new.invalid, new._counted_invalid)
+    old.legacy_view.seed(new._view)
     extra = decoded[bad[0]]
     single: dict[str, list[float]] = {}
     for watcher, label in ((new, "new"), (old, "old")):

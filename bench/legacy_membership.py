@@ -5,64 +5,60 @@ watcher kept the skipped children in a plain dict and made a new dict for every 
 that entered or left it (``{**invalid, child: reason}``, ``{k: v ... if k != child}``),
 then copied it once more for each change set (``MappingProxyType(dict(invalid))``), and
 logged one WARNING per skipped child: a full read of N malformed children copied
-N * (N - 1) / 2 entries. :meth:`LegacyMembershipWatcher._refresh` and ``_publish`` below
-are that code, verbatim but for the names it imports; everything else (reading,
-decoding, watches) is the current watcher's.
+N * (N - 1) / 2 entries. :meth:`LegacyMembershipView.apply` below is that code (then
+the watcher's ``_refresh`` and ``_publish``), verbatim but for the names it imports and
+for the view it now belongs to; everything else (reading, decoding, watches, metrics of
+the refresh) is the current watcher's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-import immutables
-
 from discovery.instance import ServiceInstance
-from discovery.zk.membership import _BULK_READ_MIN, MembershipChange, MembershipWatcher, _Read
+from discovery.metrics import MembershipMetrics
+from discovery.zk.memberread import ChildRead
+from discovery.zk.membership import MembershipChange, MembershipWatcher
+from discovery.zk.memberview import MembershipView, ReadPlan
 
 # The current watcher's logger: the bench counts the records of both the same way.
 log = logging.getLogger("discovery.zk.membership")
 
 
-class LegacyMembershipWatcher(MembershipWatcher):
-    """``MembershipWatcher`` with its bookkeeping of invalid children as of 17279ab."""
+class LegacyMembershipView(MembershipView):
+    """``MembershipView`` with its bookkeeping of invalid children as of 17279ab."""
 
     _invalid: dict[str, str]  # type: ignore[assignment]
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, path: str, metrics: MembershipMetrics) -> None:
+        super().__init__()
+        self._path = path
+        self._metrics = metrics
         self._invalid = {}
 
     @property
     def invalid(self) -> Mapping[str, str]:
         return MappingProxyType(dict(self._invalid))
 
-    def seed_invalid(self, invalid: Mapping[str, str], counted: dict[str, int]) -> None:
-        """Start from ``invalid`` (as if a full read had found it), without the full read."""
-        self._invalid = dict(invalid)
-        self._counted_invalid = dict(counted)
+    def seed(self, view: MembershipView) -> None:
+        """Start from ``view`` (as if a full read had found it), without the full read."""
+        self._members = view._members
+        self._children = set(view.children)
+        self._generation = 1
+        self._invalid = dict(view.invalid)
+        self._counted_invalid = dict(view._counted_invalid)
 
-    async def _refresh(self, full: bool, relist: bool, dirty: set[str]) -> None:
-        started = self._clock()
-        if relist:
-            children = set(await self._list_children())
-            new = children - self._children
-            gone = self._children - children
-        else:
-            # Updated in place below (a copy would cost O(members) per change). The
-            # persistent watch names new children; the child watch relists for them.
-            children, gone = self._children, set()
-            new = dirty - children if self._persistent else set()
-        to_read = sorted(children if full else new | (dirty & children))
-        reads: list[_Read | None]
-        if self._persistent and len(to_read) > _BULK_READ_MIN:
-            reads = await self._read_bulk(to_read)
-        else:
-            reads = await asyncio.gather(*(self._read(child) for child in to_read))
-
+    async def apply(
+        self,
+        plan: ReadPlan,
+        reads: list[ChildRead | None],
+        on_skip: Callable[[str, str], None],
+    ) -> MembershipChange | None:
+        # 17279ab counted and logged each skipped child here: ``on_skip`` is not used.
+        children, gone, full, to_read = plan.children, plan.gone, plan.full, plan.to_read
         # Only what was listed away or read is looked at: O(changed), not O(members),
         # and the next view shares everything else with this one.
         old = self._members
@@ -118,51 +114,29 @@ class LegacyMembershipWatcher(MembershipWatcher):
                     if self._counted_invalid.get(child) != stat.mzxid:
                         self._counted_invalid[child] = stat.mzxid
                         self._metrics.skipped_total.labels(reason=reason.split(":", 1)[0]).inc()
-                        log.warning("skipping %s/%s: %s", self.path, child, reason)
+                        log.warning("skipping %s/%s: %s", self._path, child, reason)
             view = members.finish()
         self._children = children
-        if full:
-            self._metrics.resyncs.inc()
-        self._metrics.refresh_seconds.observe(self._clock() - started)
-        if added or removed or changed or invalid_changed or self._generation == 0:
-            await self._publish(view, added, removed, changed, invalid, resync=full)
-
-    async def _publish(
-        self,
-        members: immutables.Map[str, ServiceInstance],
-        added: dict[str, ServiceInstance],
-        removed: dict[str, ServiceInstance],
-        changed: dict[str, ServiceInstance],
-        invalid: dict[str, str],
-        *,
-        resync: bool,
-    ) -> None:
+        if not (added or removed or changed or invalid_changed or self._generation == 0):
+            return None
+        # What 17279ab's _publish did with the view.
         self._generation += 1
-        self._members = members
+        self._members = view
         self._invalid = invalid
-        change = MembershipChange(
+        return MembershipChange(
             generation=self._generation,
             members=self._members,
             added=MappingProxyType(added),
             removed=MappingProxyType(removed),
             changed=MappingProxyType(changed),
             invalid=MappingProxyType(dict(invalid)),
-            resync=resync,
+            resync=full,
         )
-        self._metrics.members.set(len(members))
-        self._metrics.invalid.set(len(invalid))
-        self._metrics.updates.inc()
-        if added or removed or changed:
-            log.info(
-                "%s: %d members (+%d -%d ~%d, %d invalid)",
-                self.path,
-                len(members),
-                len(added),
-                len(removed),
-                len(changed),
-                len(invalid),
-            )
-        for subscription in list(self._subscribers):
-            subscription._queue.put_nowait(change)
-        async with self._changed:
-            self._changed.notify_all()
+
+
+class LegacyMembershipWatcher(MembershipWatcher):
+    """``MembershipWatcher`` with its bookkeeping of invalid children as of 17279ab."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._view = self.legacy_view = LegacyMembershipView(self.path, self._metrics)

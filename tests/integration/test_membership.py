@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from discovery.testing import ZooKeeperEnsemble
-from discovery.zk import membership
+from discovery.zk import memberfeed, memberread, membership, memberview, memberwatch
 from discovery.zk.membership import LOGGED_SKIPS, MembershipWatcher
 from discovery.zk.paths import DATA_SERVERS_PATH
 from discovery.zk.registration import Registration
@@ -30,6 +30,9 @@ from tests.support import (
     waited,
     within,
 )
+
+# The modules of the watcher's code: where the memory it allocates is looked for.
+WATCHER_MODULES = (membership, memberfeed, memberread, memberview, memberwatch)
 
 # Every test runs with the persistent recursive watch (ZooKeeper 3.6+) and with the
 # child-watch fallback (older servers).
@@ -430,7 +433,7 @@ async def test_thousands_of_invalid_children_cost_only_what_changes(
             await agent.create(f"{DATA_SERVERS_PATH}/ds-bad-new", b"[]", ephemeral=True)
             change = await waited(anext(changes), "the change set with ds-bad-new", timeout=10)
             held = tracemalloc.take_snapshot().filter_traces(
-                [tracemalloc.Filter(True, membership.__file__)]
+                [tracemalloc.Filter(True, module.__file__) for module in WATCHER_MODULES]
             )
         finally:
             tracemalloc.stop()

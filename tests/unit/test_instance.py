@@ -40,7 +40,8 @@ from discovery.instance import (
     validate_weight,
     validate_zone,
 )
-from discovery.zk.membership import MembershipWatcher
+from discovery.zk.memberread import ChildReader
+from discovery.zk.paths import DATA_SERVERS_PATH
 from tests.support import CURATOR_FIELD_ORDER, REPO_ROOT
 
 GOLDEN = REPO_ROOT / "tests" / "golden"
@@ -897,8 +898,8 @@ def test_a_znode_with_a_bad_zone_or_weight_is_skipped_as_malformed(
     # by tests/integration/test_membership.py): an InvalidInstanceError, reported as malformed.
     doc = base_doc()
     doc["payload"].update(changes)
-    watcher = MembershipWatcher(session=None)  # type: ignore[arg-type]
-    instance, problem, _ = watcher._decode("ds-007", json.dumps(doc).encode(), None)  # type: ignore[arg-type]
+    reader = ChildReader(None, DATA_SERVERS_PATH)  # type: ignore[arg-type]
+    instance, problem, _ = reader.decode("ds-007", json.dumps(doc).encode(), None)  # type: ignore[arg-type]
     assert instance is None
     assert problem is not None
     assert problem.startswith(f"malformed: invalid ServiceInstance: {field_name}: ")
