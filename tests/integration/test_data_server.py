@@ -340,10 +340,10 @@ async def test_admin_without_token_is_refused_from_other_hosts(
             "POST", "/admin/offline", headers=admin_headers(), transport=Transport(peer)
         )
 
-    refused = server._refuse_admin(request("10.1.2.3"))
+    refused = server.handlers.refuse_admin(request("10.1.2.3"))
     assert refused is not None
     assert refused.status == 403
-    assert server._refuse_admin(request("127.0.0.1")) is None
+    assert server.handlers.refuse_admin(request("127.0.0.1")) is None
 
 
 @pytest.mark.parametrize(

@@ -226,7 +226,7 @@ async def test_a_head_sent_behind_a_slow_request_is_timed_once_that_request_ends
         await writer.drain()
         # While the search runs, the next request's head starts, and then stalls: no
         # byte arrives after the search ends to start its clock.
-        await eventually(lambda: server._searching == 1, message="the search running")
+        await eventually(lambda: server.searches_in_progress == 1, message="the search running")
         writer.write(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
         await writer.drain()
         status, _ = await waited(_response(reader), "the slow search", timeout=10)

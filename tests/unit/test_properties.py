@@ -21,6 +21,7 @@ bounded example counts (the module runs in a few seconds).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -678,13 +679,13 @@ def _rejected(registry: CollectorRegistry, endpoint: str, parameter: str, reason
     return registry.get_sample_value("discovery_http_rejected_total", labels) or 0.0
 
 
-@pytest.fixture
-async def data_app() -> AsyncIterator[tuple[DataServer, TestClient[Any, Any]]]:
-    """A data server's real application with its index, served on loopback; no agent,
-    no ZooKeeper (its search and admin handlers need neither)."""
+@contextlib.asynccontextmanager
+async def _served_data_app(
+    admin_token: str | None = None,
+) -> AsyncIterator[tuple[DataServer, TestClient[Any, Any]]]:
     config = DataServerConfig(
         zk=ZkConfig(hosts="127.0.0.1:1"),
-        cluster=ClusterConfig(),
+        cluster=ClusterConfig(admin_token=admin_token),
         agent=AgentConfig(),
         port=0,
         docs=200,
@@ -699,6 +700,14 @@ async def data_app() -> AsyncIterator[tuple[DataServer, TestClient[Any, Any]]]:
     yield server, client
     server.faults.set(Fault())
     await client.close()
+
+
+@pytest.fixture
+async def data_app() -> AsyncIterator[tuple[DataServer, TestClient[Any, Any]]]:
+    """A data server's real application with its index, served on loopback; no agent,
+    no ZooKeeper (its search and admin handlers need neither)."""
+    async with _served_data_app() as served:
+        yield served
 
 
 @pytest.fixture
@@ -908,19 +917,16 @@ async def test_every_kind_of_4xx_is_counted_on_the_servers_registry(
     assert _rejected_total(registry, "/admin/fault") == 4
 
 
-async def test_admin_refusals_are_counted(
-    data_app: tuple[DataServer, TestClient[Any, Any]],
-) -> None:
-    server, client = data_app
-    server._admin_token = "s3cret"
-    async with client.post("/admin/fault", json={"mode": "none"}) as response:
-        assert response.status == 401
-    async with client.post(
-        "/admin/fault", json={"mode": "none"}, headers={"Authorization": "Bearer nope"}
-    ) as response:
-        assert response.status == 403
-    assert _rejected(server.registry, "/admin/fault", "-", "unauthorized") == 1
-    assert _rejected(server.registry, "/admin/fault", "-", "forbidden") == 1
+async def test_admin_refusals_are_counted() -> None:
+    async with _served_data_app(admin_token="s3cret") as (server, client):
+        async with client.post("/admin/fault", json={"mode": "none"}) as response:
+            assert response.status == 401
+        async with client.post(
+            "/admin/fault", json={"mode": "none"}, headers={"Authorization": "Bearer nope"}
+        ) as response:
+            assert response.status == 403
+        assert _rejected(server.registry, "/admin/fault", "-", "unauthorized") == 1
+        assert _rejected(server.registry, "/admin/fault", "-", "forbidden") == 1
 
 
 async def test_search_server_counts_its_rejections(
