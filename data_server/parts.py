@@ -1,6 +1,6 @@
 """The parts a data server builds as it starts (:class:`DataServerParts`): set by
 :class:`~data_server.server.DataServer` as it loads, listens and connects, read by its
-HTTP handlers, which answer "not ready" while a part is missing."""
+HTTP handlers (``/readyz`` answers 503 until the index and a registered agent are there)."""
 
 from __future__ import annotations
 
