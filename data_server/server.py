@@ -1,21 +1,11 @@
 """One data server: an in-memory shard behind an aiohttp API, with an embedded agent.
 
-Start-up order is the contract "register only when ready": load and index the
-documents, start listening, connect the agent, and only then tell the agent the
-server is ready; the agent registers after its first good probe (a real search over
-HTTP). Shutdown is the drain: the agent marks the node ``draining`` and keeps it
-for the grace period while we keep answering, removes it, then the HTTP server stops
-accepting, finishes in-flight requests, and the agent closes its session.
+:class:`DataServer` registers only once it can answer (indexed, listening, a first good
+probe) and drains on stop (marked draining for the grace while still answering, then
+removed, then the listener closes and the requests in flight finish). This module wires
+the parts and runs their life cycle; the HTTP API is :mod:`.handlers`.
 
-Overload is not failure: a search arriving while ``--max-concurrent-searches`` searches
-are in progress is answered at once with 429 and ``Retry-After`` (see
-:mod:`.admission`), before any search work; the agent's probes (marked by
-:data:`~discovery.agent.probes.PROBE_HEADER`) are never refused for it, so a full
-server does not fail its own health check. No search works longer than
-``--max-timeout-ms``: a larger ``timeout_ms`` is clamped to it.
-
-This module builds the parts and runs their life cycle; the HTTP API is
-:mod:`.handlers`, the metrics :mod:`.metrics`.
+Design: docs/design/data-server.md, "The data server".
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """What ``GET /cluster`` and the dashboard show of the list a search server routes with,
 bounded at any fleet size.
 
-At 50,000 data servers the whole list is an 11 MB document that takes a second to
-build, which no operator reads and every dashboard would fetch each second. So a view
-is a **summary** (servers by state, shards by how many of their replicas are live),
-the **problems** (shards with no live replica, ejected servers, servers that are not
-serving or disabled: at most :data:`MAX_PROBLEMS`, with their total), a **shard grid**
-for the dashboard (one small row per shard) and one **page** of servers (at most
-:data:`MAX_PAGE`, by id, a cursor for the next).
+A view is a summary, the problems (at most :data:`MAX_PROBLEMS`, with their total), a
+shard grid (at most :data:`MAX_GRID` shards) and one page of servers (at most
+:data:`MAX_PAGE`); it costs O(page + shards) once the list is indexed
+(:class:`ListIndex`, moved along change by change). Not thread-safe: the server's
+event loop only.
 
-A cluster of up to :data:`DEFAULT_PAGE` servers gets every server on its first page,
-as ``/cluster`` always answered. Filters: one shard (``?shard=``), one state
-(``?state=``, a registration state, or ``ejected``, ``disabled``, ``live``).
-
-:class:`ListIndex` sorts and groups a list once, when it changes (the routing list is
-an immutable mapping replaced on each change, so its identity is the cache key); the
-ejected set, which changes without the list, is applied per view in O(ejected +
-shards). A view then costs O(page + shards) and at most one O(servers) pass over the
-list for a state filter: well under 100 ms at 50,000 (``bench/bench_fleet_scale.py``).
-
-Everything runs on the server's event loop and is not thread-safe.
+Design: docs/design/search-server.md, "`/cluster`, bounded at any size".
 """
 
 from __future__ import annotations

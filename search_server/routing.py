@@ -1,36 +1,14 @@
 """The fan-out's routing table: the replicas of every shard, kept in step with the live
 list one change at a time.
 
-A query fans out to every shard, so it needs the replicas grouped by shard; grouping
-50,000 servers takes the event loop about 0.1 s (0.4 s at the 99th percentile,
-``bench/bench_routing.py``), and doing it for every version of the list stalled every
-query once per change at that size. :class:`RoutingTable` is built in full once (a
-follower's first list, a list it did not follow) and then updated from each
-:class:`~discovery.livelist.LiveListChange`'s ``added``, ``changed`` and ``removed``: a
-change costs the size of the shards it touches, tens of microseconds at 50,000 servers
-as at 500. A reload from the list the table holds is a change like any other (the
-follower has already compared the two lists to make it).
+A change costs the size of the shards it touches. Draining servers are kept in their
+shard's reserve, for requests of last resort; a shard's replica list is replaced, never
+edited, so a query in flight keeps the list it started with. The same
+:class:`~search_server.picking.Replica` serves a target while it stays listed, and one
+that leaves while ejected is remembered until its ejection ends. Not thread-safe: the
+search server's event loop only.
 
-A draining data server is not routed to: "finish what you sent me, send nothing new".
-It is kept apart, in its shard's **reserve** (:meth:`RoutingTable.reserve`): a query may
-send it a request of last resort once the shard's every routable replica has been tried
-or is ejected, because it still answers during its grace and a shard left with one
-replica is one slow answer (or one ejection) from missing. Its first requests go
-elsewhere wherever the shard has a routable replica in service, so routing stops at the
-first write of ``draining`` all the same. Disabled servers and servers in maintenance
-are in neither list.
-
-Which server is routable, which in reserve, the grouping by shard and the following of
-changes are :class:`~discovery.livelist.shards.ShardIndex`'s. A shard's replica list is
-replaced, never edited: a query in flight keeps the list it started with (it may still
-retry or hedge to a replica that has just left; that request fails or answers like any
-other). Replicas are kept by :func:`~search_server.picking.target_key`, and the same
-:class:`~search_server.picking.Replica` is reused while its target stays in the list, so
-what the search server learned of it survives changes. A replica that leaves while
-ejected is remembered until its ejection ends, so that a server that flaps out of the
-list and back does not come back with a clean record.
-
-Not thread-safe; runs on the search server's event loop.
+Design: docs/design/search-server.md, "The routing table".
 """
 
 from __future__ import annotations

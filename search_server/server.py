@@ -1,26 +1,12 @@
-"""One search server: election, the leader's publishing, the live list, the fan-out.
+"""One search server: the wiring and the life cycle of its parts.
 
-Every search server
+:class:`SearchServer` listens first, then connects (ZooKeeper, the live-list store and
+its follower, the fan-out, its membership node, the election); on stop it drains
+(``/readyz`` fails at once, the election is left, queries are answered for
+``--drain-grace``, then the queries in flight finish). The HTTP API is :mod:`.handlers`,
+the election :mod:`.leadership`.
 
-* registers ``/search_servers/members/<id>`` (EPHEMERAL) for status and dashboards;
-* joins the election (unless ``--no-leader-eligible``); while it leads, it watches
-  ``/data_servers`` and publishes the live list (:class:`~discovery.leader.LeaderDuty`)
-  to its live-list store (:func:`~discovery.livelist.open_store` on ``--redis``'s URL:
-  Redis with the publishing credentials by default); a leader that the store refuses
-  (credentials, ACL) resigns and stays out of the election for
-  ``--leader-retry-pause`` seconds;
-* follows the live list in the store (a :class:`~discovery.livelist.LiveListFollower`),
-  the leader included, and routes queries with it;
-* fans ``GET /search`` out to one live replica per shard under a deadline
-  (:class:`~search_server.fanout.FanOut`).
-
-This module builds the parts from the configuration and runs their life cycle; the
-HTTP API is :mod:`.handlers`, the election :mod:`.leadership`.
-
-Start-up listens first (so the id can default to the real port), then connects.
-Shutdown (SIGTERM) drains: ``/readyz`` fails at once, the election is left (a successor
-takes over while we still answer), queries are answered for ``--drain-grace`` seconds
-more, then the listener closes and the queries in flight finish.
+Design: docs/design/search-server.md, "The search server".
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The live list: what the leader publishes and every search server routes with.
 
-* :mod:`~discovery.livelist.model`: :class:`LiveList` and the store protocols
-  (:class:`LiveListStore`, :class:`LiveListPublisher`, :class:`LiveListFollower`), the
-  seam a second backend implements; :mod:`~discovery.livelist.admin`: operators' access
-  to a store (:class:`LiveListAdmin`).
-* :mod:`~discovery.livelist.open`: :func:`open_store`, a store from its URL's scheme.
-* :mod:`~discovery.livelist.feed` and :mod:`~discovery.livelist.held`: a follower's
-  list and its changes, fanned out to many iterators (every backend's).
-* :mod:`~discovery.livelist.brake`: the leader's mass-loss brake (pure, clock injected).
-* :mod:`~discovery.livelist.shards`: who gets queries, shard by shard (:class:`ShardIndex`,
-  :func:`route_of`), following the list's changes.
-* :mod:`discovery.livelist.redis`: the default store, in Redis;
-  :mod:`discovery.livelist.memory`: one in process memory, for tests and embedding.
+The model and the store protocols, :func:`open_store`, the in-memory and Redis stores,
+the follower's feed, the mass-loss brake and the shard index; each module is listed in
+docs/design/modules.md.
 """
 
 from discovery.livelist.admin import LiveListAdmin, OpenedStore

@@ -1,18 +1,12 @@
 """Routing semantics of the live list: who gets queries, shard by shard.
 
-:func:`route_of` is the one rule: a serving, enabled server is **routable**; a draining
-one is in its shard's **reserve** (sent nothing new, but still answering during its
-grace: a last resort); any other (disabled, in maintenance) is in neither.
-:func:`unroutable_kind` names why a listed server is not routable.
+:func:`route_of` is the one rule (serving and enabled: routable; draining: in its
+shard's reserve, a last resort; anything else: neither), :func:`unroutable_kind` says
+why a listed server is not routable. :class:`ShardIndex` applies it to a list and then
+follows its changes at the cost of the shards they touch; per-shard sequences are
+replaced, never edited. Order within a shard is the consumer's. Not thread-safe.
 
-:class:`ShardIndex` applies the rule to a whole list once (:meth:`~ShardIndex.load`) and
-then follows :class:`~discovery.livelist.model.LiveListChange`\\ s: a change costs the
-servers of the shards it touches, not the list. Per-shard lists are replaced, never
-edited, so a reader holding one keeps a consistent snapshot. Order within a shard is
-the consumer's, per query: the search server's picker weighs the replicas usable at
-that moment (in its subset, not ejected, not yet tried) and prefers its own zone among
-them, so the index groups by nothing finer than the shard. Not thread-safe; use it
-from one event loop.
+Design: docs/design/search-server.md, "The routing table".
 """
 
 from __future__ import annotations

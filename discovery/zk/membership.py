@@ -1,57 +1,12 @@
 """An up-to-date, decoded view of a membership directory such as ``/data_servers``.
 
-:class:`MembershipWatcher` keeps one *persistent recursive* watch on the directory
-(ZooKeeper 3.6+ ``addWatch``, :mod:`discovery.zk.watch`): the server names each child
-created, changed or deleted, so a change costs one read of that child, never a
-re-list of all of them (at 50,000 data servers a re-list is 2 MB and tens of
-milliseconds of CPU on both sides). On a server without ``addWatch`` (or with
-``persistent_watch=False``) it falls back to one child watch on the directory and one
-data watch per child, re-listing the names on every child event. Watch callbacks only
-mark what is dirty and wake a single refresh task on the event loop; the task
-refreshes at most once per short coalescing window (the first change after a quiet
-spell at once, so a burst of 100 registrations costs two refreshes, not 100), reads
-only the children that are new or whose data changed, and hands a
-:class:`MembershipChange` (snapshot plus added / removed / changed) to subscribers.
-The view is an immutable map (:class:`immutables.Map`): each change set makes the
-next view from the last in time proportional to the change, sharing the rest, so a
-change to one of 50,000 members costs what it costs with 500 (with the fallback,
-plus the re-list of the children's names that a child watch requires).
+:class:`MembershipWatcher` hands each change (a new immutable view, with what was added,
+removed, changed and skipped) to every subscriber, in order, none dropped. A child that is
+not a valid registration is skipped and counted, never fatal; the last view is kept while
+SUSPENDED, and the whole directory is re-read after every reconnect and expiry. Runs on
+the event loop; kazoo's callbacks only mark what is dirty.
 
-A full read (start, reconnect, resync) reads every child. With the persistent watch,
-whenever more than a handful of children are to be read, it uses ZooKeeper's
-``multiRead`` (:func:`discovery.zk.multiread.read_many`: up to 500 children per request; on
-a local ZooKeeper 50,000 children take about 0.4 s to read instead of 15 s with one
-``get`` each, and 0.7 s more to decode). The child-watch fallback needs a data watch
-on each child, which only a ``get`` can set, so it reads them one by one.
-
-Failure and session behaviour:
-
-* A child that is not a valid ServiceInstance (bad JSON, wrong fields, over the
-  size bound, an ``id`` that differs from its znode name, or a persistent node whose
-  document says it is an ephemeral registration: see :func:`decode_child`) is
-  skipped, listed in :attr:`MembershipChange.invalid` and counted once per version;
-  it never stops the watcher and never hides the other children. Skipped children
-  are logged one by one up to :data:`LOGGED_SKIPS` per refresh, then summed up in one
-  line (the counter stays exact), so 50,000 of them cost one screen of log, not
-  50,000 lines.
-* Nothing a writer of ``/data_servers`` puts there costs the watcher more than linear
-  time: the skipped children are kept in an immutable map like the members, so a
-  change set costs what changed whatever the number of invalid children, and a full
-  read of malformed children costs what as many valid ones cost (copying the invalid
-  set once per skipped child, as the watcher once did, is quadratic: about 10 s of
-  blocked event loop at 50,000; ``bench/bench_invalid_children.py``). A full read
-  yields to the event loop every 500 children decoded and every 2,000 applied.
-* While the connection is SUSPENDED the last view is kept (it is still our best
-  knowledge; readers can see :attr:`MembershipWatcher.stale`). On every reconnect,
-  and after a session expiry, the whole directory is re-read, so changes made while
-  we were away are seen even if a watch was lost with the session (with the
-  persistent watch: once it is back on the server, at its ``resync`` event).
-* A refresh that fails is retried at the next reconnect, or after a short pause if
-  the connection is up.
-
-Its parts: the watches (:mod:`~discovery.zk.memberwatch`), reading and decoding the
-children (:mod:`~discovery.zk.memberread`), the view and its change sets
-(:mod:`~discovery.zk.memberview`) and their fan-out (:mod:`~discovery.zk.memberfeed`).
+Design: docs/design/zookeeper.md, "Membership watch".
 """
 
 from __future__ import annotations
