@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Final
 
-from discovery.aio import cancel_and_wait
+from discovery.aio import cancel_and_wait, log_crash
 from discovery.errors import StoreUnavailableError
 from discovery.instance import ServiceInstance
 from discovery.livelist.admin import Meta
@@ -104,6 +104,7 @@ class MemoryFollower:
         except StoreUnavailableError as exc:
             log.warning("live list %s: %s at start; starting with no servers", self._name, exc)
         self._task = asyncio.create_task(self._run(synced), name=f"livelist:{self._name}")
+        self._task.add_done_callback(log_crash)
 
     async def aclose(self) -> None:
         """Stop following; the last list stays readable; change iterators end."""
