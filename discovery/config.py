@@ -8,6 +8,8 @@ Settings: docs/settings.md, "How settings are read".
 
 from __future__ import annotations
 
+import os
+import ssl
 import urllib.parse
 from dataclasses import dataclass, fields
 
@@ -119,6 +121,17 @@ class ZkConfig:
             defaults to the session timeout.
         auth: digest credentials ``user:password`` or None. The repr shows the user
             and hides the password (``'user:***'``), so a logged config leaks nothing.
+        tls: connect over TLS (to ZooKeeper's ``secureClientPort``). The server's
+            certificate chain is always verified (against ``tls_ca``, else the
+            system's CAs), and so is its name: the certificate must name each host as
+            written in ``hosts`` (DNS name or IP address).
+        tls_ca: PEM file of the CA certificates that verify the servers.
+        tls_cert, tls_key: a client certificate and its (unencrypted) key, for an
+            ensemble that requires one (``ssl.clientAuth=need``); both or neither.
+
+    TLS files are checked when the config is built: each must be a readable file, and
+    they must load (a CA file holding no certificate, or a key that does not match its
+    certificate, is refused here rather than retried for ever at connect time).
     """
 
     hosts: str
@@ -126,6 +139,10 @@ class ZkConfig:
     connect_timeout: float = 30.0
     operation_timeout: float | None = None
     auth: str | None = None
+    tls: bool = False
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.hosts or not self.hosts.strip():
@@ -137,6 +154,7 @@ class ZkConfig:
             raise ConfigError(f"operation_timeout must be positive, got {self.operation_timeout}")
         if self.auth is not None and ":" not in self.auth:
             raise ConfigError("--zk-auth / DISCOVERY_ZK_AUTH: expected user:password")
+        _check_zk_tls(self)
 
     def __repr__(self) -> str:
         shown = []
@@ -153,6 +171,62 @@ class ZkConfig:
         return (
             self.operation_timeout if self.operation_timeout is not None else self.session_timeout
         )
+
+
+#: ZkConfig's TLS files: field, flag and variable.
+_ZK_TLS_FILES = (
+    ("tls_ca", "--zk-tls-ca", "DISCOVERY_ZK_TLS_CA"),
+    ("tls_cert", "--zk-tls-cert", "DISCOVERY_ZK_TLS_CERT"),
+    ("tls_key", "--zk-tls-key", "DISCOVERY_ZK_TLS_KEY"),
+)
+
+
+def _no_key_password() -> str:
+    # Without a callback OpenSSL would prompt on the terminal for an encrypted key's
+    # password, and so would kazoo, which loads the key at each connection.
+    raise ConfigError(
+        "--zk-tls-key / DISCOVERY_ZK_TLS_KEY: the key is encrypted; give it unencrypted"
+    )
+
+
+def _check_zk_tls(config: ZkConfig) -> None:
+    """Check ``config``'s TLS settings: files only with TLS, readable, and loadable."""
+    for name, flag, env in _ZK_TLS_FILES:
+        path = getattr(config, name)
+        if path is None:
+            continue
+        if not config.tls:
+            raise ConfigError(f"{flag} / {env} needs --zk-tls (DISCOVERY_ZK_TLS=1)")
+        if not os.path.isfile(path):
+            raise ConfigError(f"{flag} / {env}: no such file: {path!r}")
+        if not os.access(path, os.R_OK):
+            raise ConfigError(f"{flag} / {env}: file not readable: {path!r}")
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError(
+            "--zk-tls-cert and --zk-tls-key (DISCOVERY_ZK_TLS_CERT, DISCOVERY_ZK_TLS_KEY) "
+            "go together: give both or neither"
+        )
+    if not config.tls:
+        return
+    # Loaded once here only to refuse bad files early; kazoo loads them again at each
+    # connection (so renewed files on disk are picked up at the next reconnection).
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if config.tls_ca is not None:
+        try:
+            context.load_verify_locations(cafile=config.tls_ca)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise ConfigError(
+                f"--zk-tls-ca / DISCOVERY_ZK_TLS_CA: {config.tls_ca!r} holds no usable PEM "
+                f"CA certificate: {exc}"
+            ) from None
+    if config.tls_cert is not None:
+        try:
+            context.load_cert_chain(config.tls_cert, config.tls_key, password=_no_key_password)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise ConfigError(
+                f"--zk-tls-cert / --zk-tls-key: cannot load the client certificate "
+                f"{config.tls_cert!r} with its key {config.tls_key!r}: {exc}"
+            ) from None
 
 
 @dataclass(frozen=True)

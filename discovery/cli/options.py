@@ -291,6 +291,38 @@ ZK_OPTIONS: tuple[Option, ...] = (
         type=readable_file,
         metavar="PATH",
     ),
+    Option(
+        "--zk-tls",
+        "DISCOVERY_ZK_TLS",
+        "connect to ZooKeeper over TLS (its secureClientPort); the server's certificate "
+        "chain and its name (each host as written in --zk) are always verified",
+        type=env_flag,
+        default=False,
+        boolean=True,
+    ),
+    Option(
+        "--zk-tls-ca",
+        "DISCOVERY_ZK_TLS_CA",
+        "PEM file of the CA certificates that verify ZooKeeper (unset: the system's); "
+        "needs --zk-tls",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--zk-tls-cert",
+        "DISCOVERY_ZK_TLS_CERT",
+        "PEM client certificate, for an ensemble with ssl.clientAuth=need; needs --zk-tls "
+        "and --zk-tls-key",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--zk-tls-key",
+        "DISCOVERY_ZK_TLS_KEY",
+        "PEM private key (unencrypted) of --zk-tls-cert",
+        type=readable_file,
+        metavar="PATH",
+    ),
 )
 
 
@@ -636,12 +668,20 @@ def zk_auth(args: argparse.Namespace) -> str | None:
 
 
 def zk_config(args: argparse.Namespace) -> ZkConfig:
-    """The ZkConfig of a namespace parsed with :data:`ZK_OPTIONS` (see :func:`zk_auth`)."""
+    """The ZkConfig of a namespace parsed with :data:`ZK_OPTIONS` (see :func:`zk_auth`).
+
+    Raises:
+        ConfigError: bad credentials or TLS settings (see :class:`ZkConfig`), naming the flag.
+    """
     return ZkConfig(
         hosts=args.zk,
         session_timeout=args.session_timeout,
         connect_timeout=args.zk_connect_timeout,
         auth=zk_auth(args),
+        tls=args.zk_tls,
+        tls_ca=args.zk_tls_ca,
+        tls_cert=args.zk_tls_cert,
+        tls_key=args.zk_tls_key,
     )
 
 
