@@ -78,7 +78,7 @@ class AbandonedSessions:
         hosts: Callable[[], str],
         timeout: float,
         metrics: SessionMetrics,
-        tls: Callable[[], KazooTls | None] = lambda: None,
+        tls: Callable[[], KazooTls | None],
     ) -> None:
         self._hosts = hosts
         self._tls = tls
