@@ -46,13 +46,16 @@ DOCS_CAP_MULTIPLE: Final = 4
 
 #: The default of ``FanOutConfig.forget_missing_shard_after`` (``--forget-missing-
 #: shard-after``): seconds a shard not named by ``--shards`` stays expected after its
-#: last replica left.
+#: last replica left. Ten minutes outlasts a rolling restart of a shard's replicas and
+#: most maintenance of its last one, during which its absence is reported; a shard
+#: gone for longer is meant to be gone, or must be named by ``--shards`` to stay
+#: reported.
 FORGET_MISSING_SHARD_AFTER: Final = 600.0
 
 #: The most missing shards an answer's ``coverage.missing`` lists (the lowest numbers);
 #: ``shards.missing`` counts them all. Every answer carried every missing shard's
-#: number: ten thousand of them once a large cluster lost half its shards, on every
-#: answer. The dashboard lists as many (``missing_shards``, with ``missing_count``).
+#: number: with ``--shards 20000`` and half of them gone, ten thousand in each answer.
+#: The dashboard lists as many (``missing_shards``, with ``missing_count``).
 MISSING_LISTED: Final = 100
 
 #: What :meth:`ExpectedShards.observe` reads of a routing table: ``(shard, replicas)``.

@@ -15,15 +15,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from typing import Any
 
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
+from discovery.config import ClusterConfig, ZkConfig
+from discovery.errors import ConfigError
 from discovery.instance import ServiceInstance
 from discovery.livelist.feed import diff_lists
 from discovery.livelist.model import LiveList
 from discovery.livelist.shards import shard_out_of_range, within_shards
+from search_server import cli as search_server_cli
+from search_server.config import SearchServerConfig, build_parser
 from search_server.dashboard import QueryStats
 from search_server.expectedshards import (
     DOCS_CAP_MULTIPLE,
@@ -71,11 +76,11 @@ def _phantom(docs: int = 1000) -> ServiceInstance:
 
 
 def _fanout(
-    registry: CollectorRegistry, clock: FakeClock, client: _Scripted, **config: object
+    registry: CollectorRegistry, clock: FakeClock, client: _Scripted, **config: Any
 ) -> FanOut:
     return FanOut(
         client,
-        config=FanOutConfig(hedge_ratio=0, **config),  # type: ignore[arg-type]
+        config=FanOutConfig(hedge_ratio=0, **config),
         registry=registry,
         clock=clock,
     )
@@ -101,7 +106,8 @@ async def test_a_shard_registered_for_a_moment_is_forgotten_and_answers_are_comp
     result = await fanout.search(servers, QUERY, 10, 1000)
     assert result.partial
     assert result.shards == shard_counts(3, 2, missing=1)
-    assert result.coverage is not None and result.coverage.missing == (999,)
+    assert result.coverage is not None
+    assert result.coverage.missing == (999,)
     clock.advance(FORGET - 1)
     result = await fanout.search(servers, QUERY, 10, 1000)
     assert result.shards["missing"] == 1
@@ -110,7 +116,8 @@ async def test_a_shard_registered_for_a_moment_is_forgotten_and_answers_are_comp
     result = await fanout.search(servers, QUERY, 10, 1000)
     assert not result.partial
     assert result.shards == shard_counts(2, 2)
-    assert result.coverage is not None and result.coverage.ratio == 1.0
+    assert result.coverage is not None
+    assert result.coverage.ratio == 1.0
     assert set(fanout.expected_shards) == {0, 1}
     assert _fanout_sample(registry, "shards_forgotten_total") == 1
     # A replica back: expected again, and missing again once it leaves.
@@ -206,8 +213,10 @@ def test_the_shard_rule_names_the_range_and_comes_before_the_deployments_own() -
     assert shard_out_of_range(phantom, 0) is None
     assert shard_out_of_range(make_instance("ds-1", shard=1), 2) is None
     reason = shard_out_of_range(phantom, 2)
-    assert reason is not None and reason.startswith("shard_out_of_range: shard 999 ")
-    assert "0..1" in reason and "--shards 2" in reason
+    assert reason is not None
+    assert reason.startswith("shard_out_of_range: shard 999 ")
+    assert "0..1" in reason
+    assert "--shards 2" in reason
 
     def refuse_all(instance: ServiceInstance) -> str:
         return "not_allowed: nowhere"
@@ -219,7 +228,8 @@ def test_the_shard_rule_names_the_range_and_comes_before_the_deployments_own() -
     assert (admit(phantom) or "").startswith("shard_out_of_range:")
     assert admit(make_instance("ds-0", shard=0)) == "not_allowed: nowhere"
     only_range = within_shards(2)
-    assert only_range is not None and only_range(make_instance("ds-0", shard=0)) is None
+    assert only_range is not None
+    assert only_range(make_instance("ds-0", shard=0)) is None
 
 
 # -- the answer's missing list ---------------------------------------------------------
@@ -298,7 +308,24 @@ def test_a_shard_never_seen_counts_as_the_median_shard_not_the_mean() -> None:
     assert expected.docs_cap() == DOCS_CAP_MULTIPLE * 1200
 
 
-def test_settings_out_of_range_are_refused() -> None:
+def test_the_forgetting_time_is_a_flag_and_a_variable_and_bad_values_are_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("DISCOVERY_FORGET_MISSING_SHARD_AFTER", raising=False)
+
+    def config(*argv: str) -> SearchServerConfig:
+        return SearchServerConfig.from_args(build_parser().parse_args(list(argv)))
+
+    assert config().forget_missing_shard_after == FORGET
+    assert config("--forget-missing-shard-after", "0").forget_missing_shard_after == 0
+    monkeypatch.setenv("DISCOVERY_FORGET_MISSING_SHARD_AFTER", "30")
+    assert config().forget_missing_shard_after == 30
+    with pytest.raises(SystemExit):
+        search_server_cli.main(["--forget-missing-shard-after", "-1"])
+    assert "--forget-missing-shard-after" in capsys.readouterr().err
+    base: dict[str, Any] = {"zk": ZkConfig(hosts="127.0.0.1:2181"), "cluster": ClusterConfig()}
+    with pytest.raises(ConfigError, match="--forget-missing-shard-after"):
+        SearchServerConfig(**base, forget_missing_shard_after=-1)
     with pytest.raises(ValueError, match="forget_missing_shard_after"):
         FanOutConfig(forget_missing_shard_after=-1)
     with pytest.raises(ValueError, match="forget_after"):
