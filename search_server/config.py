@@ -37,6 +37,7 @@ from discovery.instance import validate_zone
 from discovery.livelist.brake import MassLossBrakeConfig
 
 from .admission import ConcurrencyLimit, FixedLimit, GradientLimit
+from .expectedshards import FORGET_MISSING_SHARD_AFTER
 from .httpclient import DEFAULT_MAX_BODY
 from .querydeath import QueryOfDeathConfig
 from .queryshare import QueryShare
@@ -255,9 +256,21 @@ SEARCH_OPTIONS = (
         "DISCOVERY_SHARDS",
         "how many shards the cluster has (0 to N-1): a shard with no live replica is "
         "then reported missing in every answer's coverage even by a search server that "
-        "never saw it (0: the shards this search server has seen)",
+        "never saw it, and a data server registered with another shard number is "
+        "refused: never published by the leader, never routed to (counted as "
+        "shard_out_of_range). 0: any shard, the shards this search server has seen",
         type=non_negative_int,
         default=0,
+    ),
+    Option(
+        "--forget-missing-shard-after",
+        "DISCOVERY_FORGET_MISSING_SHARD_AFTER",
+        "seconds a shard not named by --shards stays expected in answers (reported "
+        "missing, the answer partial) after its last replica left; then it is forgotten "
+        "until a replica comes back (0: never forgotten)",
+        type=_non_negative_float,
+        default=FORGET_MISSING_SHARD_AFTER,
+        metavar="SECONDS",
     ),
     Option(
         "--subset-size",
@@ -490,7 +503,9 @@ class SearchServerConfig:
     ``hedge_percent`` caps hedged requests (``--hedge-percent``, 0 turns them off);
     ``retry_budget_percent`` and ``retry_budget_per_second`` bound retries and hedges
     together; ``subset_size`` is the least subset of a shard's replicas routed to (0:
-    all); ``shards`` the cluster's shard count, for coverage (0: the shards seen).
+    all); ``shards`` the cluster's shard count, for coverage and to refuse other shard
+    numbers (0: the shards seen); a shard above it is forgotten after
+    ``forget_missing_shard_after`` seconds without a replica (0: never).
     ``heap_freeze_above`` is the growth of the collector's old generation that makes
     the server freeze it (:mod:`search_server.heap`; 0: never).
     ``allowed_networks`` narrows where data servers may be (``--allowed-networks``).
@@ -535,6 +550,7 @@ class SearchServerConfig:
     retry_budget_per_second: float = 10.0
     subset_size: int = 8
     shards: int = 0
+    forget_missing_shard_after: float = FORGET_MISSING_SHARD_AFTER
     heap_freeze_above: int = 50_000
     allowed_networks: NetworkPolicy = field(default_factory=NetworkPolicy)
     query_of_death: QueryOfDeathConfig = field(default_factory=QueryOfDeathConfig)
@@ -585,6 +601,11 @@ class SearchServerConfig:
             )
         if not 0 <= self.shards <= _MAX_SHARDS:
             raise ConfigError(f"--shards must be in 0..{_MAX_SHARDS}, got {self.shards}")
+        if not self.forget_missing_shard_after >= 0:
+            raise ConfigError(
+                "--forget-missing-shard-after must be at least 0, got "
+                f"{self.forget_missing_shard_after}"
+            )
         if self.subset_size < 0:
             raise ConfigError(f"--subset-size must be at least 0, got {self.subset_size}")
         if self.heap_freeze_above < 0:
@@ -659,6 +680,7 @@ class SearchServerConfig:
             retry_budget_per_second=args.retry_budget_per_second,
             subset_size=args.subset_size,
             shards=args.shards,
+            forget_missing_shard_after=args.forget_missing_shard_after,
             heap_freeze_above=args.heap_freeze_above,
             allowed_networks=args.allowed_networks or NetworkPolicy(),
             max_answer_bytes=args.max_answer_bytes,

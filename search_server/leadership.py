@@ -76,6 +76,8 @@ class LeaderRole:
             store_grace=config.heartbeat_ttl,
             admit=_admission(config.allowed_networks),
             fence_recheck_max=config.fence_recheck_max,
+            # A registration of a shard outside --shards is never published.
+            shards=config.shards,
         )
         return cls(session, duty, server_id, retry_pause=config.leader_retry_pause)
 

@@ -143,8 +143,15 @@ class FanOutMetrics:
         self.unroutable = Counter(
             "search_server_fanout_unroutable",
             "Listed data servers left out of the routing table: not_allowed (an IP address "
-            "outside --allowed-networks) or error (its replica could not be made).",
+            "outside --allowed-networks), shard_out_of_range (a shard outside --shards) or "
+            "error (its replica could not be made).",
             ["why"],
+            registry=registry,
+        )
+        self.shards_forgotten = Counter(
+            "search_server_fanout_shards_forgotten",
+            "Shards no longer expected in answers: above --shards and without a replica "
+            "for --forget-missing-shard-after seconds.",
             registry=registry,
         )
         self.slow_start = Gauge(

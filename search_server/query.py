@@ -21,6 +21,7 @@ import orjson
 
 from .blame import OUTLIERS, SHED_HEDGE_PAUSE, Blame, OwnLoad, TimeoutBlame
 from .candidates import Candidates
+from .expectedshards import list_missing_capped
 from .hedging import HedgePolicy
 from .httpclient import SubrequestClient, SubrequestError
 from .merging import BadAnswer, FanOutResult, feedback, merge, ranked_hits
@@ -118,13 +119,18 @@ class Query:
         self._ok = 0
 
     async def run(
-        self, routes: Sequence[ShardRoute], missing: Sequence[tuple[int, int]]
+        self,
+        routes: Sequence[ShardRoute],
+        missing: Sequence[tuple[int, int]],
+        *,
+        docs_cap: int | None = None,
     ) -> FanOutResult:
         """Fan out to the shards of ``routes`` and merge their answers (``missing``:
-        the shards with no replica, and their documents). Returns by the deadline (plus
-        a loop iteration)."""
+        the shards with no replica, and their documents; ``docs_cap``: the most one
+        shard's documents count for in the coverage). Returns by the deadline (plus a
+        loop iteration)."""
         ctx = self._ctx
-        calls = self._calls = [ShardCall(route) for route in routes]
+        calls = self._calls = [ShardCall(route, docs_cap) for route in routes]
         ctx.hedging.budget.deposit(len(calls))
         ctx.retry_budget.deposit(len(calls))
         self._open_calls = self._total = len(calls)
@@ -149,7 +155,8 @@ class Query:
             if self._ok:
                 ctx.metrics.shard_requests.labels(result="ok").inc(self._ok)
         took_ms = (self._timer.time() - self.started) * 1000
-        result = merge(calls, self._k, took_ms, missing)
+        # Every missing shard counted, the first of them listed.
+        result = list_missing_capped(merge(calls, self._k, took_ms, missing))
         self._count(result, took_ms)
         return result
 

@@ -259,6 +259,7 @@ class SearchServer:
                 hedge_ratio=config.hedge_percent / 100,
                 networks=config.allowed_networks,
                 shards=config.shards,
+                forget_missing_shard_after=config.forget_missing_shard_after,
                 slow_start=config.slow_start,
             ),
             admission=config.concurrency_limit(),

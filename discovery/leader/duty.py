@@ -16,6 +16,7 @@ from discovery.leader.settings import FENCE_RECHECK_MAX, LeaderSettings
 from discovery.leader.term import Term
 from discovery.livelist.brake import BrakeStatus, MassLossBrake, MassLossBrakeConfig
 from discovery.livelist.model import LiveListStore
+from discovery.livelist.shards import within_shards
 from discovery.metrics import (
     FenceMetrics,
     MaintenanceMetrics,
@@ -46,7 +47,10 @@ class LeaderDuty:
     rule on registrations (``--allowed-networks``), see
     :class:`~discovery.zk.membership.MembershipWatcher`. ``fence_recheck_max``: the
     longest pause between tries of a fence holding an impossible epoch (the first is
-    ``heartbeat_interval``, doubling).
+    ``heartbeat_interval``, doubling). ``shards``: the cluster's shard count
+    (``--shards``; 0: any shard): a registration of a shard outside ``0..shards - 1``
+    is skipped, counted as ``shard_out_of_range`` and never published (see
+    :func:`~discovery.livelist.shards.shard_out_of_range`).
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class LeaderDuty:
         maintenance_path: str | None = MAINTENANCE_PATH,
         admit: Callable[[ServiceInstance], str | None] | None = None,
         fence_recheck_max: float = FENCE_RECHECK_MAX,
+        shards: int = 0,
     ) -> None:
         self._settings = LeaderSettings(
             leader_id,
@@ -76,6 +81,7 @@ class LeaderDuty:
             maintenance_path=maintenance_path,
             admit=admit,
             fence_recheck_max=fence_recheck_max,
+            shards=shards,
         )
         self._session = session
         self._store = store
@@ -135,7 +141,8 @@ class LeaderDuty:
                         settings.watch_path,
                         coalesce_window=settings.coalesce_window,
                         metrics=self._membership_metrics,
-                        admit=settings.admit,
+                        # A shard outside --shards first: skipped like a bad node.
+                        admit=within_shards(settings.shards, settings.admit),
                     )
                 )
                 await term.run(watcher, maintenance)

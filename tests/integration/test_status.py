@@ -446,6 +446,48 @@ async def test_one_address_claimed_by_several_ids_is_shown_as_a_squatting_sign(
     assert "    10.0.0.7:9301: ds-real, ds-squat" in text
 
 
+async def test_with_shards_a_server_of_another_shard_is_reported_refused_with_the_reason(
+    zk_hosts: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    client: aioredis.Redis,
+    make_session: SessionFactory,
+) -> None:
+    """Issue 42: a node registered under a shard number the cluster does not have is
+    refused by the leader and the search servers of that ``--shards``; ``discovery
+    status --shards`` says so, with the reason, rather than counting a shard 999."""
+    session = await make_session()
+    for instance in (
+        make_instance("ds-0", 9401, shard=0),
+        make_instance("ds-1", 9402, shard=1),
+        make_instance("ds-999", 9403, shard=999),
+    ):
+        await session.create(
+            f"{DATA_SERVERS_PATH}/{instance.id}", instance.to_json(), ephemeral=True, makepath=True
+        )
+    admin = RedisLiveStore(client, redis_prefix).admin
+
+    status = await collect_status(session, admin, expected_shards=2)
+    document = conforming(status.to_dict(), "status")
+    assert data_server_ids(document) == {"ds-0": 0, "ds-1": 1}
+    [refused] = document["data_servers"]["invalid"]
+    assert refused["id"] == "ds-999"
+    assert refused["reason"].startswith("shard_out_of_range: shard 999 ")
+    assert "refused" in refused["reason"]
+    assert document["data_servers"]["shard_summary"]["total"] == 2
+    assert "invalid_registrations" in status.health.problems
+    # Not published by a leader of that --shards: no difference to report for it.
+    assert "ds-999" not in status.differences.registered_not_published
+    # Without --shards, shard 999 is one of the cluster's.
+    unbounded = await collect_status(session, admin)
+    assert data_server_ids(conforming(unbounded.to_dict(), "status"))["ds-999"] == 999
+
+    args = cluster_args(zk_hosts, redis_server.url, redis_prefix)
+    code, out, err = await run_cli(*args, "--shards", "2")
+    assert code == 1, err
+    assert "ds-999: shard_out_of_range: shard 999 " in out
+
+
 def _large_status(shards: int, replicas: int, **overrides: Any) -> Any:
     """A status of ``shards`` x ``replicas`` registered and published data servers, made
     without I/O (the text report is a pure function of it)."""

@@ -120,8 +120,10 @@ def add_parser(
         default=0,
         metavar="N",
         help="how many shards the cluster has (0 to N-1), so that a shard whose last "
-        "server left is named among those with no live replica (default 0: the shards "
-        "seen)",
+        "server left is named among those with no live replica, and a data server "
+        "registered with another shard number is reported as refused "
+        "(shard_out_of_range, among the invalid registrations), as the leader and the "
+        "search servers of that --shards refuse it (default 0: the shards seen)",
     )
     parser.set_defaults(func=run)
     return parser

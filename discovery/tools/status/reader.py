@@ -29,6 +29,7 @@ from discovery.errors import (
 from discovery.instance import ServiceInstance
 from discovery.livelist.admin import LiveListAdmin, OpenedStore
 from discovery.livelist.open import default_schemes, open_store
+from discovery.livelist.shards import shard_out_of_range
 from discovery.zk.maintenance import read_markers
 from discovery.zk.membership import decode_child
 from discovery.zk.multiread import read_many
@@ -116,8 +117,10 @@ async def collect_status(
 
     ``session`` must be started; ``store`` is the live-list store's admin
     (:attr:`~discovery.livelist.admin.OpenedStore.admin`); ``expected_shards`` the
-    cluster's shard count (0: only the shards seen). The ZooKeeper and store reads run
-    concurrently.
+    cluster's shard count (0: only the shards seen): a data server of a shard outside
+    it is reported among the invalid registrations, refused as the leader and the
+    search servers of that ``--shards`` refuse it (``shard_out_of_range``). The
+    ZooKeeper and store reads run concurrently.
 
     Raises:
         ZkError: a ZooKeeper read failed (ZkConnectionError if unreachable).
@@ -137,6 +140,10 @@ async def collect_status(
         store.read_published(),
         read_markers(session),
     )
+    if expected_shards > 0:
+        data_servers, data_invalid = _refuse_other_shards(
+            data_servers, data_invalid, expected_shards
+        )
     elected = tuple(contenders)
     prefix = store.prefix
     status = ClusterStatus(
@@ -163,6 +170,22 @@ async def collect_status(
         differences.in_sync,
     )
     return dataclasses.replace(status, differences=differences)
+
+
+def _refuse_other_shards(
+    valid: dict[str, ServiceInstance], invalid: dict[str, str], shards: int
+) -> tuple[dict[str, ServiceInstance], dict[str, str]]:
+    """``valid`` less the servers of a shard outside ``0..shards - 1``, and ``invalid``
+    with each of them and why (:func:`~discovery.livelist.shards.shard_out_of_range`)."""
+    refused = {
+        key: reason
+        for key, instance in valid.items()
+        if (reason := shard_out_of_range(instance, shards)) is not None
+    }
+    if not refused:
+        return valid, invalid
+    kept = {key: instance for key, instance in valid.items() if key not in refused}
+    return kept, {**invalid, **refused}
 
 
 async def _gather_first_error(*aws: Awaitable[Any]) -> list[Any]:
