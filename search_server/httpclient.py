@@ -34,6 +34,7 @@ __all__ = [
     "MAX_HEADERS",
     "MAX_HEAD_BYTES",
     "MAX_LINE_BYTES",
+    "AnswerTooLarge",
     "Endpoint",
     "HttpClient",
     "Response",
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 Response = tuple[int, bytes]
 
 #: Default cap of a response body (bytes): a data server's answer is k hits, kilobytes.
+#: A request may ask for a lower one (the fan-out's follows ``k``), never a higher.
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 #: Most headers one response may have.
 MAX_HEADERS = 100
@@ -71,21 +73,32 @@ class SubrequestError(DiscoveryError):
     a limit."""
 
 
+class AnswerTooLarge(SubrequestError):
+    """A response body over the request's cap: refused as it arrived, never parsed."""
+
+
 class _Violation(Exception):
     """Raised from a parser callback to stop parsing: the response breaks a limit or the
     one-response-per-request rule. Its text is the reason given to the request."""
+
+
+class _TooLarge(_Violation):
+    """The body broke the request's cap: the request fails with :class:`AnswerTooLarge`."""
 
 
 @runtime_checkable
 class SubrequestClient(Protocol):
     """Sends ``GET`` requests to data servers; one default implementation, :class:`HttpClient`."""
 
-    def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
+    def get(
+        self, endpoint: Endpoint, target: bytes, max_body: int | None = None
+    ) -> asyncio.Future[Response]:
         """Send ``GET <target>`` (``target`` is the encoded path and query) to ``endpoint``.
 
         Returns at once with a future of ``(status, body)`` that fails with
-        :class:`SubrequestError` when no response can come; cancelling it abandons the
-        request. Never raises itself.
+        :class:`SubrequestError` when no response can come (with :class:`AnswerTooLarge`
+        for a body over ``max_body`` bytes, or over the client's own cap if lower or
+        ``max_body`` is None); cancelling it abandons the request. Never raises itself.
         """
         ...
 
@@ -133,10 +146,10 @@ class _Connection(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, owner: _Owner, endpoint: Endpoint, max_body: int) -> None:
+    def __init__(self, owner: _Owner, endpoint: Endpoint) -> None:
         self._owner = owner
         self._endpoint = endpoint
-        self._max_body = max_body
+        self._max_body = 0  # the cap of the request in flight's body (see send)
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[Response] | None = None
@@ -230,7 +243,7 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._room -= len(body)
         if self._room < 0:
-            raise _Violation(f"a body over {self._max_body} bytes")
+            raise _TooLarge(f"a body over {self._max_body} bytes")
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -240,11 +253,11 @@ class _Connection(asyncio.Protocol):
 
     # -- requests --------------------------------------------------------------------
 
-    def send(self, request: bytes, waiter: asyncio.Future[Response]) -> None:
+    def send(self, request: bytes, waiter: asyncio.Future[Response], max_body: int) -> None:
         assert self.transport is not None
         self._waiter = waiter
         self._body = []
-        self._room = self._max_body
+        self._room = self._max_body = max_body
         self._head_seen = 0
         self._head_buf = None
         self._status = -1
@@ -339,10 +352,12 @@ class _Connection(asyncio.Protocol):
         return True
 
     def _parser_failed(self, exc: Exception, data: bytes) -> None:
+        error = SubrequestError
         if isinstance(exc, httptools.HttpParserCallbackError):
             cause = exc.__context__
             if isinstance(cause, _Violation):
                 reason = str(cause)
+                error = AnswerTooLarge if isinstance(cause, _TooLarge) else error
             else:  # a bug of ours in a callback: still only this request's problem
                 self._owner.unexpected(cause or exc, self.where)
                 reason = f"a response our parser failed on ({type(cause or exc).__name__})"
@@ -362,12 +377,12 @@ class _Connection(asyncio.Protocol):
             self._keep_alive = False
             self._finish()
             return
-        self._break(reason)
+        self._break(reason, error)
 
-    def _break(self, reason: str) -> None:
-        """Close the connection, failing its request with ``reason``."""
+    def _break(self, reason: str, error: type[SubrequestError] = SubrequestError) -> None:
+        """Close the connection, failing its request with ``error`` for ``reason``."""
         self.close()
-        self._fail(SubrequestError(f"{self.where} sent {reason}"))
+        self._fail(error(f"{self.where} sent {reason}"))
 
     def _fail(self, exc: SubrequestError) -> None:
         # What was read of a refused answer (up to max_body) is not kept meanwhile.
@@ -408,7 +423,8 @@ class HttpClient:
     One request per connection at a time; an idle connection is reused (most recent
     first), a new one opened when none is idle. At most ``max_idle`` idle connections
     are kept per endpoint, each for at most ``idle_timeout`` seconds. A response body
-    over ``max_body`` bytes fails its request. Runs on the loop it is used from and is
+    over ``max_body`` bytes (or the lower cap a request gives) fails its request with
+    :class:`AnswerTooLarge` as it arrives. Runs on the loop it is used from and is
     not thread-safe. ``connect_timeout`` bounds opening a connection on top of the
     caller's own deadline. Close with :meth:`aclose` (or use ``async with``).
 
@@ -502,8 +518,11 @@ class HttpClient:
                 problems.append(f"connection {id(connection):#x} is busy but marked pooled")
         return problems
 
-    def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
+    def get(
+        self, endpoint: Endpoint, target: bytes, max_body: int | None = None
+    ) -> asyncio.Future[Response]:
         loop = asyncio.get_running_loop()
+        cap = self.max_body if max_body is None else min(max_body, self.max_body)
         waiter: asyncio.Future[Response] = loop.create_future()
         if self._closed:
             waiter.set_exception(SubrequestError("the client is closed"))
@@ -518,9 +537,9 @@ class HttpClient:
             connection = self._checkout(endpoint, loop.time())
             if connection is not None:
                 self._busy.add(connection)
-                connection.send(request, waiter)
+                connection.send(request, waiter, cap)
                 return waiter
-            task = loop.create_task(self._connect_and_send(endpoint, request, waiter))
+            task = loop.create_task(self._connect_and_send(endpoint, request, waiter, cap))
             self._connecting.add(task)
             task.add_done_callback(self._connecting.discard)
         except Exception as exc:  # the contract: never raise, fail this request only
@@ -554,7 +573,7 @@ class HttpClient:
         return found
 
     async def _connect_and_send(
-        self, endpoint: Endpoint, request: bytes, waiter: asyncio.Future[Response]
+        self, endpoint: Endpoint, request: bytes, waiter: asyncio.Future[Response], cap: int
     ) -> None:
         loop = asyncio.get_running_loop()
         where = endpoint.where
@@ -597,7 +616,7 @@ class HttpClient:
                 self._release(endpoint, connection)
                 return
             self._busy.add(connection)
-            connection.send(request, waiter)
+            connection.send(request, waiter, cap)
         except Exception as exc:
             self._unexpected(exc, where)
             connection.close()
@@ -617,7 +636,7 @@ class HttpClient:
         host, port = endpoint.host, endpoint.port
 
         def protocol() -> _Connection:
-            return _Connection(self._owner, endpoint, self.max_body)
+            return _Connection(self._owner, endpoint)
 
         if _is_ip_literal(host):
             # Judged by the routing table before it got here (and by the registration's
