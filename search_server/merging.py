@@ -45,7 +45,7 @@ MAX_HIT_TEXT = 8192
 _MAX_FIELD_NAME = 64
 #: Largest magnitude of a hit's ``score``: a score is a finite number in
 #: ``[-MAX_SCORE, MAX_SCORE]``. Relevance scores are modest numbers: our data server's
-#: BM25 stays under 2e4 for any query it accepts (``data_server.index.MAX_SCORE``), and
+#: BM25 stays under 2e4 for any query it accepts (``data_server.handlers.MAX_SCORE``), and
 #: Lucene-style scores with boosts live in the same range. 1e9 leaves five orders of
 #: magnitude above that, yet refuses the 1e308 that topped every list (and that a
 #: client summing scores or reading them as float32 would turn into infinity).
