@@ -24,7 +24,7 @@ from .candidates import Candidates
 from .expectedshards import list_missing_capped
 from .hedging import HedgePolicy
 from .httpclient import SubrequestClient, SubrequestError
-from .merging import BadAnswer, FanOutResult, feedback, merge, ranked_hits
+from .merging import BadAnswer, FanOutResult, answer_bytes, feedback, merge, ranked_hits
 from .metrics import FanOutMetrics
 from .picking import LatencyWindow, Replica, ReplicaPicker
 from .replicahealth import ReplicaHealth
@@ -105,6 +105,8 @@ class Query:
             "ascii"
         )
         self._k = k
+        # The most an answer of k hits may weigh: a body over it is refused unparsed.
+        self._max_body = answer_bytes(k)
         self._calls: list[ShardCall] = []
         self._open_calls = 0
         self._total = 0
@@ -209,7 +211,9 @@ class Query:
         # deadline never falls after ours); at least 1, the least timeout_ms there is.
         budget_ms = max(1, int((self.deadline - now) * 1000))
         # The client never raises: a request that cannot be sent fails its future.
-        future = self._ctx.client.get(replica.endpoint, b"%b%d" % (self._target, budget_ms))
+        future = self._ctx.client.get(
+            replica.endpoint, b"%b%d" % (self._target, budget_ms), self._max_body
+        )
         attempt = Attempt(replica, future, now, hedge, probe)
         call.sent(attempt)
         future.add_done_callback(lambda f: self._on_answer(call, attempt))
@@ -303,11 +307,12 @@ class Query:
             status, body = future.result()
             if status != 200:
                 overloaded = status in _OVERLOAD_STATUSES
-                raise BadAnswer(f"HTTP {status}")
+                raise BadAnswer(f"HTTP {status}", "status")
             decoded = orjson.loads(body)
             hits = ranked_hits(decoded, call.shard, self._k)
         except (SubrequestError, ValueError) as error:
-            # ValueError: a BadAnswer or undecodable JSON (orjson.JSONDecodeError).
+            # ValueError: a BadAnswer or undecodable JSON (orjson.JSONDecodeError). A body
+            # over its cap is a SubrequestError (AnswerTooLarge): refused unparsed.
             if overloaded:
                 # A refusal, not a failure: the replica said at once that it is full.
                 # No step towards ejection and no latency penalty (a busy minute must
@@ -317,6 +322,7 @@ class Query:
             else:
                 replica.penalize(elapsed)
                 ctx.health.record_failure(replica, "error", _describe(error))
+                ctx.metrics.refused_answer(error)
             call.outcome = "failed"
             call.reason = "overload" if overloaded else "error"
             if call.attempts:

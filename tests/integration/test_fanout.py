@@ -685,10 +685,12 @@ class _Recording:
         self._client = client
         self.sent: list[tuple[int, dict[str, list[str]], float]] = []
 
-    def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
+    def get(
+        self, endpoint: Endpoint, target: bytes, max_body: int | None = None
+    ) -> asyncio.Future[Response]:
         query = parse_qs(urlsplit(target.decode("ascii")).query)
         self.sent.append((endpoint.port, query, asyncio.get_running_loop().time()))
-        return self._client.get(endpoint, target)
+        return self._client.get(endpoint, target, max_body)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -46,7 +46,9 @@ class _Scripted:
         # Given one, an OK answer's delay passes on it (at once, in no real time).
         self.timer: ManualTimer | None = None
 
-    def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
+    def get(
+        self, endpoint: Endpoint, target: bytes, max_body: int | None = None
+    ) -> asyncio.Future[Response]:
         port = endpoint.port
         self.sent[port] += 1
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
