@@ -71,7 +71,9 @@ async def test_a_wrong_password_is_refused_without_showing_it(
     # In-process: the exception and every log line, at DEBUG.
     caplog.set_level(logging.DEBUG)
     with pytest.raises(StatusError) as refused:
-        await fetch_status(ZkConfig(hosts=zk_hosts, connect_timeout=20), ClusterConfig(redis_url=wrong))
+        await fetch_status(
+            ZkConfig(hosts=zk_hosts, connect_timeout=20), ClusterConfig(redis_url=wrong)
+        )
     assert refused.value.refused
     assert "cannot reach Redis at redis://:***@" in str(refused.value)
     assert not _leaked(str(refused.value), repr(refused.value), caplog.text)

@@ -142,9 +142,13 @@ def test_kazoos_debug_log_of_auth_and_connect_packets_is_masked(
             for scheme, auth in identity.auth_data:
                 kazoo.debug("Sending request(xid=%s): %s", -4, Auth(0, scheme, auth))
             kazoo.debug(
-                "Sending request(xid=%s): %s", None, Connect(0, 5, 10000, 77, session_password, None)
+                "Sending request(xid=%s): %s",
+                None,
+                Connect(0, 5, 10000, 77, session_password, None),
             )
-            kazoo.log(5, "Session created, session_id: %r session_passwd: %s\n ...", 77, session_hex)
+            kazoo.log(
+                5, "Session created, session_id: %r session_passwd: %s\n ...", 77, session_hex
+            )
             kazoo.debug("Received response(xid=%s): %r", 3, "untouched")
         assert len(caplog.records) == 5  # two Auth packets: ours and the owner identity
         text = caplog.text
