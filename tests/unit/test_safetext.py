@@ -3,13 +3,15 @@ the text report of ``discovery status`` built from a status without I/O."""
 
 from __future__ import annotations
 
+import argparse
 import unicodedata
 
 import pytest
 
-from discovery.livelist.admin import Heartbeat, Published
+from discovery.livelist.admin import Heartbeat, Published, StoredFence
 from discovery.livelist.model import LiveList
 from discovery.safetext import escape_controls
+from discovery.tools import fence
 from discovery.tools.status.format import format_text
 from discovery.tools.status.model import ClusterStatus, Contender, compare
 from discovery.zk.maintenance import MaintenanceMarker
@@ -124,3 +126,18 @@ def test_marker_names_are_measured_escaped_so_the_columns_line_up() -> None:
     assert rows[1].startswith("  x\\u202eevil  ")
     assert "bidi\\u2066name" in rows[1]
     assert "by ops\\x9b" in rows[1]
+
+
+def test_fence_check_shows_a_malformed_records_problem_escaped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Whoever could write the store wrote the record; why it is malformed quotes it.
+    stored = StoredFence((b"x", b"1", None), None, problem="epoch " + HOSTILE)
+    report = fence.FenceReport("discovery:{t}", stored, Contender("ss-0", "n_1", 7), 9)
+    fence._print(argparse.Namespace(json=False, fence_action="check"), report, None)
+    out = capsys.readouterr().out
+    assert not _hidden_left(out.replace("\n", ""))
+    assert (
+        out.splitlines()[0]
+        == f"discovery:{{t}}:meta is malformed: epoch {escape_controls(HOSTILE)}"
+    )
