@@ -39,6 +39,7 @@ from discovery.errors import (
     ZkNoNodeError,
 )
 from discovery.instance import ServiceInstance, validate_instance_id
+from discovery.safetext import escape_controls
 from discovery.zk.maintenance import (
     MAX_REASON_LENGTH,
     MaintenanceMarker,
@@ -278,7 +279,13 @@ def _when(ms: int | None) -> str:
 
 
 def _err(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    print(f"{PROG}: {escape_controls(message)}", file=sys.stderr, flush=True)
+
+
+def _say(line: str) -> None:
+    # Markers and registrations are written by others (a reason, a node's name, why a
+    # node is skipped): shown escaped, so that none can steer the terminal or add lines.
+    print(escape_controls(line))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -342,13 +349,14 @@ def _report_set(
         print(json.dumps(document, sort_keys=True, indent=2), flush=True)
         return
     if previous is None:
-        print(f"{marker.instance_id}: maintenance set (reason: {marker.reason})")
+        _say(f"{marker.instance_id}: maintenance set (reason: {marker.reason})")
     else:
-        print(
+        _say(
             f"{marker.instance_id}: was already in maintenance; reason replaced "
             f"(was: {previous.reason})"
         )
-    print(state.describe(marker.instance_id), flush=True)
+    _say(state.describe(marker.instance_id))
+    sys.stdout.flush()
 
 
 def _report_clear(
@@ -363,13 +371,13 @@ def _report_clear(
         }
         print(json.dumps(document, sort_keys=True, indent=2), flush=True)
     elif cleared is None:
-        print(f"{instance_id}: not in maintenance (no marker); nothing to clear", flush=True)
+        _say(f"{instance_id}: not in maintenance (no marker); nothing to clear")
     else:
-        print(
+        _say(
             f"{instance_id}: maintenance cleared (was: {cleared.reason}); the leader "
-            "publishes it as registered again",
-            flush=True,
+            "publishes it as registered again"
         )
+    sys.stdout.flush()
 
 
 def _report_list(
@@ -383,12 +391,14 @@ def _report_list(
         print("no data server is in maintenance", flush=True)
         return
     print(f"maintenance markers ({len(markers)}):")
-    width = max(len(m.instance_id) for m, _ in markers)
-    for marker, state in markers:
+    # Marker nodes are named by whoever wrote them: measured as they will show.
+    ids = [escape_controls(m.instance_id) for m, _ in markers]
+    width = max(len(shown) for shown in ids)
+    for shown, (marker, state) in zip(ids, markers, strict=True):
         where = "registered" if state.present else "not registered"
         if marker.readable:
             detail = f"set {_when(marker.set_at)} by {marker.by or '?'}: {marker.reason}"
         else:
             detail = f"UNREADABLE ({marker.problem}); still applied"
-        print(f"  {marker.instance_id:<{width}}  {where:<14}  {detail}")
+        _say(f"  {shown:<{width}}  {where:<14}  {detail}")
     sys.stdout.flush()

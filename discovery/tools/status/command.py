@@ -27,6 +27,7 @@ from discovery.cli.options import (
 )
 from discovery.config import ZkConfig
 from discovery.errors import DiscoveryError, StatusError
+from discovery.safetext import escape_controls
 
 from ..exitcodes import (
     EPILOG,
@@ -147,8 +148,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         status = asyncio.run(fetch_status(zk, cluster, expected_shards=args.shards))
     except StatusError as exc:
-        for line in str(exc).splitlines():
-            print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+        # One line per system (joined by "\n"); each may quote what a server or the
+        # store answered, so it is escaped as the report is (a newline in it included).
+        for line in str(exc).split("\n"):
+            print(f"{PROG}: {escape_controls(line)}", file=sys.stderr, flush=True)
         return EXIT_REFUSED if exc.refused else EXIT_UNREACHABLE
     if args.json:
         print(json.dumps(status.to_dict(), sort_keys=True, indent=2), flush=True)
