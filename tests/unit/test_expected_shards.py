@@ -51,7 +51,9 @@ class _Scripted:
         self.failing: set[int] = set()
         self.sent: Counter[int] = Counter()
 
-    def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
+    def get(
+        self, endpoint: Endpoint, target: bytes, max_body: int | None = None
+    ) -> asyncio.Future[Response]:
         self.sent[endpoint.port] += 1
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         if endpoint.port in self.failing:
