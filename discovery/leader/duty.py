@@ -44,7 +44,10 @@ class LeaderDuty:
     ``maintenance_path``: where operators' maintenance markers live (None: no
     maintenance overlay, for tests of other things). ``admit``: the deployment's own
     rule on registrations (``--allowed-networks``), see
-    :class:`~discovery.zk.membership.MembershipWatcher`. ``fence_recheck_max``: the
+    :class:`~discovery.zk.membership.MembershipWatcher`. ``allow_persistent_members``
+    (``--allow-persistent-members``): route persistent ``PERMANENT``/``STATIC``
+    registrations (by default they are skipped and counted as ``persistent``; a
+    persistent ``DYNAMIC`` one is refused whatever this says). ``fence_recheck_max``: the
     longest pause between tries of a fence holding an impossible epoch (the first is
     ``heartbeat_interval``, doubling).
     """
@@ -64,6 +67,7 @@ class LeaderDuty:
         store_grace: float | None = None,
         maintenance_path: str | None = MAINTENANCE_PATH,
         admit: Callable[[ServiceInstance], str | None] | None = None,
+        allow_persistent_members: bool = False,
         fence_recheck_max: float = FENCE_RECHECK_MAX,
     ) -> None:
         self._settings = LeaderSettings(
@@ -75,6 +79,7 @@ class LeaderDuty:
             store_grace=store_grace,
             maintenance_path=maintenance_path,
             admit=admit,
+            allow_persistent_members=allow_persistent_members,
             fence_recheck_max=fence_recheck_max,
         )
         self._session = session
@@ -136,6 +141,7 @@ class LeaderDuty:
                         coalesce_window=settings.coalesce_window,
                         metrics=self._membership_metrics,
                         admit=settings.admit,
+                        allow_persistent=settings.allow_persistent_members,
                     )
                 )
                 await term.run(watcher, maintenance)
