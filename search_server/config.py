@@ -6,10 +6,11 @@ import argparse
 from dataclasses import dataclass, field
 
 from discovery import __version__
-from discovery.address import NetworkPolicy
+from discovery.address import NetworkPolicy, is_loopback_host
 from discovery.cli.options import (
     COMMON_OPTIONS,
     HTTP_EDGE_OPTIONS,
+    MEMBER_OPTIONS,
     RUNTIME_OPTIONS,
     ZK_OPTIONS,
     ZONE_RULE,
@@ -112,7 +113,9 @@ SEARCH_OPTIONS = (
         "CIDR,... : the only networks data servers may be at; the leader skips (and "
         "counts) registrations with an IP address outside them, and this server sends no "
         "query to one, nor to a name that resolves outside them (unset: any address "
-        "except link-local, multicast and unspecified ones, which are always refused)",
+        "except link-local, multicast and unspecified ones, which are always refused, "
+        "and loopback ones unless --host is a loopback address; a loopback network "
+        "listed here admits those whatever --host)",
         type=network_list,
         metavar="CIDRS",
     ),
@@ -488,7 +491,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     add_options(
         parser,
-        (*ZK_OPTIONS, *COMMON_OPTIONS, *RUNTIME_OPTIONS, *SEARCH_OPTIONS, *HTTP_EDGE_OPTIONS),
+        (
+            *ZK_OPTIONS,
+            *COMMON_OPTIONS,
+            *RUNTIME_OPTIONS,
+            *SEARCH_OPTIONS,
+            *MEMBER_OPTIONS,
+            *HTTP_EDGE_OPTIONS,
+        ),
     )
     return parser
 
@@ -508,7 +518,10 @@ class SearchServerConfig:
     ``forget_missing_shard_after`` seconds without a replica (0: never).
     ``heap_freeze_above`` is the growth of the collector's old generation that makes
     the server freeze it (:mod:`search_server.heap`; 0: never).
-    ``allowed_networks`` narrows where data servers may be (``--allowed-networks``).
+    ``allowed_networks`` narrows where data servers may be (``--allowed-networks``);
+    :attr:`data_networks` is what the fan-out sends to. ``allow_persistent_members``
+    routes persistent ``PERMANENT``/``STATIC`` registrations
+    (``--allow-persistent-members``; the leader's and the ZooKeeper fallback's reads).
     ``query_of_death`` holds the thresholds of the query-of-death guard (``--qod-*``).
     ``max_answer_bytes`` caps a data server's answer (``--max-answer-bytes``).
     ``http`` bounds slow clients at the HTTP edge and ``max_event_streams`` the open
@@ -553,6 +566,7 @@ class SearchServerConfig:
     forget_missing_shard_after: float = FORGET_MISSING_SHARD_AFTER
     heap_freeze_above: int = 50_000
     allowed_networks: NetworkPolicy = field(default_factory=NetworkPolicy)
+    allow_persistent_members: bool = False
     query_of_death: QueryOfDeathConfig = field(default_factory=QueryOfDeathConfig)
     max_answer_bytes: int = DEFAULT_MAX_BODY
     http: HttpEdgeConfig = field(default_factory=HttpEdgeConfig)
@@ -625,6 +639,20 @@ class SearchServerConfig:
         if not self.fence_recheck_max > 0:
             raise ConfigError("--fence-recheck-max must be positive")
 
+    @property
+    def data_networks(self) -> NetworkPolicy:
+        """Where the fan-out sends queries: ``allowed_networks``, and loopback addresses
+        only while this server listens on loopback itself (``host``).
+
+        A server listening on another interface serves other machines: a data server
+        registered at 127.0.0.1 or ``localhost`` aims its queries at whatever listens on
+        this machine's own loopback. The leader does not apply this (it publishes for
+        every search server, and cannot know where they listen); each search server
+        judges for itself, here.
+        """
+        loopback = self.allowed_networks.loopback and is_loopback_host(self.host)
+        return self.allowed_networks.with_loopback(loopback)
+
     def concurrency_limit(self) -> ConcurrencyLimit:
         """The admission's limit these settings describe (a new one per call)."""
         if self.admission == "fixed":
@@ -683,6 +711,7 @@ class SearchServerConfig:
             forget_missing_shard_after=args.forget_missing_shard_after,
             heap_freeze_above=args.heap_freeze_above,
             allowed_networks=args.allowed_networks or NetworkPolicy(),
+            allow_persistent_members=args.allow_persistent_members,
             max_answer_bytes=args.max_answer_bytes,
             query_of_death=QueryOfDeathConfig(
                 shard_fraction=args.qod_shard_fraction,

@@ -133,7 +133,7 @@ class FanOut:
             ejection,
             clock=clock,
             metrics=metrics,
-            routable=lambda: routing.routable,
+            answered=lambda: routing.answered,
             panic_threshold=config.panic_threshold,
             overload_backoff=config.overload_backoff,
         )

@@ -137,8 +137,14 @@ class ShardRouting:
 
     @property
     def routable(self) -> int:
-        """How many data servers are routable (the base of the ejection cap)."""
+        """How many data servers are routable."""
         return self._routes.routable
+
+    @property
+    def answered(self) -> int:
+        """How many routable data servers have answered at least once (the base of the
+        ejection cap): O(routable)."""
+        return self._routes.answered
 
     def reserve(self, shard: int) -> list[Replica]:
         """The shard's draining replicas: requests of last resort (usually none)."""

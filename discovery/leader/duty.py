@@ -45,7 +45,10 @@ class LeaderDuty:
     ``maintenance_path``: where operators' maintenance markers live (None: no
     maintenance overlay, for tests of other things). ``admit``: the deployment's own
     rule on registrations (``--allowed-networks``), see
-    :class:`~discovery.zk.membership.MembershipWatcher`. ``fence_recheck_max``: the
+    :class:`~discovery.zk.membership.MembershipWatcher`. ``allow_persistent_members``
+    (``--allow-persistent-members``): route persistent ``PERMANENT``/``STATIC``
+    registrations (by default they are skipped and counted as ``persistent``; a
+    persistent ``DYNAMIC`` one is refused whatever this says). ``fence_recheck_max``: the
     longest pause between tries of a fence holding an impossible epoch (the first is
     ``heartbeat_interval``, doubling). ``shards``: the cluster's shard count
     (``--shards``; 0: any shard): a registration of a shard outside ``0..shards - 1``
@@ -68,6 +71,7 @@ class LeaderDuty:
         store_grace: float | None = None,
         maintenance_path: str | None = MAINTENANCE_PATH,
         admit: Callable[[ServiceInstance], str | None] | None = None,
+        allow_persistent_members: bool = False,
         fence_recheck_max: float = FENCE_RECHECK_MAX,
         shards: int = 0,
     ) -> None:
@@ -80,6 +84,7 @@ class LeaderDuty:
             store_grace=store_grace,
             maintenance_path=maintenance_path,
             admit=admit,
+            allow_persistent_members=allow_persistent_members,
             fence_recheck_max=fence_recheck_max,
             shards=shards,
         )
@@ -143,6 +148,7 @@ class LeaderDuty:
                         metrics=self._membership_metrics,
                         # A shard outside --shards first: skipped like a bad node.
                         admit=within_shards(settings.shards, settings.admit),
+                        allow_persistent=settings.allow_persistent_members,
                     )
                 )
                 await term.run(watcher, maintenance)

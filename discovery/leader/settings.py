@@ -34,6 +34,7 @@ class LeaderSettings:
     store_grace: float | None = None
     maintenance_path: str | None = MAINTENANCE_PATH
     admit: Callable[[ServiceInstance], str | None] | None = None
+    allow_persistent_members: bool = False
     fence_recheck_max: float = FENCE_RECHECK_MAX
     shards: int = 0
 

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from discovery.cli.entrypoint import add_verbose_flag
 from discovery.cli.options import (
+    MEMBER_OPTIONS,
     ZK_OPTIONS,
     Option,
     add_log_level_override,
@@ -125,14 +126,17 @@ class Registered:
         }
 
 
-async def registered(session: ZkSession, instance_id: str) -> Registered:
-    """Whether ``instance_id`` is registered under ``/data_servers``, and as what."""
+async def registered(
+    session: ZkSession, instance_id: str, *, allow_persistent: bool = False
+) -> Registered:
+    """Whether ``instance_id`` is registered under ``/data_servers``, and as what
+    (``allow_persistent``: as a leader with ``--allow-persistent-members`` judges it)."""
     try:
         data, stat = await session.get(f"{DATA_SERVERS_PATH}/{instance_id}")
     except ZkNoNodeError:
         return Registered(False)
     # Judged as the leader judges it: a node it skips is not routed, marker or not.
-    decoded = decode_child(instance_id, data, stat)
+    decoded = decode_child(instance_id, data, stat, allow_persistent=allow_persistent)
     if isinstance(decoded, str):
         return Registered(True, skipped=decoded)
     return Registered(True, decoded)
@@ -183,12 +187,15 @@ async def clear_marker(
 
 
 async def list_markers(
-    session: ZkSession, path: str = MAINTENANCE_PATH
+    session: ZkSession, path: str = MAINTENANCE_PATH, *, allow_persistent: bool = False
 ) -> list[tuple[MaintenanceMarker, Registered]]:
-    """Every marker (by id) with what is registered under its id now."""
+    """Every marker (by id) with what is registered under its id now (judged as by
+    :func:`registered`)."""
     markers = await read_markers(session, path)
     ids = sorted(markers)
-    states = await asyncio.gather(*(registered(session, i) for i in ids))
+    states = await asyncio.gather(
+        *(registered(session, i, allow_persistent=allow_persistent) for i in ids)
+    )
     return [(markers[i], state) for i, state in zip(ids, states, strict=True)]
 
 
@@ -196,10 +203,12 @@ async def list_markers(
 
 
 def _options() -> tuple[Option, ...]:
-    return tuple(
+    zk = tuple(
         dataclasses.replace(o, default=CONNECT_TIMEOUT) if o.flag == "--zk-connect-timeout" else o
         for o in ZK_OPTIONS
     )
+    # Whether a marked id is registered is judged as the leader judges it.
+    return (*zk, *MEMBER_OPTIONS)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -320,13 +329,16 @@ async def _run(zk: ZkConfig, args: argparse.Namespace, marker: MaintenanceMarker
         if args.maint_action == "set":
             assert marker is not None
             previous = await set_marker(session, marker)
-            state = await registered(session, marker.instance_id)
+            state = await registered(
+                session, marker.instance_id, allow_persistent=args.allow_persistent_members
+            )
             _report_set(args, marker, previous, state)
         elif args.maint_action == "clear":
             cleared = await clear_marker(session, args.id)
             _report_clear(args, args.id, cleared)
         else:
-            _report_list(args, await list_markers(session))
+            markers = await list_markers(session, allow_persistent=args.allow_persistent_members)
+            _report_list(args, markers)
     finally:
         await session.aclose()
     return EXIT_OK

@@ -18,6 +18,7 @@ from typing import Final
 from discovery.cli.entrypoint import add_verbose_flag
 from discovery.cli.options import (
     COMMON_OPTIONS,
+    MEMBER_OPTIONS,
     ZK_OPTIONS,
     Option,
     add_log_level_override,
@@ -71,7 +72,8 @@ def _status_options() -> tuple[Option, ...]:
     )
     # --log-level is the ``discovery`` command's own (see below).
     common = tuple(o for o in COMMON_OPTIONS if o.flag != "--log-level")
-    return (*zk, *common)
+    # Registrations are judged as the leader judges them: give the search servers'.
+    return (*zk, *common, *MEMBER_OPTIONS)
 
 
 def _shard_count(text: str) -> int:
@@ -146,7 +148,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     try:
-        status = asyncio.run(fetch_status(zk, cluster, expected_shards=args.shards))
+        status = asyncio.run(
+            fetch_status(
+                zk,
+                cluster,
+                expected_shards=args.shards,
+                allow_persistent_members=args.allow_persistent_members,
+            )
+        )
     except StatusError as exc:
         # One line per system (joined by "\n"); each may quote what a server or the
         # store answered, so it is escaped as the report is (a newline in it included).
