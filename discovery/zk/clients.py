@@ -20,6 +20,7 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from discovery.config import ZkConfig
 from discovery.zk.identity import AclIdentity
+from discovery.zk.kazoolog import mask_kazoo_secrets
 from discovery.zk.states import SessionState
 from discovery.zk.tls import KazooTls, client_options
 
@@ -46,8 +47,10 @@ def client_factory(config: ZkConfig, identity: AclIdentity) -> Callable[[], Kazo
     The clients retry connecting forever (with backoff to 2 s between attempts), so a
     ZooKeeper restart or a partition never leaves them given up. With ``config.tls``
     they connect over TLS, verifying the servers' certificates and names
-    (:class:`~discovery.zk.tls.KazooTls`).
+    (:class:`~discovery.zk.tls.KazooTls`). kazoo's debug log shows their credentials
+    masked (:func:`~discovery.zk.kazoolog.mask_kazoo_secrets`).
     """
+    mask_kazoo_secrets()
     tls = client_options(KazooTls.from_config(config))
 
     def build() -> KazooClient:
