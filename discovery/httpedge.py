@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 #: Seconds our servers keep an idle kept-alive connection (aiohttp's ``web.run_app``
 #: default; its ``AppRunner`` would keep one an hour). Longer than the fan-out client's
 #: 30 s idle pool (:mod:`search_server.httpclient`), so that a request is rarely written
-#: on a connection the server is closing.
+#: on a connection the server is closing (near the connection cap an idle connection is
+#: kept only ``--pressure-keepalive``: :mod:`discovery.httpconns`).
 KEEPALIVE_TIMEOUT: Final = 75.0
 
 _TIMEOUT_BODY: Final = b'{"error": "the request headers did not arrive in time"}'
@@ -260,14 +261,14 @@ class _Ledger:
         """Count a new connection open, making room at the cap: the longest idle is
         closed, else the longest waiting for a head (slow heads only displace each
         other). False, counted: every other connection has a request in progress."""
-        if self.cap.admit(connection):
-            return True
-        if self.heads.evict_oldest():
+        while not self.cap.admit(connection):
+            # One closing already frees no place: the next waiting one goes then.
+            if not self.heads.evict_oldest():
+                log.debug("refusing a connection: %d open, each with a request", self.cap.open)
+                self.cap.refuse()
+                return False
             log.debug("closed a connection waiting for its request headers to make room")
-            return self.cap.admit(connection)
-        log.debug("refusing a connection: %d open, each with a request", self.cap.open)
-        self.cap.refuse()
-        return False
+        return True
 
     def opened(self, connection: _Connection) -> None:
         assert connection.transport is not None

@@ -1,9 +1,10 @@
 """The cap on both servers' open connections (:mod:`discovery.httpconns`), on real servers.
 
 Clients are raw sockets holding kept-alive connections idle after one request each: at
-``--max-connections`` a new client still gets in, the longest idle making room; a
-request in progress (a dashboard stream, a request whose body is late) is never cut;
-with every connection busy a new one is answered 503 at once; and near the cap idle
+``--max-connections`` a new client still gets in, the longest idle making room (with
+none idle, the longest waiting for its head); a request in progress (a dashboard stream,
+a request whose body is late) is never cut; with every connection busy a new one is
+answered 503 at once; and near the cap idle
 connections are closed after ``--pressure-keepalive``. A search server has no other
 clients, so which connections close is exact there; a data server's agent opens a
 connection for each probe, so only what holds whatever the probes do is asserted.
@@ -163,6 +164,38 @@ async def test_at_the_cap_with_every_connection_busy_a_new_one_is_refused_at_onc
         await eventually(lambda: search._edge.connections < cap, message="the stream gone")
         assert (await get_json(f"{search.url}/healthz"))[0] == 200
     assert _idle_closed(search, "cap") == 0
+
+
+async def test_at_the_cap_with_none_idle_the_longest_waiting_head_makes_room(
+    make_search_server: SearchServerFactory,
+) -> None:
+    cap = 4
+    search = await make_search_server(
+        http=HttpEdgeConfig(header_timeout=LONG, max_connections=cap, pressure_keepalive=LONG)
+    )
+    port = _port(search)
+    async with _connections() as opened:
+        streams = [await _stream(port, opened) for _ in range(cap - 2)]
+        slow = []
+        for _ in range(2):
+            reader, writer = await _open(port, opened)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+            await writer.drain()
+            slow.append(reader)
+        await eventually(lambda: search._edge.waiting == 2, message="the slow heads seen")
+        # No connection idle: the head that has waited longest is closed (with a 408),
+        # the other left, and the new client is answered.
+        assert (await get_json(f"{search.url}/healthz"))[0] == 200
+        answer = await waited(_read_to_eof(slow[0]), "the longest waiting closed", timeout=10)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert search._edge.waiting == 1
+        assert search._edge.refused == 0
+        for stream in streams:
+            await waited(_event(stream[0]), "a stream's next event", timeout=10)
+    assert (
+        sample(search.registry, "discovery_http_slow_connections_closed_total", reason="evicted")
+        == 1
+    )
 
 
 async def test_near_the_cap_idle_connections_are_closed_after_the_pressure_keepalive(
