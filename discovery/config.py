@@ -232,12 +232,12 @@ def _check_zk_tls(config: ZkConfig) -> None:
 
 @dataclass(frozen=True)
 class HttpEdgeConfig:
-    """What a client can hold of one of our HTTP servers before it has sent a request.
+    """What a client can hold of one of our HTTP servers: connections, and their time.
 
     A connection waits for a request head from the moment it opens, and on a kept-alive
-    connection from the first byte of the next request (an idle kept-alive connection
-    waits for nothing: aiohttp's keep-alive timeout closes it). See
-    :mod:`discovery.httpedge`.
+    connection from the first byte of the next request; an idle kept-alive connection
+    waits for nothing (the keep-alive timeout closes it, sooner near the cap). See
+    :mod:`discovery.httpedge` and :mod:`discovery.httpconns`.
 
     Attributes:
         header_timeout: seconds a request head may take to arrive in full; the
@@ -246,10 +246,18 @@ class HttpEdgeConfig:
         max_pending_headers: connections that may be waiting for a request head at
             once; one more closes the one that has waited longest, so that clients
             holding many such connections cannot crowd out new ones.
+        max_connections: connections that may be open at once; one more closes the
+            longest idle kept-alive one, else the longest waiting for a head, else is
+            refused (503). None: derived from the open-file limit at start-up
+            (:func:`~discovery.httpconns.default_max_connections`).
+        pressure_keepalive: seconds an idle kept-alive connection is kept while more
+            than three quarters of ``max_connections`` are open (otherwise 75 s).
     """
 
     header_timeout: float = 10.0
     max_pending_headers: int = 256
+    max_connections: int | None = None
+    pressure_keepalive: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 < self.header_timeout < float("inf"):
@@ -261,6 +269,16 @@ class HttpEdgeConfig:
             raise ConfigError(
                 f"--max-pending-headers / DISCOVERY_MAX_PENDING_HEADERS must be at least 1, "
                 f"got {self.max_pending_headers!r}"
+            )
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ConfigError(
+                f"--max-connections / DISCOVERY_MAX_CONNECTIONS must be at least 1, "
+                f"got {self.max_connections!r}"
+            )
+        if not 0 < self.pressure_keepalive < float("inf"):
+            raise ConfigError(
+                f"--pressure-keepalive / DISCOVERY_PRESSURE_KEEPALIVE must be a positive "
+                f"number of seconds, got {self.pressure_keepalive!r}"
             )
 
 

@@ -492,7 +492,8 @@ COMMON_OPTIONS: tuple[Option, ...] = (
 
 
 #: The HTTP servers' edge (:class:`~discovery.config.HttpEdgeConfig`): how long a client
-#: may take to send a request head, and how many connections may be doing so at once.
+#: may take to send a request head, how many connections may be doing so at once, and
+#: how many may be open at all.
 HTTP_EDGE_OPTIONS: tuple[Option, ...] = (
     Option(
         "--header-timeout",
@@ -511,6 +512,24 @@ HTTP_EDGE_OPTIONS: tuple[Option, ...] = (
         "the one that has waited longest",
         type=positive_int,
         default=256,
+    ),
+    Option(
+        "--max-connections",
+        "DISCOVERY_MAX_CONNECTIONS",
+        "connections that may be open at once; one more closes the longest idle "
+        "kept-alive one (else the longest waiting for its headers), or is answered 503 "
+        "if every other has a request in progress. Unset: the open-file limit (ulimit -n) "
+        "less a quarter of it (at least 64, at most half) for everything else",
+        type=positive_int,
+    ),
+    Option(
+        "--pressure-keepalive",
+        "DISCOVERY_PRESSURE_KEEPALIVE",
+        "seconds an idle kept-alive connection is kept while more than 75%% of "
+        "--max-connections are open (75 s otherwise); the longest idle go first",
+        type=positive_float,
+        default=5.0,
+        metavar="SECONDS",
     ),
 )
 
@@ -707,7 +726,10 @@ def zk_config(args: argparse.Namespace) -> ZkConfig:
 def http_edge_config(args: argparse.Namespace) -> HttpEdgeConfig:
     """The HttpEdgeConfig of a namespace parsed with :data:`HTTP_EDGE_OPTIONS`."""
     return HttpEdgeConfig(
-        header_timeout=args.header_timeout, max_pending_headers=args.max_pending_headers
+        header_timeout=args.header_timeout,
+        max_pending_headers=args.max_pending_headers,
+        max_connections=args.max_connections,
+        pressure_keepalive=args.pressure_keepalive,
     )
 
 
