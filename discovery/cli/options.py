@@ -54,6 +54,7 @@ __all__ = [
     "port_number",
     "positive_float",
     "positive_int",
+    "read_secret",
     "readable_file",
     "redis_config",
     "zk_auth",
@@ -632,7 +633,7 @@ def zk_auth(args: argparse.Namespace) -> str | None:
     Raises:
         ConfigError: both given, or the file unreadable or empty; naming the flag.
     """
-    return _read_secret(args.zk_auth, args.zk_auth_file, "--zk-auth", "DISCOVERY_ZK_AUTH")
+    return read_secret(args.zk_auth, args.zk_auth_file, "--zk-auth", "DISCOVERY_ZK_AUTH")
 
 
 def zk_config(args: argparse.Namespace) -> ZkConfig:
@@ -662,14 +663,14 @@ def redis_config(args: argparse.Namespace) -> RedisConfig:
     """
     return RedisConfig(
         username=args.redis_username,
-        password=_read_secret(
+        password=read_secret(
             args.redis_password,
             args.redis_password_file,
             "--redis-password",
             "DISCOVERY_REDIS_PASSWORD",
         ),
         publish_username=args.redis_publish_username,
-        publish_password=_read_secret(
+        publish_password=read_secret(
             args.redis_publish_password,
             args.redis_publish_password_file,
             "--redis-publish-password",
@@ -694,15 +695,22 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig:
     return ClusterConfig(
         cluster=args.cluster,
         redis_url=args.redis,
-        admin_token=_read_secret(
+        admin_token=read_secret(
             args.admin_token, args.admin_token_file, "--admin-token", "DISCOVERY_ADMIN_TOKEN"
         ),
         redis=redis_config(args),
     )
 
 
-def _read_secret(value: str | None, path: str | None, flag: str, env: str) -> str | None:
-    """A secret given directly or as a file (read once, at start-up); not both."""
+def read_secret(value: str | None, path: str | None, flag: str, env: str) -> str | None:
+    """A secret given directly (``flag`` / ``env``) or as a file (``flag-file`` /
+    ``env_FILE``, read here, once: call it at start-up); not both. One trailing newline
+    of the file is dropped.
+
+    Raises:
+        ConfigError: both given, or the file unreadable or empty; naming the flags and
+            the path, never the secret.
+    """
     if path is None:
         return value
     if value is not None:
