@@ -345,6 +345,28 @@ REDIS_OPTIONS: tuple[Option, ...] = (
         metavar="PATH",
     ),
     Option(
+        "--redis-sentinel-username",
+        "DISCOVERY_REDIS_SENTINEL_USERNAME",
+        "ACL user to authenticate to the sentinels of a redis+sentinel:// URL with "
+        "(unset: 'default' when a sentinel password is given)",
+        metavar="USER",
+    ),
+    Option(
+        "--redis-sentinel-password",
+        "DISCOVERY_REDIS_SENTINEL_PASSWORD",
+        "password of the sentinels themselves (their requirepass), separate from the "
+        "data servers'; a flag is visible in ps: prefer the variable or "
+        "--redis-sentinel-password-file",
+        metavar="PASSWORD",
+    ),
+    Option(
+        "--redis-sentinel-password-file",
+        "DISCOVERY_REDIS_SENTINEL_PASSWORD_FILE",
+        "file holding the sentinels' password (one trailing newline ignored)",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
         "--redis-tls",
         "DISCOVERY_REDIS_TLS",
         "connect to Redis with TLS (implied by a rediss:// URL)",
@@ -681,6 +703,13 @@ def redis_config(args: argparse.Namespace) -> RedisConfig:
         tls_cert=args.redis_tls_cert,
         tls_key=args.redis_tls_key,
         tls_verify_hostname=args.redis_tls_verify_hostname,
+        sentinel_username=args.redis_sentinel_username,
+        sentinel_password=read_secret(
+            args.redis_sentinel_password,
+            args.redis_sentinel_password_file,
+            "--redis-sentinel-password",
+            "DISCOVERY_REDIS_SENTINEL_PASSWORD",
+        ),
     )
 
 

@@ -181,6 +181,7 @@ def test_an_admin_token_that_cannot_travel_in_a_header_is_refused_unechoed(
                 "--header-timeout",
                 "--max-pending-headers",
                 "--max-event-streams",
+                "--redis-sentinel-password-file",
             ],
         ),
     ],
