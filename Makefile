@@ -14,7 +14,7 @@ DEB_PACKAGES := zookeeper redis-server redis-sentinel default-jre-headless chrom
 STAMP  := $(VENV)/.installed
 
 .PHONY: setup system-packages test test-fast lint typecheck docs pytest demo devcluster bench chaos chaos-ci soak \
-  docker-engine image compose-check clean
+  docker-engine image compose-secrets compose-check clean
 
 setup: system-packages $(STAMP)
 
@@ -183,11 +183,17 @@ docker-engine:
 # once here rather than in a deprecation notice per image.
 image: export DOCKER_BUILDKIT = $(shell docker buildx version >/dev/null 2>&1 && echo 1 || echo 0)
 
-image: setup docker-engine
+image: setup docker-engine compose-secrets
 	deploy/docker/base-image.sh $(BASE_IMAGE)
 	docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) --target runtime -t $(RUNTIME_IMAGE) . >/dev/null
 	$(BIN)/python deploy/docker/wheelhouse.py --runtime-image $(RUNTIME_IMAGE)
 	BASE_IMAGE=$(BASE_IMAGE) $(COMPOSE) build -q
+
+# The credentials docker-compose.yml mounts (deploy/compose/secrets/, never committed):
+# random passwords made once and kept, and what is derived from them (the hashed
+# ZooKeeper identities, the Redis and Sentinel ACL lines). `make image` runs it.
+compose-secrets: setup
+	$(BIN)/python deploy/compose_secrets.py
 
 # Not in CI (minutes, and a Docker engine): up, queries, drain a fleet, kill the leader,
 # fail Redis over, Prometheus targets, down -v; a summary table, non-zero on any miss.

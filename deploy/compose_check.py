@@ -6,6 +6,10 @@ Usage: ``python deploy/compose_check.py [--compose "docker compose"] [--project 
 Phases, each a row of the summary table; the exit status is 1 if any row missed:
 
 1. **up** - ``up -d``; all 3 search servers list the 100 data servers as serving.
+   **access** - what the credentials shut: from inside the compose network, Redis and
+   the sentinels refuse a client without a password, ZooKeeper refuses an
+   unauthenticated client's writes under the chroot (zk-init ran), and the host
+   publishes Prometheus and the dashboard on its loopback only.
 2. **queries** - queries through all 3 search servers: every one complete.
 3. **drain** - ``stop`` one fleet container under load: its 50 servers drain (routing
    stops first) and leave every search server's list, the container exits 0 within its
@@ -32,7 +36,9 @@ Phases, each a row of the summary table; the exit status is 1 if any row missed:
 
 The search servers' views come from their ``/cluster`` and the primary's name from
 Sentinel, read inside the load generator's container (on the compose network) by one
-long-lived observer process; queries are ``data-server loadgen --json`` run there
+long-lived observer process (given the sentinels' read-only ``discovery`` user's password
+from deploy/compose/secrets/ over its stdin: the container itself holds no secret);
+queries are ``data-server loadgen --json`` run there
 too, and each fault waits for 40 answered queries first. Nothing here sleeps to
 synchronise: every wait polls a condition against a deadline.
 
@@ -64,10 +70,19 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# make compose-secrets (deploy/compose_secrets.py)
+SECRETS = ROOT / "deploy" / "compose" / "secrets"
 SEARCH_SERVERS = ("search-1", "search-2", "search-3")
 FLEETS = {"fleet-1": 50, "fleet-2": 50}
 DATA_SERVERS = sum(FLEETS.values())
 PROMETHEUS = "http://127.0.0.1:9090"
+# Published on the host, and only on its loopback: service -> container port.
+PUBLISHED = {"search-1": 8080, "prometheus": 9090}
+ZK_HOSTS = "zk1:2181,zk2:2181,zk3:2181"
+ZK_CHROOT = "/demo"
+# zk-init's ACL of /data_servers, as an anonymous client sees it (scheme:user:perms):
+# admin ALL, data CREATE|READ, search READ, world READ.
+ZK_DATA_SERVERS_ACL = ["digest:admin:31", "digest:data:5", "digest:search:1", "world:anyone:1"]
 ZOOKEEPERS = 3
 REDIS_NODES = ("redis-1", "redis-2")
 SENTINELS = 3
@@ -92,6 +107,11 @@ INFRASTRUCTURE = {
 _OBSERVER = r"""
 import collections, json, sys, urllib.request
 import redis
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+
+# The first line: the sentinels' client credentials (never in the container otherwise).
+AUTH = json.loads(sys.stdin.readline())
 
 def views(names):
     out = {}
@@ -112,7 +132,10 @@ def views(names):
     return out
 
 def sentinel(host, call):
-    client = redis.Redis(host=host, port=26379, socket_timeout=2, decode_responses=True)
+    client = redis.Redis(
+        host=host, port=26379, socket_timeout=2, decode_responses=True,
+        username=AUTH["username"], password=AUTH["password"],
+    )
     try:
         return call(client)
     finally:
@@ -129,11 +152,48 @@ def replicas(host, name):
         if not r.get("is_sdown") and not r.get("is_odown") and not r.get("is_disconnected")
     ]
 
+def refused(host, port):
+    # A client without credentials: Redis and the sentinels must refuse it.
+    client = redis.Redis(host=host, port=port, socket_timeout=2)
+    try:
+        client.ping()
+        return "answered PING"
+    except redis.AuthenticationError:
+        return True
+    except redis.RedisError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        client.close()
+
+def zk_refused(hosts, paths, layout):
+    # An unauthenticated ZooKeeper client may read but not create under our nodes; the
+    # ACL of `layout` (users shown, hashes not) says whether zk-init made it.
+    zk = KazooClient(hosts=hosts, timeout=5)
+    zk.start(timeout=10)
+    try:
+        out = {}
+        for path in paths:
+            try:
+                zk.create(path + "/intruder", b"{}", ephemeral=True)
+                out[path] = "created"
+            except NoAuthError:
+                out[path] = True
+        acl, _ = zk.get_acls(layout)
+        out["acl"] = sorted(f"{a.id.scheme}:{a.id.id.split(':')[0]}:{a.perms}" for a in acl)
+        return out
+    finally:
+        zk.stop()
+        zk.close()
+
 for line in sys.stdin:
     request = json.loads(line)
     try:
         if request["op"] == "views":
             answer = views(request["names"])
+        elif request["op"] == "refused":
+            answer = {f"{h}:{p}": refused(h, p) for h, p in request["targets"]}
+        elif request["op"] == "zk_refused":
+            answer = zk_refused(request["hosts"], request["paths"], request["layout"])
         elif request["op"] == "master":
             answer = master(request["sentinel"], request["name"])
         else:
@@ -154,6 +214,11 @@ class Observer:
             stdout=subprocess.PIPE,
             text=True,
         )
+        assert self._proc.stdin is not None
+        password = (SECRETS / "sentinel_discovery").read_text().strip()
+        self._proc.stdin.write(json.dumps({"username": "discovery", "password": password}))
+        self._proc.stdin.write("\n")
+        self._proc.stdin.flush()
 
     def ask(self, request: dict[str, Any]) -> Any:
         assert self._proc.stdin is not None
@@ -275,6 +340,44 @@ class Check:
         ok, views = wait_for(lambda: all_serving(self.views(), DATA_SERVERS), 240)
         return self.record(
             "up", ok, f"3 search servers list {describe_serving(views)} serving", started
+        )
+
+    def access(self) -> bool:
+        """Anonymous clients refused everywhere; ports published on loopback only."""
+        started = time.monotonic()
+        assert self.observer is not None
+        targets = [[name, 6379] for name in REDIS_NODES]
+        targets += [[f"sentinel-{i}", 26379] for i in range(1, SENTINELS + 1)]
+        redis = self.observer.ask({"op": "refused", "targets": targets})
+        paths = [ZK_CHROOT, f"{ZK_CHROOT}/data_servers", f"{ZK_CHROOT}/search_servers/election"]
+        zk = self.observer.ask(
+            {"op": "zk_refused", "hosts": ZK_HOSTS, "paths": paths, "layout": paths[1]}
+        )
+        ports = {
+            service: docker("port", self.container(service), f"{port}/tcp").split()
+            for service, port in PUBLISHED.items()
+        }
+        loopback = {
+            service: bool(bound) and all(b.startswith("127.0.0.1:") for b in bound)
+            for service, bound in ports.items()
+        }
+        ok = (
+            isinstance(redis, dict)
+            and len(redis) == len(targets)
+            and all(v is True for v in redis.values())
+            and isinstance(zk, dict)
+            and all(zk.get(p) is True for p in paths)
+            and zk.get("acl") == ZK_DATA_SERVERS_ACL
+            and all(loopback.values())
+        )
+        refused = [k for k, v in (redis.items() if isinstance(redis, dict) else ()) if v is True]
+        return self.record(
+            "access",
+            ok,
+            f"anonymous clients refused by {len(refused)} of {len(targets)} Redis nodes and "
+            f"sentinels ({redis if not ok else 'all'}); anonymous ZooKeeper creates under "
+            f"{', '.join(paths)}: {zk}; published {ports}",
+            started,
         )
 
     def queries(self) -> bool:
@@ -736,10 +839,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the topology up at the end")
     args = parser.parse_args(argv)
 
+    if not (SECRETS / "sentinel_discovery").is_file():
+        sys.exit(f"compose-check: no secrets in {SECRETS}: run `make compose-secrets` first")
     check = Check(shlex.split(args.compose or default_compose()), args.project)
     started = time.monotonic()
     try:
-        if check.up() and check.queries():
+        if check.up() and check.access() and check.queries():
             check.drain()
             _ok, leader = check.leader_kill()
             check.restore(["fleet-2", *([leader] if leader else [])])

@@ -315,6 +315,11 @@ class RedisConfig:
     Reading credentials may instead be in the URL (``redis://user:pw@host``), but not
     in both places.
 
+    Behind Sentinel, ``sentinel_username``/``sentinel_password`` authenticate to the
+    sentinels themselves (their ``requirepass`` or an ACL user of theirs), which are
+    separate from the data servers' credentials; unset, the sentinels are asked
+    without any.
+
     TLS is on with ``tls`` or a ``rediss://`` URL. The server's certificate chain is
     always verified (against ``tls_ca``, else the system's CAs); ``tls_verify_hostname``
     also checks that it names the URL's host. ``tls_cert``/``tls_key`` are a client
@@ -333,9 +338,18 @@ class RedisConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_verify_hostname: bool = True
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("username", "password", "publish_username", "publish_password"):
+        for name in (
+            "username",
+            "password",
+            "publish_username",
+            "publish_password",
+            "sentinel_username",
+            "sentinel_password",
+        ):
             if getattr(self, name) == "":
                 flag = "--redis-" + name.replace("_", "-")
                 raise ConfigError(f"{flag}: must not be empty (leave it unset instead)")
@@ -361,7 +375,8 @@ class RedisConfig:
 
         Raises:
             ConfigError: an unknown scheme, credentials both in the URL and in flags,
-                TLS files without TLS, or TLS over a unix socket.
+                sentinel credentials without sentinels, TLS files without TLS, or TLS
+                over a unix socket.
         """
         where = "--redis / DISCOVERY_REDIS_URL"
         try:
@@ -386,6 +401,12 @@ class RedisConfig:
             raise ConfigError(
                 f"{where} carries credentials and so do --redis-username/--redis-password: "
                 "give them in one place"
+            )
+        sentinel = self.sentinel_username is not None or self.sentinel_password is not None
+        if sentinel and not parts.scheme.endswith("+sentinel"):
+            raise ConfigError(
+                "--redis-sentinel-username / --redis-sentinel-password are for the sentinels "
+                f"of a redis+sentinel:// URL; {where} names no sentinels"
             )
         if parts.scheme == "unix" and self.tls:
             raise ConfigError("--redis-tls: not possible over a unix:// socket")

@@ -2,7 +2,7 @@
 # The test suite on Python 3.13: a Debian trixie root, made with debootstrap, that runs
 # this repository's tests with trixie's python3 (3.13), ZooKeeper, Redis and Java.
 #
-# Usage (as root):
+# Usage (ensure and run as root):
 #   deploy/py313/root.sh ensure [--full]        make or refresh the root and its venv
 #   deploy/py313/root.sh run [--full] CMD ARG.. ensure, then run CMD in the root
 #   deploy/py313/root.sh remove                 delete the root
@@ -38,6 +38,13 @@
 #
 # A lock (PY313_ROOT.lock) keeps concurrent runs and a rebuild apart: a run holds it
 # shared, making or changing the root holds it exclusively.
+#
+# Deleting: only what this script made. A root gets a marker file (.search-discovery-root
+# at its top) the moment its directory is created, before debootstrap writes anything;
+# `remove`, a rebuild after a stamp change and a leftover PY313_ROOT.new are deleted only
+# with that marker (an empty directory is removed with rmdir). So PY313_ROOT=/srv by
+# mistake is refused, naming PY313_ROOT, and /srv is left alone. A root made before the
+# marker existed is refused too: delete it by hand once.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -50,6 +57,7 @@ PYTHON_VERSION=3.13
 VENV=/opt/venv
 SRC=/src
 LOCK="$ROOT.lock"
+MARKER=.search-discovery-root
 
 say() { echo "py313: $*" >&2; }
 die() {
@@ -68,11 +76,31 @@ stamp_is() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
 # The mount points at or under a directory (in this namespace), deepest first.
 mounts_in() { findmnt -rn -o TARGET | awk -v d="$1" '$0 == d || index($0, d "/") == 1' | sort -r; }
 
-# rm -rf of a root, refusing if anything is mounted in it (in this namespace).
+# Refuse (exit 1) unless $1 is absent, empty, or a root this script made (its marker).
+require_ours() {
+    local dir=$1
+    [ -e "$dir" ] || [ -L "$dir" ] || return 0
+    if [ -d "$dir" ] && [ ! -L "$dir" ]; then
+        [ ! -f "$dir/$MARKER" ] || return 0
+        [ -n "$(ls -A "$dir")" ] || return 0
+    fi
+    die "PY313_ROOT=$ROOT: $dir is not a root this script made (no $MARKER in it); not" \
+        "deleting it. Point PY313_ROOT at a directory of its own (default" \
+        "/var/cache/search-discovery/trixie-root), or delete $dir yourself if it is an" \
+        "old root"
+}
+
+# rm -rf of a root this script made (require_ours), refusing if anything is mounted in
+# it (in this namespace); an empty directory without the marker is only rmdir-ed.
 remove_tree() {
     local dir=$1
-    [ -e "$dir" ] || return 0
+    [ -e "$dir" ] || [ -L "$dir" ] || return 0
+    require_ours "$dir"
     [ -z "$(mounts_in "$dir")" ] || die "$dir has something mounted in it; not deleting it"
+    if [ ! -f "$dir/$MARKER" ]; then
+        rmdir "$dir"
+        return
+    fi
     rm -rf --one-file-system "$dir"
 }
 
@@ -162,9 +190,14 @@ need_debootstrap() {
 # debootstrap, then trixie's packages and an empty venv, in ROOT.new; renamed to ROOT.
 build_root() {
     local new="$ROOT.new" log="$ROOT.new.log" started=$SECONDS
+    # Before minutes of work: the old root must be ours to replace.
+    require_ours "$ROOT"
     need_debootstrap
     remove_tree "$new"
     mkdir -p "$(dirname "$ROOT")"
+    # The marker first, so that whatever is left of a failed build is ours to delete.
+    mkdir "$new"
+    echo "a Debian $SUITE root made by $SELF; deleted by its remove" >"$new/$MARKER"
     say "making the Debian $SUITE root in $ROOT (debootstrap from $MIRROR; a few minutes)"
     # debootstrap mounts /proc and /sys in the root itself: in a namespace, so that none
     # of it outlives the run, whatever happens to it.
@@ -289,7 +322,10 @@ main() {
         inside "$@"
         return
     fi
-    [ "$(id -u)" = 0 ] || die "must run as root (debootstrap, mount, chroot)"
+    # `remove` needs no more rights than the root's files ask (its tests run it unprivileged).
+    if [ "$command" != remove ]; then
+        [ "$(id -u)" = 0 ] || die "must run as root (debootstrap, mount, chroot)"
+    fi
     mkdir -p "$(dirname "$ROOT")"
     local full=0
     if [ "${1:-}" = --full ]; then

@@ -55,6 +55,7 @@ __all__ = [
     "port_number",
     "positive_float",
     "positive_int",
+    "read_secret",
     "readable_file",
     "redis_config",
     "zk_auth",
@@ -395,6 +396,28 @@ REDIS_OPTIONS: tuple[Option, ...] = (
         metavar="PATH",
     ),
     Option(
+        "--redis-sentinel-username",
+        "DISCOVERY_REDIS_SENTINEL_USERNAME",
+        "ACL user to authenticate to the sentinels of a redis+sentinel:// URL with "
+        "(unset: 'default' when a sentinel password is given)",
+        metavar="USER",
+    ),
+    Option(
+        "--redis-sentinel-password",
+        "DISCOVERY_REDIS_SENTINEL_PASSWORD",
+        "password of the sentinels themselves (their requirepass), separate from the "
+        "data servers'; a flag is visible in ps: prefer the variable or "
+        "--redis-sentinel-password-file",
+        metavar="PASSWORD",
+    ),
+    Option(
+        "--redis-sentinel-password-file",
+        "DISCOVERY_REDIS_SENTINEL_PASSWORD_FILE",
+        "file holding the sentinels' password (one trailing newline ignored)",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
         "--redis-tls",
         "DISCOVERY_REDIS_TLS",
         "connect to Redis with TLS (implied by a rediss:// URL)",
@@ -702,7 +725,7 @@ def zk_auth(args: argparse.Namespace) -> str | None:
     Raises:
         ConfigError: both given, or the file unreadable or empty; naming the flag.
     """
-    return _read_secret(args.zk_auth, args.zk_auth_file, "--zk-auth", "DISCOVERY_ZK_AUTH")
+    return read_secret(args.zk_auth, args.zk_auth_file, "--zk-auth", "DISCOVERY_ZK_AUTH")
 
 
 def zk_config(args: argparse.Namespace) -> ZkConfig:
@@ -743,14 +766,14 @@ def redis_config(args: argparse.Namespace) -> RedisConfig:
     """
     return RedisConfig(
         username=args.redis_username,
-        password=_read_secret(
+        password=read_secret(
             args.redis_password,
             args.redis_password_file,
             "--redis-password",
             "DISCOVERY_REDIS_PASSWORD",
         ),
         publish_username=args.redis_publish_username,
-        publish_password=_read_secret(
+        publish_password=read_secret(
             args.redis_publish_password,
             args.redis_publish_password_file,
             "--redis-publish-password",
@@ -761,6 +784,13 @@ def redis_config(args: argparse.Namespace) -> RedisConfig:
         tls_cert=args.redis_tls_cert,
         tls_key=args.redis_tls_key,
         tls_verify_hostname=args.redis_tls_verify_hostname,
+        sentinel_username=args.redis_sentinel_username,
+        sentinel_password=read_secret(
+            args.redis_sentinel_password,
+            args.redis_sentinel_password_file,
+            "--redis-sentinel-password",
+            "DISCOVERY_REDIS_SENTINEL_PASSWORD",
+        ),
     )
 
 
@@ -775,15 +805,22 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig:
     return ClusterConfig(
         cluster=args.cluster,
         redis_url=args.redis,
-        admin_token=_read_secret(
+        admin_token=read_secret(
             args.admin_token, args.admin_token_file, "--admin-token", "DISCOVERY_ADMIN_TOKEN"
         ),
         redis=redis_config(args),
     )
 
 
-def _read_secret(value: str | None, path: str | None, flag: str, env: str) -> str | None:
-    """A secret given directly or as a file (read once, at start-up); not both."""
+def read_secret(value: str | None, path: str | None, flag: str, env: str) -> str | None:
+    """A secret given directly (``flag`` / ``env``) or as a file (``flag-file`` /
+    ``env_FILE``, read here, once: call it at start-up); not both. One trailing newline
+    of the file is dropped.
+
+    Raises:
+        ConfigError: both given, or the file unreadable or empty; naming the flags and
+            the path, never the secret.
+    """
     if path is None:
         return value
     if value is not None:

@@ -65,12 +65,16 @@ class RedisSentinel(ManagedProcess):
     """One Redis Sentinel monitoring ``master`` as ``master_name``, on ``host:port``.
 
     The configuration (``workdir/sentinel.conf``, created 0600 as it may hold
-    ``sentinel auth-pass``; the sentinel's own rewrites leave it 0644) is written at the
+    ``sentinel auth-pass`` and ``requirepass``; the sentinel's own rewrites leave it
+    0644) is written at the
     first start and after :meth:`reset_config`;
     other restarts keep the file the sentinel has rewritten with what it learnt (replicas,
     other sentinels, the current primary), as a real deployment does. ``start()`` returns
     once it answers PING; failures raise ``DevClusterError`` with the log tail, and
     ``stop()`` is idempotent and reaps the process, as for every :class:`ManagedProcess`.
+
+    ``password`` is the data servers' (``sentinel auth-pass``); ``sentinel_password`` the
+    sentinel's own (``requirepass``: clients must authenticate to ask it anything).
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class RedisSentinel(ManagedProcess):
         down_after_ms: int = DEFAULT_DOWN_AFTER_MS,
         failover_timeout_ms: int = 6000,
         password: str | None = None,
+        sentinel_password: str | None = None,
         port: int | None = None,
         host: str = LOOPBACK,
         name: str = "sentinel",
@@ -97,6 +102,7 @@ class RedisSentinel(ManagedProcess):
         self._down_after_ms = down_after_ms
         self._failover_timeout_ms = failover_timeout_ms
         self._password = password
+        self._sentinel_password = sentinel_password
         self._write_config = True
 
     @property
@@ -145,6 +151,8 @@ class RedisSentinel(ManagedProcess):
         ]
         if self._password is not None:
             lines.append(f"sentinel auth-pass {name} {config_quote(self._password)}")
+        if self._sentinel_password is not None:
+            lines.append(f"requirepass {config_quote(self._sentinel_password)}")
         _write_private(self.config_path, "\n".join(lines) + "\n")
         self._write_config = False
 
@@ -152,4 +160,4 @@ class RedisSentinel(ManagedProcess):
         return [find_redis_sentinel(), str(self.config_path), "--sentinel"]
 
     def _probe(self) -> bool:
-        return redis_ping(self._port, self._host)
+        return redis_ping(self._port, self._host, password=self._sentinel_password)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from discovery import __version__
 from discovery.cli.entrypoint import configure_logging
 
-from . import chaos, demo, devcluster, fence, maint, status, zkexporter, zkinit
+from . import chaos, demo, devcluster, fence, maint, status, zkdigest, zkexporter, zkinit
 
 __all__ = ["build_parser", "main"]
 
@@ -39,7 +39,7 @@ _SUBCOMMANDS: tuple[Callable[[_SubParsers], object], ...] = (
     maint.add_parser,
     fence.add_parser,
     zkinit.add_parser,
-    zkinit.add_digest_parser,
+    zkdigest.add_digest_parser,
     zkexporter.add_parser,
 )
 

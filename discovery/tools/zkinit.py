@@ -1,7 +1,9 @@
-"""``discovery zk-init`` and ``discovery zk-digest``: lay out our tree with access control.
+"""``discovery zk-init``: lay out our tree with access control.
 
 :func:`bootstrap` creates our nodes with the ACLs of three roles (:class:`AclLayout`), or
-puts those ACLs back where they differ; :class:`DigestId` is one role's identity.
+puts those ACLs back where they differ; a role's identity is a
+:class:`~discovery.tools.zkdigest.DigestId`. Every secret option has a ``-file`` twin,
+and no message repeats a secret.
 
 Design: docs/design/security.md, "ZooKeeper access control".
 """
@@ -10,20 +12,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import hashlib
 import json
 import logging
 import posixpath
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from kazoo.security import ACL, Id
 
 from discovery.cli.entrypoint import add_verbose_flag
-from discovery.cli.options import ZK_OPTIONS, Option, add_options
+from discovery.cli.options import ZK_OPTIONS, Option, add_options, read_secret, readable_file
 from discovery.config import ZkConfig
 from discovery.errors import ConfigError, DiscoveryError, ZkAuthError, ZkError, ZkNodeExistsError
 from discovery.zk.acl import ADMIN, ALL, CREATE, DELETE, READ, describe_acl
@@ -36,19 +36,17 @@ from discovery.zk.paths import (
 from discovery.zk.session import ZkSession
 
 from .exitcodes import EPILOG, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
+from .zkdigest import DigestId, credentials, identity_list
 
 __all__ = [
     "ZK_INIT_OPTIONS",
     "AclLayout",
-    "DigestId",
     "NodeResult",
-    "add_digest_parser",
+    "Secrets",
     "add_parser",
     "bootstrap",
-    "credentials",
-    "identity_list",
     "run",
-    "run_digest",
+    "secrets",
     "split_chroot",
 ]
 
@@ -56,90 +54,8 @@ log = logging.getLogger(__name__)
 
 PROG: Final = "discovery zk-init"
 
-_HASHED_PREFIX = "digest:"
 _WORLD = Id("world", "anyone")
-
-
-@dataclass(frozen=True)
-class DigestId:
-    """A ZooKeeper digest identity: a user and ``base64(sha1(user:password))``."""
-
-    user: str
-    hash: str
-
-    @classmethod
-    def from_password(cls, user: str, password: str) -> DigestId:
-        digest = hashlib.sha1(f"{user}:{password}".encode()).digest()
-        return cls(user, base64.b64encode(digest).decode("ascii"))
-
-    @classmethod
-    def parse(cls, text: str) -> DigestId:
-        """``user:password`` (hashed here) or ``digest:user:HASH`` (already hashed).
-
-        The hashed form lets an operator grant a role without knowing its password.
-
-        Raises:
-            ValueError: not one of the two forms.
-        """
-        text = text.strip()
-        if text.startswith(_HASHED_PREFIX):
-            user, sep, digest = text[len(_HASHED_PREFIX) :].partition(":")
-            if not (user and sep) or not _is_sha1_base64(digest):
-                raise ValueError(
-                    f"expected digest:USER:HASH with a base64 SHA-1 HASH, got {text!r}"
-                )
-            return cls(user, digest)
-        user, sep, password = text.partition(":")
-        if not (user and sep and password):
-            raise ValueError(f"expected USER:PASSWORD or digest:USER:HASH, got {_masked(text)!r}")
-        return cls.from_password(user, password)
-
-    @property
-    def id(self) -> str:
-        """The id as ZooKeeper stores it in an ACL: ``user:hash``."""
-        return f"{self.user}:{self.hash}"
-
-    def acl(self, perms: int) -> ACL:
-        return ACL(perms, Id("digest", self.id))
-
-    def __str__(self) -> str:
-        return f"{_HASHED_PREFIX}{self.id}"
-
-
-def _is_sha1_base64(text: str) -> bool:
-    try:
-        return len(base64.b64decode(text, validate=True)) == 20
-    except ValueError:
-        return False
-
-
-def _masked(text: str) -> str:
-    user, sep, _ = text.partition(":")
-    return f"{user}:***" if sep else text
-
-
-def identity_list(text: str) -> tuple[DigestId, ...]:
-    """argparse type: comma-separated identities (see :meth:`DigestId.parse`)."""
-    items = [item for item in text.split(",") if item.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError("expected at least one identity")
-    try:
-        return tuple(DigestId.parse(item) for item in items)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def credentials(text: str) -> str:
-    """argparse type: ``USER:PASSWORD`` to authenticate with (not the hashed form)."""
-    if text.startswith(_HASHED_PREFIX):
-        raise argparse.ArgumentTypeError(
-            "expected USER:PASSWORD to authenticate with, not a digest:USER:HASH"
-        )
-    try:
-        DigestId.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+_T = TypeVar("_T")
 
 
 # -- the layout -------------------------------------------------------------------------
@@ -269,8 +185,8 @@ async def _ensure(session: ZkSession, layout: AclLayout, path: str, acl: list[AC
             for entry in current
         ):
             raise ZkAuthError(
-                f"wrong password for the admin user {admin.user!r} (--admin-auth / "
-                f"DISCOVERY_ZK_ADMIN_AUTH): the ACL of {path} names that user with another "
+                f"wrong password for the admin user {admin.user!r} (--admin-auth(-file) / "
+                f"DISCOVERY_ZK_ADMIN_AUTH[_FILE]): the ACL of {path} names that user with another "
                 "password, so ZooKeeper refuses to change it"
             ) from exc
         raise ZkAuthError(
@@ -285,35 +201,114 @@ async def _ensure(session: ZkSession, layout: AclLayout, path: str, acl: list[AC
 
 # -- the zk-init subcommand -------------------------------------------------------------
 
+# The three secrets, each a flag with a variable, and a -file twin with its own.
+_ADMIN: Final = ("--admin-auth", "DISCOVERY_ZK_ADMIN_AUTH")
+_DATA: Final = ("--data-identities", "DISCOVERY_ZK_DATA_IDENTITIES")
+_SEARCH: Final = ("--search-identities", "DISCOVERY_ZK_SEARCH_IDENTITIES")
+
+
+def _file_twin(flag: str, env: str, what: str) -> Option:
+    return Option(
+        f"{flag}-file",
+        f"{env}_FILE",
+        f"file holding {what} (one trailing newline ignored); instead of {flag}",
+        type=readable_file,
+        metavar="PATH",
+    )
+
+
 ZK_INIT_OPTIONS: tuple[Option, ...] = (
     # zk-init authenticates with --admin-auth, never with the servers' credentials.
     *(o for o in ZK_OPTIONS if o.flag not in ("--zk-auth", "--zk-auth-file")),
+    # The secrets are strings here and parsed in run(): a bad value (from a variable
+    # too) is then reported by its flag without being repeated, never by argparse.
     Option(
-        "--admin-auth",
-        "DISCOVERY_ZK_ADMIN_AUTH",
-        "admin digest credentials USER:PASSWORD (required): zk-init authenticates with "
-        "them, and they get all rights on our nodes. A flag is visible in ps: prefer "
-        "the variable",
-        type=credentials,
+        *_ADMIN,
+        "admin digest credentials USER:PASSWORD (required, or --admin-auth-file): zk-init "
+        "authenticates with them, and they get all rights on our nodes. A flag is "
+        "visible in ps: prefer the file or the variable",
         metavar="USER:PASSWORD",
     ),
+    _file_twin(*_ADMIN, "the admin credentials USER:PASSWORD"),
     Option(
-        "--data-identities",
-        "DISCOVERY_ZK_DATA_IDENTITIES",
+        *_DATA,
         "comma-separated identities data servers use (--zk-auth), each USER:PASSWORD or "
-        "digest:USER:HASH (required); they may create, never delete, under /data_servers",
-        type=identity_list,
+        "digest:USER:HASH (required, or --data-identities-file); they may create, never "
+        "delete, under /data_servers",
         metavar="IDS",
     ),
+    _file_twin(*_DATA, "the data servers' identities, one a line or comma-separated"),
     Option(
-        "--search-identities",
-        "DISCOVERY_ZK_SEARCH_IDENTITIES",
+        *_SEARCH,
         "comma-separated identities search servers use, as for --data-identities "
-        "(required); they hold the election and list the members",
-        type=identity_list,
+        "(required, or --search-identities-file); they hold the election and list the "
+        "members",
         metavar="IDS",
     ),
+    _file_twin(*_SEARCH, "the search servers' identities, one a line or comma-separated"),
 )
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """zk-init's secrets, each from its flag, its variable or its file (see :func:`secrets`).
+
+    The repr shows users only: the admin's password and the identities' passwords or
+    hashes never appear in it.
+    """
+
+    admin_auth: str
+    data: tuple[DigestId, ...]
+    search: tuple[DigestId, ...]
+
+    def __repr__(self) -> str:
+        admin = self.admin_auth.partition(":")[0] + ":***"
+        data = [d.user for d in self.data]
+        search = [d.user for d in self.search]
+        return f"Secrets(admin_auth={admin!r}, data={data!r}, search={search!r})"
+
+
+def _secret(
+    args: argparse.Namespace, names: tuple[str, str], parse: Callable[[str], _T]
+) -> _T | None:
+    """One secret from its flag or variable, or from its file (read here, once), parsed.
+
+    Raises:
+        ConfigError: both given, the file unreadable or empty, or the value malformed;
+            the message names the flag (or the file's flag and path), never the value.
+    """
+    flag, env = names
+    dest = flag.removeprefix("--").replace("-", "_")
+    path = getattr(args, f"{dest}_file")
+    text = read_secret(getattr(args, dest), path, flag, env)
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except argparse.ArgumentTypeError as exc:
+        where = f"{flag} / {env}" if path is None else f"{flag}-file / {env}_FILE ({path!r})"
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def secrets(args: argparse.Namespace) -> Secrets:
+    """The admin credentials and both roles' identities of a namespace parsed with
+    :data:`ZK_INIT_OPTIONS`.
+
+    Raises:
+        ConfigError: one missing, given twice (flag and file), unreadable or malformed;
+            naming the flags, never a secret.
+    """
+    admin = _secret(args, _ADMIN, credentials)
+    data = _secret(args, _DATA, identity_list)
+    search = _secret(args, _SEARCH, identity_list)
+    missing = [
+        f"{flag} or {flag}-file ({env}[_FILE])"
+        for (flag, env), value in ((_ADMIN, admin), (_DATA, data), (_SEARCH, search))
+        if value is None
+    ]
+    if admin is None or data is None or search is None:
+        raise ConfigError(f"required: {', '.join(missing)}")
+    return Secrets(admin, data, search)
 
 
 def add_parser(
@@ -342,25 +337,15 @@ def add_parser(
 
 def run(args: argparse.Namespace) -> int:
     """Bootstrap the tree named by ``args``; see :func:`add_parser` for exit codes."""
-    missing = [
-        f"{option.flag} / {option.env}"
-        for option in ZK_INIT_OPTIONS
-        if option.flag in ("--admin-auth", "--data-identities", "--search-identities")
-        and getattr(args, option.dest) is None
-    ]
-    if missing:
-        print(f"{PROG}: required: {', '.join(missing)}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
     try:
-        layout = AclLayout(
-            DigestId.parse(args.admin_auth), args.data_identities, args.search_identities
-        )
+        given = secrets(args)
+        layout = AclLayout(DigestId.parse(given.admin_auth), given.data, given.search)
         servers, chroot = split_chroot(args.zk)
         zk = ZkConfig(
             hosts=servers,
             session_timeout=args.session_timeout,
             connect_timeout=args.zk_connect_timeout,
-            auth=args.admin_auth,
+            auth=given.admin_auth,
         )
     except DiscoveryError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
@@ -394,36 +379,3 @@ async def _bootstrap(zk: ZkConfig, layout: AclLayout, chroot: str) -> list[NodeR
         return await bootstrap(session, layout, chroot)
     finally:
         await session.aclose()
-
-
-# -- the zk-digest subcommand -----------------------------------------------------------
-
-
-def add_digest_parser(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> argparse.ArgumentParser:
-    """Register ``zk-digest``: print ``digest:USER:HASH`` for ``USER:PASSWORD`` on stdin."""
-    parser = subparsers.add_parser(
-        "zk-digest",
-        help="print the digest:USER:HASH form of USER:PASSWORD lines read from stdin",
-        description=(
-            "Read USER:PASSWORD lines from stdin (not the command line, which ps shows) "
-            "and print each as digest:USER:HASH, the form zk-init accepts in "
-            "--data-identities and --search-identities without the password."
-        ),
-    )
-    parser.set_defaults(func=run_digest)
-    return parser
-
-
-def run_digest(args: argparse.Namespace) -> int:
-    status = 0
-    for line in sys.stdin.read().splitlines():
-        if not line.strip():
-            continue
-        try:
-            print(DigestId.parse(line), flush=True)
-        except ValueError as exc:
-            print(f"discovery zk-digest: {exc}", file=sys.stderr, flush=True)
-            status = 2
-    return status

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 from kazoo import exceptions as kz
@@ -28,7 +29,8 @@ from discovery.errors import ConfigError, ZkAuthError, ZkNoNodeError
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.testing import ZooKeeperEnsemble
 from discovery.tools import main as cli
-from discovery.tools.zkinit import AclLayout, DigestId, bootstrap, split_chroot
+from discovery.tools.zkdigest import DigestId
+from discovery.tools.zkinit import AclLayout, bootstrap, split_chroot
 from discovery.zk.acl import (
     ALL,
     CREATE,
@@ -219,6 +221,40 @@ async def test_zk_init_command_and_its_errors(
     assert "both the data and the search role" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="required"):
         AclLayout(admin=LAYOUT.admin, data=(), search=LAYOUT.search)
+
+
+async def test_zk_init_reads_its_secrets_from_files_and_never_echoes_them(
+    acl_tree: str,
+    zk_hosts: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Files only (as a container's secrets), one through its variable: the same layout
+    as the flags'; a wrong admin password read from a file is refused, unrepeated."""
+    files = {
+        "admin": f"{ADMIN}\n",
+        "data": f"{DATA}\n{LAYOUT.data[1]}\n",  # one a line, one already hashed
+        "search": f"{SEARCH}\n",
+        "wrong": "admin:wrong-Guess-5150\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setenv("DISCOVERY_ZK_SEARCH_IDENTITIES_FILE", str(tmp_path / "search"))
+    args = ["zk-init", "--zk", zk_hosts, "--data-identities-file", str(tmp_path / "data")]
+    args += ["--json"]
+    admin = ["--admin-auth-file", str(tmp_path / "admin")]
+    assert await asyncio.to_thread(cli.main, [*args, *admin]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert {node["action"] for node in document["nodes"]} == {"unchanged"}
+
+    wrong = ["--admin-auth-file", str(tmp_path / "wrong")]
+    assert await asyncio.to_thread(cli.main, [*args, *wrong]) == 4  # refused
+    out, err = capsys.readouterr()
+    assert "wrong password for the admin user 'admin'" in err
+    assert "--admin-auth(-file)" in err
+    for secret in ("wrong-Guess-5150", ADMIN.partition(":")[2], SEARCH.partition(":")[2]):
+        assert secret not in out + err
 
 
 # -- refusals ------------------------------------------------------------------------------

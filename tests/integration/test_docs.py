@@ -69,6 +69,8 @@ WRITTEN_BY_RUNS = (
     "bench/results/soak-*.json",
     "bench/results/soak*.png",
     "bench/results/dashboard.png",
+    # make compose-secrets (deploy/compose_secrets.py), never committed.
+    "deploy/compose/secrets*",
 )
 # A code span or a link target, outside fenced code blocks.
 NAMED = re.compile(r"`([^`\n]+)`|\]\(([^)\s]+)\)")

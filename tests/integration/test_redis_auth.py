@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
+from redis.asyncio.sentinel import MasterNotFoundError
 
 from discovery.config import ClusterConfig, RedisConfig, ZkConfig
 from discovery.errors import ConfigError, RedisAuthError, RedisPermissionError, StatusError
@@ -31,7 +32,7 @@ from discovery.livelist.redis.conn import (
 )
 from discovery.livelist.redis.layout import RedisKeys
 from discovery.livelist.redis.publisher import LivePublisher
-from discovery.testing import RedisServer
+from discovery.testing import RedisSentinel, RedisServer
 from discovery.tools.main import main as discovery_main
 from discovery.tools.status import fetch_status
 from search_server.config import SearchServerConfig, build_parser
@@ -453,3 +454,74 @@ async def test_search_servers_read_and_publish_over_tls(
                 await client.ping()
         finally:
             await client.aclose()
+
+
+# -- sentinels with a password of their own ---------------------------------------------
+
+SENTINEL_PW = "sentinel-secret-3141"
+
+
+async def test_sentinels_with_a_password_of_their_own(
+    acl_redis: RedisServer,
+    redis_prefix: str,
+    tmp_path: Path,
+    make_search_server: SearchServerFactory,
+    make_data_server: DataServerFactory,
+) -> None:
+    """Sentinels that require a password (``requirepass``): a search server given it by
+    ``--redis-sentinel-password-file`` finds the primary and publishes there with its own
+    Redis users; without it, or with a wrong one, the sentinels name no primary."""
+    sentinel = RedisSentinel(
+        tmp_path / "sentinel",
+        (acl_redis.host, acl_redis.port),
+        quorum=1,
+        password=ADMIN_PW,  # the sentinel's own link to the primary: the default user
+        sentinel_password=SENTINEL_PW,
+    )
+    await asyncio.to_thread(sentinel.start)
+    try:
+        url = f"redis+sentinel://{sentinel.address}/mymaster"
+        secret = tmp_path / "sentinel.pw"
+        secret.write_text(f"{SENTINEL_PW}\n")
+        config = _parse(
+            [
+                *("--redis", url),
+                *("--redis-username", "reader", "--redis-password", READER_PW),
+                *("--redis-publish-username", "publisher"),
+                *("--redis-publish-password", PUBLISHER_PW),
+                *("--redis-sentinel-password-file", str(secret)),
+            ]
+        )
+        settings = config.cluster.redis
+        assert settings.sentinel_password == SENTINEL_PW
+        assert SENTINEL_PW not in repr(config)
+
+        await make_data_server(shard=0, instance_id="ds-s0")
+        leader = await make_search_server(server_id="ss-sentinel", redis_url=url, redis=settings)
+        await eventually(lambda: live_ids(leader) == {"ds-s0"}, message="published and read")
+        assert leader.is_leader
+        primary = aioredis.Redis.from_url(acl_redis.client_url(password=ADMIN_PW))
+        try:
+            assert await primary.hexists(RedisKeys(redis_prefix).servers, "ds-s0")
+        finally:
+            await primary.aclose()
+
+        reader = RedisConfig(username="reader", password=READER_PW)
+        wrong = RedisConfig(username="reader", password=READER_PW, sentinel_password="wrong")
+        for redis in (reader, wrong):
+            client = make_redis(ClusterConfig(redis_url=url, redis=redis))
+            try:
+                with pytest.raises(MasterNotFoundError):
+                    await client.ping()
+            finally:
+                await client.aclose()
+    finally:
+        await asyncio.to_thread(sentinel.stop)
+
+
+def test_sentinel_credentials_need_a_sentinel_url() -> None:
+    with pytest.raises(ConfigError, match="--redis-sentinel-password"):
+        ClusterConfig(redis_url="redis://h:1/0", redis=RedisConfig(sentinel_password="x"))
+    with pytest.raises(ConfigError, match="--redis-sentinel-username: must not be empty"):
+        RedisConfig(sentinel_username="")
+    assert "x" not in repr(RedisConfig(sentinel_password="x")).replace("RedisConfig", "")

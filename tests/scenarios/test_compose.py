@@ -4,16 +4,25 @@ Nothing runs in containers here (CI has no Docker engine; `make compose-check` r
 file for real, deploy/compose_check.py). What is checked:
 ``docker-compose config`` accepts the file; each service that runs one of our console
 scripts has an argv (``entrypoint`` + ``command``) that the script's real parser and
-settings accept with the service's environment applied; and the topology adds up to
-the demo's: 3 ZooKeeper nodes, 100 data servers, 3 search servers, one load
-generator, Prometheus scraping all of them, the README pointing at the right ports.
+settings accept with the service's environment applied (and its secrets: made by
+``make compose-secrets``'s own code in a temporary directory, each service seeing only
+the ones it mounts); the topology adds up to the demo's: 3 ZooKeeper nodes, 100 data
+servers, 3 search servers, one load generator, Prometheus scraping all of them, the
+README pointing at the right ports; and the credentials: nothing published beyond the
+host's loopback, zk-init alone holding the ZooKeeper admin identity and running before
+every server, each server holding its role's identity (the one zk-init grants that
+role), Redis and the sentinels requiring passwords that match what the search servers
+hold.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import importlib.util
 import io
+import ipaddress
 import os
 import re
 import shlex
@@ -33,7 +42,10 @@ from data_server.config import DataServerConfig, FleetConfig
 from data_server.config import build_fleet_parser as build_fleet_parser
 from data_server.config import build_parser as build_data_server_parser
 from data_server.loadgen import build_loadgen_parser
+from discovery.livelist.redis.conn import publisher_acl_rules, reader_acl_rules
 from discovery.tools import main as discovery_cli
+from discovery.tools.zkdigest import DigestId
+from discovery.tools.zkinit import secrets as zk_init_secrets
 from search_server.config import SearchServerConfig
 from search_server.config import build_parser as build_search_server_parser
 from tests.support import REPO_ROOT
@@ -44,6 +56,24 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 DATA_SERVERS = 100
 SEARCH_SERVERS = 3
 ZK_NODES = 3
+# Where compose mounts a service's secrets.
+RUN_SECRETS = "/run/secrets/"
+# The compose file's own key for the secrets made for this module (not compose's).
+_MADE = "x-test-made-secrets"
+
+
+def _load_compose_secrets() -> Any:
+    """deploy/compose_secrets.py (a script, not a package module), as `make` runs it."""
+    path = ROOT / "deploy" / "compose_secrets.py"
+    spec = importlib.util.spec_from_file_location("compose_secrets", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+compose_secrets = _load_compose_secrets()
 
 
 def _scripts() -> set[str]:
@@ -55,7 +85,7 @@ def _scripts() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def compose() -> dict[str, Any]:
+def compose(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.fail(
@@ -77,7 +107,40 @@ def compose() -> dict[str, Any]:
     config = yaml.safe_load(result.stdout)
     assert isinstance(config, dict)
     assert config.get("services"), "no services in docker-compose.yml"
+    # The secrets, made as `make compose-secrets` makes them, for the cluster named here.
+    clusters = {
+        env["DISCOVERY_CLUSTER"]
+        for service in config["services"].values()
+        if "DISCOVERY_CLUSTER" in (env := _environment(service))
+    }
+    assert len(clusters) == 1, clusters
+    made = tmp_path_factory.mktemp("compose-secrets")
+    compose_secrets.ensure(made, clusters.pop())
+    config[_MADE] = made
     return config
+
+
+def _secret_files(compose: dict[str, Any]) -> dict[str, Path]:
+    """Each secret the file declares -> the file made for it (by its ``file:``'s name)."""
+    made: Path = compose[_MADE]
+    files = {}
+    for name, secret in (compose.get("secrets") or {}).items():
+        source = Path(str(secret["file"]))
+        assert source.parent == ROOT / "deploy" / "compose" / "secrets", (name, source)
+        files[name] = made / source.name
+    return files
+
+
+def _mounted(service: dict[str, Any]) -> dict[str, str]:
+    """The service's secrets: path in the container -> the secret's name."""
+    mounted = {}
+    for item in service.get("secrets") or []:
+        source, target = (
+            (item, item) if isinstance(item, str) else (item["source"], item.get("target"))
+        )
+        target = target or source
+        mounted[target if target.startswith("/") else RUN_SECRETS + target] = source
+    return mounted
 
 
 def _services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -110,11 +173,17 @@ def _image(service: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Process:
-    """One service that runs one of our console scripts."""
+    """One service that runs one of our console scripts.
+
+    ``argv`` and ``env`` name the service's secrets by the files made for this module
+    (``/run/secrets/x`` -> ``.../x``), but only those it mounts: a path of a secret it
+    does not mount stays as it is, and so does not exist here either.
+    """
 
     service: str
     argv: list[str]
     env: dict[str, str]
+    secrets: frozenset[str]
 
     @property
     def subcommand(self) -> str | None:
@@ -128,11 +197,23 @@ class Process:
 
 def _processes(compose: dict[str, Any]) -> list[Process]:
     scripts = _scripts()
-    return [
-        Process(name, argv, _environment(service))
-        for name, service in _services(compose).items()
-        if (argv := _argv(service)) and argv[0] in scripts
-    ]
+    files = _secret_files(compose)
+    processes = []
+    for name, service in _services(compose).items():
+        argv = _argv(service)
+        if not argv or argv[0] not in scripts:
+            continue
+        mounted = _mounted(service)
+        local = {path: str(files[secret]) for path, secret in mounted.items()}
+        processes.append(
+            Process(
+                name,
+                [local.get(a, a) for a in argv],
+                {k: local.get(v, v) for k, v in _environment(service).items()},
+                frozenset(mounted.values()),
+            )
+        )
+    return processes
 
 
 def _of_kind(compose: dict[str, Any], kind: str) -> list[Process]:
@@ -353,7 +434,7 @@ def test_redis_behind_sentinel(compose: dict[str, Any]) -> None:
         for n, s in _services(compose).items()
         if _image(s).startswith("search-discovery-redis:")
     }
-    nodes = {n: _argv(s) for n, s in redis.items() if _argv(s)[:1] == ["redis-server"]}
+    nodes = {n: _argv(s) for n, s in redis.items() if _argv(s)[:1] == ["redis-server-entrypoint"]}
     sentinels = {n: s for n, s in redis.items() if _argv(s)[:1] == ["redis-sentinel-entrypoint"]}
     assert len(nodes) == 2, sorted(redis)
     assert len(sentinels) == 3, sorted(redis)
@@ -566,7 +647,7 @@ def test_prometheus_sees_zookeeper_and_redis(compose: dict[str, Any]) -> None:
         n: _argv(s) for n, s in services.items() if _image(s).startswith("search-discovery-redis:")
     }
     (redis_exporter,) = [
-        n for n, argv in redis.items() if argv[:1] == ["prometheus-redis-exporter"]
+        n for n, argv in redis.items() if argv[:1] == ["redis-exporter-entrypoint"]
     ]
     argv = redis[redis_exporter]
     listen = argv[argv.index("-web.listen-address") + 1]
@@ -581,3 +662,223 @@ def test_prometheus_sees_zookeeper_and_redis(compose: dict[str, Any]) -> None:
     relabels = {r.get("target_label"): r for r in job["relabel_configs"]}
     assert relabels["__param_target"]["source_labels"] == ["__address__"]
     assert relabels["__address__"]["replacement"] == f"{redis_exporter}{listen}"
+
+
+# -- credentials (issue 42) ------------------------------------------------------------
+
+
+def test_nothing_is_published_beyond_the_hosts_loopback(compose: dict[str, Any]) -> None:
+    published = 0
+    for name, service in _services(compose).items():
+        for port in service.get("ports") or []:
+            if isinstance(port, dict):
+                host_ip = str(port.get("host_ip", ""))
+            else:
+                parts = str(port).split("/")[0].split(":")
+                host_ip = parts[0] if len(parts) == 3 else ""
+            assert host_ip == "127.0.0.1", f"service {name} publishes {port!r} beyond loopback"
+            published += 1
+    assert published == 2  # the dashboard and Prometheus
+
+
+def _zk_init(compose: dict[str, Any]) -> tuple[Process, argparse.Namespace]:
+    (process,) = [p for p in _processes(compose) if p.argv[:2] == ["discovery", "zk-init"]]
+    args = _settings(process)
+    assert isinstance(args, argparse.Namespace)
+    return process, args
+
+
+def _servers(compose: dict[str, Any]) -> list[tuple[Process, object]]:
+    """Every data and search server process with its settings (fleets as such)."""
+    return [
+        (p, _settings(p))
+        for p in _processes(compose)
+        if p.kind in ("search-server", "data-server", "data-server fleet")
+    ]
+
+
+def _template(settings: object) -> DataServerConfig | SearchServerConfig:
+    """A server's settings; a fleet's are those its servers are made from."""
+    if isinstance(settings, FleetConfig):
+        return settings.template
+    assert isinstance(settings, DataServerConfig | SearchServerConfig), settings
+    return settings
+
+
+def test_zk_init_runs_once_before_every_server_in_the_same_chroot(
+    compose: dict[str, Any],
+) -> None:
+    process, args = _zk_init(compose)
+    service = _services(compose)[process.service]
+    assert service.get("restart") == "no", "a one-shot: restarted, it would run forever"
+    zks = {n for n, s in _services(compose).items() if "zookeeper" in _image(s)}
+    assert service["depends_on"] == {n: {"condition": "service_healthy"} for n in zks}
+    assert args.zk.partition("/")[2], "zk-init needs the cluster's chroot"
+    servers = _servers(compose)
+    assert servers
+    for server, settings in servers:
+        condition = _services(compose)[server.service]["depends_on"].get(process.service)
+        assert condition == {"condition": "service_completed_successfully"}, server.service
+        zk = _template(settings).zk
+        assert zk.hosts == args.zk, f"{server.service} and zk-init name other trees"
+
+
+def test_only_zk_init_holds_the_admin_identity(compose: dict[str, Any]) -> None:
+    process, args = _zk_init(compose)
+    given = zk_init_secrets(args)  # the files it is given parse, as zk-init parses them
+    admin = given.admin_auth
+    files = _secret_files(compose)
+    for name, service in _services(compose).items():
+        mounted = set(_mounted(service).values())
+        env = _environment(service)
+        holds = [
+            secret for secret in mounted if admin.partition(":")[2] in files[secret].read_text()
+        ]
+        if name == process.service:
+            assert holds, "zk-init does not hold the admin identity it authenticates with"
+            continue
+        assert not holds, f"service {name} mounts the ZooKeeper admin identity: {holds}"
+        assert not any(k.startswith("DISCOVERY_ZK_ADMIN_AUTH") for k in env), name
+    # zk-init grants the roles by their hashes: it holds no server's password.
+    for secret in process.secrets:
+        text = files[secret].read_text()
+        for role in ("zk_data", "zk_search"):
+            assert files[role].read_text().strip().partition(":")[2] not in text, secret
+
+
+def test_every_server_holds_its_roles_zookeeper_identity_as_granted(
+    compose: dict[str, Any],
+) -> None:
+    """Fleets and data servers the data identity, search servers the search identity,
+    each one zk-init grants that role; from a file, never in the environment."""
+    _, args = _zk_init(compose)
+    granted = zk_init_secrets(args)
+    roles = {"data": granted.data, "search": granted.search}
+    seen = set()
+    for process, settings in _servers(compose):
+        role = "search" if process.kind == "search-server" else "data"
+        zk = _template(settings).zk
+        assert zk.auth is not None, f"{process.service} has no ZooKeeper identity"
+        assert "DISCOVERY_ZK_AUTH" not in process.env, f"{process.service}: not from a file"
+        assert "--zk-auth" not in process.argv, f"{process.service}: not from a file"
+        assert DigestId.parse(zk.auth) in roles[role], (process.service, role)
+        other = "data" if role == "search" else "search"
+        assert DigestId.parse(zk.auth) not in roles[other], process.service
+        seen.add(role)
+    assert seen == {"data", "search"}
+
+
+def _acl_users(path: Path) -> dict[str, str]:
+    """user -> the rest of its ``user NAME reset on #HASH RULES`` line."""
+    users = {}
+    for line in path.read_text().splitlines():
+        word, name, rest = line.split(" ", 2)
+        assert word == "user", line
+        users[name] = rest
+    return users
+
+
+def _hash_of(rules: str) -> str:
+    (digest,) = [word[1:] for word in rules.split() if word.startswith("#")]
+    return digest
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_redis_and_the_sentinels_require_the_passwords_the_search_servers_hold(
+    compose: dict[str, Any],
+) -> None:
+    services = _services(compose)
+    files = _secret_files(compose)
+    redis = {n: s for n, s in services.items() if _image(s).startswith("search-discovery-redis:")}
+    for name, service in redis.items():
+        argv = _argv(service)
+        assert "protected-mode" not in " ".join(argv).replace("--", ""), name
+    entrypoints = ROOT / "deploy" / "docker"
+    for script in ("redis-server-entrypoint.sh", "redis-sentinel-entrypoint.sh"):
+        text = (entrypoints / script).read_text()
+        assert "protected-mode yes" in text, script
+        assert "protected-mode no" not in text, script
+    assert "--protected-mode" not in (entrypoints / "redis.Dockerfile").read_text()
+
+    nodes = [n for n, s in redis.items() if _argv(s)[:1] == ["redis-server-entrypoint"]]
+    sentinels = [n for n, s in redis.items() if _argv(s)[:1] == ["redis-sentinel-entrypoint"]]
+    assert len(nodes) == 2
+    assert len(sentinels) == 3
+    for name in nodes:
+        assert {"redis_users", "redis_replica"} <= set(_mounted(redis[name]).values()), name
+    for name in sentinels:
+        mounted = set(_mounted(redis[name]).values())
+        assert {"sentinel_admin", "sentinel_users", "redis_sentinel"} <= mounted, name
+    users = _acl_users(files["redis_users"])
+    assert "nopass" not in users["default"]
+    assert _hash_of(users["default"])
+    # Replication and Sentinel's link use users whose passwords the nodes/sentinels hold.
+    assert _hash_of(users["replica"]) == _sha256(files["redis_replica"].read_text().strip())
+    assert _hash_of(users["sentinel"]) == _sha256(files["redis_sentinel"].read_text().strip())
+
+    sentinel_users = _acl_users(files["sentinel_users"])
+    searches = _search_servers(compose)
+    assert searches
+    for name, settings in searches:
+        cluster, redis_settings = settings.cluster, settings.cluster.redis
+        prefix = cluster.redis_prefix
+        assert redis_settings.username == "reader"
+        assert redis_settings.password
+        assert redis_settings.publish_username == "publisher"
+        assert redis_settings.publish_password
+        assert redis_settings.sentinel_username == "discovery"
+        assert redis_settings.sentinel_password
+        assert _hash_of(users["reader"]) == _sha256(redis_settings.password), name
+        assert _hash_of(users["publisher"]) == _sha256(redis_settings.publish_password), name
+        assert users["reader"].endswith(reader_acl_rules(prefix)), name
+        assert users["publisher"].endswith(publisher_acl_rules(prefix)), name
+        sentinel = sentinel_users["discovery"]
+        assert _hash_of(sentinel) == _sha256(redis_settings.sentinel_password), name
+        assert "+sentinel|get-master-addr-by-name" in sentinel
+        assert not any(w in sentinel for w in ("+@all", "+sentinel|set", "+sentinel|failover"))
+
+
+def test_publishing_and_admin_credentials_stay_where_they_belong(
+    compose: dict[str, Any],
+) -> None:
+    """The Redis publisher password only in search servers (any may lead); no Redis
+    credential in a data server; the Redis admin password in no container at all."""
+    searches = {name for name, _ in _search_servers(compose)}
+    for name, service in _services(compose).items():
+        mounted = set(_mounted(service).values())
+        assert "redis_admin" not in mounted, name
+        if name not in searches:
+            assert "redis_publisher" not in mounted, name
+            assert "redis_reader" not in mounted, name
+    for process, settings in _servers(compose):
+        if process.kind != "search-server":
+            redis = _template(settings).cluster.redis
+            assert redis.password is None, process.service
+            assert redis.publish_password is None, process.service
+
+
+def test_search_servers_admit_data_servers_on_the_compose_network_only(
+    compose: dict[str, Any],
+) -> None:
+    ((subnet,),) = [[c["subnet"] for c in compose["networks"]["default"]["ipam"]["config"]]]
+    network = ipaddress.ip_network(subnet)
+    # The range reserved for network tests, away from the /24s their labs take first.
+    assert network.subnet_of(ipaddress.ip_network("198.18.0.0/15"))
+    assert not network.subnet_of(ipaddress.ip_network("198.18.0.0/17"))
+    for name, settings in _search_servers(compose):
+        assert settings.allowed_networks.networks == (network,), name
+
+
+def test_every_declared_secret_is_made_and_mounted_somewhere(compose: dict[str, Any]) -> None:
+    files = _secret_files(compose)
+    assert files, "no secrets declared"
+    for name, path in files.items():
+        assert path.is_file(), f"secret {name}: make compose-secrets makes no {path.name}"
+    mounted = {s for service in _services(compose).values() for s in _mounted(service).values()}
+    assert mounted == set(files), set(files) ^ mounted
+    ignored = (ROOT / ".gitignore").read_text().split()
+    assert "deploy/compose/secrets/" in ignored
+    assert "deploy/compose/secrets" in (ROOT / ".dockerignore").read_text().split()

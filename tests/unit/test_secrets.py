@@ -192,6 +192,7 @@ def test_an_admin_token_that_cannot_travel_in_a_header_is_refused_unechoed(
                 "--max-connections",
                 "--pressure-keepalive",
                 "--max-event-streams",
+                "--redis-sentinel-password-file",
             ],
         ),
     ],

@@ -212,7 +212,9 @@ class _SentinelRedis(aioredis.Redis):
                     await sentinel.aclose()
 
 
-def _sentinel_client(url: str, kwargs: dict[str, Any]) -> aioredis.Redis:
+def _sentinel_client(
+    url: str, kwargs: dict[str, Any], sentinel_auth: dict[str, str]
+) -> aioredis.Redis:
     parts = urllib.parse.urlsplit(url)
     hosts = parse_hosts(parts.netloc.rpartition("@")[2])
     path = [p for p in parts.path.split("/") if p]
@@ -222,10 +224,12 @@ def _sentinel_client(url: str, kwargs: dict[str, Any]) -> aioredis.Redis:
             "redis+sentinel://host:port[,host:port...]/<primary name>[/db]"
         )
     name, db = path[0], int(path[1]) if len(path) == 2 else 0
-    # The sentinels: the same TLS and socket settings, not the data servers' password.
+    # The sentinels: the same TLS and socket settings, not the data servers' password
+    # but their own (--redis-sentinel-password), if any.
     sentinel_kwargs = {
         k: v for k, v in kwargs.items() if k.startswith(("socket_", "ssl")) or k == "retry"
     }
+    sentinel_kwargs.update(sentinel_auth)
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     client = sentinel.master_for(name, redis_class=_SentinelRedis, db=db, **kwargs)
     assert isinstance(client, _SentinelRedis)
@@ -286,7 +290,15 @@ def make_redis(
     if tls and "+" in scheme:
         kwargs["ssl"] = True  # from_url infers it from rediss://; these are built directly
     if scheme.endswith("+sentinel"):
-        return _sentinel_client(cluster.redis_url, kwargs)
+        sentinel_auth = {
+            key: value
+            for key, value in (
+                ("username", settings.sentinel_username),
+                ("password", settings.sentinel_password),
+            )
+            if value is not None
+        }
+        return _sentinel_client(cluster.redis_url, kwargs, sentinel_auth)
     if scheme.endswith("+cluster"):
         return _cluster_client(cluster.redis_url, kwargs)
     return aioredis.Redis.from_url(_url_without_credentials(cluster.redis_url, tls), **kwargs)
