@@ -17,22 +17,28 @@ from discovery.adminauth import refuse_admin
 from discovery.agent.agent import AgentState
 from discovery.agent.probes import PROBE_HEADER, PROBE_HEADER_VALUE
 from discovery.errors import BadRequestError, ZkConnectionError
-from discovery.http import json_error, parse_search_params, read_json_body
+from discovery.http import MAX_QUERY_LENGTH, json_error, parse_search_params, read_json_body
 from discovery.looplag import LoopLagMonitor
 from discovery.zk.expiry import expire_session
 
 from .admission import SearchAdmission
 from .config import MAX_TIMEOUT_MS, DataServerConfig
 from .faults import Fault, FaultInjector
+from .index import MAX_DOCUMENTS, score_bound
 from .metrics import DataServerMetrics
 from .parts import DataServerParts
 from .searching import run_search, work_deadline
 
-__all__ = ["MAX_K", "RETRY_AFTER_S", "DataHandlers"]
+__all__ = ["MAX_K", "MAX_SCORE", "RETRY_AFTER_S", "DataHandlers"]
 
 log = logging.getLogger(__name__)
 
 MAX_K = 1000
+#: No score this data server answers reaches this: the BM25 bound of a query at the length
+#: limit (a term and a separator take a character each: at most 512 distinct terms) over
+#: an index at its size limit, about 1.8e4. Well within the scores search servers accept
+#: (``search_server.merging.MAX_SCORE``, 1e9; docs/contracts.md).
+MAX_SCORE = score_bound(MAX_DOCUMENTS, (MAX_QUERY_LENGTH + 1) // 2)
 #: ``Retry-After`` of a search refused because the server is full (429), in seconds: the
 #: searches in progress are expensive ones (ordinary ones end within one slice) and end
 #: within about a second, the data server's default budget.

@@ -31,6 +31,7 @@ __all__ = [
     "IncrementalSearch",
     "InvertedIndex",
     "PostingLists",
+    "score_bound",
     "tokenize",
 ]
 
@@ -47,6 +48,18 @@ _TOKEN = re.compile(r"\w+")
 # about twice as fast, and generated corpora are ASCII.
 _ASCII_WORD = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 _ASCII_FOLD = bytes((byte if byte in _ASCII_WORD else 0x20) for byte in range(256)).lower()
+
+
+def score_bound(documents: int, terms: int) -> float:
+    """A bound no BM25 score of a query of ``terms`` distinct terms reaches, over an index
+    of ``documents`` documents (scores are never negative: every idf is positive).
+
+    Each term adds less than its weight, idf * (k1 + 1): ``tf / (tf + norm)`` is below 1,
+    every norm being at least k1 * (1 - b) > 0; and a term's idf is largest when it is
+    in one document only.
+    """
+    idf = math.log(1.0 + (max(documents, 1) - 0.5) / 1.5)
+    return terms * idf * (BM25_K1 + 1.0)
 
 
 def tokenize(text: str) -> list[str]:

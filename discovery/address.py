@@ -2,8 +2,9 @@
 
 :func:`validate_address` is the contract: an IP literal or an ASCII DNS name, never
 link-local, multicast or unspecified in any spelling, nor a name the C resolver reads as a
-number. :class:`NetworkPolicy` is a deployment's narrowing (``--allowed-networks``).
-Nothing here does I/O or logs.
+number. :class:`NetworkPolicy` is a deployment's narrowing (``--allowed-networks``, and
+loopback addresses for a search server that does not listen on loopback,
+:func:`is_loopback_host`). Nothing here does I/O or logs.
 
 Contract: docs/contracts.md, "The registration document"; why: docs/design/security.md,
 "Input hardening".
@@ -11,6 +12,7 @@ Contract: docs/contracts.md, "The registration document"; why: docs/design/secur
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 import socket
@@ -24,6 +26,7 @@ __all__ = [
     "MAX_NAME_LENGTH",
     "NetworkPolicy",
     "address_problem",
+    "is_loopback_host",
     "parse_networks",
     "validate_address",
 ]
@@ -168,32 +171,75 @@ def parse_networks(text: str | None, flag: str = "--allowed-networks") -> tuple[
     return tuple(networks)
 
 
+# Why loopback is refused, and how to admit it: the end of a refusal's message.
+_LOOPBACK_REFUSED: Final = (
+    ", refused because this search server does not listen on loopback (--host); "
+    "--allowed-networks with a loopback network admits it"
+)
+
+
+def _is_localhost_name(value: str) -> bool:
+    # RFC 6761: "localhost" and every name under it resolve to the loopback interface.
+    name = value.rstrip(".").lower()
+    return name == "localhost" or name.endswith(".localhost")
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a server told to listen on ``host`` (its ``--host``) listens on the
+    loopback interface only: a loopback IP literal (``127.0.0.0/8``, ``::1``, their
+    IPv4-mapped form) or ``localhost``. Any other address, the wildcards (``0.0.0.0``,
+    ``::``, empty) and any other name (what it resolves to is not known here) are not.
+    Never raises.
+    """
+    literal = _literal(host.strip("[]"))
+    if literal is None:
+        return _is_localhost_name(host)
+    if isinstance(literal, ipaddress.IPv6Address) and literal.ipv4_mapped is not None:
+        literal = literal.ipv4_mapped
+    return literal.is_loopback
+
+
 @dataclass(frozen=True, slots=True)
 class NetworkPolicy:
     """The networks a deployment admits data servers in; no networks: any (the
-    contract's own refusals, :func:`validate_address`, always apply)."""
+    contract's own refusals, :func:`validate_address`, always apply).
+
+    ``loopback`` False refuses loopback addresses (``127.0.0.0/8``, ``::1``, and the
+    name ``localhost``) while no ``networks`` are given: a search server that listens
+    on another interface serves other machines, and a registration naming its own
+    loopback interface aims its queries at whatever listens there. ``networks`` given,
+    they alone decide: a loopback network among them admits loopback addresses.
+    """
 
     networks: tuple[IPNetwork, ...] = ()
+    loopback: bool = True
 
     @classmethod
-    def of(cls, networks: Iterable[IPNetwork]) -> NetworkPolicy:
-        return cls(tuple(networks))
+    def of(cls, networks: Iterable[IPNetwork], *, loopback: bool = True) -> NetworkPolicy:
+        return cls(tuple(networks), loopback)
+
+    def with_loopback(self, loopback: bool) -> NetworkPolicy:
+        """This policy, admitting loopback addresses or not (see the class docstring)."""
+        return self if loopback == self.loopback else dataclasses.replace(self, loopback=loopback)
 
     @property
     def narrows(self) -> bool:
         """Whether this policy refuses anything beyond the contract."""
-        return bool(self.networks)
+        return bool(self.networks) or not self.loopback
 
     def problem(self, address: str) -> str | None:
-        """Why an IP literal ``address`` is outside the admitted networks, or None.
+        """Why ``address`` is outside the admitted networks, or None.
 
-        A DNS name is not judged here (None): only what it resolves to can be, by
-        :meth:`resolved_problem` when a connection is made.
+        A DNS name is not judged here (None), except ``localhost`` while loopback is
+        refused: only what a name resolves to can be, by :meth:`resolved_problem` when
+        a connection is made.
         """
-        if not self.networks:
+        if not self.narrows:
             return None
         literal = _literal(address)
         if literal is None:
+            if not self.loopback and not self.networks and _is_localhost_name(address):
+                return f"{_shown(address)} names the loopback interface{_LOOPBACK_REFUSED}"
             return None
         return self.resolved_problem(literal)
 
@@ -207,12 +253,17 @@ class NetworkPolicy:
             return f"{literal} is {kind}"
         if isinstance(literal, ipaddress.IPv6Address) and literal.ipv4_mapped is not None:
             literal = literal.ipv4_mapped
-        if self.networks and not any(
-            literal.version == network.version and literal in network for network in self.networks
-        ):
-            allowed = ",".join(str(network) for network in self.networks)
-            return f"{literal} is outside the allowed networks ({allowed})"
+        if self.networks:
+            if not any(
+                literal.version == network.version and literal in network
+                for network in self.networks
+            ):
+                allowed = ",".join(str(network) for network in self.networks)
+                return f"{literal} is outside the allowed networks ({allowed})"
+        elif not self.loopback and literal.is_loopback:
+            return f"{literal} is a loopback address{_LOOPBACK_REFUSED}"
         return None
 
     def __str__(self) -> str:
-        return ",".join(str(network) for network in self.networks) or "any"
+        listed = ",".join(str(network) for network in self.networks)
+        return listed or ("any" if self.loopback else "any but loopback")

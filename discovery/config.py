@@ -12,6 +12,7 @@ import urllib.parse
 from dataclasses import dataclass, fields
 
 from discovery.errors import ConfigError
+from discovery.safetext import redact_url
 
 __all__ = [
     "AgentConfig",
@@ -189,20 +190,6 @@ class HttpEdgeConfig:
             )
 
 
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for messages and reprs."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "<unparsable URL>"
-    if password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
 _REDIS_SCHEMES = (
     "redis",
     "rediss",
@@ -212,6 +199,15 @@ _REDIS_SCHEMES = (
     "redis+cluster",
     "rediss+cluster",
 )
+
+
+def _credentials_spill(url: str, netloc: str) -> bool:
+    """True if ``url``'s text has credentials (a ``:`` before its last ``@``, as
+    :func:`~discovery.safetext.redact_url` reads it) beyond what a URL parser takes
+    for them (``netloc``'s, up to its last ``@``)."""
+    rest = url.partition("://")[2]
+    userinfo = rest.rpartition("@")[0]
+    return ":" in userinfo and userinfo != netloc.rpartition("@")[0]
 
 
 @dataclass(frozen=True)
@@ -281,6 +277,13 @@ class RedisConfig:
             in_url = parts.username or parts.password
         except ValueError as exc:
             raise ConfigError(f"{where}: {redact_url(url)!r}: {exc}") from None
+        if _credentials_spill(url, parts.netloc):
+            # A parser would take part of the password for the host or the path, and
+            # then quote it in its errors ("port ... 'S3C'"): refused here, masked.
+            raise ConfigError(
+                f"{where}: {redact_url(url)!r}: the credentials hold a '/', '?', '#' or "
+                "'@' that is not percent-encoded (write %2F, %3F, %23, %40)"
+            )
         if parts.scheme not in _REDIS_SCHEMES:
             raise ConfigError(
                 f"{where}: {redact_url(url)!r} must start with redis://, rediss://, unix://, "

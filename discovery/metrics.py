@@ -122,13 +122,15 @@ class MembershipMetrics:
         )
         self.invalid = Gauge(
             "discovery_membership_invalid",
-            "Children currently skipped (malformed, oversized, id mismatch, persistent DYNAMIC).",
+            "Children currently skipped (malformed, oversized, id mismatch, persistent, "
+            "refused by --allowed-networks or --shards).",
             registry=registry,
         )
         self.skipped_total = Counter(
             "discovery_membership_skipped",
             "Child versions skipped, by reason: malformed, too_large, id_mismatch, "
-            "persistent_dynamic.",
+            "persistent_dynamic, persistent (without --allow-persistent-members), "
+            "not_allowed, shard_out_of_range.",
             ["reason"],
             registry=registry,
         )

@@ -6,10 +6,11 @@ import argparse
 from dataclasses import dataclass, field
 
 from discovery import __version__
-from discovery.address import NetworkPolicy
+from discovery.address import NetworkPolicy, is_loopback_host
 from discovery.cli.options import (
     COMMON_OPTIONS,
     HTTP_EDGE_OPTIONS,
+    MEMBER_OPTIONS,
     RUNTIME_OPTIONS,
     ZK_OPTIONS,
     ZONE_RULE,
@@ -37,6 +38,7 @@ from discovery.instance import validate_zone
 from discovery.livelist.brake import MassLossBrakeConfig
 
 from .admission import ConcurrencyLimit, FixedLimit, GradientLimit
+from .expectedshards import FORGET_MISSING_SHARD_AFTER
 from .httpclient import DEFAULT_MAX_BODY
 from .querydeath import QueryOfDeathConfig
 from .queryshare import QueryShare
@@ -111,7 +113,9 @@ SEARCH_OPTIONS = (
         "CIDR,... : the only networks data servers may be at; the leader skips (and "
         "counts) registrations with an IP address outside them, and this server sends no "
         "query to one, nor to a name that resolves outside them (unset: any address "
-        "except link-local, multicast and unspecified ones, which are always refused)",
+        "except link-local, multicast and unspecified ones, which are always refused, "
+        "and loopback ones unless --host is a loopback address; a loopback network "
+        "listed here admits those whatever --host)",
         type=network_list,
         metavar="CIDRS",
     ),
@@ -255,9 +259,21 @@ SEARCH_OPTIONS = (
         "DISCOVERY_SHARDS",
         "how many shards the cluster has (0 to N-1): a shard with no live replica is "
         "then reported missing in every answer's coverage even by a search server that "
-        "never saw it (0: the shards this search server has seen)",
+        "never saw it, and a data server registered with another shard number is "
+        "refused: never published by the leader, never routed to (counted as "
+        "shard_out_of_range). 0: any shard, the shards this search server has seen",
         type=non_negative_int,
         default=0,
+    ),
+    Option(
+        "--forget-missing-shard-after",
+        "DISCOVERY_FORGET_MISSING_SHARD_AFTER",
+        "seconds a shard not named by --shards stays expected in answers (reported "
+        "missing, the answer partial) after its last replica left; then it is forgotten "
+        "until a replica comes back (0: never forgotten)",
+        type=_non_negative_float,
+        default=FORGET_MISSING_SHARD_AFTER,
+        metavar="SECONDS",
     ),
     Option(
         "--subset-size",
@@ -475,7 +491,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     add_options(
         parser,
-        (*ZK_OPTIONS, *COMMON_OPTIONS, *RUNTIME_OPTIONS, *SEARCH_OPTIONS, *HTTP_EDGE_OPTIONS),
+        (
+            *ZK_OPTIONS,
+            *COMMON_OPTIONS,
+            *RUNTIME_OPTIONS,
+            *SEARCH_OPTIONS,
+            *MEMBER_OPTIONS,
+            *HTTP_EDGE_OPTIONS,
+        ),
     )
     return parser
 
@@ -490,10 +513,15 @@ class SearchServerConfig:
     ``hedge_percent`` caps hedged requests (``--hedge-percent``, 0 turns them off);
     ``retry_budget_percent`` and ``retry_budget_per_second`` bound retries and hedges
     together; ``subset_size`` is the least subset of a shard's replicas routed to (0:
-    all); ``shards`` the cluster's shard count, for coverage (0: the shards seen).
+    all); ``shards`` the cluster's shard count, for coverage and to refuse other shard
+    numbers (0: the shards seen); a shard above it is forgotten after
+    ``forget_missing_shard_after`` seconds without a replica (0: never).
     ``heap_freeze_above`` is the growth of the collector's old generation that makes
     the server freeze it (:mod:`search_server.heap`; 0: never).
-    ``allowed_networks`` narrows where data servers may be (``--allowed-networks``).
+    ``allowed_networks`` narrows where data servers may be (``--allowed-networks``);
+    :attr:`data_networks` is what the fan-out sends to. ``allow_persistent_members``
+    routes persistent ``PERMANENT``/``STATIC`` registrations
+    (``--allow-persistent-members``; the leader's and the ZooKeeper fallback's reads).
     ``query_of_death`` holds the thresholds of the query-of-death guard (``--qod-*``).
     ``max_answer_bytes`` caps a data server's answer (``--max-answer-bytes``).
     ``http`` bounds slow clients at the HTTP edge and ``max_event_streams`` the open
@@ -535,8 +563,10 @@ class SearchServerConfig:
     retry_budget_per_second: float = 10.0
     subset_size: int = 8
     shards: int = 0
+    forget_missing_shard_after: float = FORGET_MISSING_SHARD_AFTER
     heap_freeze_above: int = 50_000
     allowed_networks: NetworkPolicy = field(default_factory=NetworkPolicy)
+    allow_persistent_members: bool = False
     query_of_death: QueryOfDeathConfig = field(default_factory=QueryOfDeathConfig)
     max_answer_bytes: int = DEFAULT_MAX_BODY
     http: HttpEdgeConfig = field(default_factory=HttpEdgeConfig)
@@ -585,6 +615,11 @@ class SearchServerConfig:
             )
         if not 0 <= self.shards <= _MAX_SHARDS:
             raise ConfigError(f"--shards must be in 0..{_MAX_SHARDS}, got {self.shards}")
+        if not self.forget_missing_shard_after >= 0:
+            raise ConfigError(
+                "--forget-missing-shard-after must be at least 0, got "
+                f"{self.forget_missing_shard_after}"
+            )
         if self.subset_size < 0:
             raise ConfigError(f"--subset-size must be at least 0, got {self.subset_size}")
         if self.heap_freeze_above < 0:
@@ -603,6 +638,20 @@ class SearchServerConfig:
             raise ConfigError("--leader-retry-pause must be positive")
         if not self.fence_recheck_max > 0:
             raise ConfigError("--fence-recheck-max must be positive")
+
+    @property
+    def data_networks(self) -> NetworkPolicy:
+        """Where the fan-out sends queries: ``allowed_networks``, and loopback addresses
+        only while this server listens on loopback itself (``host``).
+
+        A server listening on another interface serves other machines: a data server
+        registered at 127.0.0.1 or ``localhost`` aims its queries at whatever listens on
+        this machine's own loopback. The leader does not apply this (it publishes for
+        every search server, and cannot know where they listen); each search server
+        judges for itself, here.
+        """
+        loopback = self.allowed_networks.loopback and is_loopback_host(self.host)
+        return self.allowed_networks.with_loopback(loopback)
 
     def concurrency_limit(self) -> ConcurrencyLimit:
         """The admission's limit these settings describe (a new one per call)."""
@@ -659,8 +708,10 @@ class SearchServerConfig:
             retry_budget_per_second=args.retry_budget_per_second,
             subset_size=args.subset_size,
             shards=args.shards,
+            forget_missing_shard_after=args.forget_missing_shard_after,
             heap_freeze_above=args.heap_freeze_above,
             allowed_networks=args.allowed_networks or NetworkPolicy(),
+            allow_persistent_members=args.allow_persistent_members,
             max_answer_bytes=args.max_answer_bytes,
             query_of_death=QueryOfDeathConfig(
                 shard_fraction=args.qod_shard_fraction,

@@ -83,6 +83,7 @@ class QueryStats:
         self._seconds: deque[_Second] = deque()
         self.total = 0
         self._missing: Sequence[int] = ()
+        self._missing_count = 0
 
     def _bucket(self) -> _Second:
         second = math.floor(self._clock())
@@ -102,9 +103,11 @@ class QueryStats:
         partial: bool,
         coverage: float = 1.0,
         missing: Sequence[int] = (),
+        missing_count: int | None = None,
     ) -> None:
         """One answered query: its fan-out time, whether the answer was partial, the
-        share of the corpus it searched and the shards it found ``missing``."""
+        share of the corpus it searched and the shards it found ``missing`` (an
+        answer lists at most 100; ``missing_count`` is how many there were, if more)."""
         bucket = self._bucket()
         bucket.queries += 1
         self.total += 1
@@ -113,6 +116,7 @@ class QueryStats:
         bucket.coverage += coverage
         bucket.least_coverage = min(bucket.least_coverage, coverage)
         self._missing = missing
+        self._missing_count = len(missing) if missing_count is None else missing_count
         if len(bucket.latencies_ms) < _SAMPLES_PER_SECOND:
             bucket.latencies_ms.append(latency_ms)
 
@@ -145,7 +149,7 @@ class QueryStats:
             "least_coverage": round(least, 4) if least is not None else None,
             # At most the first 100: a list for people, the count says the rest.
             "missing_shards": list(self._missing[:100]),
-            "missing_count": len(self._missing),
+            "missing_count": self._missing_count,
             "overloaded": sum(s.overloaded for s in seconds),
             "total": self.total,
         }

@@ -2,7 +2,9 @@
 
 :class:`OutlierEjection` keeps its state on each :class:`~search_server.picking.Replica`,
 so it survives changes of the live list. Every method takes ``now`` from the caller's
-clock: no sockets, no event loop, no clock of its own. Not thread-safe.
+clock: no sockets, no event loop, no clock of its own. Not thread-safe. The ejection cap
+counts only replicas that have answered: registrations that never did neither widen it
+nor fill it.
 
 Design: docs/design/search-server.md, "Local outlier ejection".
 """
@@ -10,7 +12,7 @@ Design: docs/design/search-server.md, "Local outlier ejection".
 from __future__ import annotations
 
 import logging
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
 
 from .picking import Replica
 
@@ -57,51 +59,65 @@ class OutlierEjection:
         # The replicas ejected at some point and not yet seen expired: the ejection cap
         # and ejected() look at these, never at every replica routed to.
         self._ejected: set[Replica] = set()
+        # Those of them ejected under the cap (they had answered): what the cap counts.
+        self._capped: set[Replica] = set()
         # The same, by shard: the fan-out's panic threshold asks per shard, per query.
         self._by_shard: dict[int, set[Replica]] = {}
 
-    def record_failure(self, replica: Replica, now: float, *, routable: int, detail: str) -> bool:
+    def record_failure(
+        self, replica: Replica, now: float, *, answered: Callable[[], int], detail: str
+    ) -> bool:
         """Count a failure or timeout of ``replica``; True if it is ejected for it now.
 
-        ``routable`` is how many data servers are routable (the base of the cap);
-        ``detail`` says what went wrong, for the warning an ejection logs. Not ejected:
-        a draining replica, one already ejected (failures of requests sent before the
-        ejection do not extend it) and any while the cap is reached.
+        ``answered()`` is how many routable data servers have answered at least once:
+        the base of the cap, asked only when the cap is consulted. ``detail`` says what
+        went wrong, for the warning an ejection logs. Not ejected: a draining replica,
+        one already ejected (failures of requests sent before the ejection do not
+        extend it), and one that has answered while the cap is reached.
+
+        A replica that has never answered is ejected outside the cap: it neither counts
+        in its base nor takes a place under it. The cap keeps capacity known to work
+        from being ejected wholesale in a moment of trouble on our side; one that never
+        answered is no such capacity, and registrations that never answer (a typo, a
+        squatter, thousands of fakes) must not make room for, nor use up the room of,
+        real replicas that break.
         """
         replica.failures += 1
         instance = replica.instance
         # After a cool-down the count is still at the limit: one more failure re-ejects.
-        if (
-            replica.failures < self._eject_after
-            or not instance.routable
-            or replica.is_ejected(now)
-            or self._cap_reached(now, routable)
-        ):
+        if replica.failures < self._eject_after or not instance.routable or replica.is_ejected(now):
+            return False
+        proven = replica.samples > 0
+        if proven and self._cap_reached(now, answered()):
             return False
         replica.ejected_until = now + self._eject_cooldown
         # No probe before an interval: the failures were just seen.
         replica.next_probe = now + self._probe_interval
         self._ejected.add(replica)
+        if proven:
+            self._capped.add(replica)
         self._by_shard.setdefault(replica.shard, set()).add(replica)
         log.warning(
             "ejecting data server %s (%s:%d, shard %d) for %.1fs after %d consecutive "
-            "failures; last: %s",
+            "failures%s; last: %s",
             instance.id,
             instance.address,
             instance.port,
             replica.shard,
             self._eject_cooldown,
             replica.failures,
+            "" if proven else " (it has never answered: outside the ejection cap)",
             detail,
         )
         return True
 
-    def _cap_reached(self, now: float, routable: int) -> bool:
+    def _cap_reached(self, now: float, answered: int) -> bool:
         # When many servers fail at once the cause is more likely on our side (a CPU
         # stall, a network blip) than theirs; ejecting them all would turn a slow moment
         # into empty answers. Discovery still removes servers that are really down.
-        ejected = len(self.ejected(now))
-        if ejected + 1 <= max(1, int(self._max_ejected_share * routable)):
+        self.ejected(now)  # forgets the expired ones
+        ejected = len(self._capped)
+        if ejected + 1 <= max(1, int(self._max_ejected_share * answered)):
             return False
         # At the cap every further failure lands here, hundreds a second in a stall:
         # one line per interval, with the count, keeps the log (and the CPU it costs,
@@ -110,10 +126,10 @@ class OutlierEjection:
         self.capped += 1
         if now - self._cap_logged_at >= _CAP_LOG_INTERVAL:
             log.warning(
-                "not ejecting more data servers: %d of %d already ejected (cap "
-                "%.0f%%); %d ejection(s) refused since the last such line",
+                "not ejecting more data servers: %d of the %d that have answered already "
+                "ejected (cap %.0f%%); %d ejection(s) refused since the last such line",
                 ejected,
-                routable,
+                answered,
                 self._max_ejected_share * 100,
                 self._cap_refusals,
             )
@@ -172,6 +188,7 @@ class OutlierEjection:
 
     def _forget(self, replica: Replica) -> None:
         self._ejected.discard(replica)
+        self._capped.discard(replica)
         shard = self._by_shard.get(replica.shard)
         if shard is not None:
             shard.discard(replica)

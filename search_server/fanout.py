@@ -127,12 +127,13 @@ class FanOut:
             ramps=Ramps(config.slow_start),
             metrics=metrics,
             shards=config.shards,
+            forget_missing_shard_after=config.forget_missing_shard_after,
         )
         self._health = health = ReplicaHealth(
             ejection,
             clock=clock,
             metrics=metrics,
-            routable=lambda: routing.routable,
+            answered=lambda: routing.answered,
             panic_threshold=config.panic_threshold,
             overload_backoff=config.overload_backoff,
         )
@@ -312,7 +313,9 @@ class FanOut:
         table = routing.table_for(servers)
         # Now, not after the wait: the table follows the live list in place meanwhile,
         # and a shard that leaves it during the query is already counted in the query.
-        result = await one.run(routing.routes(table), routing.missing(table))
+        routes = routing.routes(table)
+        missing = routing.missing(table)
+        result = await one.run(routes, missing, docs_cap=routing.docs_cap)
         return result, one.service
 
     @staticmethod

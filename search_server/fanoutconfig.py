@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from discovery.address import NetworkPolicy
 
+from .expectedshards import FORGET_MISSING_SHARD_AFTER
 from .slowstart import SlowStart
 
 __all__ = ["OVERLOAD_BACKOFF", "PANIC_THRESHOLD", "STALL_GRACE", "FanOutConfig"]
@@ -49,7 +50,10 @@ class FanOutConfig:
     ``warmup_samples`` answers gets one request at a time. ``zone`` is this search
     server's zone: replicas there are preferred while the shard has a usable one.
     ``shards`` is how many shards (0 to ``shards - 1``) the cluster has beside those
-    routed to: a shard with no replica is reported missing, never dropped.
+    routed to: a shard with no replica is reported missing, never dropped, and a data
+    server of a shard outside them is never routed to (0: any shard). A shard above
+    them is no longer expected once it has had no replica for
+    ``forget_missing_shard_after`` seconds (0: never forgotten).
     ``panic_threshold``: see :data:`PANIC_THRESHOLD`; ``overload_backoff``: see
     :data:`OVERLOAD_BACKOFF`. ``networks`` (``--allowed-networks``) leaves data servers
     outside it out of the routing table. ``slow_start`` ramps new replicas' weights
@@ -67,6 +71,7 @@ class FanOutConfig:
     warmup_samples: int = 5
     zone: str | None = None
     shards: int = 0
+    forget_missing_shard_after: float = FORGET_MISSING_SHARD_AFTER
     panic_threshold: float = PANIC_THRESHOLD
     overload_backoff: float = OVERLOAD_BACKOFF
     networks: NetworkPolicy = field(default_factory=NetworkPolicy)
@@ -77,6 +82,11 @@ class FanOutConfig:
             raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
         if self.shards < 0:
             raise ValueError(f"shards must be >= 0, got {self.shards}")
+        if not self.forget_missing_shard_after >= 0:
+            raise ValueError(
+                "forget_missing_shard_after must be >= 0 seconds, got "
+                f"{self.forget_missing_shard_after}"
+            )
         if self.warmup_samples < 0:
             raise ValueError(f"warmup_samples must be >= 0, got {self.warmup_samples}")
         if not self.stall_grace > 0:

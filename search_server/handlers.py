@@ -114,8 +114,13 @@ class SearchHandlers:
         if coverage is None:
             self._query_stats.record(result.took_ms, result.partial)
         else:
+            # The answer lists the first missing shards; shards.missing counts them all.
             self._query_stats.record(
-                result.took_ms, result.partial, coverage.ratio, coverage.missing
+                result.took_ms,
+                result.partial,
+                coverage.ratio,
+                coverage.missing,
+                shards.get("missing", len(coverage.missing)),
             )
         return web.json_response(result.to_dict())
 

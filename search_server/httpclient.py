@@ -25,6 +25,7 @@ import httptools
 from discovery.address import NetworkPolicy
 from discovery.errors import DiscoveryError
 
+from .endpoint import EXCERPT_CHARS, Endpoint, excerpt
 from .resolver import CachingResolver, Resolver
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "MAX_HEADERS",
     "MAX_HEAD_BYTES",
     "MAX_LINE_BYTES",
+    "AnswerTooLarge",
     "Endpoint",
     "HttpClient",
     "Response",
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 Response = tuple[int, bytes]
 
 #: Default cap of a response body (bytes): a data server's answer is k hits, kilobytes.
+#: A request may ask for a lower one (the fan-out's follows ``k``), never a higher.
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 #: Most headers one response may have.
 MAX_HEADERS = 100
@@ -54,14 +57,7 @@ MAX_HEADERS = 100
 MAX_HEAD_BYTES = 64 * 1024
 #: Most bytes of the status line or of one header line (CRLF not counted).
 MAX_LINE_BYTES = 8 * 1024
-#: Most characters of a peer's bytes quoted in an error message or a log line.
-EXCERPT_CHARS = 200
 
-# What a host may hold to be written in a Host header and given to the resolver: DNS
-# names (underscores too, as some internal names have them), IPv4 and IPv6 literals
-# (with a %zone). Anything else (non-ASCII, whitespace, CR/LF, '/', '@'...) could
-# not be encoded, would end or inject a header, or is no host at all.
-_HOST = re.compile(r"[A-Za-z0-9._:%-]{1,255}")
 # The longest head that cannot break a limit, whatever it holds: 101 headers need at
 # least 4 bytes each ("a:" and CRLF) after a status line of 12 ("HTTP/1.1 200") and its
 # CRLF, and a blank line. Heads this short (most) need no search of the bytes.
@@ -71,19 +67,14 @@ assert _SMALL_HEAD < MAX_LINE_BYTES
 _FRAMED = re.compile(rb"\r\n(?:content-length|transfer-encoding)[ \t]*:", re.IGNORECASE)
 
 
-def excerpt(data: bytes | str, limit: int = EXCERPT_CHARS) -> str:
-    """``repr`` of ``data`` cut to at most ``limit`` characters (``...`` marks a cut):
-    safe to put in a log line or an error whatever a peer sent."""
-    text = repr(data[:limit])
-    if len(text) > limit or len(data) > limit:
-        return text[: max(limit - 3, 0)] + "..."
-    return text
-
-
 class SubrequestError(DiscoveryError):
     """A sub-request got no usable HTTP response: an address that cannot be used,
     connection refused, reset or closed early, an answer that is not HTTP/1.1 or is over
     a limit."""
+
+
+class AnswerTooLarge(SubrequestError):
+    """A response body over the request's cap: refused as it arrived, never parsed."""
 
 
 class _Violation(Exception):
@@ -91,72 +82,23 @@ class _Violation(Exception):
     one-response-per-request rule. Its text is the reason given to the request."""
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """Where a data server listens, with the request tail pre-encoded once.
-
-    ``suffix`` ends every request line sent there (version, ``Host`` header, blank line).
-    ``problem`` says why no request can be sent there (then ``suffix`` is empty and
-    every request to it fails with :class:`SubrequestError`); ``None`` when usable.
-    """
-
-    host: str
-    port: int
-    suffix: bytes
-    problem: str | None = None
-
-    @classmethod
-    def of(cls, host: str, port: int) -> Endpoint:
-        """The endpoint of ``host``/``port``; never raises (a registration is untrusted:
-        one that cannot be used fails its own requests, not the routing table)."""
-        problem = _unusable(host, port)
-        if problem is not None:
-            return cls(host, port, b"", problem)
-        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        return cls(host, port, f" HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode("ascii"))
-
-    @property
-    def where(self) -> str:
-        """``host:port`` for messages, the host quoted and cut if it is not a plain one."""
-        if self.problem is None:
-            return f"{self.host}:{self.port}"
-        return f"{excerpt(self.host)}:{excerpt(str(self.port), 20)}"
-
-
-def _unusable(host: object, port: object) -> str | None:
-    """Why no request can go to ``host``/``port``, or ``None``."""
-    if type(port) is not int or not 0 < port < 65536:
-        # uvloop would wrap 70000 round to 4464: refuse rather than reach another server.
-        return f"port {excerpt(repr(port), 40)} is not an integer in 1-65535"
-    if not isinstance(host, str):
-        return f"host {excerpt(repr(host), 60)} is not a string"
-    if _HOST.fullmatch(host) is not None:
-        return None
-    if not host:
-        return "the host is empty"
-    if len(host) > 255:
-        return f"the host is {len(host)} characters long (at most 255)"
-    if not host.isascii():
-        return (
-            f"host {excerpt(host)} is not ASCII (register an internationalised name in "
-            "its xn-- form)"
-        )
-    bad = next(c for c in host if _HOST.fullmatch(c) is None)
-    if not bad.isprintable() or bad.isspace():
-        return f"host {excerpt(host)} holds whitespace or control characters"
-    return f"host {excerpt(host)} holds {bad!r}, not allowed in a host name or address"
+class _TooLarge(_Violation):
+    """The body broke the request's cap: the request fails with :class:`AnswerTooLarge`."""
 
 
 @runtime_checkable
 class SubrequestClient(Protocol):
     """Sends ``GET`` requests to data servers; one default implementation, :class:`HttpClient`."""
 
-    def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
+    def get(
+        self, endpoint: Endpoint, target: bytes, max_body: int | None = None
+    ) -> asyncio.Future[Response]:
         """Send ``GET <target>`` (``target`` is the encoded path and query) to ``endpoint``.
 
         Returns at once with a future of ``(status, body)`` that fails with
-        :class:`SubrequestError` when no response can come; cancelling it abandons the
-        request. Never raises itself.
+        :class:`SubrequestError` when no response can come (with :class:`AnswerTooLarge`
+        for a body over ``max_body`` bytes, or over the client's own cap if lower or
+        ``max_body`` is None); cancelling it abandons the request. Never raises itself.
         """
         ...
 
@@ -204,10 +146,10 @@ class _Connection(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, owner: _Owner, endpoint: Endpoint, max_body: int) -> None:
+    def __init__(self, owner: _Owner, endpoint: Endpoint) -> None:
         self._owner = owner
         self._endpoint = endpoint
-        self._max_body = max_body
+        self._max_body = 0  # the cap of the request in flight's body (see send)
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[Response] | None = None
@@ -301,7 +243,7 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._room -= len(body)
         if self._room < 0:
-            raise _Violation(f"a body over {self._max_body} bytes")
+            raise _TooLarge(f"a body over {self._max_body} bytes")
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -311,11 +253,11 @@ class _Connection(asyncio.Protocol):
 
     # -- requests --------------------------------------------------------------------
 
-    def send(self, request: bytes, waiter: asyncio.Future[Response]) -> None:
+    def send(self, request: bytes, waiter: asyncio.Future[Response], max_body: int) -> None:
         assert self.transport is not None
         self._waiter = waiter
         self._body = []
-        self._room = self._max_body
+        self._room = self._max_body = max_body
         self._head_seen = 0
         self._head_buf = None
         self._status = -1
@@ -410,10 +352,12 @@ class _Connection(asyncio.Protocol):
         return True
 
     def _parser_failed(self, exc: Exception, data: bytes) -> None:
+        error = SubrequestError
         if isinstance(exc, httptools.HttpParserCallbackError):
             cause = exc.__context__
             if isinstance(cause, _Violation):
                 reason = str(cause)
+                error = AnswerTooLarge if isinstance(cause, _TooLarge) else error
             else:  # a bug of ours in a callback: still only this request's problem
                 self._owner.unexpected(cause or exc, self.where)
                 reason = f"a response our parser failed on ({type(cause or exc).__name__})"
@@ -433,12 +377,12 @@ class _Connection(asyncio.Protocol):
             self._keep_alive = False
             self._finish()
             return
-        self._break(reason)
+        self._break(reason, error)
 
-    def _break(self, reason: str) -> None:
-        """Close the connection, failing its request with ``reason``."""
+    def _break(self, reason: str, error: type[SubrequestError] = SubrequestError) -> None:
+        """Close the connection, failing its request with ``error`` for ``reason``."""
         self.close()
-        self._fail(SubrequestError(f"{self.where} sent {reason}"))
+        self._fail(error(f"{self.where} sent {reason}"))
 
     def _fail(self, exc: SubrequestError) -> None:
         # What was read of a refused answer (up to max_body) is not kept meanwhile.
@@ -479,7 +423,8 @@ class HttpClient:
     One request per connection at a time; an idle connection is reused (most recent
     first), a new one opened when none is idle. At most ``max_idle`` idle connections
     are kept per endpoint, each for at most ``idle_timeout`` seconds. A response body
-    over ``max_body`` bytes fails its request. Runs on the loop it is used from and is
+    over ``max_body`` bytes (or the lower cap a request gives) fails its request with
+    :class:`AnswerTooLarge` as it arrives. Runs on the loop it is used from and is
     not thread-safe. ``connect_timeout`` bounds opening a connection on top of the
     caller's own deadline. Close with :meth:`aclose` (or use ``async with``).
 
@@ -573,8 +518,11 @@ class HttpClient:
                 problems.append(f"connection {id(connection):#x} is busy but marked pooled")
         return problems
 
-    def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
+    def get(
+        self, endpoint: Endpoint, target: bytes, max_body: int | None = None
+    ) -> asyncio.Future[Response]:
         loop = asyncio.get_running_loop()
+        cap = self.max_body if max_body is None else min(max_body, self.max_body)
         waiter: asyncio.Future[Response] = loop.create_future()
         if self._closed:
             waiter.set_exception(SubrequestError("the client is closed"))
@@ -589,9 +537,9 @@ class HttpClient:
             connection = self._checkout(endpoint, loop.time())
             if connection is not None:
                 self._busy.add(connection)
-                connection.send(request, waiter)
+                connection.send(request, waiter, cap)
                 return waiter
-            task = loop.create_task(self._connect_and_send(endpoint, request, waiter))
+            task = loop.create_task(self._connect_and_send(endpoint, request, waiter, cap))
             self._connecting.add(task)
             task.add_done_callback(self._connecting.discard)
         except Exception as exc:  # the contract: never raise, fail this request only
@@ -625,7 +573,7 @@ class HttpClient:
         return found
 
     async def _connect_and_send(
-        self, endpoint: Endpoint, request: bytes, waiter: asyncio.Future[Response]
+        self, endpoint: Endpoint, request: bytes, waiter: asyncio.Future[Response], cap: int
     ) -> None:
         loop = asyncio.get_running_loop()
         where = endpoint.where
@@ -668,7 +616,7 @@ class HttpClient:
                 self._release(endpoint, connection)
                 return
             self._busy.add(connection)
-            connection.send(request, waiter)
+            connection.send(request, waiter, cap)
         except Exception as exc:
             self._unexpected(exc, where)
             connection.close()
@@ -688,7 +636,7 @@ class HttpClient:
         host, port = endpoint.host, endpoint.port
 
         def protocol() -> _Connection:
-            return _Connection(self._owner, endpoint, self.max_body)
+            return _Connection(self._owner, endpoint)
 
         if _is_ip_literal(host):
             # Judged by the routing table before it got here (and by the registration's

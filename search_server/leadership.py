@@ -74,8 +74,13 @@ class LeaderRole:
             # Readers see the heartbeat run out after its TTL: by then a leader that
             # cannot write hands over, to a search server that perhaps can.
             store_grace=config.heartbeat_ttl,
+            # Not config.data_networks: where this server listens says nothing of
+            # where the others that route with the list do (each judges loopback).
             admit=_admission(config.allowed_networks),
+            allow_persistent_members=config.allow_persistent_members,
             fence_recheck_max=config.fence_recheck_max,
+            # A registration of a shard outside --shards is never published.
+            shards=config.shards,
         )
         return cls(session, duty, server_id, retry_pause=config.leader_retry_pause)
 

@@ -15,17 +15,23 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 __all__ = [
+    "ANSWER_ENVELOPE_BYTES",
+    "BAD_ANSWER_REASONS",
     "DEGRADED_REASONS",
+    "HIT_BYTES",
     "MAX_HIT_FIELDS",
     "MAX_HIT_ID",
     "MAX_HIT_TEXT",
+    "MAX_SCORE",
     "BadAnswer",
+    "BadAnswerReason",
     "Coverage",
     "FailureReason",
     "FanOutResult",
     "Ranked",
     "ShardAnswer",
     "ShardOutcome",
+    "answer_bytes",
     "feedback",
     "merge",
     "ranked_hits",
@@ -37,6 +43,32 @@ MAX_HIT_FIELDS = 32
 MAX_HIT_ID = 1024
 MAX_HIT_TEXT = 8192
 _MAX_FIELD_NAME = 64
+#: Largest magnitude of a hit's ``score``: a score is a finite number in
+#: ``[-MAX_SCORE, MAX_SCORE]``. Relevance scores are modest numbers: our data server's
+#: BM25 stays under 2e4 for any query it accepts (``data_server.handlers.MAX_SCORE``), and
+#: Lucene-style scores with boosts live in the same range. 1e9 leaves five orders of
+#: magnitude above that, yet refuses the 1e308 that topped every list (and that a
+#: client summing scores or reading them as float32 would turn into infinity).
+MAX_SCORE = 1e9
+
+# The bytes of JSON around one field (its name's quotes, the colon, a comma) and the
+# most characters a number takes as data servers write one ("-1.2345678901234567e-308").
+_FIELD_PUNCTUATION = 4
+_NUMBER_CHARS = 24
+#: Bytes one hit may take in an answer's body, on average over its hits: its id and one
+#: text field at their limits, every other field a longest name and a number (or a
+#: string as long), quoted, with JSON's punctuation; characters counted one byte each.
+#: A hit with more text (several long fields, or text that is not ASCII) draws on the
+#: room its shorter neighbours leave.
+HIT_BYTES = (
+    2
+    + MAX_HIT_ID
+    + MAX_HIT_TEXT
+    + MAX_HIT_FIELDS * (_MAX_FIELD_NAME + _NUMBER_CHARS + _FIELD_PUNCTUATION + 2)
+)
+#: Bytes of an answer's body besides its hits' allowance: ``{"hits":[...]}``,
+#: ``shard``, ``took_ms``, ``queue``, ``cut``, whitespace, and room for a few more fields.
+ANSWER_ENVELOPE_BYTES = 16 * 1024
 # What an error message or log line shows of what a data server sent.
 _EXCERPT = 80
 
@@ -57,9 +89,28 @@ FailureReason = Literal["no_replica", "overload", "error"]
 #: A hit as the merge ranks it: (-score, id, shard, the data server's hit object).
 Ranked = tuple[float, str, int, dict[str, Any]]
 
+#: Why a data server's answer was refused (``search_server_fanout_bad_answers_total``'s
+#: ``why``): an HTTP error other than an overload refusal (``status``), not the
+#: contract's JSON (``malformed``), more than ``k`` hits (``too_many_hits``), a score
+#: out of ``[-MAX_SCORE, MAX_SCORE]`` (``score``), a body over :func:`answer_bytes`
+#: (``too_large``, refused by the client before any of it is parsed).
+BAD_ANSWER_REASONS = ("status", "malformed", "too_many_hits", "score", "too_large")
+BadAnswerReason = Literal["status", "malformed", "too_many_hits", "score", "too_large"]
+
 
 class BadAnswer(ValueError):
-    """A data server answered, but not with a usable search result."""
+    """A data server answered, but not with a usable search result; ``why`` says how
+    (one of :data:`BAD_ANSWER_REASONS`)."""
+
+    def __init__(self, message: str, why: BadAnswerReason = "malformed") -> None:
+        super().__init__(message)
+        self.why: BadAnswerReason = why
+
+
+def answer_bytes(k: int) -> int:
+    """The most bytes a data server's answer of ``k`` hits may take: the envelope's
+    allowance and ``k`` hits' (:data:`HIT_BYTES`). A larger body is a bad answer."""
+    return ANSWER_ENVELOPE_BYTES + k * HIT_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,18 +243,21 @@ def _flat_field(key: object, value: object) -> str | None:
 
 
 def ranked_hits(body: Any, shard: int, k: int) -> list[Ranked]:
-    """Validate a data server's answer; its first ``k`` hits, ready for the merge.
+    """Validate a data server's answer of at most ``k`` hits; its hits, ready for the merge.
 
     A hit is a flat record: a string ``id`` (at most :data:`MAX_HIT_ID` characters), a
-    finite number ``score`` and at most :data:`MAX_HIT_FIELDS` fields in all, each a
-    string (at most :data:`MAX_HIT_TEXT` characters), a finite number, a boolean or
-    null. So no answer can make the search server's own response fail to encode (a
-    nested hit a thousand levels deep did) or grow past what ``k`` hits should weigh.
+    number ``score`` in ``[-MAX_SCORE, MAX_SCORE]`` and at most :data:`MAX_HIT_FIELDS`
+    fields in all, each a string (at most :data:`MAX_HIT_TEXT` characters), a finite
+    number, a boolean or null. So no answer can make the search server's own response
+    fail to encode (a nested hit a thousand levels deep did) or grow past what ``k``
+    hits should weigh. More than ``k`` hits is no answer to the request, and the sign
+    of a data server that ignores what it was asked: refused whole, not cut to ``k``.
     The hit objects are the decoded ones, not copied: only the merged top ``k`` are.
 
     Raises:
-        BadAnswer: not the data server's ``{"hits":[{"id","score",…}],"shard":n}``;
-            the message quotes at most a short excerpt of what was sent.
+        BadAnswer: not the data server's ``{"hits":[{"id","score",…}],"shard":n}``
+            with at most ``k`` hits; the message quotes at most a short excerpt of what
+            was sent, ``why`` says which rule it broke.
     """
     if type(body) is not dict:
         raise BadAnswer(f"answer is not a JSON object: {_excerpt(body)}")
@@ -217,9 +271,11 @@ def ranked_hits(body: Any, shard: int, k: int) -> list[Ranked]:
         raise BadAnswer(
             f"answered for shard {_excerpt(answered_shard)}, registered for shard {shard}"
         )
+    if len(raw_hits) > k:
+        raise BadAnswer(f"answered {len(raw_hits)} hits, more than k={k}", "too_many_hits")
     ranked: list[Ranked] = []
     isfinite = math.isfinite
-    for hit in raw_hits[:k]:
+    for hit in raw_hits:
         if type(hit) is not dict:
             raise BadAnswer(f"a hit is not a JSON object: {_excerpt(hit)}")
         hit_id, score = hit.get("id"), hit.get("score")
@@ -227,8 +283,14 @@ def ranked_hits(body: Any, shard: int, k: int) -> list[Ranked]:
             raise BadAnswer(
                 f"a hit's 'id' is not a string of at most {MAX_HIT_ID}: {_excerpt(hit_id)}"
             )
-        if (type(score) is not float and type(score) is not int) or not isfinite(score):
-            raise BadAnswer(f"hit {_excerpt(hit_id)} has no finite 'score': {_excerpt(score)}")
+        if type(score) is not float and type(score) is not int:
+            raise BadAnswer(f"hit {_excerpt(hit_id)} has no number 'score': {_excerpt(score)}")
+        if not -MAX_SCORE <= score <= MAX_SCORE:  # NaN too: it compares false
+            raise BadAnswer(
+                f"hit {_excerpt(hit_id)} has a 'score' out of [-{MAX_SCORE:g}, {MAX_SCORE:g}]: "
+                f"{_excerpt(score)}",
+                "score",
+            )
         if len(hit) > MAX_HIT_FIELDS:
             raise BadAnswer(
                 f"hit {_excerpt(hit_id)} has {len(hit)} fields, more than {MAX_HIT_FIELDS}"

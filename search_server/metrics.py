@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .merging import DEGRADED_REASONS
+from .httpclient import AnswerTooLarge
+from .merging import BAD_ANSWER_REASONS, DEGRADED_REASONS, MAX_SCORE, BadAnswer
 
 __all__ = [
     "HEDGE_RESULTS",
@@ -73,6 +74,17 @@ class FanOutMetrics:
             "server refused at once with 429, 503 or 504: not a failure, never a step "
             "towards ejection).",
             ["result"],
+            registry=registry,
+        )
+        self.bad_answers = Counter(
+            "search_server_fanout_bad_answers",
+            "Data servers' answers refused as unusable (each also a failed request, "
+            "result error, a step towards ejection), by why: status (an HTTP error other "
+            "than an overload refusal), malformed (not the contract's JSON), "
+            "too_many_hits (more hits than the k asked for), score (a score not a finite "
+            f"number within +-{MAX_SCORE:g}), too_large (a body over what k hits may "
+            "weigh, refused before any of it was parsed).",
+            ["why"],
             registry=registry,
         )
         self.retries = Counter(
@@ -143,8 +155,15 @@ class FanOutMetrics:
         self.unroutable = Counter(
             "search_server_fanout_unroutable",
             "Listed data servers left out of the routing table: not_allowed (an IP address "
-            "outside --allowed-networks) or error (its replica could not be made).",
+            "outside --allowed-networks), shard_out_of_range (a shard outside --shards) or "
+            "error (its replica could not be made).",
             ["why"],
+            registry=registry,
+        )
+        self.shards_forgotten = Counter(
+            "search_server_fanout_shards_forgotten",
+            "Shards no longer expected in answers: above --shards and without a replica "
+            "for --forget-missing-shard-after seconds.",
             registry=registry,
         )
         self.slow_start = Gauge(
@@ -189,6 +208,19 @@ class FanOutMetrics:
             self.unblamed.labels(why=why)
         for reason in DEGRADED_REASONS:
             self.degraded.labels(reason=reason)
+        for why in BAD_ANSWER_REASONS:
+            self.bad_answers.labels(why=why)
+
+    def refused_answer(self, error: Exception) -> None:
+        """Count a failed sub-request in ``bad_answers`` if it was an answer refused (a
+        :class:`BadAnswer`, undecodable JSON, a body over its cap); a request that got
+        no answer at all (refused, reset, not HTTP) is not one."""
+        if isinstance(error, BadAnswer):
+            self.bad_answers.labels(why=error.why).inc()
+        elif isinstance(error, AnswerTooLarge):
+            self.bad_answers.labels(why="too_large").inc()
+        elif isinstance(error, ValueError):  # orjson.JSONDecodeError
+            self.bad_answers.labels(why="malformed").inc()
 
 
 class QueryOfDeathMetrics:

@@ -21,9 +21,10 @@ import orjson
 
 from .blame import OUTLIERS, SHED_HEDGE_PAUSE, Blame, OwnLoad, TimeoutBlame
 from .candidates import Candidates
+from .expectedshards import list_missing_capped
 from .hedging import HedgePolicy
 from .httpclient import SubrequestClient, SubrequestError
-from .merging import BadAnswer, FanOutResult, feedback, merge, ranked_hits
+from .merging import BadAnswer, FanOutResult, answer_bytes, feedback, merge, ranked_hits
 from .metrics import FanOutMetrics
 from .picking import LatencyWindow, Replica, ReplicaPicker
 from .replicahealth import ReplicaHealth
@@ -104,6 +105,8 @@ class Query:
             "ascii"
         )
         self._k = k
+        # The most an answer of k hits may weigh: a body over it is refused unparsed.
+        self._max_body = answer_bytes(k)
         self._calls: list[ShardCall] = []
         self._open_calls = 0
         self._total = 0
@@ -118,13 +121,18 @@ class Query:
         self._ok = 0
 
     async def run(
-        self, routes: Sequence[ShardRoute], missing: Sequence[tuple[int, int]]
+        self,
+        routes: Sequence[ShardRoute],
+        missing: Sequence[tuple[int, int]],
+        *,
+        docs_cap: int | None = None,
     ) -> FanOutResult:
         """Fan out to the shards of ``routes`` and merge their answers (``missing``:
-        the shards with no replica, and their documents). Returns by the deadline (plus
-        a loop iteration)."""
+        the shards with no replica, and their documents; ``docs_cap``: the most one
+        shard's documents count for in the coverage). Returns by the deadline (plus a
+        loop iteration)."""
         ctx = self._ctx
-        calls = self._calls = [ShardCall(route) for route in routes]
+        calls = self._calls = [ShardCall(route, docs_cap) for route in routes]
         ctx.hedging.budget.deposit(len(calls))
         ctx.retry_budget.deposit(len(calls))
         self._open_calls = self._total = len(calls)
@@ -149,7 +157,8 @@ class Query:
             if self._ok:
                 ctx.metrics.shard_requests.labels(result="ok").inc(self._ok)
         took_ms = (self._timer.time() - self.started) * 1000
-        result = merge(calls, self._k, took_ms, missing)
+        # Every missing shard counted, the first of them listed.
+        result = list_missing_capped(merge(calls, self._k, took_ms, missing))
         self._count(result, took_ms)
         return result
 
@@ -202,7 +211,9 @@ class Query:
         # deadline never falls after ours); at least 1, the least timeout_ms there is.
         budget_ms = max(1, int((self.deadline - now) * 1000))
         # The client never raises: a request that cannot be sent fails its future.
-        future = self._ctx.client.get(replica.endpoint, b"%b%d" % (self._target, budget_ms))
+        future = self._ctx.client.get(
+            replica.endpoint, b"%b%d" % (self._target, budget_ms), self._max_body
+        )
         attempt = Attempt(replica, future, now, hedge, probe)
         call.sent(attempt)
         future.add_done_callback(lambda f: self._on_answer(call, attempt))
@@ -296,11 +307,12 @@ class Query:
             status, body = future.result()
             if status != 200:
                 overloaded = status in _OVERLOAD_STATUSES
-                raise BadAnswer(f"HTTP {status}")
+                raise BadAnswer(f"HTTP {status}", "status")
             decoded = orjson.loads(body)
             hits = ranked_hits(decoded, call.shard, self._k)
         except (SubrequestError, ValueError) as error:
-            # ValueError: a BadAnswer or undecodable JSON (orjson.JSONDecodeError).
+            # ValueError: a BadAnswer or undecodable JSON (orjson.JSONDecodeError). A body
+            # over its cap is a SubrequestError (AnswerTooLarge): refused unparsed.
             if overloaded:
                 # A refusal, not a failure: the replica said at once that it is full.
                 # No step towards ejection and no latency penalty (a busy minute must
@@ -310,6 +322,7 @@ class Query:
             else:
                 replica.penalize(elapsed)
                 ctx.health.record_failure(replica, "error", _describe(error))
+                ctx.metrics.refused_answer(error)
             call.outcome = "failed"
             call.reason = "overload" if overloaded else "error"
             if call.attempts:

@@ -9,6 +9,7 @@ Design: docs/design/overload.md, "Panic".
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Container, Iterable
 
 from .ejection import OutlierEjection
@@ -21,14 +22,19 @@ log = logging.getLogger(__name__)
 
 # Seconds between two log lines saying that shards route in panic.
 _PANIC_LOG_INTERVAL = 10.0
+# Seconds a count of the replicas that have answered (the ejection cap's base, O(routable)
+# to make) is used before it is made again: in a stall the cap is consulted hundreds of
+# times a second.
+_ANSWERED_RECOUNT = 1.0
 
 
 class ReplicaHealth:
     """The fan-out's record of its replicas: ejections, overload refusals, panic.
 
-    ``routable`` says how many data servers are routable now (the base of the ejection
-    cap). ``panic_threshold`` is the share of a shard's replicas that must be left
-    un-ejected for its routing to heed ejections (0: always heed them);
+    ``answered`` counts the routable data servers that have answered at least once (the
+    base of the ejection cap; O(routable), so asked only when the cap is consulted and
+    at most once per second). ``panic_threshold`` is the share of a shard's replicas
+    that must be left un-ejected for its routing to heed ejections (0: always heed them);
     ``overload_backoff`` how long a replica that refused for overload gets no first
     request while its shard has another.
     """
@@ -39,14 +45,17 @@ class ReplicaHealth:
         *,
         clock: Callable[[], float],
         metrics: FanOutMetrics,
-        routable: Callable[[], int],
+        answered: Callable[[], int],
         panic_threshold: float,
         overload_backoff: float,
     ) -> None:
         self._ejection = ejection
         self._clock = clock
         self._metrics = metrics
-        self._routable = routable
+        self._answered = answered
+        # The last count of answered replicas, and when it was made (the clock's).
+        self._answered_count = 0
+        self._answered_at = -math.inf
         self._panic_threshold = panic_threshold
         self._overload_backoff = overload_backoff
         # Replicas that answered "overloaded", until when (the fan-out's clock): kept
@@ -68,7 +77,7 @@ class ReplicaHealth:
         ejection = self._ejection
         capped = ejection.capped
         if ejection.record_failure(
-            replica, self._clock(), routable=self._routable(), detail=detail
+            replica, self._clock(), answered=self._answered_base, detail=detail
         ):
             self._metrics.ejections.inc()
             return
@@ -83,6 +92,13 @@ class ReplicaHealth:
             result,
             detail,
         )
+
+    def _answered_base(self) -> int:
+        now = self._clock()
+        if now - self._answered_at >= _ANSWERED_RECOUNT:
+            self._answered_count = self._answered()
+            self._answered_at = now
+        return self._answered_count
 
     def record_refusal(self, replica: Replica) -> None:
         """``replica`` refused for overload: no step towards ejection, no first request

@@ -67,8 +67,14 @@ class RoutingTable:
 
     @property
     def routable(self) -> int:
-        """Routable data servers in the list (the base of the fan-out's ejection cap)."""
+        """Routable data servers in the list."""
         return self._index.routable_count
+
+    @property
+    def answered(self) -> int:
+        """Routable data servers in the list that have answered at least once (the base
+        of the fan-out's ejection cap): O(routable)."""
+        return sum(1 for _, group in self._index.table for replica in group if replica.samples)
 
     def reserve(self, shard: int) -> list[Replica]:
         """The draining replicas of ``shard``: for requests of last resort, once every

@@ -241,8 +241,9 @@ class SearchServer:
         self.reader = await stack.enter_async_context(store.follower())
         # The fan-out's client keeps keep-alive connections to the data servers (no
         # connection set-up on the query path), bounds their answers and connects to
-        # a name only where --allowed-networks admits what it resolves to.
-        client = HttpClient(max_body=config.max_answer_bytes, networks=config.allowed_networks)
+        # a name only where --allowed-networks admits what it resolves to (and to
+        # loopback only if this server listens there: config.data_networks).
+        client = HttpClient(max_body=config.max_answer_bytes, networks=config.data_networks)
         stack.push_async_callback(client.aclose)
         # How far behind this server's own loop is: its lateness is never blamed on a
         # data server (a timeout while it lagged charges no replica, sends no hedge).
@@ -257,8 +258,9 @@ class SearchServer:
                 panic_threshold=config.panic_percent / 100,
                 zone=config.zone,
                 hedge_ratio=config.hedge_percent / 100,
-                networks=config.allowed_networks,
+                networks=config.data_networks,
                 shards=config.shards,
+                forget_missing_shard_after=config.forget_missing_shard_after,
                 slow_start=config.slow_start,
             ),
             admission=config.concurrency_limit(),
@@ -290,7 +292,12 @@ class SearchServer:
             HeapFreezer(above=config.heap_freeze_above, registry=self.registry)
         )
         if config.zk_fallback_after is not None:
-            fallback = ZkFallback(self.session, self.reader, config.zk_fallback_after)
+            fallback = ZkFallback(
+                self.session,
+                self.reader,
+                config.zk_fallback_after,
+                allow_persistent_members=config.allow_persistent_members,
+            )
             await stack.enter_async_context(fallback)
             self._parts.fallback = fallback
         if self._parts.leader is None:

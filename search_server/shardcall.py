@@ -52,12 +52,15 @@ class Attempt:
 
 
 class ShardCall:
-    """The progress of one shard within one query."""
+    """The progress of one shard within one query. ``docs_cap`` is the most the
+    shard's documents count for in the answer's coverage (None: no cap; see
+    :data:`~search_server.expectedshards.DOCS_CAP_MULTIPLE`)."""
 
     __slots__ = (
         "attempts",
         "cut",
         "docs",
+        "docs_cap",
         "done",
         "hedge_backoff",
         "hedge_timer",
@@ -73,14 +76,16 @@ class ShardCall:
         "tried",
     )
 
-    def __init__(self, route: ShardRoute) -> None:
+    def __init__(self, route: ShardRoute, docs_cap: int | None = None) -> None:
         self.shard = route.shard
         # The replicas this search server routes the shard to: its subset's members
         # (all of the shard's routable replicas when it has no subset). Shared with
         # other queries: never modified.
         self.replicas = route.members
         self.subset = route.subset
-        self.shard_docs = route.docs
+        # One replica's claim counts for at most the cap (every answer's coverage).
+        self.docs_cap = docs_cap
+        self.shard_docs = route.docs if docs_cap is None else min(route.docs, docs_cap)
         # How many routable replicas the shard has (not only its subset's members): the
         # base of the panic threshold.
         self.routable = len(route.replicas)
@@ -121,7 +126,8 @@ class ShardCall:
         requests still out are the slower of a hedged pair: each is cancelled, and its
         replica charged with the time it has had (``now``, the query's timer)."""
         self.hits, self.outcome = hits, "ok"
-        self.docs = docs
+        cap = self.docs_cap
+        self.docs = docs if cap is None else min(docs, cap)
         self.cut = cut
         for loser in self.attempts:
             loser.replica.outstanding -= 1

@@ -1,6 +1,8 @@
 """Which replicas a fan-out routes each shard to, kept across its queries.
 
-A server left out of the routing table is counted and logged once, never fails it. Not
+A server left out of the routing table (outside ``--allowed-networks``, of a shard
+outside ``--shards``, or one whose replica cannot be made) is counted and logged once,
+never fails it. Which shards every answer expects is :mod:`.expectedshards`'s. Not
 thread-safe; runs on the fan-out's event loop.
 
 Design: docs/design/search-server.md, "The routing table".
@@ -15,7 +17,9 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from discovery.address import NetworkPolicy
 from discovery.instance import ServiceInstance
 from discovery.livelist.model import LiveListChange
+from discovery.livelist.shards import SHARD_OUT_OF_RANGE, within_shards
 
+from .expectedshards import FORGET_MISSING_SHARD_AFTER, ExpectedShards
 from .metrics import FanOutMetrics
 from .picking import Replica, target_key
 from .routing import RoutingTable
@@ -61,7 +65,10 @@ class ShardRouting:
     ``clock`` times ejections and slow start (the fan-out's); ``networks`` leaves data
     servers outside it out of the table; ``subsetter`` makes each shard's subset for
     :attr:`position`; ``ramps`` holds the replicas in slow start; ``shards`` is how many
-    shards the cluster has (0 to ``shards - 1``) beside those routed to.
+    shards the cluster has (0 to ``shards - 1``; 0: any number): expected in every
+    answer beside those routed to, and a data server of another shard is never routed
+    to. A shard above them is expected until it has had no replica for
+    ``forget_missing_shard_after`` seconds (0: for ever).
     """
 
     def __init__(
@@ -73,6 +80,7 @@ class ShardRouting:
         ramps: Ramps,
         metrics: FanOutMetrics,
         shards: int = 0,
+        forget_missing_shard_after: float = FORGET_MISSING_SHARD_AFTER,
     ) -> None:
         self._clock = clock
         self._networks = networks
@@ -84,13 +92,16 @@ class ShardRouting:
         # made for: made again only when either changes, never per query.
         self._shard_routes: dict[int, ShardRoute] = {}
         # Every shard the cluster has, as far as this search server knows: ``shards``
-        # and every shard it has routed to since it started; with the last count of
-        # documents seen of each (for the coverage of a shard gone missing).
-        self._expected_shards: dict[int, int | None] = dict.fromkeys(range(shards))
+        # and every shard it has routed to and not forgotten since; with the last count
+        # of documents seen of each (for the coverage of a shard gone missing).
+        self._expected = ExpectedShards(
+            shards, forget_after=forget_missing_shard_after, on_forget=self._forgot
+        )
         # Replicas by shard for the last list fanned out to or followed.
         self._routes = RoutingTable(
             clock,
-            admit=self._admit if networks.narrows else None,
+            # A shard outside --shards is refused first, whatever its address.
+            admit=within_shards(shards, self._admit if networks.narrows else None),
             on_skip=self._skipped,
             on_new=self._new_replica,
         )
@@ -117,6 +128,8 @@ class ShardRouting:
         kind = self._routes.follow(change)
         if kind != "none":
             self._metrics.routing_updates.labels(kind=kind).inc()
+            # A shard's last replica may have left: its time to be forgotten runs now.
+            self._expected.observe(self._routes.table, self._clock())
 
     def replica(self, instance: ServiceInstance) -> Replica | None:
         """The replica routed to for ``instance`` (``None`` before it was routed to)."""
@@ -124,8 +137,14 @@ class ShardRouting:
 
     @property
     def routable(self) -> int:
-        """How many data servers are routable (the base of the ejection cap)."""
+        """How many data servers are routable."""
         return self._routes.routable
+
+    @property
+    def answered(self) -> int:
+        """How many routable data servers have answered at least once (the base of the
+        ejection cap): O(routable)."""
+        return self._routes.answered
 
     def reserve(self, shard: int) -> list[Replica]:
         """The shard's draining replicas: requests of last resort (usually none)."""
@@ -148,30 +167,27 @@ class ShardRouting:
             if route is None or route.replicas is not replicas or route.position is not position:
                 route = ShardRoute(shard, replicas, position, self._subsetter)
                 routes[shard] = route
-                self._expected_shards[shard] = route.docs
+                self._expected.routed(shard, route.docs)
             made.append(route)
         return made
 
     def missing(self, table: Table) -> list[tuple[int, int]]:
-        """The shards expected but not in ``table`` (no replica to send to), with their
-        last known documents, or an average shard's for one never seen. O(1) while
-        every expected shard is in the table."""
-        expected = self._expected_shards
-        if len(expected) == len(table):
-            return []  # the table's shards are all expected: the same set
-        present = {shard for shard, _ in table}
-        known = [docs for docs in expected.values() if docs is not None]
-        average = sum(known) // len(known) if known else 0
-        return [
-            (shard, average if docs is None else docs)
-            for shard, docs in expected.items()
-            if shard not in present
-        ]
+        """The shards expected but not in ``table`` (no replica to send to), with the
+        documents each counts for (see :meth:`ExpectedShards.missing`); forgets those
+        absent too long first. O(1) while every expected shard is in the table."""
+        return self._expected.missing(table, self._clock())
+
+    @property
+    def docs_cap(self) -> int | None:
+        """The most one shard's documents count for in an answer's coverage (None:
+        no cap yet); see :data:`~search_server.expectedshards.DOCS_CAP_MULTIPLE`."""
+        return self._expected.docs_cap()
 
     @property
     def expected_shards(self) -> Collection[int]:
-        """The shards ``shards`` named and every shard routed to since."""
-        return self._expected_shards.keys()
+        """The shards ``shards`` named and every shard routed to since, but those
+        forgotten (no replica for ``forget_missing_shard_after``)."""
+        return self._expected.shards
 
     @property
     def position(self) -> Position:
@@ -194,9 +210,21 @@ class ShardRouting:
         self._ramps.add(replica, self._clock())
         self._metrics.slow_start.set(len(self._ramps))
 
+    def _forgot(self, shard: int, absent_for: float) -> None:
+        """A shard absent too long is no longer expected: counted and logged."""
+        self._metrics.shards_forgotten.inc()
+        log.warning(
+            "shard %d has had no replica for %.0f s: no longer expected in answers "
+            "(--forget-missing-shard-after; --shards N names the shards always expected)",
+            shard,
+            absent_for,
+        )
+
     def _skipped(self, instance: ServiceInstance, problem: str) -> None:
         """A listed server left out of the routing table: counted, logged once."""
         why = "not_allowed" if problem.startswith("not_allowed:") else "error"
+        if problem.startswith(SHARD_OUT_OF_RANGE + ":"):
+            why = SHARD_OUT_OF_RANGE
         self._metrics.unroutable.labels(why=why).inc()
         key = target_key(instance)
         if key in self._logged_skips:

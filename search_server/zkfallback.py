@@ -32,13 +32,22 @@ class ZkFallback:
     exists to avoid. When enabled, it starts only after Redis has been unreachable
     for ``after`` seconds plus a random jitter of up to half that (so that a fleet of
     search servers does not hit ZooKeeper at the same instant), and stops as soon as
-    the live list is current again.
+    the live list is current again. It reads the members as the leader does:
+    ``allow_persistent_members`` is the search server's ``--allow-persistent-members``.
     """
 
-    def __init__(self, session: ZkSession, reader: LiveListFollower, after: float) -> None:
+    def __init__(
+        self,
+        session: ZkSession,
+        reader: LiveListFollower,
+        after: float,
+        *,
+        allow_persistent_members: bool = False,
+    ) -> None:
         self._session = session
         self._reader = reader
         self._after = after
+        self._allow_persistent = allow_persistent_members
         self._watcher: MembershipWatcher | None = None
         # Operators' maintenance markers, laid over the members as the leader does:
         # a server in maintenance gets no queries while we route from ZooKeeper either.
@@ -83,7 +92,7 @@ class ZkFallback:
                     "Redis unreachable for %.1fs: routing with a direct ZooKeeper read",
                     self._reader.age(),
                 )
-                watcher = MembershipWatcher(self._session)
+                watcher = MembershipWatcher(self._session, allow_persistent=self._allow_persistent)
                 maintenance = MaintenanceWatcher(self._session)
                 try:
                     await maintenance.start()

@@ -31,6 +31,7 @@ __all__ = [
     "AGENT_OPTIONS",
     "COMMON_OPTIONS",
     "HTTP_EDGE_OPTIONS",
+    "MEMBER_OPTIONS",
     "REDIS_OPTIONS",
     "RUNTIME_OPTIONS",
     "ZK_OPTIONS",
@@ -290,6 +291,24 @@ ZK_OPTIONS: tuple[Option, ...] = (
         "file holding the --zk-auth credentials user:password (one trailing newline ignored)",
         type=readable_file,
         metavar="PATH",
+    ),
+)
+
+
+#: How members are read from ZooKeeper: the search server's (leader, ZooKeeper fallback)
+#: and the tools' that judge registrations as the leader does (``discovery status``,
+#: ``discovery maint``).
+MEMBER_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--allow-persistent-members",
+        "DISCOVERY_ALLOW_PERSISTENT_MEMBERS",
+        "route persistent (non-ephemeral) registrations that say PERMANENT or STATIC, as "
+        "Curator writes them; by default every persistent node under /data_servers is "
+        "skipped and counted (reason persistent): it outlives whatever wrote it, and no "
+        "data server can delete it. A persistent node saying DYNAMIC is refused either way",
+        type=env_flag,
+        default=False,
+        boolean=True,
     ),
 )
 

@@ -16,6 +16,7 @@ from discovery.leader.settings import FENCE_RECHECK_MAX, LeaderSettings
 from discovery.leader.term import Term
 from discovery.livelist.brake import BrakeStatus, MassLossBrake, MassLossBrakeConfig
 from discovery.livelist.model import LiveListStore
+from discovery.livelist.shards import within_shards
 from discovery.metrics import (
     FenceMetrics,
     MaintenanceMetrics,
@@ -44,9 +45,15 @@ class LeaderDuty:
     ``maintenance_path``: where operators' maintenance markers live (None: no
     maintenance overlay, for tests of other things). ``admit``: the deployment's own
     rule on registrations (``--allowed-networks``), see
-    :class:`~discovery.zk.membership.MembershipWatcher`. ``fence_recheck_max``: the
+    :class:`~discovery.zk.membership.MembershipWatcher`. ``allow_persistent_members``
+    (``--allow-persistent-members``): route persistent ``PERMANENT``/``STATIC``
+    registrations (by default they are skipped and counted as ``persistent``; a
+    persistent ``DYNAMIC`` one is refused whatever this says). ``fence_recheck_max``: the
     longest pause between tries of a fence holding an impossible epoch (the first is
-    ``heartbeat_interval``, doubling).
+    ``heartbeat_interval``, doubling). ``shards``: the cluster's shard count
+    (``--shards``; 0: any shard): a registration of a shard outside ``0..shards - 1``
+    is skipped, counted as ``shard_out_of_range`` and never published (see
+    :func:`~discovery.livelist.shards.shard_out_of_range`).
     """
 
     def __init__(
@@ -64,7 +71,9 @@ class LeaderDuty:
         store_grace: float | None = None,
         maintenance_path: str | None = MAINTENANCE_PATH,
         admit: Callable[[ServiceInstance], str | None] | None = None,
+        allow_persistent_members: bool = False,
         fence_recheck_max: float = FENCE_RECHECK_MAX,
+        shards: int = 0,
     ) -> None:
         self._settings = LeaderSettings(
             leader_id,
@@ -75,7 +84,9 @@ class LeaderDuty:
             store_grace=store_grace,
             maintenance_path=maintenance_path,
             admit=admit,
+            allow_persistent_members=allow_persistent_members,
             fence_recheck_max=fence_recheck_max,
+            shards=shards,
         )
         self._session = session
         self._store = store
@@ -135,7 +146,9 @@ class LeaderDuty:
                         settings.watch_path,
                         coalesce_window=settings.coalesce_window,
                         metrics=self._membership_metrics,
-                        admit=settings.admit,
+                        # A shard outside --shards first: skipped like a bad node.
+                        admit=within_shards(settings.shards, settings.admit),
+                        allow_persistent=settings.allow_persistent_members,
                     )
                 )
                 await term.run(watcher, maintenance)

@@ -23,7 +23,7 @@ class LeaderSettings:
     arguments of the same names document them).
 
     Raises:
-        ValueError: ``fence_recheck_max`` is not positive.
+        ValueError: ``fence_recheck_max`` is not positive, or ``shards`` negative.
     """
 
     leader_id: str
@@ -34,8 +34,12 @@ class LeaderSettings:
     store_grace: float | None = None
     maintenance_path: str | None = MAINTENANCE_PATH
     admit: Callable[[ServiceInstance], str | None] | None = None
+    allow_persistent_members: bool = False
     fence_recheck_max: float = FENCE_RECHECK_MAX
+    shards: int = 0
 
     def __post_init__(self) -> None:
+        if self.shards < 0:
+            raise ValueError(f"shards must be >= 0, got {self.shards!r}")
         if not self.fence_recheck_max > 0:
             raise ValueError(f"fence_recheck_max must be positive, got {self.fence_recheck_max!r}")

@@ -2,9 +2,12 @@
 
 :func:`route_of` is the one rule (serving and enabled: routable; draining: in its
 shard's reserve, a last resort; anything else: neither), :func:`unroutable_kind` says
-why a listed server is not routable. :class:`ShardIndex` applies it to a list and then
-follows its changes at the cost of the shards they touch; per-shard sequences are
-replaced, never edited. Order within a shard is the consumer's. Not thread-safe.
+why a listed server is not routable. :func:`shard_out_of_range` is the cluster's shard
+range (``--shards``): a server of a shard outside it gets no queries, and the leader does
+not publish it (:func:`within_shards` adds the rule to an admission). :class:`ShardIndex`
+applies the routing rule to a list and then follows its changes at the cost of the
+shards they touch; per-shard sequences are replaced, never edited. Order within a shard
+is the consumer's. Not thread-safe.
 
 Design: docs/design/search-server.md, "The routing table".
 """
@@ -19,9 +22,26 @@ from typing import Any, Final, Generic, Literal, TypeVar
 from discovery.instance import InstanceState, ServiceInstance
 from discovery.livelist.model import LiveListChange
 
-__all__ = ["Route", "ShardIndex", "route_of", "unroutable_kind"]
+__all__ = [
+    "SHARD_OUT_OF_RANGE",
+    "Admit",
+    "Route",
+    "ShardIndex",
+    "route_of",
+    "shard_out_of_range",
+    "unroutable_kind",
+    "within_shards",
+]
 
 T = TypeVar("T")
+
+#: A deployment's rule on a valid registration: why it is refused (a reason starting
+#: with its metric label and a colon), or None to admit it.
+Admit = Callable[[ServiceInstance], str | None]
+
+#: The reason prefix (and metric label) of a registration of a shard outside the
+#: cluster's ``--shards``.
+SHARD_OUT_OF_RANGE: Final = "shard_out_of_range"
 
 #: What :meth:`ShardIndex.load` takes: instances, or ids to instances.
 Servers = Iterable[ServiceInstance] | Mapping[str, ServiceInstance]
@@ -61,6 +81,36 @@ def unroutable_kind(instance: ServiceInstance) -> str | None:
     if state is _SERVING:
         return None if instance.enabled else "disabled"
     return state.value
+
+
+def shard_out_of_range(instance: ServiceInstance, shards: int) -> str | None:
+    """Why ``instance`` is refused by a cluster of ``shards`` shards (0 to ``shards -
+    1``; 0: any shard), or None. A server of another shard number is no replica of the
+    cluster's: routed to, or published, its shard would be expected in every answer
+    and reported missing in each once it left (a node registered for a moment with
+    shard 999 made every later answer partial)."""
+    shard = instance.payload.shard
+    if shards <= 0 or shard < shards:
+        return None
+    return (
+        f"{SHARD_OUT_OF_RANGE}: shard {shard} is outside the cluster's shards "
+        f"0..{shards - 1} (--shards {shards}): refused"
+    )
+
+
+def within_shards(shards: int, admit: Admit | None = None) -> Admit | None:
+    """``admit`` with :func:`shard_out_of_range` checked first: the admission of a
+    cluster of ``shards`` shards. ``admit`` itself when ``shards`` is 0 (no range)."""
+    if shards <= 0:
+        return admit
+
+    def admit_in_range(instance: ServiceInstance) -> str | None:
+        refused = shard_out_of_range(instance, shards)
+        if refused is not None or admit is None:
+            return refused
+        return admit(instance)
+
+    return admit_in_range
 
 
 # A shard with no entries: shared, never modified.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import resource
 import signal
 import socket
@@ -58,7 +59,8 @@ class SimulatedFleet:
     ZooKeeper of ``zk`` (see the module's docstring). ``async with`` it, or
     :meth:`start` and :meth:`aclose`.
 
-    ``hits`` is how many hits each answer carries (at most ``k``); ``port`` 0 picks a
+    ``hits`` is how many hits each answer carries (fewer when a query asks for fewer: a
+    search server refuses more hits than its ``k``); ``port`` 0 picks a
     free one (:attr:`port` after :meth:`start`). ``first`` makes it a part of a larger
     fleet split over processes (a process may hold only so many sockets): its servers
     are the fleet's ``first`` to ``first + size - 1`` (their ids, addresses, shards and
@@ -104,7 +106,10 @@ class SimulatedFleet:
         #: Connections open, per simulated server.
         self.connections = array("q", bytes(8 * size))
         self._modes: dict[int, tuple[Mode, float]] = {}
+        self._hits = hits
         self._bodies = [_answer(shard, docs, hits) for shard in range(shards)]
+        # Answers to queries for fewer hits, by (shard, k): made when first asked for.
+        self._fewer: dict[tuple[int, int], bytes] = {}
         self._sessions: list[ZkSession] = []
         self._server: asyncio.Server | None = None
         self._transports: set[asyncio.Transport] = set()
@@ -238,9 +243,16 @@ class SimulatedFleet:
         """What simulated server ``index`` does now with new requests, and its delay."""
         return self._modes.get(index, ("ok", 0.0))
 
-    def answer(self, index: int) -> bytes:
-        """Simulated server ``index``'s answer to every query (the HTTP body)."""
-        return self._bodies[(self.first + index) % self.shards]
+    def answer(self, index: int, k: int | None = None) -> bytes:
+        """Simulated server ``index``'s answer to every query for ``k`` hits (the HTTP
+        body): its shard's hits, at most ``k`` of them (None: all)."""
+        shard = (self.first + index) % self.shards
+        if k is None or k >= self._hits:
+            return self._bodies[shard]
+        body = self._fewer.get((shard, k))
+        if body is None:
+            body = self._fewer[shard, k] = _answer(shard, self.docs, max(k, 0))
+        return body
 
     def opened(self, index: int, transport: asyncio.Transport) -> None:
         """Count a connection to ``index``: the fleet aborts it at :meth:`aclose`, or
@@ -276,6 +288,8 @@ def _answer(shard: int, docs: int, hits: int) -> bytes:
 
 
 _HEALTHY = b'{"status":"ok"}'
+# The k of a /search request's target.
+_K = re.compile(rb"[?&]k=(\d{1,9})(?:&|$)")
 
 
 class _Connection(asyncio.Protocol):
@@ -328,7 +342,8 @@ class _Connection(asyncio.Protocol):
         parts = line.split(b" ")
         target = parts[1] if len(parts) == 3 else b""
         if target.startswith(b"/search"):
-            status, body = b"200 OK", fleet.answer(index)
+            asked = _K.search(target)
+            status, body = b"200 OK", fleet.answer(index, int(asked[1]) if asked else None)
         elif target == b"/healthz":
             status, body = b"200 OK", _HEALTHY
         elif target == b"/_fleet/stats":

@@ -29,6 +29,7 @@ from discovery.adminauth import admin_headers
 from discovery.cli.entrypoint import stop_on_signals
 from discovery.cli.options import int_range, positive_float
 from discovery.errors import DevClusterError
+from discovery.safetext import escape_controls
 from discovery.testing import DevCluster
 from discovery.testing.process import terminate_all
 
@@ -261,7 +262,8 @@ async def _wait(
             return None
         if time.monotonic() - last_line >= 2:
             last_line = time.monotonic()
-            print(f"  [{label}] {_status_line(cluster, views)}", flush=True)
+            # The leaders' names come from the servers' /cluster answers: escaped.
+            print(f"  [{label}] {escape_controls(_status_line(cluster, views))}", flush=True)
         # The polling interval of a deadline-bounded wait.
         await asyncio.sleep(0.25)
 

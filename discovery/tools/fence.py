@@ -36,6 +36,7 @@ from discovery.errors import (
 )
 from discovery.livelist.admin import LiveListAdmin, Repaired, StoredFence
 from discovery.livelist.open import default_schemes, open_store
+from discovery.safetext import escape_controls
 from discovery.zk.epochs import EpochVerdict, FenceCheck, highest_possible_epoch
 from discovery.zk.paths import SEARCH_ELECTION_PATH
 from discovery.zk.session import ZkSession
@@ -266,7 +267,7 @@ def add_parser(
 
 
 def _err(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    print(f"{PROG}: {escape_controls(message)}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -351,8 +352,10 @@ def _print(args: argparse.Namespace, report: FenceReport, repaired: Repaired | N
             document["repaired"] = dataclasses.asdict(repaired) if repaired else None
         print(json.dumps(document, sort_keys=True, indent=2), flush=True)
         return
+    # The stored record was written by whoever could write the store: its leader's
+    # name, or why it is malformed, shown escaped (no escape sequence, no extra line).
     for line in describe(report):
-        print(line)
+        print(escape_controls(line))
     if repaired is not None:
         print(
             f"REPAIRED: the fence now holds epoch {repaired.epoch} version 1 with fence "

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from discovery.cli.entrypoint import add_verbose_flag
 from discovery.cli.options import (
+    MEMBER_OPTIONS,
     ZK_OPTIONS,
     Option,
     add_log_level_override,
@@ -39,6 +40,7 @@ from discovery.errors import (
     ZkNoNodeError,
 )
 from discovery.instance import ServiceInstance, validate_instance_id
+from discovery.safetext import escape_controls
 from discovery.zk.maintenance import (
     MAX_REASON_LENGTH,
     MaintenanceMarker,
@@ -124,14 +126,17 @@ class Registered:
         }
 
 
-async def registered(session: ZkSession, instance_id: str) -> Registered:
-    """Whether ``instance_id`` is registered under ``/data_servers``, and as what."""
+async def registered(
+    session: ZkSession, instance_id: str, *, allow_persistent: bool = False
+) -> Registered:
+    """Whether ``instance_id`` is registered under ``/data_servers``, and as what
+    (``allow_persistent``: as a leader with ``--allow-persistent-members`` judges it)."""
     try:
         data, stat = await session.get(f"{DATA_SERVERS_PATH}/{instance_id}")
     except ZkNoNodeError:
         return Registered(False)
     # Judged as the leader judges it: a node it skips is not routed, marker or not.
-    decoded = decode_child(instance_id, data, stat)
+    decoded = decode_child(instance_id, data, stat, allow_persistent=allow_persistent)
     if isinstance(decoded, str):
         return Registered(True, skipped=decoded)
     return Registered(True, decoded)
@@ -182,12 +187,15 @@ async def clear_marker(
 
 
 async def list_markers(
-    session: ZkSession, path: str = MAINTENANCE_PATH
+    session: ZkSession, path: str = MAINTENANCE_PATH, *, allow_persistent: bool = False
 ) -> list[tuple[MaintenanceMarker, Registered]]:
-    """Every marker (by id) with what is registered under its id now."""
+    """Every marker (by id) with what is registered under its id now (judged as by
+    :func:`registered`)."""
     markers = await read_markers(session, path)
     ids = sorted(markers)
-    states = await asyncio.gather(*(registered(session, i) for i in ids))
+    states = await asyncio.gather(
+        *(registered(session, i, allow_persistent=allow_persistent) for i in ids)
+    )
     return [(markers[i], state) for i, state in zip(ids, states, strict=True)]
 
 
@@ -195,10 +203,12 @@ async def list_markers(
 
 
 def _options() -> tuple[Option, ...]:
-    return tuple(
+    zk = tuple(
         dataclasses.replace(o, default=CONNECT_TIMEOUT) if o.flag == "--zk-connect-timeout" else o
         for o in ZK_OPTIONS
     )
+    # Whether a marked id is registered is judged as the leader judges it.
+    return (*zk, *MEMBER_OPTIONS)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -278,7 +288,13 @@ def _when(ms: int | None) -> str:
 
 
 def _err(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    print(f"{PROG}: {escape_controls(message)}", file=sys.stderr, flush=True)
+
+
+def _say(line: str) -> None:
+    # Markers and registrations are written by others (a reason, a node's name, why a
+    # node is skipped): shown escaped, so that none can steer the terminal or add lines.
+    print(escape_controls(line))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -313,13 +329,16 @@ async def _run(zk: ZkConfig, args: argparse.Namespace, marker: MaintenanceMarker
         if args.maint_action == "set":
             assert marker is not None
             previous = await set_marker(session, marker)
-            state = await registered(session, marker.instance_id)
+            state = await registered(
+                session, marker.instance_id, allow_persistent=args.allow_persistent_members
+            )
             _report_set(args, marker, previous, state)
         elif args.maint_action == "clear":
             cleared = await clear_marker(session, args.id)
             _report_clear(args, args.id, cleared)
         else:
-            _report_list(args, await list_markers(session))
+            markers = await list_markers(session, allow_persistent=args.allow_persistent_members)
+            _report_list(args, markers)
     finally:
         await session.aclose()
     return EXIT_OK
@@ -342,13 +361,14 @@ def _report_set(
         print(json.dumps(document, sort_keys=True, indent=2), flush=True)
         return
     if previous is None:
-        print(f"{marker.instance_id}: maintenance set (reason: {marker.reason})")
+        _say(f"{marker.instance_id}: maintenance set (reason: {marker.reason})")
     else:
-        print(
+        _say(
             f"{marker.instance_id}: was already in maintenance; reason replaced "
             f"(was: {previous.reason})"
         )
-    print(state.describe(marker.instance_id), flush=True)
+    _say(state.describe(marker.instance_id))
+    sys.stdout.flush()
 
 
 def _report_clear(
@@ -363,13 +383,13 @@ def _report_clear(
         }
         print(json.dumps(document, sort_keys=True, indent=2), flush=True)
     elif cleared is None:
-        print(f"{instance_id}: not in maintenance (no marker); nothing to clear", flush=True)
+        _say(f"{instance_id}: not in maintenance (no marker); nothing to clear")
     else:
-        print(
+        _say(
             f"{instance_id}: maintenance cleared (was: {cleared.reason}); the leader "
-            "publishes it as registered again",
-            flush=True,
+            "publishes it as registered again"
         )
+    sys.stdout.flush()
 
 
 def _report_list(
@@ -383,12 +403,14 @@ def _report_list(
         print("no data server is in maintenance", flush=True)
         return
     print(f"maintenance markers ({len(markers)}):")
-    width = max(len(m.instance_id) for m, _ in markers)
-    for marker, state in markers:
+    # Marker nodes are named by whoever wrote them: measured as they will show.
+    ids = [escape_controls(m.instance_id) for m, _ in markers]
+    width = max(len(shown) for shown in ids)
+    for shown, (marker, state) in zip(ids, markers, strict=True):
         where = "registered" if state.present else "not registered"
         if marker.readable:
             detail = f"set {_when(marker.set_at)} by {marker.by or '?'}: {marker.reason}"
         else:
             detail = f"UNREADABLE ({marker.problem}); still applied"
-        print(f"  {marker.instance_id:<{width}}  {where:<14}  {detail}")
+        _say(f"  {shown:<{width}}  {where:<14}  {detail}")
     sys.stdout.flush()

@@ -16,6 +16,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from discovery.errors import ZkError
 from discovery.metrics import SessionMetrics
+from discovery.zk.kazoolog import mask_kazoo_secrets
 
 __all__ = ["AbandonedSessions", "close_session"]
 
@@ -34,6 +35,7 @@ def close_session(hosts: str, session_id: int, password: bytes, timeout: float) 
     # No chroot: kazoo would check it with a read, a round trip during which the victim
     # can reconnect and take its session back.
     servers = hosts.split("/", 1)[0]
+    mask_kazoo_secrets()  # its connect packet carries the session's password
     intruder = KazooClient(hosts=servers, client_id=(session_id, password), timeout=timeout)
     try:
         try:

@@ -20,6 +20,7 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from discovery.config import ZkConfig
 from discovery.zk.identity import AclIdentity
+from discovery.zk.kazoolog import mask_kazoo_secrets
 from discovery.zk.states import SessionState
 
 __all__ = ["KazooClients", "StateReport", "client_factory"]
@@ -43,8 +44,10 @@ def client_factory(config: ZkConfig, identity: AclIdentity) -> Callable[[], Kazo
     """A function making kazoo clients for ``config``, authenticated as ``identity``.
 
     The clients retry connecting forever (with backoff to 2 s between attempts), so a
-    ZooKeeper restart or a partition never leaves them given up.
+    ZooKeeper restart or a partition never leaves them given up. kazoo's debug log
+    shows their credentials masked (:func:`~discovery.zk.kazoolog.mask_kazoo_secrets`).
     """
+    mask_kazoo_secrets()
 
     def build() -> KazooClient:
         # The same credentials, owner identity included, in every client: a session

@@ -15,11 +15,14 @@ from discovery.instance import MAX_INSTANCE_BYTES, ServiceInstance
 from discovery.zk.multiread import read_many
 from discovery.zk.session import NodeStat, WatchEvent, ZkSession
 
-__all__ = ["PERSISTENT_DYNAMIC", "ChildRead", "ChildReader", "decode_child"]
+__all__ = ["PERSISTENT", "PERSISTENT_DYNAMIC", "ChildRead", "ChildReader", "decode_child"]
 
 #: The reason prefix (and metric label) of a persistent node whose document says it is
 #: an ephemeral registration.
 PERSISTENT_DYNAMIC: Final = "persistent_dynamic"
+#: The reason prefix (and metric label) of any other persistent node (``PERMANENT``,
+#: ``STATIC``) while persistent members are not allowed (the default).
+PERSISTENT: Final = "persistent"
 
 # Curator's service types that it registers as EPHEMERAL (_SEQUENTIAL) nodes; PERMANENT
 # and STATIC are written as persistent nodes on purpose.
@@ -37,20 +40,30 @@ _Watch = Callable[[WatchEvent], None]
 
 
 def decode_child(
-    child: str, data: bytes, stat: NodeStat, *, max_bytes: int = MAX_INSTANCE_BYTES
+    child: str,
+    data: bytes,
+    stat: NodeStat,
+    *,
+    max_bytes: int = MAX_INSTANCE_BYTES,
+    allow_persistent: bool = False,
 ) -> ServiceInstance | str:
     """Decode one child of a membership directory: the instance, or why it is skipped.
 
     The reason starts with a short word, used as the metric label: ``too_large``,
     ``malformed`` (not a valid ServiceInstance), ``id_mismatch`` (the document's ``id``
-    is not the znode's name) or :data:`PERSISTENT_DYNAMIC`: the document's
+    is not the znode's name), :data:`PERSISTENT_DYNAMIC` or :data:`PERSISTENT`.
+
+    A persistent node (no owning session, ``ephemeralOwner`` 0) outlives whatever wrote
+    it: a server long gone, or anyone allowed to create a node (a data identity may
+    not delete another's node, so not even the real server can remove it). One whose
     ``serviceType`` is ``DYNAMIC`` or ``DYNAMIC_SEQUENTIAL``, which Curator (and our
     :class:`~discovery.zk.registration.Registration`) only ever write as an ephemeral
-    node, but the node has no owning session (``ephemeralOwner`` 0). Such a node
-    would outlive whatever wrote it, so a server that is gone, or anyone allowed to
-    create a node, could stand in for a live registration for ever; it is refused.
-    Curator's ``PERMANENT`` and ``STATIC`` documents are persistent by design and
-    decode as usual. Never raises for bad data: that is what the reason is for.
+    node, is always refused (:data:`PERSISTENT_DYNAMIC`). Curator's ``PERMANENT`` and
+    ``STATIC`` documents are persistent by design, but a deployment of ephemeral
+    registrations has no use for them and an attacker every use: they are refused too
+    (:data:`PERSISTENT`) unless ``allow_persistent`` (``--allow-persistent-members``,
+    for deployments that register such members on purpose). Never raises for bad
+    data: that is what the reason is for.
     """
     try:
         instance = ServiceInstance.from_json(data, max_bytes=max_bytes)
@@ -64,7 +77,14 @@ def decode_child(
         return (
             f"{PERSISTENT_DYNAMIC}: serviceType {instance.service_type} is an ephemeral "
             "registration but the node is persistent (no owning session); a persistent "
-            "registration says PERMANENT or STATIC"
+            "registration says PERMANENT or STATIC (admitted only with "
+            "--allow-persistent-members)"
+        )
+    if stat.ephemeral_owner == 0 and not allow_persistent:
+        return (
+            f"{PERSISTENT}: serviceType {instance.service_type} in a persistent node (no "
+            "owning session), which outlives whatever wrote it; persistent members are "
+            "refused unless --allow-persistent-members"
         )
     return instance
 
@@ -73,7 +93,8 @@ class ChildReader:
     """Lists and reads the children of ``path`` on ``session``, decoded.
 
     ``admit`` is a deployment's own rule on top of :func:`decode_child`: why a valid
-    registration is to be skipped, or None. At most ``read_concurrency`` single reads
+    registration is to be skipped, or None; ``allow_persistent`` is
+    :func:`decode_child`'s. At most ``read_concurrency`` single reads
     are in flight at once. A read that fails raises
     :class:`~discovery.errors.ZkError`; a child deleted meanwhile reads as None.
     """
@@ -86,10 +107,12 @@ class ChildReader:
         max_bytes: int = MAX_INSTANCE_BYTES,
         read_concurrency: int = 256,
         admit: Callable[[ServiceInstance], str | None] | None = None,
+        allow_persistent: bool = False,
     ) -> None:
         self._session = session
         self._path = path
         self._max_bytes = max_bytes
+        self._allow_persistent = allow_persistent
         self._admit = admit
         self._read_slots = asyncio.Semaphore(read_concurrency)
 
@@ -132,7 +155,9 @@ class ChildReader:
 
     def decode(self, child: str, data: bytes, stat: NodeStat) -> ChildRead:
         """Decode one child's data; the instance, or None and why it is skipped."""
-        decoded = decode_child(child, data, stat, max_bytes=self._max_bytes)
+        decoded = decode_child(
+            child, data, stat, max_bytes=self._max_bytes, allow_persistent=self._allow_persistent
+        )
         if isinstance(decoded, str):
             return None, decoded, stat
         if self._admit is not None and (refused := self._admit(decoded)) is not None:

@@ -26,7 +26,7 @@ from discovery.errors import ZkError
 from discovery.instance import MAX_INSTANCE_BYTES, ServiceInstance
 from discovery.metrics import MembershipMetrics
 from discovery.zk.memberfeed import MembershipFeed, MembershipSubscription
-from discovery.zk.memberread import PERSISTENT_DYNAMIC, ChildReader, decode_child
+from discovery.zk.memberread import PERSISTENT, PERSISTENT_DYNAMIC, ChildReader, decode_child
 from discovery.zk.memberview import MembershipChange, MembershipView
 from discovery.zk.memberwatch import MembershipWatches
 from discovery.zk.paths import DATA_SERVERS_PATH
@@ -34,6 +34,7 @@ from discovery.zk.session import ZkSession
 
 __all__ = [
     "LOGGED_SKIPS",
+    "PERSISTENT",
     "PERSISTENT_DYNAMIC",
     "MembershipChange",
     "MembershipSubscription",
@@ -57,7 +58,9 @@ class MembershipWatcher:
     ``admit`` is a deployment's own rule on top of the contract's: it says why a
     valid registration is to be skipped (a reason starting with its metric label,
     ``not_allowed: ...``), or None; such a child is skipped and counted like a
-    malformed one.
+    malformed one. ``allow_persistent`` admits persistent ``PERMANENT`` and ``STATIC``
+    nodes as members (``--allow-persistent-members``); by default every persistent
+    node is skipped and counted (see :func:`decode_child`).
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class MembershipWatcher:
         metrics: MembershipMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         admit: Callable[[ServiceInstance], str | None] | None = None,
+        allow_persistent: bool = False,
     ) -> None:
         self._session = session
         self.path = path.rstrip("/") or "/"
@@ -90,6 +94,7 @@ class MembershipWatcher:
             max_bytes=max_bytes,
             read_concurrency=read_concurrency,
             admit=admit,
+            allow_persistent=allow_persistent,
         )
         self._view = MembershipView()
         self._feed = MembershipFeed()

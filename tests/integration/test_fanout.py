@@ -649,13 +649,25 @@ async def test_a_query_woken_late_charges_no_replica_with_its_timeouts(
 
 
 async def test_no_more_than_the_cap_is_ejected_at_once(
-    client: HttpClient, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # Four servers failing together look like trouble on our side: half at most go.
-    servers = [_stopped(f"ds-down-{i}", shard=i) for i in range(4)]
+    # Four servers that answered, then fail together, look like trouble on our side:
+    # half at most go.
+    data = await asyncio.gather(
+        *(make_data_server(shard=i, instance_id=f"ds-sick-{i}") for i in range(4))
+    )
+    servers = [instance_of(s) for s in data]
     fanout = FanOut(
         client, config=FanOutConfig(eject_after=1, max_ejected_share=0.5), registry=registry
     )
+    result = await fanout.search(servers, QUERIES[0], 10, 2000)
+    assert result.shards == shard_counts(4, 4)
+    for server in data:
+        await _set_fault(http, server, mode="error", rate=1.0)
     with caplog.at_level(logging.WARNING, logger="search_server.ejection"):
         for _ in range(5):
             result = await fanout.search(servers, QUERIES[0], 10, 2000)
@@ -665,6 +677,22 @@ async def test_no_more_than_the_cap_is_ejected_at_once(
     # Every query refused ejections at the cap; one line says so, not one per refusal.
     refusals = [r for r in caplog.records if "not ejecting more" in r.getMessage()]
     assert len(refusals) == 1
+    for server in data:
+        await _set_fault(http, server, mode="none")
+
+
+async def test_servers_that_never_answered_are_ejected_beside_the_cap(
+    client: HttpClient, registry: CollectorRegistry
+) -> None:
+    # Registrations where nothing listens: no capacity the cap could protect. All go,
+    # and none takes a place under the cap.
+    servers = [_stopped(f"ds-down-{i}", shard=i) for i in range(4)]
+    fanout = FanOut(
+        client, config=FanOutConfig(eject_after=1, max_ejected_share=0.5), registry=registry
+    )
+    await fanout.search(servers, QUERIES[0], 10, 2000)
+    assert fanout.ejected() == {s.id for s in servers}
+    assert _sample(registry, "panic_total", scope="cluster") == 0
 
 
 async def test_one_server_can_always_be_ejected(
@@ -685,10 +713,12 @@ class _Recording:
         self._client = client
         self.sent: list[tuple[int, dict[str, list[str]], float]] = []
 
-    def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
+    def get(
+        self, endpoint: Endpoint, target: bytes, max_body: int | None = None
+    ) -> asyncio.Future[Response]:
         query = parse_qs(urlsplit(target.decode("ascii")).query)
         self.sent.append((endpoint.port, query, asyncio.get_running_loop().time()))
-        return self._client.get(endpoint, target)
+        return self._client.get(endpoint, target, max_body)
 
     async def aclose(self) -> None:
         await self._client.aclose()

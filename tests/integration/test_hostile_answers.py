@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -19,8 +19,9 @@ from discovery.address import NetworkPolicy, parse_networks
 from discovery.instance import ServiceInstance
 from search_server import picking
 from search_server.fanout import FanOut, FanOutConfig
-from search_server.httpclient import HttpClient
-from search_server.merging import MAX_HIT_FIELDS, MAX_HIT_TEXT
+from search_server.httpclient import DEFAULT_MAX_BODY, HttpClient
+from search_server.merging import MAX_HIT_FIELDS, MAX_HIT_TEXT, answer_bytes
+from search_server.picking import Replica
 from search_server.routing import RoutingTable
 from tests.support import (
     DataServerFactory,
@@ -86,6 +87,9 @@ HOSTILE_ANSWERS = {
     "huge-id": _answer({"id": "d" * 5000, "score": 1.0}),
     "long-field-name": _answer({"id": "d1", "score": 1.0, "n" * 100: 1}),
     "hit-not-object": _answer("d1"),
+    # Asked for 10: an eleventh hit is no answer to the request.
+    "too-many-hits": _answer(*({"id": f"d{i}", "score": 1.0} for i in range(11))),
+    "score-1e308": _answer({"id": "d1", "score": 1e308}),
 }
 
 
@@ -113,6 +117,8 @@ async def test_a_hostile_answer_fails_its_sub_request_and_the_query_still_encode
             # was asked first); shard 1 failed.
             assert result.shards == shard_counts(2, 1, failed=1)
             assert all(hit["shard"] == 0 for hit in result.hits)
+            # None of the hostile replica's hits: only the good data server's documents.
+            assert all(hit["id"].startswith("s0-") for hit in result.hits)
             json.dumps(result.to_dict())  # what the search server answers with
     assert sample(registry, "search_server_fanout_shard_requests_total", result="error") >= 4
 
@@ -158,3 +164,47 @@ async def test_allowed_networks_keep_other_addresses_out_of_the_fan_out(
     # Never sent to 192.0.2.1: its shard is not in the table at all.
     assert result.shards == shard_counts(1, 1)
     assert sample(registry, "search_server_fanout_unroutable_total", why="not_allowed") == 1
+
+
+class _Prefer:
+    """Picks the replica of the given instance id whenever it is a candidate."""
+
+    def __init__(self, instance_id: str) -> None:
+        self._id = instance_id
+
+    def pick(self, candidates: Sequence[Replica]) -> Replica:
+        return next((r for r in candidates if r.instance.id == self._id), candidates[0])
+
+
+async def test_a_huge_valid_answer_is_refused_unparsed_and_its_replica_ejected(
+    answering: Callable[[bytes], asyncio.Future[int]],
+    make_data_server: DataServerFactory,
+    registry: CollectorRegistry,
+) -> None:
+    # What a hostile replica measured: hundreds of thousands of well-formed hits, just
+    # under the 8 MiB any body may have, to every sub-request.
+    hits = ",".join(f'{{"id":"d{i}","score":1.0}}' for i in range(250_000))
+    body = f'{{"hits":[{hits}],"shard":0}}'.encode()
+    assert answer_bytes(10) * 50 < len(body) < DEFAULT_MAX_BODY
+    hostile_port = await answering(body)
+    good = await make_data_server(shard=0, replica=1, instance_id="ds-good")
+    servers = [make_instance("ds-hostile", hostile_port, shard=0), instance_of(good)]
+    async with HttpClient() as client:
+        fanout = FanOut(
+            client,
+            config=FanOutConfig(hedge_ratio=0),
+            registry=registry,
+            picker=_Prefer("ds-hostile"),
+        )
+        for _ in range(6):
+            result = await fanout.search(servers, QUERY, 10, 5000)
+            assert result.shards == shard_counts(1, 1)
+            assert all(hit["id"].startswith("s0-") for hit in result.hits)
+            if fanout.ejected():
+                break
+    # Refused as too large (read up to the cap of 10 hits, never decoded), each time it
+    # was asked, until it was ejected for it (3 failures in a row).
+    assert fanout.ejected() == {"ds-hostile"}
+    refused = sample(registry, "search_server_fanout_bad_answers_total", why="too_large")
+    assert refused == 3
+    assert sample(registry, "search_server_fanout_shard_requests_total", result="error") == 3

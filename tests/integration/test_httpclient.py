@@ -22,6 +22,7 @@ from search_server.httpclient import (
     MAX_HEAD_BYTES,
     MAX_HEADERS,
     MAX_LINE_BYTES,
+    AnswerTooLarge,
     Endpoint,
     HttpClient,
     Response,
@@ -471,6 +472,49 @@ async def test_an_endless_body_is_cut_at_max_body(peers: list[StreamPeer], frami
     finally:
         tracemalloc.stop()
     # The client held at most the cap and a few reads, not the 100 MiB on offer.
+    assert peak < cap + 4 * 2**20, peak
+    await eventually(lambda: server.finished == 1, message="the connection closed")
+    assert server.sent < total / 4
+
+
+async def test_a_request_s_own_cap_bounds_its_body_never_above_the_client_s(
+    servers: list[RawServer],
+) -> None:
+    _, endpoint = await serve(servers, lambda _: ok(b"x" * 5000))
+    async with HttpClient(max_body=8000) as client:
+        assert await client.get(endpoint, b"/", 5000) == (200, b"x" * 5000)
+        # The same keep-alive connection, a lower cap: this request's is the one held.
+        with pytest.raises(AnswerTooLarge, match="a body over 4999 bytes"):
+            await waited(client.get(endpoint, b"/", 4999), "the request to fail")
+        assert await client.get(endpoint, b"/", 10**9) == (200, b"x" * 5000)
+    async with HttpClient(max_body=4096) as client:
+        with pytest.raises(AnswerTooLarge, match="a body over 4096 bytes"):
+            await waited(client.get(endpoint, b"/", 10**9), "the request to fail")
+
+
+async def test_a_body_over_the_request_s_cap_is_refused_as_it_arrives(
+    peers: list[StreamPeer],
+) -> None:
+    total, block = 100 * 2**20, b"x" * 65536
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % total)
+        while server.sent < total:
+            writer.write(block)
+            server.sent += len(block)
+            await writer.drain()  # only as fast as the client reads
+
+    server, endpoint = await peer(peers, stream)
+    cap = 64 * 1024
+    tracemalloc.start()
+    try:
+        async with HttpClient() as client:  # its own cap: 8 MiB
+            await fails(client.get(endpoint, b"/", cap), f"a body over {cap} bytes", timeout=30)
+            _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # Held at most the request's cap and a few reads: not the client's 8 MiB.
     assert peak < cap + 4 * 2**20, peak
     await eventually(lambda: server.finished == 1, message="the connection closed")
     assert server.sent < total / 4

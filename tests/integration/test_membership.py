@@ -293,20 +293,73 @@ async def test_hundreds_of_children_read_in_bulk_give_the_same_view(
         assert set(watcher.invalid) == {"ds-garbage", "ds-wrongid"}
 
 
-async def test_a_persistent_dynamic_node_is_refused_while_permanent_and_static_are_members(
+def _typed(instance_id: str, service_type: str) -> bytes:
+    instance = make_instance(instance_id)
+    return dataclasses.replace(instance, service_type=service_type).to_json()
+
+
+async def test_persistent_nodes_are_refused_counted_and_logged_once_by_default(
+    persistent: bool, make_session: SessionFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A persistent node outlives whatever wrote it, and a data identity cannot delete
+    # another's node: whatever its document says (Curator's PERMANENT and STATIC
+    # included), it is no member unless the deployment allows persistent members.
+    session, agent = await make_session(), await make_session()
+    registry = CollectorRegistry()
+    caplog.set_level(logging.WARNING, logger="discovery.zk.membership")
+    await session.ensure_path(DATA_SERVERS_PATH)
+    live = make_instance("ds-live")
+    await agent.create(f"{DATA_SERVERS_PATH}/ds-live", live.to_json(), ephemeral=True)
+    for child, service_type in [
+        ("ds-permanent", "PERMANENT"),
+        ("ds-static", "STATIC"),
+        ("ds-dynamic", "DYNAMIC"),
+    ]:
+        await session.create(f"{DATA_SERVERS_PATH}/{child}", _typed(child, service_type))
+
+    def skipped(reason: str) -> float | None:
+        return registry.get_sample_value("discovery_membership_skipped_total", {"reason": reason})
+
+    def logged(child: str) -> int:
+        return sum(f"/{child}: " in r.getMessage() for r in caplog.records)
+
+    async with MembershipWatcher(
+        session, coalesce_window=0, registry=registry, persistent_watch=persistent
+    ) as watcher:
+        assert set(watcher.members) == {"ds-live"}
+        assert set(watcher.invalid) == {"ds-permanent", "ds-static", "ds-dynamic"}
+        assert watcher.invalid["ds-static"].startswith("persistent: serviceType STATIC ")
+        assert watcher.invalid["ds-dynamic"].startswith("persistent_dynamic: ")
+        assert (skipped("persistent"), skipped("persistent_dynamic")) == (2, 1)
+        assert logged("ds-static") == 1
+
+        # A full re-read (as after a reconnect) with a change: the refused nodes are
+        # read again, but neither counted nor logged again.
+        watcher._watches.mark_full()
+        await agent.create(
+            f"{DATA_SERVERS_PATH}/ds-late", make_instance("ds-late").to_json(), ephemeral=True
+        )
+        await waited(
+            watcher.wait_until(lambda members: "ds-late" in members, timeout=10),
+            "ds-late in the membership",
+        )
+        assert registry.get_sample_value("discovery_membership_resyncs_total") == 2
+        assert set(watcher.invalid) == {"ds-permanent", "ds-static", "ds-dynamic"}
+        assert (skipped("persistent"), skipped("persistent_dynamic")) == (2, 1)
+        assert logged("ds-static") == 1
+
+
+async def test_with_persistent_members_allowed_permanent_and_static_are_members_not_dynamic(
     persistent: bool, make_session: SessionFactory
 ) -> None:
     # Curator writes DYNAMIC (and DYNAMIC_SEQUENTIAL) registrations as ephemeral nodes
-    # and PERMANENT / STATIC ones as persistent nodes. A persistent node saying DYNAMIC
-    # would outlive whatever wrote it: a server long gone, or anyone allowed to create
-    # a node, standing in for a live registration. It is skipped and counted.
+    # and PERMANENT / STATIC ones as persistent nodes. A deployment that registers the
+    # latter on purpose allows them; a persistent node saying DYNAMIC would still
+    # outlive whatever wrote it (a server long gone, or anyone allowed to create a
+    # node, standing in for a live registration): it is skipped and counted.
     session, agent = await make_session(), await make_session()
     registry = CollectorRegistry()
     await session.ensure_path(DATA_SERVERS_PATH)
-
-    def typed(instance_id: str, service_type: str) -> bytes:
-        instance = make_instance(instance_id)
-        return dataclasses.replace(instance, service_type=service_type).to_json()
 
     # More children than a bulk read's minimum, so that with the persistent watch the
     # first read goes by multiRead, whose stats must carry the ephemeral owner too.
@@ -319,7 +372,7 @@ async def test_a_persistent_dynamic_node_is_refused_while_permanent_and_static_a
         ("ds-dynamic", "DYNAMIC"),
         ("ds-dynamic-seq", "DYNAMIC_SEQUENTIAL"),
     ]:
-        await session.create(f"{DATA_SERVERS_PATH}/{child}", typed(child, service_type))
+        await session.create(f"{DATA_SERVERS_PATH}/{child}", _typed(child, service_type))
 
     def skipped() -> float | None:
         return registry.get_sample_value(
@@ -327,12 +380,22 @@ async def test_a_persistent_dynamic_node_is_refused_while_permanent_and_static_a
         )
 
     async with MembershipWatcher(
-        session, coalesce_window=0, registry=registry, persistent_watch=persistent
+        session,
+        coalesce_window=0,
+        registry=registry,
+        persistent_watch=persistent,
+        allow_persistent=True,
     ) as watcher:
         assert set(watcher.members) == {*ephemeral, "ds-permanent", "ds-static"}
         assert set(watcher.invalid) == {"ds-dynamic", "ds-dynamic-seq"}
         assert watcher.invalid["ds-dynamic"].startswith("persistent_dynamic: serviceType DYNAMIC ")
         assert skipped() == 2
+        assert (
+            registry.get_sample_value(
+                "discovery_membership_skipped_total", {"reason": "persistent"}
+            )
+            is None
+        )
 
         # A registration that goes away cannot be stood in for by a persistent node of
         # the same id and document.
@@ -344,7 +407,7 @@ async def test_a_persistent_dynamic_node_is_refused_while_permanent_and_static_a
         )
         assert skipped() == 3
         # Its owner may say PERMANENT instead: then it is a member again.
-        await session.set(f"{DATA_SERVERS_PATH}/ds-eph-00", typed("ds-eph-00", "PERMANENT"))
+        await session.set(f"{DATA_SERVERS_PATH}/ds-eph-00", _typed("ds-eph-00", "PERMANENT"))
         await waited(
             watcher.wait_until(lambda members: "ds-eph-00" in members, timeout=10),
             "the PERMANENT ds-eph-00 in the membership",

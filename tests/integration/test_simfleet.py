@@ -47,7 +47,8 @@ async def test_a_fleet_registers_every_server_and_answers_for_each_address(
         async with http.get(f"http://{address_of(7)}:{fleet.port}/search?q=x&k=3") as response:
             body = await response.json()
         assert response.status == 200
-        assert (body["shard"], body["docs"], len(body["hits"])) == (3, 500, 10)
+        # At most the k asked for (a search server refuses more), of its 10.
+        assert (body["shard"], body["docs"], len(body["hits"])) == (3, 500, 3)
         assert (fleet.served[7], sum(fleet.served)) == (1, 1)
         # The counts over HTTP, for a benchmark in another process: the connection they
         # are asked on is not counted, nor is the request.

@@ -299,8 +299,8 @@ async def test_malformed_children_and_snapshot_are_listed_not_fatal(
     }
     for child, data in children.items():
         await session.create(f"{DATA_SERVERS_PATH}/{child}", data, makepath=True, ephemeral=True)
-    # Persistent nodes: Curator's STATIC is a registration, a DYNAMIC one is refused (it
-    # would outlive whatever wrote it), as the leader refuses it.
+    # Persistent nodes outlive whatever wrote them: refused as the leader refuses them,
+    # a STATIC one unless persistent members are allowed, a DYNAMIC one always.
     static = dataclasses.replace(make_instance("ds-static", 9003, shard=4), service_type="STATIC")
     await session.create(f"{DATA_SERVERS_PATH}/ds-static", static.to_json())
     squatter = make_instance("persistent-dyn", 9004)
@@ -310,12 +310,23 @@ async def test_malformed_children_and_snapshot_are_listed_not_fatal(
     await client.hset(keys.meta, mapping={"epoch": "garbage", "version": "1"})
     await client.set(keys.leader, b"{", px=60_000)
 
-    status = await collect_status(session, RedisLiveStore(client, redis_prefix).admin)
+    store = RedisLiveStore(client, redis_prefix)
+    allowed = await collect_status(session, store.admin, allow_persistent_members=True)
+    assert data_server_ids(conforming(allowed.to_dict(), "status")) == {"ds-ok": 3, "ds-static": 4}
+    status = await collect_status(session, store.admin)
     document = conforming(status.to_dict(), "status")
-    assert data_server_ids(document) == {"ds-ok": 3, "ds-static": 4}
+    assert data_server_ids(document) == {"ds-ok": 3}
     invalid = {entry["id"]: entry["reason"] for entry in document["data_servers"]["invalid"]}
-    assert set(invalid) == {"not-json", "empty", "wrong-id", "no-port", "persistent-dyn"}
+    assert set(invalid) == {
+        "not-json",
+        "empty",
+        "wrong-id",
+        "no-port",
+        "persistent-dyn",
+        "ds-static",
+    }
     assert invalid["persistent-dyn"].startswith("persistent_dynamic: serviceType DYNAMIC ")
+    assert invalid["ds-static"].startswith("persistent: serviceType STATIC ")
     assert invalid["not-json"].startswith("malformed: ")
     assert "not valid JSON" in invalid["not-json"]
     assert invalid["wrong-id"].startswith("id_mismatch: ")
@@ -327,16 +338,25 @@ async def test_malformed_children_and_snapshot_are_listed_not_fatal(
     assert document["heartbeat"]["error"].startswith("not valid JSON")
     assert document["differences"]["published_missing"] is True
     # Invalid children are not "registered": only the valid one is missing from the list.
-    assert document["differences"]["registered_not_published"] == ["ds-ok", "ds-static"]
+    assert document["differences"]["registered_not_published"] == ["ds-ok"]
     text = format_text(status)
-    assert "  invalid (5)\n    empty: malformed:" in text
+    assert "  invalid (6)\n    ds-static: persistent: serviceType STATIC " in text
     assert "heartbeat  unreadable: not valid JSON" in text
 
     assert "invalid_registrations" in status.health.problems
     code, out, err = await run_cli(*cluster_args(zk_hosts, redis_server.url, redis_prefix))
     assert code == 1, err
     assert "not-json: malformed:" in out
+    assert "ds-static: persistent: serviceType STATIC " in out
     assert "published list invalid:" in out
+    code, out, err = await run_cli(
+        *cluster_args(zk_hosts, redis_server.url, redis_prefix),
+        "--allow-persistent-members",
+        "--json",
+    )
+    assert code == 1, err
+    allowed_document = json.loads(out)
+    assert data_server_ids(allowed_document) == {"ds-ok": 3, "ds-static": 4}
 
 
 async def test_unreachable_zookeeper_exits_3_naming_it(redis_server: RedisServer) -> None:
@@ -444,6 +464,48 @@ async def test_one_address_claimed_by_several_ids_is_shown_as_a_squatting_sign(
     text = format_text(status)
     assert "one address claimed by several ids" in text
     assert "    10.0.0.7:9301: ds-real, ds-squat" in text
+
+
+async def test_with_shards_a_server_of_another_shard_is_reported_refused_with_the_reason(
+    zk_hosts: str,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    client: aioredis.Redis,
+    make_session: SessionFactory,
+) -> None:
+    """Issue 42: a node registered under a shard number the cluster does not have is
+    refused by the leader and the search servers of that ``--shards``; ``discovery
+    status --shards`` says so, with the reason, rather than counting a shard 999."""
+    session = await make_session()
+    for instance in (
+        make_instance("ds-0", 9401, shard=0),
+        make_instance("ds-1", 9402, shard=1),
+        make_instance("ds-999", 9403, shard=999),
+    ):
+        await session.create(
+            f"{DATA_SERVERS_PATH}/{instance.id}", instance.to_json(), ephemeral=True, makepath=True
+        )
+    admin = RedisLiveStore(client, redis_prefix).admin
+
+    status = await collect_status(session, admin, expected_shards=2)
+    document = conforming(status.to_dict(), "status")
+    assert data_server_ids(document) == {"ds-0": 0, "ds-1": 1}
+    [refused] = document["data_servers"]["invalid"]
+    assert refused["id"] == "ds-999"
+    assert refused["reason"].startswith("shard_out_of_range: shard 999 ")
+    assert "refused" in refused["reason"]
+    assert document["data_servers"]["shard_summary"]["total"] == 2
+    assert "invalid_registrations" in status.health.problems
+    # Not published by a leader of that --shards: no difference to report for it.
+    assert "ds-999" not in status.differences.registered_not_published
+    # Without --shards, shard 999 is one of the cluster's.
+    unbounded = await collect_status(session, admin)
+    assert data_server_ids(conforming(unbounded.to_dict(), "status"))["ds-999"] == 999
+
+    args = cluster_args(zk_hosts, redis_server.url, redis_prefix)
+    code, out, err = await run_cli(*args, "--shards", "2")
+    assert code == 1, err
+    assert "ds-999: shard_out_of_range: shard 999 " in out
 
 
 def _large_status(shards: int, replicas: int, **overrides: Any) -> Any:

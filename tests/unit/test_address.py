@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from discovery.address import (
     NetworkPolicy,
     address_problem,
+    is_loopback_host,
     parse_networks,
     validate_address,
 )
@@ -145,3 +146,62 @@ def test_no_networks_admit_every_address_the_contract_admits() -> None:
     assert policy.problem("192.168.1.1") is None
     assert "link-local" in (policy.resolved_problem("fe80::1") or "")
     assert str(policy) == "any"
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.3.2.1", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("::ffff:127.0.0.1", True),
+        ("localhost", True),
+        ("LOCALHOST.", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("", False),
+        ("10.0.1.5", False),
+        ("2001:db8::7", False),
+        ("search-1", False),  # a name: what it resolves to is not known here
+    ],
+)
+def test_a_search_server_listens_on_loopback_only_at_a_loopback_host(
+    host: str, loopback: bool
+) -> None:
+    assert is_loopback_host(host) is loopback
+
+
+def test_loopback_refused_without_networks_names_the_way_to_admit_it() -> None:
+    policy = NetworkPolicy(loopback=False)
+    assert policy.narrows
+    assert str(policy) == "any but loopback"
+    for address in (
+        "127.0.0.1",
+        "127.8.9.10",
+        "::1",
+        "::ffff:127.0.0.1",
+        "localhost",
+        "a.localhost",
+    ):
+        problem = policy.problem(address) or ""
+        assert "loopback" in problem, address
+        assert "--allowed-networks" in problem, address
+    # Checked again after resolution (a name that resolves to loopback).
+    assert "loopback" in (policy.resolved_problem("127.0.0.1") or "")
+    assert "loopback" in (policy.resolved_problem("::1") or "")
+    for address in ("10.1.2.3", "192.0.2.1", "2001:db8::1", "ds-7.example"):
+        assert policy.problem(address) is None, address
+    assert policy.resolved_problem("10.1.2.3") is None
+    # The contract's own refusals stay.
+    assert "link-local" in (policy.resolved_problem("169.254.169.254") or "")
+
+
+def test_networks_given_decide_loopback_alone() -> None:
+    listed = NetworkPolicy.of(parse_networks("10.0.0.0/8,127.0.0.0/8"), loopback=False)
+    assert listed.problem("127.0.0.1") is None
+    assert listed.resolved_problem("127.0.0.1") is None
+    assert listed.problem("localhost") is None  # a name: judged when resolved
+    unlisted = NetworkPolicy.of(parse_networks("10.0.0.0/8"), loopback=False)
+    assert "outside the allowed networks" in (unlisted.problem("127.0.0.1") or "")
+    assert NetworkPolicy().with_loopback(False) == NetworkPolicy(loopback=False)

@@ -15,11 +15,20 @@ NOW = 1000.0
 
 
 def replica(name: str, shard: int = 0, **payload: object) -> Replica:
+    """A replica that has answered once (as real data servers have, before they break)."""
+    r = fake(name, shard, **payload)
+    r.observe(0.01, None, None)
+    return r
+
+
+def fake(name: str, shard: int = 0, **payload: object) -> Replica:
+    """A replica that has never answered (a registration at an address where nothing
+    answers)."""
     return Replica.of(make_instance(name, shard=shard, **payload))
 
 
-def fail(ejection: OutlierEjection, r: Replica, now: float = NOW, routable: int = 10) -> bool:
-    return ejection.record_failure(r, now, routable=routable, detail="HTTP 500")
+def fail(ejection: OutlierEjection, r: Replica, now: float = NOW, answered: int = 10) -> bool:
+    return ejection.record_failure(r, now, answered=lambda: answered, detail="HTTP 500")
 
 
 def test_a_run_of_failures_ejects_for_the_cool_down() -> None:
@@ -82,16 +91,16 @@ def test_no_more_than_the_share_is_ejected_at_once(caplog: pytest.LogCaptureFixt
     ejection = OutlierEjection(eject_after=1, max_ejected_share=0.5)
     replicas = [replica(f"ds-{i}", shard=i) for i in range(4)]
     with caplog.at_level(logging.WARNING, logger="search_server.ejection"):
-        ejected = [fail(ejection, r, routable=4) for r in replicas]
+        ejected = [fail(ejection, r, answered=4) for r in replicas]
         # Refusals at the cap, for a while: one line says so, with their count.
         for r in replicas[2:]:
-            fail(ejection, r, NOW + 1, routable=4)
+            fail(ejection, r, NOW + 1, answered=4)
 
     assert ejected == [True, True, False, False]
     assert ejection.ejected(NOW + 1) == set(replicas[:2])
     refusals = [r.getMessage() for r in caplog.records if "not ejecting more" in r.getMessage()]
     assert len(refusals) == 1
-    assert "2 of 4 already ejected (cap 50%)" in refusals[0]
+    assert "2 of the 4 that have answered already ejected (cap 50%)" in refusals[0]
 
 
 def test_the_cap_line_comes_again_after_its_interval_with_the_refusals_since(
@@ -100,10 +109,10 @@ def test_the_cap_line_comes_again_after_its_interval_with_the_refusals_since(
     ejection = OutlierEjection(eject_after=1, eject_cooldown=60.0, max_ejected_share=0.5)
     first, second = replica("ds-0", shard=0), replica("ds-1", shard=1)
     with caplog.at_level(logging.WARNING, logger="search_server.ejection"):
-        fail(ejection, first, routable=2)
+        fail(ejection, first, answered=2)
         for seconds in (0.0, 1.0, 2.0, 9.0):
-            fail(ejection, second, NOW + seconds, routable=2)
-        fail(ejection, second, NOW + 10.0, routable=2)
+            fail(ejection, second, NOW + seconds, answered=2)
+        fail(ejection, second, NOW + 10.0, answered=2)
     refusals = [r.getMessage() for r in caplog.records if "not ejecting more" in r.getMessage()]
     assert len(refusals) == 2
     # The first refusal's line, then the four since it, by the one ten seconds later.
@@ -111,17 +120,43 @@ def test_the_cap_line_comes_again_after_its_interval_with_the_refusals_since(
     assert "4 ejection(s) refused" in refusals[1]
 
 
+def test_replicas_that_never_answered_neither_widen_nor_fill_the_cap(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Twenty registrations that never answered, beside four real replicas: the cap's
+    # base is the four (two may go), and the fakes, ejected all the same, take no place
+    # under it: a real replica that breaks is ejected.
+    ejection = OutlierEjection(eject_after=1, max_ejected_share=0.5)
+    fakes = [fake(f"fake-{i}", shard=4 + i) for i in range(20)]
+    real = [replica(f"ds-{i}", shard=i) for i in range(4)]
+    with caplog.at_level(logging.WARNING, logger="search_server.ejection"):
+        assert all(fail(ejection, f, answered=4) for f in fakes)
+    assert all("never answered: outside the ejection cap" in r.getMessage() for r in caplog.records)
+    assert [fail(ejection, r, answered=4) for r in real] == [True, True, False, False]
+    assert ejection.ejected(NOW) == {*fakes, *real[:2]}
+    # Their base is asked only when the cap is consulted: not for a fake.
+    asked: list[int] = []
+
+    def answered() -> int:
+        asked.append(4)
+        return 4
+
+    late = fake("fake-late", shard=30)
+    assert ejection.record_failure(late, NOW, answered=answered, detail="refused")
+    assert asked == []
+
+
 def test_one_server_can_always_be_ejected() -> None:
     ejection = OutlierEjection(eject_after=1, max_ejected_share=0.1)
-    assert fail(ejection, replica("ds-alone"), routable=1)
+    assert fail(ejection, replica("ds-alone"), answered=1)
 
 
 def test_an_expired_ejection_frees_its_place_under_the_cap() -> None:
     ejection = OutlierEjection(eject_after=1, eject_cooldown=10.0, max_ejected_share=0.5)
     first, second = replica("ds-0", shard=0), replica("ds-1", shard=1)
-    assert fail(ejection, first, routable=2)
-    assert not fail(ejection, second, NOW + 5, routable=2)
-    assert fail(ejection, second, NOW + 10.0, routable=2)
+    assert fail(ejection, first, answered=2)
+    assert not fail(ejection, second, NOW + 5, answered=2)
+    assert fail(ejection, second, NOW + 10.0, answered=2)
 
 
 def test_an_ejected_replica_gets_one_probe_per_interval() -> None:

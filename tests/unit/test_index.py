@@ -26,8 +26,19 @@ from data_server.corpus import (
     sample_queries,
     vocabulary,
 )
-from data_server.index import BM25_B, BM25_K1, Hit, InvertedIndex, tokenize
+from data_server.handlers import MAX_SCORE
+from data_server.index import (
+    BM25_B,
+    BM25_K1,
+    MAX_DOCUMENTS,
+    Hit,
+    InvertedIndex,
+    score_bound,
+    tokenize,
+)
 from data_server.searching import run_search, work_deadline
+from discovery.http import MAX_QUERY_LENGTH
+from search_server import merging
 from tests.support import frequent_terms
 
 
@@ -466,6 +477,37 @@ def test_pruned_search_equals_the_exhaustive_one(
         assert [h.score for h in partial] == sorted((h.score for h in partial), reverse=True)
         assert all(h.score <= every_score[h.id] * (1 + 1e-12) for h in partial)
     assert search.hits() == hits
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=100)
+@given(
+    documents=corpora(),
+    words=st.lists(st.sampled_from([*"abcdefghij", "unknown"]), max_size=12),
+)
+def test_no_score_reaches_the_bound(documents: list[Document], words: list[str]) -> None:
+    index = InvertedIndex(documents)
+    query = " ".join(words)
+    bound = score_bound(len(documents), len(set(tokenize(query))))
+    for hit in index.search_exhaustive(query, len(documents)):
+        assert 0 <= hit.score < bound
+
+
+def test_a_rare_term_in_a_short_document_stays_under_the_bound() -> None:
+    # The largest a term adds: in one document of many, as often as can be, in a
+    # document far shorter than the average (its norm at its least).
+    documents = [doc("rare", "needle " * 25)] + [doc(f"d{n}", "hay " * 500) for n in range(2000)]
+    hit = InvertedIndex(documents).search("needle", 1)[0]
+    assert hit.id == "rare"
+    assert 0.9 * score_bound(len(documents), 1) < hit.score < score_bound(len(documents), 1)
+
+
+def test_the_data_server_s_scores_are_within_what_search_servers_accept() -> None:
+    # The longest query the data server takes has at most this many distinct terms.
+    longest = " ".join(chr(0x4E00 + n) for n in range((MAX_QUERY_LENGTH + 1) // 2))
+    assert len(longest) <= MAX_QUERY_LENGTH
+    assert len(set(tokenize(longest))) == (MAX_QUERY_LENGTH + 1) // 2
+    assert score_bound(MAX_DOCUMENTS, (MAX_QUERY_LENGTH + 1) // 2) == MAX_SCORE
+    assert MAX_SCORE < merging.MAX_SCORE / 1000
 
 
 def test_pruning_reads_a_fraction_of_a_frequent_term_query(shard: InvertedIndex) -> None:

@@ -3,6 +3,7 @@ bounded result out."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -10,13 +11,17 @@ from typing import Any
 import pytest
 
 from search_server.merging import (
+    ANSWER_ENVELOPE_BYTES,
+    HIT_BYTES,
     MAX_HIT_FIELDS,
     MAX_HIT_ID,
     MAX_HIT_TEXT,
+    MAX_SCORE,
     BadAnswer,
     FailureReason,
     Ranked,
     ShardOutcome,
+    answer_bytes,
     feedback,
     merge,
     ranked_hits,
@@ -111,12 +116,56 @@ def test_only_the_merged_hits_are_copied() -> None:
     assert result.to_dict()["hits"][0] is not result.hits[0]
 
 
-def test_an_answer_gives_at_most_k_hits() -> None:
-    body = {"hits": [{"id": f"d{i}", "score": float(i)} for i in range(5)], "shard": 3}
-    assert [(hit_id, shard) for _, hit_id, shard, _ in ranked_hits(body, 3, 2)] == [
+def test_an_answer_of_exactly_k_hits_is_ranked_whole() -> None:
+    body = {"hits": [{"id": f"d{i}", "score": float(i)} for i in range(3)], "shard": 3}
+    assert [(hit_id, shard) for _, hit_id, shard, _ in ranked_hits(body, 3, 3)] == [
         ("d0", 3),
         ("d1", 3),
+        ("d2", 3),
     ]
+
+
+def test_more_than_k_hits_is_a_bad_answer_not_cut_to_k() -> None:
+    # A data server asked for k that sends more ignores the request: none of its hits
+    # is used (before, the first k were, and all of them parsed and kept).
+    body = {"hits": [{"id": f"d{i}", "score": 1.0} for i in range(4)], "shard": 0}
+    with pytest.raises(BadAnswer, match="answered 4 hits, more than k=3") as refused:
+        ranked_hits(body, 0, 3)
+    assert refused.value.why == "too_many_hits"
+
+
+@pytest.mark.parametrize(
+    "score", [1e308, -1e308, math.inf, -math.inf, math.nan, MAX_SCORE * 1.000001, 10**400]
+)
+def test_a_score_out_of_range_is_a_bad_answer(score: float) -> None:
+    with pytest.raises(BadAnswer, match="'score' out of") as refused:
+        ranked_hits({"hits": [{"id": "d1", "score": score}], "shard": 0}, 0, 10)
+    assert refused.value.why == "score"
+
+
+def test_scores_at_the_ends_of_the_range_are_accepted() -> None:
+    body = {"hits": [{"id": "a", "score": MAX_SCORE}, {"id": "b", "score": -MAX_SCORE}]}
+    assert [(rank, hit_id) for rank, hit_id, _, _ in ranked_hits(body, 0, 2)] == [
+        (-MAX_SCORE, "a"),
+        (MAX_SCORE, "b"),
+    ]
+
+
+def test_the_answer_cap_follows_k() -> None:
+    assert answer_bytes(1) == ANSWER_ENVELOPE_BYTES + HIT_BYTES
+    assert answer_bytes(3) == ANSWER_ENVELOPE_BYTES + 3 * HIT_BYTES
+    # k = 10, the default: about 135 KiB, not the 8 MiB a body may have at most.
+    assert 100_000 < answer_bytes(10) < 200_000
+
+
+def test_a_hit_at_its_id_and_text_limits_fits_the_allowance() -> None:
+    fields: dict[str, Any] = {f"{i:064d}": -1.2345678901234567e-300 for i in range(29)}
+    hit = {"id": "i" * MAX_HIT_ID, "score": -MAX_SCORE, "title": "x" * MAX_HIT_TEXT, **fields}
+    assert len(hit) == MAX_HIT_FIELDS
+    assert len(json.dumps(hit, separators=(",", ":"))) <= HIT_BYTES
+    k = 5
+    body = json.dumps({"hits": [hit] * k, "shard": 0, "took_ms": 1.5, "queue": 0})
+    assert len(body.encode()) <= answer_bytes(k)
 
 
 def test_hits_at_the_bounds_are_accepted() -> None:
@@ -139,9 +188,9 @@ def _hit(**fields: object) -> dict[str, object]:
         ({"hits": ["d1"]}, "a hit is not a JSON object"),
         ({"hits": [{"id": 1, "score": 1.0}]}, "'id' is not a string"),
         ({"hits": [{"id": "i" * (MAX_HIT_ID + 1), "score": 1.0}]}, "'id' is not a string"),
-        ({"hits": [{"id": "d1", "score": math.nan}]}, "no finite 'score'"),
-        ({"hits": [{"id": "d1", "score": "1"}]}, "no finite 'score'"),
-        ({"hits": [{"id": "d1", "score": True}]}, "no finite 'score'"),
+        ({"hits": [{"id": "d1", "score": math.nan}]}, "'score' out of"),
+        ({"hits": [{"id": "d1", "score": "1"}]}, "no number 'score'"),
+        ({"hits": [{"id": "d1", "score": True}]}, "no number 'score'"),
         (_hit(**{f"f{i}": i for i in range(MAX_HIT_FIELDS - 1)}), "33 fields, more than 32"),
         (_hit(title="x" * (MAX_HIT_TEXT + 1)), "longer than"),
         (_hit(rank=math.inf), "not finite"),

@@ -29,12 +29,13 @@ from tests.support import FakeClock, ManualTimer, eventually, make_instance, sam
 OK = "ok"
 FULL = "full"  # 429 at once
 HANG = "hang"  # no answer until the request is abandoned
+FAIL = "fail"  # 500 at once (a data server broken, or an address where none answers)
 
 
 class _Scripted:
     """A sub-request client whose answers each test scripts by port: ``OK`` (a valid
-    answer for the port's shard, at once), ``FULL`` (429) or ``HANG``. Counts the
-    requests per port."""
+    answer for the port's shard, at once), ``FULL`` (429), ``FAIL`` (500) or ``HANG``.
+    Counts the requests per port."""
 
     def __init__(self, shard_of: dict[int, int]) -> None:
         self.shard_of = shard_of
@@ -46,7 +47,9 @@ class _Scripted:
         # Given one, an OK answer's delay passes on it (at once, in no real time).
         self.timer: ManualTimer | None = None
 
-    def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
+    def get(
+        self, endpoint: Endpoint, target: bytes, max_body: int | None = None
+    ) -> asyncio.Future[Response]:
         port = endpoint.port
         self.sent[port] += 1
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
@@ -66,6 +69,8 @@ class _Scripted:
                 future.set_result(answer)
         elif behaviour == FULL:
             future.set_result((429, b'{"error":"overloaded"}'))
+        elif behaviour == FAIL:
+            future.set_result((500, b'{"error":"broken"}'))
         return future  # HANG: never resolved; the fan-out cancels it at the deadline
 
     async def aclose(self) -> None:
@@ -360,6 +365,52 @@ async def test_the_ejection_cap_counts_as_the_clusters_panic(
         await fanout.search(servers, "a", 10, 100)
         clock.advance(1.01)
     assert len(fanout.ejected()) == 2
+    assert _sample(registry, "panic_total", scope="cluster") == 2
+
+
+async def test_fake_registrations_that_never_answer_leave_the_cap_to_real_replicas(
+    registry: CollectorRegistry,
+) -> None:
+    # Twenty registrations at addresses where nothing answers, beside four real data
+    # servers. They fail and are ejected, but the cap's base is the four replicas that
+    # have answered, and the fakes take no place under it: a real replica that breaks
+    # is still ejected, and the cap still holds for the real ones.
+    real, client = _cluster(shards=4, replicas=1)
+    fakes = [make_instance(f"fake-{i}", 30_000 + i, shard=4 + i) for i in range(20)]
+    for instance in fakes:
+        client.shard_of[instance.port] = instance.payload.shard
+        client.behaviour[instance.port] = FAIL
+    servers = real + fakes
+    clock = FakeClock()
+    fanout = FanOut(
+        client,
+        config=FanOutConfig(
+            eject_after=1,
+            max_ejected_share=0.5,
+            hedge_ratio=0,
+            probe_interval=60,  # no half-open probe ends an ejection meanwhile
+            stall_grace=60.0,
+        ),
+        registry=registry,
+        clock=clock,
+    )
+    result = await fanout.search(servers, "a", 10, 500)
+    assert result.shards == shard_counts(24, 4, failed=20)
+    assert fanout.ejected() == {f.id for f in fakes}
+
+    broken = real[0]
+    client.behaviour[broken.port] = FAIL
+    clock.advance(1.01)
+    await fanout.search(servers, "a", 10, 500)
+    assert broken.id in fanout.ejected()
+
+    # Half of the four that have answered may go, no more.
+    for instance in real[1:]:
+        client.behaviour[instance.port] = FAIL
+    clock.advance(1.01)
+    await fanout.search(servers, "a", 10, 500)
+    assert len(fanout.ejected() & {i.id for i in real}) == 2
+    assert _sample(registry, "ejections_total") == 22
     assert _sample(registry, "panic_total", scope="cluster") == 2
 
 

@@ -28,7 +28,9 @@ class _Held:
         self.sent: list[tuple[int, bytes]] = []
         self.pending: dict[int, list[asyncio.Future[Response]]] = {}
 
-    def get(self, endpoint: Endpoint, target: bytes) -> asyncio.Future[Response]:
+    def get(
+        self, endpoint: Endpoint, target: bytes, max_body: int | None = None
+    ) -> asyncio.Future[Response]:
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self.sent.append((endpoint.port, target))
         self.pending.setdefault(endpoint.port, []).append(future)

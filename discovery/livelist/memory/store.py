@@ -31,6 +31,7 @@ from discovery.livelist.memory.publisher import MemoryPublisher
 from discovery.livelist.memory.state import MAX_NUMBER, MemoryList, MemorySpace
 from discovery.livelist.model import LiveList
 from discovery.metrics import LiveListMetrics, PublisherMetrics
+from discovery.safetext import redact_url
 
 __all__ = ["MemoryAdmin", "MemoryLiveStore"]
 
@@ -168,7 +169,8 @@ class MemoryLiveStore:
         name = parts.netloc
         if parts.scheme != "memory" or not name or parts.path not in ("", "/"):
             raise ConfigError(
-                f"--redis / DISCOVERY_REDIS_URL: {cluster.store_url!r} is not memory://NAME"
+                f"--redis / DISCOVERY_REDIS_URL: {redact_url(cluster.store_url)!r} is not "
+                "memory://NAME"
             )
         memory = (space or MemorySpace.process()).get(name, cluster.redis_prefix)
         return cls(

@@ -8,6 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from discovery.safetext import escape_controls
+
 from . import deploy, watch
 from .config import REDIS_REPLICAS
 from .runner import ChaosResult
@@ -171,7 +173,7 @@ def render(result: ChaosResult) -> str:
     ]
     if not result.started:
         lines.append(f"SETUP FAILED: {result.setup_error}")
-        return "\n".join(lines)
+        return _joined(lines)
     lines.append("")
     rows = sorted(_per_kind(result).items())
     # As wide as the longest kind's name (overlap_redis_failover_during_leader_change).
@@ -227,7 +229,13 @@ def render(result: ChaosResult) -> str:
             f"  t={v.at:7.1f}s [{v.fault}] {v.invariant}: {v.detail}" for v in result.violations
         ]
     lines += ["", "RESULT: " + ("PASS" if result.ok else "FAIL")]
-    return "\n".join(lines)
+    return _joined(lines)
+
+
+def _joined(lines: list[str]) -> str:
+    # A violation's detail or a setup error may quote what a hostile peer or a server
+    # answered: each line escaped, so none can steer the terminal or add lines.
+    return "\n".join(escape_controls(line) for line in lines)
 
 
 def to_json(result: ChaosResult) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Final
 from discovery.cli.entrypoint import add_verbose_flag
 from discovery.cli.options import (
     COMMON_OPTIONS,
+    MEMBER_OPTIONS,
     ZK_OPTIONS,
     Option,
     add_log_level_override,
@@ -27,6 +28,7 @@ from discovery.cli.options import (
 )
 from discovery.config import ZkConfig
 from discovery.errors import DiscoveryError, StatusError
+from discovery.safetext import escape_controls
 
 from ..exitcodes import (
     EPILOG,
@@ -70,7 +72,8 @@ def _status_options() -> tuple[Option, ...]:
     )
     # --log-level is the ``discovery`` command's own (see below).
     common = tuple(o for o in COMMON_OPTIONS if o.flag != "--log-level")
-    return (*zk, *common)
+    # Registrations are judged as the leader judges them: give the search servers'.
+    return (*zk, *common, *MEMBER_OPTIONS)
 
 
 def _shard_count(text: str) -> int:
@@ -120,8 +123,10 @@ def add_parser(
         default=0,
         metavar="N",
         help="how many shards the cluster has (0 to N-1), so that a shard whose last "
-        "server left is named among those with no live replica (default 0: the shards "
-        "seen)",
+        "server left is named among those with no live replica, and a data server "
+        "registered with another shard number is reported as refused "
+        "(shard_out_of_range, among the invalid registrations), as the leader and the "
+        "search servers of that --shards refuse it (default 0: the shards seen)",
     )
     parser.set_defaults(func=run)
     return parser
@@ -143,10 +148,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     try:
-        status = asyncio.run(fetch_status(zk, cluster, expected_shards=args.shards))
+        status = asyncio.run(
+            fetch_status(
+                zk,
+                cluster,
+                expected_shards=args.shards,
+                allow_persistent_members=args.allow_persistent_members,
+            )
+        )
     except StatusError as exc:
-        for line in str(exc).splitlines():
-            print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+        # One line per system (joined by "\n"); each may quote what a server or the
+        # store answered, so it is escaped as the report is (a newline in it included).
+        for line in str(exc).split("\n"):
+            print(f"{PROG}: {escape_controls(line)}", file=sys.stderr, flush=True)
         return EXIT_REFUSED if exc.refused else EXIT_UNREACHABLE
     if args.json:
         print(json.dumps(status.to_dict(), sort_keys=True, indent=2), flush=True)

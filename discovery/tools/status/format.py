@@ -1,5 +1,11 @@
 """The text report of ``discovery status`` (the ``--json`` document is
-:meth:`~discovery.tools.status.model.ClusterStatus.to_dict`)."""
+:meth:`~discovery.tools.status.model.ClusterStatus.to_dict`).
+
+Much of what it shows was written by others (a data server's reason, an election
+node's id, a marker, the published list): every line goes through
+:func:`~discovery.safetext.escape_controls`, so none can steer the terminal or add
+lines of its own, and what is padded into a column is escaped before it is measured.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from discovery.instance import DEFAULT_WEIGHT, ServiceInstance
+from discovery.safetext import escape_controls
 from discovery.zk.maintenance import apply_marker
 
 from .model import ClusterStatus, by_id
@@ -56,6 +63,12 @@ def _some(values: Sequence[object], shown: int = 20) -> str:
     """``values`` joined by commas, the first ``shown`` of them and how many more."""
     text = ", ".join(str(v) for v in values[:shown])
     return text + (f" … and {len(values) - shown} more" if len(values) > shown else "")
+
+
+def _report(lines: list[str]) -> str:
+    """The lines as the report: each escaped as a whole, so that a newline inside one
+    (a reason's, say) shows as ``\\n`` instead of starting a line of its own."""
+    return "\n".join(escape_controls(line) for line in lines)
 
 
 def _more(count: int, cap: int | None, indent: str) -> list[str]:
@@ -133,6 +146,7 @@ def format_text(status: ClusterStatus, *, every_server: bool | None = None) -> s
     if summary.no_live_replica:
         lines.append(f"  no live replica: shard {_some(summary.no_live_replica)}")
     every = len(status.data_servers) <= LIST_AT_MOST if every_server is None else every_server
+    # Ids are checked names (no control characters), so their length is their width.
     width = max((len(i) for i in status.data_servers), default=0)
 
     def server_line(instance: ServiceInstance) -> str:
@@ -191,7 +205,9 @@ def format_text(status: ClusterStatus, *, every_server: bool | None = None) -> s
         lines.extend(_more(len(shared), cap, "    "))
     if status.maintenance:
         lines.append(f"maintenance ({len(status.maintenance)}):")
-        width = max(len(k) for k in status.maintenance)
+        # Marker nodes are named by whoever wrote them: measured as they will show.
+        keys = {key: escape_controls(key) for key in status.maintenance}
+        width = max(len(shown) for shown in keys.values())
         for key in sorted(status.maintenance)[:cap]:
             marker = status.maintenance[key]
             where = "registered" if key in status.data_servers else "not registered"
@@ -200,12 +216,12 @@ def format_text(status: ClusterStatus, *, every_server: bool | None = None) -> s
                 detail = f"{marker.reason}  (set {when} by {marker.by or '?'})"
             else:
                 detail = f"UNREADABLE marker ({marker.problem}): applied anyway"
-            lines.append(f"  {key:<{width}}  {where:<14}  {detail}")
+            lines.append(f"  {keys[key]:<{width}}  {where:<14}  {detail}")
         lines.extend(_more(len(status.maintenance), cap, "  "))
 
     if diff.in_sync:
         lines.append("differences: none")
-        return "\n".join(lines)
+        return _report(lines)
     lines.append("differences:")
     if diff.no_leader:
         lines.append("  no leader elected")
@@ -225,4 +241,4 @@ def format_text(status: ClusterStatus, *, every_server: bool | None = None) -> s
         )
         lines.append(f"  differs {mismatch.id} (registered -> published): {changes}")
     lines.extend(_more(len(diff.mismatched), cap, "  "))
-    return "\n".join(lines)
+    return _report(lines)

@@ -29,6 +29,7 @@ from discovery.errors import (
 from discovery.instance import ServiceInstance
 from discovery.livelist.admin import LiveListAdmin, OpenedStore
 from discovery.livelist.open import default_schemes, open_store
+from discovery.livelist.shards import shard_out_of_range
 from discovery.zk.maintenance import read_markers
 from discovery.zk.membership import decode_child
 from discovery.zk.multiread import read_many
@@ -66,14 +67,15 @@ async def _children(session: ZkSession, path: str) -> list[str]:
 
 
 async def read_directory(
-    session: ZkSession, path: str
+    session: ZkSession, path: str, *, allow_persistent: bool = False
 ) -> tuple[dict[str, ServiceInstance], dict[str, str]]:
     """Decode the ServiceInstances under ``path``: ``(valid by id, invalid id -> reason)``.
 
     A child is invalid exactly when the membership watcher skips it (the same
     :func:`~discovery.zk.membership.decode_child`): too large, not a valid
-    ServiceInstance, an ``id`` other than its znode name, or a persistent node whose
-    document says it is an ephemeral (``DYNAMIC``) registration.
+    ServiceInstance, an ``id`` other than its znode name, a persistent node whose
+    document says it is an ephemeral (``DYNAMIC``) registration, or any other persistent
+    node unless ``allow_persistent`` (the leader's ``--allow-persistent-members``).
     """
     children = await _children(session, path)
     # multiRead: hundreds of nodes per request (50,000 in about half a second, where a
@@ -83,7 +85,7 @@ async def read_directory(
     valid: dict[str, ServiceInstance] = {}
     invalid: dict[str, str] = {}
     for child, (data, stat) in nodes.items():
-        decoded = decode_child(child, data, stat)
+        decoded = decode_child(child, data, stat, allow_persistent=allow_persistent)
         if isinstance(decoded, str):
             invalid[child] = decoded
         else:
@@ -110,14 +112,19 @@ async def collect_status(
     store: LiveListAdmin,
     *,
     expected_shards: int = 0,
+    allow_persistent_members: bool = False,
     clock: Callable[[], float] = time.time,
 ) -> ClusterStatus:
     """Read the cluster's registrations, election and published list, and compare them.
 
     ``session`` must be started; ``store`` is the live-list store's admin
     (:attr:`~discovery.livelist.admin.OpenedStore.admin`); ``expected_shards`` the
-    cluster's shard count (0: only the shards seen). The ZooKeeper and store reads run
-    concurrently.
+    cluster's shard count (0: only the shards seen): a data server of a shard outside
+    it is reported among the invalid registrations, refused as the leader and the
+    search servers of that ``--shards`` refuse it (``shard_out_of_range``);
+    ``allow_persistent_members`` judges persistent registrations as a leader with
+    ``--allow-persistent-members`` does (by default they are listed as invalid, reason
+    ``persistent``). The ZooKeeper and store reads run concurrently.
 
     Raises:
         ZkError: a ZooKeeper read failed (ZkConnectionError if unreachable).
@@ -132,11 +139,15 @@ async def collect_status(
         maintenance,
     ) = await _gather_first_error(
         read_contenders(session),
-        read_directory(session, SEARCH_MEMBERS_PATH),
-        read_directory(session, DATA_SERVERS_PATH),
+        read_directory(session, SEARCH_MEMBERS_PATH, allow_persistent=allow_persistent_members),
+        read_directory(session, DATA_SERVERS_PATH, allow_persistent=allow_persistent_members),
         store.read_published(),
         read_markers(session),
     )
+    if expected_shards > 0:
+        data_servers, data_invalid = _refuse_other_shards(
+            data_servers, data_invalid, expected_shards
+        )
     elected = tuple(contenders)
     prefix = store.prefix
     status = ClusterStatus(
@@ -163,6 +174,22 @@ async def collect_status(
         differences.in_sync,
     )
     return dataclasses.replace(status, differences=differences)
+
+
+def _refuse_other_shards(
+    valid: dict[str, ServiceInstance], invalid: dict[str, str], shards: int
+) -> tuple[dict[str, ServiceInstance], dict[str, str]]:
+    """``valid`` less the servers of a shard outside ``0..shards - 1``, and ``invalid``
+    with each of them and why (:func:`~discovery.livelist.shards.shard_out_of_range`)."""
+    refused = {
+        key: reason
+        for key, instance in valid.items()
+        if (reason := shard_out_of_range(instance, shards)) is not None
+    }
+    if not refused:
+        return valid, invalid
+    kept = {key: instance for key, instance in valid.items() if key not in refused}
+    return kept, {**invalid, **refused}
 
 
 async def _gather_first_error(*aws: Awaitable[Any]) -> list[Any]:
@@ -210,9 +237,14 @@ async def _open_store(cluster: ClusterConfig) -> OpenedStore:
 
 
 async def fetch_status(
-    zk: ZkConfig, cluster: ClusterConfig, *, expected_shards: int = 0
+    zk: ZkConfig,
+    cluster: ClusterConfig,
+    *,
+    expected_shards: int = 0,
+    allow_persistent_members: bool = False,
 ) -> ClusterStatus:
-    """Connect to ZooKeeper and the store (concurrently), collect the status, disconnect.
+    """Connect to ZooKeeper and the store (concurrently), collect the status, disconnect
+    (``expected_shards`` and ``allow_persistent_members``: see :func:`collect_status`).
 
     Raises:
         StatusError: one line per system that could not be reached or read, naming it
@@ -242,7 +274,10 @@ async def fetch_status(
         assert not isinstance(store_result, BaseException)
         try:
             return await collect_status(
-                zk_result, store_result.admin, expected_shards=expected_shards
+                zk_result,
+                store_result.admin,
+                expected_shards=expected_shards,
+                allow_persistent_members=allow_persistent_members,
             )
         except ZkError as exc:
             raise StatusError(
