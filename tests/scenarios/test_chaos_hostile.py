@@ -241,6 +241,7 @@ def test_every_hostile_registration_and_rewrite_is_refused_by_the_contract() -> 
         "hostile-ab12cd-label": ["malformed", "malformed"],
         "hostile-ab12cd-linklocal": ["malformed", "malformed"],
         "hostile-ab12cd-persistent": [PERSISTENT_DYNAMIC],
+        "hostile-ab12cd-static": ["persistent"],
         "hostile-ab12cd-impostor": ["id_mismatch", "id_mismatch"],
     }
     documents = {node.child: node.data for node in nodes}

@@ -58,6 +58,8 @@ class CommandLines:
             *("--heartbeat-interval", str(config.heartbeat_interval)),
             *("--heartbeat-ttl", str(config.heartbeat_ttl)),
             *("--reconcile-interval", "5", "--timeout-ms", str(config.deadline_ms)),
+            # The cluster's shard count: a registration of any other is refused (issue 42).
+            *("--shards", str(config.shards)),
         ]
 
     def data(self, name: str, shard: int, replica: int) -> list[str]:

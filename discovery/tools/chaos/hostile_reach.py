@@ -48,10 +48,11 @@ PROBE_TIMEOUT = 2.0
 #: How far past the cluster's shards a phantom shard's number is drawn.
 PHANTOM_SPREAD = 1000
 
-#: Members the leader refused for a shard out of range (``--shards``).
-_SHARD_REFUSED_METRIC = "discovery_leader_members_refused_total"
-#: Data servers a search server left out of its routing table, by kind.
-_UNROUTABLE_METRIC = "search_server_unroutable_total"
+#: Child versions the leader skipped, by reason (``shard_out_of_range``: ``--shards``).
+_SKIPPED_METRIC = "discovery_membership_skipped_total"
+#: Data servers a search server left out of its routing table, by why (``not_allowed``:
+#: outside ``--allowed-networks``, or loopback while it listens elsewhere).
+_UNROUTABLE_METRIC = "search_server_fanout_unroutable_total"
 _IDLE_EVICTED_METRIC = "discovery_http_connections_evicted_total"
 
 _HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: chaos\r\nConnection: keep-alive\r\n\r\n"
@@ -108,7 +109,11 @@ async def hostile_phantom_shard(ctx: FaultContext) -> None:
     shard = ctx.config.shards + ctx.rng.randrange(PHANTOM_SPREAD)
     child = f"hostile-phantom-{ctx.rng.randrange(16**6):06x}"
     leader = await cluster.leader()
-    before = _counter(await cluster.metrics(leader), _SHARD_REFUSED_METRIC) if leader else None
+    before = (
+        _counter(await cluster.metrics(leader), _SKIPPED_METRIC, reason="shard_out_of_range")
+        if leader
+        else None
+    )
     async with watched(ctx, kind, allowed_missing=0, lists_equal_model=True) as watch:
         phantom = _instance(child, _phantom_address(cluster), 9, shard)
         try:
@@ -119,7 +124,11 @@ async def hostile_phantom_shard(ctx: FaultContext) -> None:
             return
         # Answers after it left must not remember the phantom either.
         await ctx.hold(2.0, 4.0)
-        after = _counter(await cluster.metrics(leader), _SHARD_REFUSED_METRIC) if leader else None
+        after = (
+            _counter(await cluster.metrics(leader), _SKIPPED_METRIC, reason="shard_out_of_range")
+            if leader
+            else None
+        )
         watch.notes.update(shard=shard)
         if before is None or after is None:
             key = kind + " (refusal count)"
@@ -154,12 +163,12 @@ async def hostile_loopback_target(ctx: FaultContext) -> None:
     shard = ctx.rng.choice(shards)
     child = f"hostile-loopback-{ctx.rng.randrange(16**6):06x}"
     searchers = [m for m in cluster.search.values() if m.running and not m.paused]
-    before = await _counters(cluster, searchers, _UNROUTABLE_METRIC, kind="loopback")
+    before = await _counters(cluster, searchers, _UNROUTABLE_METRIC, why="not_allowed")
     async with watched(ctx, kind, allowed_missing=0) as watch:
         try:
             async with _registered(ctx, child, _instance(child, "127.0.0.1", 9, shard)):
                 await ctx.hold(3.0, 5.0)
-                after = await _counters(cluster, searchers, _UNROUTABLE_METRIC, kind="loopback")
+                after = await _counters(cluster, searchers, _UNROUTABLE_METRIC, why="not_allowed")
         except DiscoveryError as exc:
             observer.violate("fault injected", f"{kind}: {exc}")
             return
