@@ -8,6 +8,8 @@ Settings: docs/settings.md, "How settings are read".
 
 from __future__ import annotations
 
+import os
+import ssl
 import urllib.parse
 from dataclasses import dataclass, fields
 
@@ -120,6 +122,17 @@ class ZkConfig:
             defaults to the session timeout.
         auth: digest credentials ``user:password`` or None. The repr shows the user
             and hides the password (``'user:***'``), so a logged config leaks nothing.
+        tls: connect over TLS (to ZooKeeper's ``secureClientPort``). The server's
+            certificate chain is always verified (against ``tls_ca``, else the
+            system's CAs), and so is its name: the certificate must name each host as
+            written in ``hosts`` (DNS name or IP address).
+        tls_ca: PEM file of the CA certificates that verify the servers.
+        tls_cert, tls_key: a client certificate and its (unencrypted) key, for an
+            ensemble that requires one (``ssl.clientAuth=need``); both or neither.
+
+    TLS files are checked when the config is built: each must be a readable file, and
+    they must load (a CA file holding no certificate, or a key that does not match its
+    certificate, is refused here rather than retried for ever at connect time).
     """
 
     hosts: str
@@ -127,6 +140,10 @@ class ZkConfig:
     connect_timeout: float = 30.0
     operation_timeout: float | None = None
     auth: str | None = None
+    tls: bool = False
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.hosts or not self.hosts.strip():
@@ -138,6 +155,7 @@ class ZkConfig:
             raise ConfigError(f"operation_timeout must be positive, got {self.operation_timeout}")
         if self.auth is not None and ":" not in self.auth:
             raise ConfigError("--zk-auth / DISCOVERY_ZK_AUTH: expected user:password")
+        _check_zk_tls(self)
 
     def __repr__(self) -> str:
         shown = []
@@ -156,14 +174,70 @@ class ZkConfig:
         )
 
 
+#: ZkConfig's TLS files: field, flag and variable.
+_ZK_TLS_FILES = (
+    ("tls_ca", "--zk-tls-ca", "DISCOVERY_ZK_TLS_CA"),
+    ("tls_cert", "--zk-tls-cert", "DISCOVERY_ZK_TLS_CERT"),
+    ("tls_key", "--zk-tls-key", "DISCOVERY_ZK_TLS_KEY"),
+)
+
+
+def _no_key_password() -> str:
+    # Without a callback OpenSSL would prompt on the terminal for an encrypted key's
+    # password, and so would kazoo, which loads the key at each connection.
+    raise ConfigError(
+        "--zk-tls-key / DISCOVERY_ZK_TLS_KEY: the key is encrypted; give it unencrypted"
+    )
+
+
+def _check_zk_tls(config: ZkConfig) -> None:
+    """Check ``config``'s TLS settings: files only with TLS, readable, and loadable."""
+    for name, flag, env in _ZK_TLS_FILES:
+        path = getattr(config, name)
+        if path is None:
+            continue
+        if not config.tls:
+            raise ConfigError(f"{flag} / {env} needs --zk-tls (DISCOVERY_ZK_TLS=1)")
+        if not os.path.isfile(path):
+            raise ConfigError(f"{flag} / {env}: no such file: {path!r}")
+        if not os.access(path, os.R_OK):
+            raise ConfigError(f"{flag} / {env}: file not readable: {path!r}")
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError(
+            "--zk-tls-cert and --zk-tls-key (DISCOVERY_ZK_TLS_CERT, DISCOVERY_ZK_TLS_KEY) "
+            "go together: give both or neither"
+        )
+    if not config.tls:
+        return
+    # Loaded once here only to refuse bad files early; kazoo loads them again at each
+    # connection (so renewed files on disk are picked up at the next reconnection).
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if config.tls_ca is not None:
+        try:
+            context.load_verify_locations(cafile=config.tls_ca)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise ConfigError(
+                f"--zk-tls-ca / DISCOVERY_ZK_TLS_CA: {config.tls_ca!r} holds no usable PEM "
+                f"CA certificate: {exc}"
+            ) from None
+    if config.tls_cert is not None:
+        try:
+            context.load_cert_chain(config.tls_cert, config.tls_key, password=_no_key_password)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise ConfigError(
+                f"--zk-tls-cert / --zk-tls-key: cannot load the client certificate "
+                f"{config.tls_cert!r} with its key {config.tls_key!r}: {exc}"
+            ) from None
+
+
 @dataclass(frozen=True)
 class HttpEdgeConfig:
-    """What a client can hold of one of our HTTP servers before it has sent a request.
+    """What a client can hold of one of our HTTP servers: connections, and their time.
 
     A connection waits for a request head from the moment it opens, and on a kept-alive
-    connection from the first byte of the next request (an idle kept-alive connection
-    waits for nothing: aiohttp's keep-alive timeout closes it). See
-    :mod:`discovery.httpedge`.
+    connection from the first byte of the next request; an idle kept-alive connection
+    waits for nothing (the keep-alive timeout closes it, sooner near the cap). See
+    :mod:`discovery.httpedge` and :mod:`discovery.httpconns`.
 
     Attributes:
         header_timeout: seconds a request head may take to arrive in full; the
@@ -172,10 +246,18 @@ class HttpEdgeConfig:
         max_pending_headers: connections that may be waiting for a request head at
             once; one more closes the one that has waited longest, so that clients
             holding many such connections cannot crowd out new ones.
+        max_connections: connections that may be open at once; one more closes the
+            longest idle kept-alive one, else the longest waiting for a head, else is
+            refused (503). None: derived from the open-file limit at start-up
+            (:func:`~discovery.httpconns.default_max_connections`).
+        pressure_keepalive: seconds an idle kept-alive connection is kept while more
+            than three quarters of ``max_connections`` are open (otherwise 75 s).
     """
 
     header_timeout: float = 10.0
     max_pending_headers: int = 256
+    max_connections: int | None = None
+    pressure_keepalive: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 < self.header_timeout < float("inf"):
@@ -187,6 +269,16 @@ class HttpEdgeConfig:
             raise ConfigError(
                 f"--max-pending-headers / DISCOVERY_MAX_PENDING_HEADERS must be at least 1, "
                 f"got {self.max_pending_headers!r}"
+            )
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ConfigError(
+                f"--max-connections / DISCOVERY_MAX_CONNECTIONS must be at least 1, "
+                f"got {self.max_connections!r}"
+            )
+        if not 0 < self.pressure_keepalive < float("inf"):
+            raise ConfigError(
+                f"--pressure-keepalive / DISCOVERY_PRESSURE_KEEPALIVE must be a positive "
+                f"number of seconds, got {self.pressure_keepalive!r}"
             )
 
 

@@ -1,8 +1,13 @@
-"""The HTTP servers' edge: bounds on how long a request head may take, and on how many wait.
+"""The HTTP servers' edge: bounds on how long a request head may take, on how many wait,
+and on how many connections are open.
 
 :class:`HeaderGuard` answers ``408`` and closes a connection whose head takes longer than
 ``header_timeout``, and closes the longest waiting when more than ``max_pending_headers``
-wait; a request in the application is never cut. On the server's loop; not thread-safe.
+wait. At ``max_connections`` open, a new connection closes the longest idle kept-alive
+one, else the longest waiting for a head, else it is answered ``503`` and closed (the
+rule and the shorter keep-alive near the cap: :mod:`discovery.httpconns`). A request in
+the application, or whose answer is being written, is never cut. On the server's loop;
+not thread-safe.
 
 Design: docs/design/security.md, "HTTP edge".
 """
@@ -11,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 from collections.abc import Awaitable, Callable
 from typing import Final, cast
 
@@ -19,6 +23,8 @@ from aiohttp import StreamReader, web
 from prometheus_client import CollectorRegistry
 
 from discovery.config import HttpEdgeConfig
+from discovery.httpconns import ConnectionCap, default_max_connections, file_limit
+from discovery.httpheads import HeadWaits
 from discovery.metrics import HttpEdgeMetrics
 
 __all__ = ["KEEPALIVE_TIMEOUT", "HeaderGuard"]
@@ -28,7 +34,8 @@ log = logging.getLogger(__name__)
 #: Seconds our servers keep an idle kept-alive connection (aiohttp's ``web.run_app``
 #: default; its ``AppRunner`` would keep one an hour). Longer than the fan-out client's
 #: 30 s idle pool (:mod:`search_server.httpclient`), so that a request is rarely written
-#: on a connection the server is closing.
+#: on a connection the server is closing (near the connection cap an idle connection is
+#: kept only ``--pressure-keepalive``: :mod:`discovery.httpconns`).
 KEEPALIVE_TIMEOUT: Final = 75.0
 
 _TIMEOUT_BODY: Final = b'{"error": "the request headers did not arrive in time"}'
@@ -38,15 +45,26 @@ _REQUEST_TIMEOUT: Final = (
     b"Content-Length: %d\r\n"
     b"Connection: close\r\n\r\n%s" % (len(_TIMEOUT_BODY), _TIMEOUT_BODY)
 )
+_FULL_BODY: Final = b'{"error": "too many connections are open; try again shortly"}'
+_SERVICE_UNAVAILABLE: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\n"
+    b"Content-Type: application/json\r\n"
+    b"Content-Length: %d\r\n"
+    b"Retry-After: 1\r\n"
+    b"Connection: close\r\n\r\n%s" % (len(_FULL_BODY), _FULL_BODY)
+)
 
 
 class _Connection(asyncio.Protocol):
     """One connection: forwards every event to aiohttp's protocol and keeps the clock.
 
     ``_busy`` is True while a request of this connection is in the application;
-    ``_body`` is the body stream of the last request (its end tells a further
-    request's first byte from a body's); ``_pipelined`` records bytes of a further
-    request that arrived while one was in the application.
+    ``_task`` is that request's task until it ends, its answer written (aiohttp runs
+    each request in a task of its own); ``_body`` is the body stream of the last request
+    (its end tells a further request's first byte from a body's); ``_pipelined`` records
+    bytes of a further request that arrived while one was in the application. Idle (see
+    :meth:`_settle`): none of these, and not waiting for a head. A ``_refused``
+    connection was never shown to aiohttp.
     """
 
     __slots__ = (
@@ -56,6 +74,8 @@ class _Connection(asyncio.Protocol):
         "_inner",
         "_ledger",
         "_pipelined",
+        "_refused",
+        "_task",
         "_waiting",
         "transport",
     )
@@ -66,20 +86,30 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._waiting = False
         self._busy = False
+        self._task: asyncio.Task[object] | None = None
         self._body: StreamReader | None = None
         self._pipelined = False
         self._heard = False
+        self._refused = False
 
     # -- asyncio.Protocol, forwarded ---------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's is one without subclassing asyncio's).
         self.transport = cast(asyncio.Transport, transport)
+        if not self._ledger.admit(self):
+            # At the cap, every other connection busy: a prompt answer, not a hang.
+            self._refused = True
+            self.transport.write(_SERVICE_UNAVAILABLE)
+            self.transport.close()
+            return
         self._ledger.opened(self)
         self._wait()
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
         if data:
             if self._waiting:
                 self._heard = True
@@ -93,22 +123,32 @@ class _Connection(asyncio.Protocol):
                     # once the application is done with this one.
                     self._pipelined = True
         self._inner.data_received(data)
+        if self._task is None and not self._waiting:
+            self._settle()  # the end of a body aiohttp read after its request's answer
 
     def eof_received(self) -> bool | None:
+        if self._refused:
+            return None
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            self.transport = None
+            return
         self._stop_waiting()
         self._ledger.lost(self)
         self.transport = None
         self._busy = False
+        self._task = None
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self._inner.pause_writing()
+        if not self._refused:
+            self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self._inner.resume_writing()
+        if not self._refused:
+            self._inner.resume_writing()
 
     # -- the clock ---------------------------------------------------------------------
 
@@ -122,20 +162,29 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         if not self._waiting and transport is not None and not transport.is_closing():
             self._waiting = True
-            self._ledger.start_waiting(self)
+            self._ledger.cap.active(self)
+            self._ledger.heads.start_waiting(self)
 
     def _stop_waiting(self) -> None:
         if self._waiting:
             self._waiting = False
             self._heard = False
-            self._ledger.stop_waiting(self)
+            self._ledger.heads.stop_waiting(self)
 
-    def request_started(self, body: StreamReader) -> None:
-        """A request of this connection reached the application: its head is complete."""
+    def request_started(self, body: StreamReader, task: asyncio.Task[object] | None) -> None:
+        """A request of this connection reached the application: its head is complete.
+
+        ``task`` runs the request and ends once its answer is written: until then the
+        connection is not idle (None: never idle again, so never closed as idle).
+        """
         self._stop_waiting()
+        self._ledger.cap.active(self)
         self._busy = True
         self._body = body
         self._pipelined = False
+        self._task = task
+        if task is not None:
+            task.add_done_callback(self._request_ended)
 
     def request_done(self) -> None:
         self._busy = False
@@ -143,6 +192,37 @@ class _Connection(asyncio.Protocol):
             self._pipelined = False
             self._wait()
             self._heard = True
+
+    def _request_ended(self, task: asyncio.Task[object]) -> None:
+        # A later request of the connection may have started already (eager tasks).
+        if self._task is task:
+            self._task = None
+            self._settle()
+
+    def _settle(self) -> None:
+        """Tell the cap the connection is idle, if it is: its last answer written, no
+        request in the application, no body or head arriving."""
+        transport = self.transport
+        if (
+            transport is not None
+            and not transport.is_closing()
+            and not self._waiting
+            and not self._busy
+            and self._task is None
+            and not self._body_pending()
+        ):
+            self._ledger.cap.idle(self)
+
+    def _close(self) -> None:
+        transport = self.transport
+        assert transport is not None
+        self._ledger.cap.lost(self)  # now: the cap counts it closed before connection_lost
+        if transport.get_write_buffer_size():
+            # The client does not read: freeing the socket now matters more than the
+            # rest of what it was sent.
+            transport.abort()
+        else:
+            transport.close()
 
     def expire(self, reason: str) -> None:
         """Close the connection: its head took too long, or it made room for another."""
@@ -153,129 +233,116 @@ class _Connection(asyncio.Protocol):
             return
         if heard:
             transport.write(_REQUEST_TIMEOUT)
-        if transport.get_write_buffer_size():
-            # The client does not read: freeing the socket now matters more than the 408.
-            transport.abort()
-        else:
-            transport.close()
-        self._ledger.closed(reason)
+        self._close()
+        self._ledger.heads.closed(reason)
+
+    def close_idle(self, reason: str) -> None:
+        """Close the connection, idle (the cap's :class:`~discovery.httpconns.IdleConnection`)."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            self._close()
 
 
 class _Ledger:
-    """A guard's connections: each by transport, and those waiting for a request head.
+    """A guard's connections: each by transport, those waiting for a request head
+    (``heads``), and the cap on those open (``cap``)."""
 
-    Starting a wait with ``max_pending_headers`` already waiting closes the one that has
-    waited longest; one timer closes each whose ``header_timeout`` is over. Closes are
-    counted (not those of a shutdown).
-    """
-
-    def __init__(self, config: HttpEdgeConfig, metrics: HttpEdgeMetrics) -> None:
-        self._config = config
-        self._metrics = metrics
+    def __init__(self, heads: HeadWaits, cap: ConnectionCap) -> None:
+        self.heads = heads
+        self.cap = cap
         # Connections by transport, for the middleware to find a request's connection.
         self._connections: dict[asyncio.BaseTransport, _Connection] = {}
-        # Those waiting for a request head, by deadline. Every wait is as long, so the
-        # insertion order (a dict's) is the deadlines' order: the first entry is both the
-        # longest waiting and the next to expire, and one timer for it serves them all
-        # (no timer per request to arm and cancel).
-        self._waiting: dict[_Connection, float] = {}
-        self._sweeper: asyncio.TimerHandle | None = None
-        self.closed_slow = 0
-        self.evicted = 0
-
-    @property
-    def waiting(self) -> int:
-        """Connections waiting for a request head now."""
-        return len(self._waiting)
 
     def connection(self, transport: asyncio.BaseTransport) -> _Connection | None:
         """The open connection of ``transport``, if it is one of ours."""
         return self._connections.get(transport)
+
+    def admit(self, connection: _Connection) -> bool:
+        """Count a new connection open, making room at the cap: the longest idle is
+        closed, else the longest waiting for a head (slow heads only displace each
+        other). False, counted: every other connection has a request in progress."""
+        while not self.cap.admit(connection):
+            # One closing already frees no place: the next waiting one goes then.
+            if not self.heads.evict_oldest():
+                log.debug("refusing a connection: %d open, each with a request", self.cap.open)
+                self.cap.refuse()
+                return False
+            log.debug("closed a connection waiting for its request headers to make room")
+        return True
 
     def opened(self, connection: _Connection) -> None:
         assert connection.transport is not None
         self._connections[connection.transport] = connection
 
     def lost(self, connection: _Connection) -> None:
+        self.cap.lost(connection)
         if connection.transport is not None:
             self._connections.pop(connection.transport, None)
 
-    def start_waiting(self, connection: _Connection) -> None:
-        config = self._config
-        while len(self._waiting) >= config.max_pending_headers:
-            oldest = next(iter(self._waiting))
-            log.debug("closing a connection waiting for its request headers to make room")
-            oldest.expire("evicted")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + config.header_timeout
-        self._waiting[connection] = deadline
-        if self._sweeper is None:
-            self._sweeper = loop.call_at(deadline, self._sweep)
-
-    def stop_waiting(self, connection: _Connection) -> None:
-        self._waiting.pop(connection, None)
-
-    def _sweep(self) -> None:
-        """Close the connections whose wait is over; come back for the next one."""
-        self._sweeper = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        while self._waiting:
-            connection, deadline = next(iter(self._waiting.items()))
-            if deadline > now:
-                self._sweeper = loop.call_at(deadline, self._sweep)
-                return
-            connection.expire("header_timeout")  # which removes it from _waiting
-
-    def closed(self, reason: str) -> None:
-        """Count a connection closed for ``reason`` (``evicted``, ``header_timeout``)."""
-        if reason == "shutdown":
-            return
-        self._metrics.closed.labels(reason=reason).inc()
-        if reason == "evicted":
-            self.evicted += 1
-        else:
-            self.closed_slow += 1
-
     def close(self) -> None:
-        """Close every connection waiting for a head (a shutdown), and stop the timer."""
-        for connection in list(self._waiting):
-            connection.expire("shutdown")
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
+        """Close every connection waiting for a head (a shutdown), and stop the timers."""
+        self.heads.close()
+        self.cap.close()
 
 
 class HeaderGuard:
-    """Bounds the time request heads take and the connections waiting for one.
+    """Bounds the time request heads take, the connections waiting for one, and the
+    connections open.
 
     Use: build the application with :meth:`middleware` among its middlewares, set
     the runner up, then :meth:`listen`; :meth:`close` before the runner's
     ``cleanup()`` (it stops listening, as a site's ``stop()`` would). Metrics
-    (:class:`~discovery.metrics.HttpEdgeMetrics`) go to ``registry``.
+    (:class:`~discovery.metrics.HttpEdgeMetrics`) go to ``registry``. The cap on
+    connections is ``config.max_connections``, or derived from this process's open-file
+    limit now (:func:`~discovery.httpconns.default_max_connections`).
     """
 
     def __init__(self, config: HttpEdgeConfig, *, registry: CollectorRegistry) -> None:
         self.config = config
         self._metrics = HttpEdgeMetrics(registry)
         self._server: asyncio.Server | None = None
-        self._ledger = _Ledger(config, self._metrics)
-        self._metrics.pending.set_function(lambda: self._ledger.waiting)
+        limit = config.max_connections
+        if limit is None:
+            limit = default_max_connections(file_limit())
+        self._cap = ConnectionCap(limit, config.pressure_keepalive, self._metrics)
+        self._heads = HeadWaits(config, self._metrics)
+        self._ledger = _Ledger(self._heads, self._cap)
+        self._metrics.pending.set_function(lambda: self._heads.waiting)
 
     @property
     def closed_slow(self) -> int:
         """Connections closed because their request head took too long."""
-        return self._ledger.closed_slow
+        return self._heads.closed_slow
 
     @property
     def evicted(self) -> int:
         """Connections closed to make room for a newer one waiting for its head."""
-        return self._ledger.evicted
+        return self._heads.evicted
 
     @property
     def waiting(self) -> int:
         """Connections waiting for a request head now."""
-        return self._ledger.waiting
+        return self._heads.waiting
+
+    @property
+    def max_connections(self) -> int:
+        """The cap on connections open."""
+        return self._cap.limit
+
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        return self._cap.open
+
+    @property
+    def idle_connections(self) -> int:
+        """Open connections idle now (kept alive between requests)."""
+        return self._cap.idle_count
+
+    @property
+    def refused(self) -> int:
+        """Connections answered 503 at the cap."""
+        return self._cap.refused
 
     @property
     def port(self) -> int:
@@ -288,12 +355,13 @@ class HeaderGuard:
     async def middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        """Marks the request's connection busy while the application has its request."""
+        """Marks the request's connection busy while the application has its request,
+        and not idle until its answer is written (its task's end)."""
         transport = request.transport
         connection = self._ledger.connection(transport) if transport is not None else None
         if connection is None:
             return await handler(request)
-        connection.request_started(request.content)
+        connection.request_started(request.content, asyncio.current_task())
         try:
             return await handler(request)
         finally:
@@ -317,14 +385,16 @@ class HeaderGuard:
 
     def _check_file_limit(self) -> None:
         # The cap protects only while it leaves descriptors for everyone else.
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        cap = self.config.max_pending_headers
-        if soft != resource.RLIM_INFINITY and cap > soft // 2:
+        soft = file_limit()
+        cap = self._cap.limit
+        if cap > default_max_connections(soft):
             log.warning(
-                "--max-pending-headers %d is more than half this process's open-file limit "
-                "(%d): slow clients could use up the descriptors before the cap applies; "
-                "lower it or raise the limit (ulimit -n, LimitNOFILE=)",
+                "--max-connections %d leaves fewer than %d of this process's %d open files "
+                "to ZooKeeper, Redis, outgoing connections and files: clients could use up "
+                "the descriptors before the cap applies; lower it or raise the limit "
+                "(ulimit -n, LimitNOFILE=)",
                 cap,
+                soft - default_max_connections(soft),
                 soft,
             )
 

@@ -338,8 +338,8 @@ class HttpMetrics:
 
 
 class HttpEdgeMetrics:
-    """Connections an HTTP server of ours closed before their request arrived
-    (:mod:`discovery.httpedge`)."""
+    """Connections an HTTP server of ours holds, and those it closed or refused to bound
+    them (:mod:`discovery.httpedge`, :mod:`discovery.httpconns`)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.closed = Counter(
@@ -353,6 +353,28 @@ class HttpEdgeMetrics:
         self.pending = Gauge(
             "discovery_http_pending_headers",
             "Connections waiting for a request's headers now (new connections included).",
+            registry=registry,
+        )
+        self.connections = Gauge(
+            "discovery_http_connections", "Connections open now.", registry=registry
+        )
+        self.max_connections = Gauge(
+            "discovery_http_max_connections",
+            "The cap on open connections (--max-connections, or derived from ulimit -n).",
+            registry=registry,
+        )
+        self.idle_closed = Counter(
+            "discovery_http_idle_connections_closed",
+            "Idle kept-alive connections closed early, by reason: cap (the longest idle, "
+            "for a new connection at --max-connections) or pressure (idle longer than "
+            "--pressure-keepalive while over 75 % of the cap is open).",
+            ["reason"],
+            registry=registry,
+        )
+        self.refused = Counter(
+            "discovery_http_connections_refused",
+            "New connections answered 503 and closed at --max-connections: every other one "
+            "had a request in progress.",
             registry=registry,
         )
 

@@ -61,6 +61,7 @@ TIER_FIXTURES: dict[str, frozenset[str]] = {
             "sentinel_group",  # test_livelist_ha.py, test_store_conformance.py
             "acl_redis",  # test_redis_auth.py
             "tls_redis",  # test_redis_auth.py
+            "tls_zk",  # test_zk_tls.py
             "dist",  # test_package.py: `python -m build`, then pip into an empty venv
         }
     ),

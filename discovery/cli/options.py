@@ -292,6 +292,38 @@ ZK_OPTIONS: tuple[Option, ...] = (
         type=readable_file,
         metavar="PATH",
     ),
+    Option(
+        "--zk-tls",
+        "DISCOVERY_ZK_TLS",
+        "connect to ZooKeeper over TLS (its secureClientPort); the server's certificate "
+        "chain and its name (each host as written in --zk) are always verified",
+        type=env_flag,
+        default=False,
+        boolean=True,
+    ),
+    Option(
+        "--zk-tls-ca",
+        "DISCOVERY_ZK_TLS_CA",
+        "PEM file of the CA certificates that verify ZooKeeper (unset: the system's); "
+        "needs --zk-tls",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--zk-tls-cert",
+        "DISCOVERY_ZK_TLS_CERT",
+        "PEM client certificate, for an ensemble with ssl.clientAuth=need; needs --zk-tls "
+        "and --zk-tls-key",
+        type=readable_file,
+        metavar="PATH",
+    ),
+    Option(
+        "--zk-tls-key",
+        "DISCOVERY_ZK_TLS_KEY",
+        "PEM private key (unencrypted) of --zk-tls-cert",
+        type=readable_file,
+        metavar="PATH",
+    ),
 )
 
 
@@ -460,7 +492,8 @@ COMMON_OPTIONS: tuple[Option, ...] = (
 
 
 #: The HTTP servers' edge (:class:`~discovery.config.HttpEdgeConfig`): how long a client
-#: may take to send a request head, and how many connections may be doing so at once.
+#: may take to send a request head, how many connections may be doing so at once, and
+#: how many may be open at all.
 HTTP_EDGE_OPTIONS: tuple[Option, ...] = (
     Option(
         "--header-timeout",
@@ -479,6 +512,24 @@ HTTP_EDGE_OPTIONS: tuple[Option, ...] = (
         "the one that has waited longest",
         type=positive_int,
         default=256,
+    ),
+    Option(
+        "--max-connections",
+        "DISCOVERY_MAX_CONNECTIONS",
+        "connections that may be open at once; one more closes the longest idle "
+        "kept-alive one (else the longest waiting for its headers), or is answered 503 "
+        "if every other has a request in progress. Unset: the open-file limit (ulimit -n) "
+        "less a quarter of it (at least 64, at most half) for everything else",
+        type=positive_int,
+    ),
+    Option(
+        "--pressure-keepalive",
+        "DISCOVERY_PRESSURE_KEEPALIVE",
+        "seconds an idle kept-alive connection is kept while more than 75%% of "
+        "--max-connections are open (75 s otherwise); the longest idle go first",
+        type=positive_float,
+        default=5.0,
+        metavar="SECONDS",
     ),
 )
 
@@ -655,19 +706,30 @@ def zk_auth(args: argparse.Namespace) -> str | None:
 
 
 def zk_config(args: argparse.Namespace) -> ZkConfig:
-    """The ZkConfig of a namespace parsed with :data:`ZK_OPTIONS` (see :func:`zk_auth`)."""
+    """The ZkConfig of a namespace parsed with :data:`ZK_OPTIONS` (see :func:`zk_auth`).
+
+    Raises:
+        ConfigError: bad credentials or TLS settings (see :class:`ZkConfig`), naming the flag.
+    """
     return ZkConfig(
         hosts=args.zk,
         session_timeout=args.session_timeout,
         connect_timeout=args.zk_connect_timeout,
         auth=zk_auth(args),
+        tls=args.zk_tls,
+        tls_ca=args.zk_tls_ca,
+        tls_cert=args.zk_tls_cert,
+        tls_key=args.zk_tls_key,
     )
 
 
 def http_edge_config(args: argparse.Namespace) -> HttpEdgeConfig:
     """The HttpEdgeConfig of a namespace parsed with :data:`HTTP_EDGE_OPTIONS`."""
     return HttpEdgeConfig(
-        header_timeout=args.header_timeout, max_pending_headers=args.max_pending_headers
+        header_timeout=args.header_timeout,
+        max_pending_headers=args.max_pending_headers,
+        max_connections=args.max_connections,
+        pressure_keepalive=args.pressure_keepalive,
     )
 
 

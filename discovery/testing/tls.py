@@ -1,4 +1,4 @@
-"""Throwaway TLS certificates for a local Redis: a CA, a server and a client certificate.
+"""Throwaway TLS certificates for a local Redis or ZooKeeper: a CA, a server and a client one.
 
 For development and tests only: unencrypted keys, a CA nobody else trusts, a few days'
 validity; the server certificate names ``localhost`` and ``127.0.0.1``.

@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ from discovery.errors import DevClusterError
 
 from .ports import LOOPBACK, free_port, free_ports
 from .process import ManagedProcess
+from .zkconfig import JVM_FLAGS, ZooKeeperTls, find_java, four_letter_word, zookeeper_classpath
 
 __all__ = [
     "DEFAULT_MAX_SESSION_TIMEOUT_MS",
@@ -31,6 +30,7 @@ __all__ = [
     "QuorumPeer",
     "ZooKeeperEnsemble",
     "ZooKeeperServer",
+    "ZooKeeperTls",
     "find_java",
     "four_letter_word",
     "zookeeper_classpath",
@@ -45,84 +45,8 @@ DEFAULT_MAX_SESSION_TIMEOUT_MS = 60_000
 #: ``preAllocSize``: how far ZooKeeper grows its transaction log at a time, in KiB.
 DEFAULT_PRE_ALLOC_KB = 4096
 
-_DEBIAN_ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
-# The Debian jar names its dependencies in its manifest, but not a logging binding; without
-# one slf4j drops every server log line, which we need for error messages.
-_DEBIAN_SLF4J_BINDING = Path("/usr/share/java/slf4j-simple.jar")
 _STANDALONE_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
 _QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
-# Small heap, serial GC and C1 only: a dev server holds little data, and these flags roughly
-# halve start-up time and resident memory, which matters with several JVMs on one machine.
-_JVM_FLAGS = (
-    "-Xms32m",
-    "-Xmx256m",
-    "-XX:+UseSerialGC",
-    "-XX:TieredStopAtLevel=1",
-    "-XX:-UsePerfData",
-    "-Xshare:auto",
-    "-Djava.net.preferIPv4Stack=true",
-    "-Dzookeeper.jmx.log4j.disable=true",
-    "-Dorg.slf4j.simpleLogger.showDateTime=true",
-    "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd HH:mm:ss.SSS",
-)
-_SETUP_HINT = "run `make setup` (installs the Debian packages zookeeper and a Java runtime)"
-
-
-def find_java() -> str:
-    """Return the ``java`` executable: ``$JAVA``, ``$JAVA_HOME/bin/java``, or ``java`` on PATH.
-
-    Raises ``DevClusterError`` naming ``make setup`` if none is found.
-    """
-    explicit = os.environ.get("JAVA")
-    if explicit:
-        found = shutil.which(explicit)
-        if found is None:
-            raise DevClusterError(f"$JAVA={explicit!r} is not an executable; {_SETUP_HINT}")
-        return found
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home:
-        candidate = Path(java_home) / "bin" / "java"
-        if os.access(candidate, os.X_OK):
-            return str(candidate)
-    found = shutil.which("java")
-    if found is None:
-        raise DevClusterError(f"no `java` found ($JAVA, $JAVA_HOME, PATH); {_SETUP_HINT}")
-    return found
-
-
-def zookeeper_classpath() -> str:
-    """Return the JVM classpath for ZooKeeper: ``$ZOOKEEPER_CLASSPATH`` or the Debian jars.
-
-    Raises ``DevClusterError`` naming ``make setup`` if the Debian jar is missing and no
-    classpath is configured.
-    """
-    explicit = os.environ.get("ZOOKEEPER_CLASSPATH")
-    if explicit:
-        return explicit
-    if not _DEBIAN_ZOOKEEPER_JAR.is_file():
-        raise DevClusterError(
-            f"{_DEBIAN_ZOOKEEPER_JAR} not found and $ZOOKEEPER_CLASSPATH is not set; {_SETUP_HINT}"
-        )
-    parts = [str(_DEBIAN_ZOOKEEPER_JAR)]
-    if _DEBIAN_SLF4J_BINDING.is_file():
-        parts.append(str(_DEBIAN_SLF4J_BINDING))
-    return os.pathsep.join(parts)
-
-
-def four_letter_word(port: int, word: str, host: str = LOOPBACK, timeout: float = 2.0) -> str:
-    """Send a ZooKeeper four-letter command (``srvr``, ``ruok``, ``mntr``...) and return the answer.
-
-    Only commands listed in the server's ``4lw.commands.whitelist`` answer. Raises
-    ``OSError`` (including ``TimeoutError``) if the server cannot be reached.
-    """
-    if len(word) != 4:
-        raise ValueError(f"four-letter words have four letters, got {word!r}")
-    chunks: list[bytes] = []
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.sendall(word.encode("ascii"))
-        while chunk := sock.recv(4096):
-            chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8", errors="replace")
 
 
 @dataclass(frozen=True)
@@ -146,6 +70,8 @@ class ZooKeeperServer(ManagedProcess):
     disk refuses the next write rather than one a few megabytes later. Without
     ``peers`` the server runs standalone (``ZooKeeperServerMain``); with ``peers``
     (which must include ``server_id``) it is a quorum member (``QuorumPeerMain``).
+    With ``tls`` the client port speaks only TLS (:class:`ZooKeeperTls`; the peers
+    still talk in plaintext), and readiness is probed over TLS.
 
     ``start()`` returns once the server actually serves (``start(wait=False)`` only launches
     the JVM). Constructor arguments are validated with ``ValueError``.
@@ -165,6 +91,7 @@ class ZooKeeperServer(ManagedProcess):
         launcher: Sequence[str] = (),
         data_dir: str | os.PathLike[str] | None = None,
         pre_alloc_kb: int = DEFAULT_PRE_ALLOC_KB,
+        tls: ZooKeeperTls | None = None,
     ) -> None:
         if server_id < 1:
             raise ValueError(f"server_id must be >= 1, got {server_id}")
@@ -194,6 +121,7 @@ class ZooKeeperServer(ManagedProcess):
         self._launcher = tuple(launcher)
         self._data_dir = directory / "data" if data_dir is None else Path(data_dir)
         self._pre_alloc_kb = pre_alloc_kb
+        self._tls = tls
 
     @property
     def server_id(self) -> int:
@@ -209,6 +137,19 @@ class ZooKeeperServer(ManagedProcess):
     def address(self) -> str:
         """``<host>:<client port>``, usable as a kazoo hosts string."""
         return f"{self._host}:{self._client_port}"
+
+    @property
+    def tls(self) -> ZooKeeperTls | None:
+        """The client port's TLS (None: plaintext)."""
+        return self._tls
+
+    def four_letter_word(self, word: str, timeout: float = 2.0) -> str:
+        """Send a four-letter command to this server (over TLS with :attr:`tls`).
+
+        Raises ``OSError`` if the server cannot be reached (see :func:`four_letter_word`).
+        """
+        context = None if self._tls is None else self._tls.client_context()
+        return four_letter_word(self._client_port, word, self._host, timeout, context=context)
 
     @property
     def tick_time_ms(self) -> int:
@@ -242,7 +183,7 @@ class ZooKeeperServer(ManagedProcess):
         Never raises: an unreachable or not-yet-serving server gives None.
         """
         try:
-            answer = four_letter_word(self._client_port, "srvr", self._host, timeout=1.0)
+            answer = self.four_letter_word("srvr", timeout=1.0)
         except OSError:
             return None
         for line in answer.splitlines():
@@ -255,9 +196,9 @@ class ZooKeeperServer(ManagedProcess):
         return [
             *self._launcher,
             find_java(),
-            *_JVM_FLAGS,
+            *JVM_FLAGS,
             "-cp",
-            zookeeper_classpath(),
+            zookeeper_classpath(netty=self._tls is not None),
             main_class,
             str(self.config_path),
         ]
@@ -267,8 +208,6 @@ class ZooKeeperServer(ManagedProcess):
         lines = [
             f"tickTime={self._tick_time_ms}",
             f"dataDir={self.data_dir}",
-            f"clientPort={self._client_port}",
-            f"clientPortAddress={self._host}",
             f"minSessionTimeout={self._min_session_timeout_ms}",
             f"maxSessionTimeout={self._max_session_timeout_ms}",
             "admin.enableServer=false",
@@ -289,6 +228,12 @@ class ZooKeeperServer(ManagedProcess):
             "autopurge.snapRetainCount=3",
             "autopurge.purgeInterval=1",
         ]
+        if self._tls is None:
+            lines += [f"clientPort={self._client_port}", f"clientPortAddress={self._host}"]
+        else:
+            keystore = self._workdir / "keystore.pem"
+            self._tls.write_keystore(keystore)
+            lines += self._tls.zoo_cfg(port=self._client_port, host=self._host, keystore=keystore)
         if self._peers:
             # The limits count ticks. With the short ticks we use for short sessions,
             # ZooKeeper's usual 10 and 5 ticks would give a follower 0.5 s to answer its
@@ -308,7 +253,7 @@ class ZooKeeperServer(ManagedProcess):
         # `ruok` answers `imok` as soon as the port is open, even while a quorum member is
         # still electing; `srvr` reports a Mode only once the server really serves.
         try:
-            answer = four_letter_word(self._client_port, "srvr", self._host, timeout=1.0)
+            answer = self.four_letter_word("srvr", timeout=1.0)
         except OSError:
             return False
         return "Mode:" in answer
@@ -320,8 +265,8 @@ class ZooKeeperEnsemble:
     ``host`` binds every server to another address (a network lab's gateway);
     ``server_hosts`` gives each server an address of its own and ``launchers`` a command
     prefix each (``Host.wrap([])``: the server runs inside that lab host's namespace),
-    so that a link between two servers can be cut; ``data_dirs`` and ``pre_alloc_kb``
-    are each server's (see :class:`ZooKeeperServer`).
+    so that a link between two servers can be cut; ``data_dirs``, ``pre_alloc_kb`` and
+    ``tls`` are each server's (see :class:`ZooKeeperServer`).
 
     Ports are chosen when the ensemble is constructed and kept for its lifetime, so
     :attr:`hosts` is stable across ``stop_server``/``start_server``. Server ``i`` lives in
@@ -341,6 +286,7 @@ class ZooKeeperEnsemble:
         launchers: Sequence[Sequence[str]] | None = None,
         data_dirs: Sequence[str | os.PathLike[str]] | None = None,
         pre_alloc_kb: int = DEFAULT_PRE_ALLOC_KB,
+        tls: ZooKeeperTls | None = None,
     ) -> None:
         if size < 1 or size == 2:
             raise ValueError(
@@ -380,6 +326,7 @@ class ZooKeeperEnsemble:
                 launcher=prefixes[i],
                 data_dir=data[i],
                 pre_alloc_kb=pre_alloc_kb,
+                tls=tls,
             )
             for i in range(size)
         ]

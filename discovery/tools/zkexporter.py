@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import math
 import re
+import ssl
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ from prometheus_client.registry import Collector
 from discovery.aio import cancel_and_wait, log_crash
 from discovery.cli.entrypoint import run_event_loop, stop_on_signals
 from discovery.cli.options import ZK_OPTIONS, Option, add_options, listen_options, positive_float
+from discovery.config import ZkConfig
+from discovery.errors import ConfigError
+from discovery.zk.tls import KazooTls
 
 __all__ = [
     "MntrCollector",
@@ -123,18 +127,21 @@ def _number(text: str) -> float | None:
     return None if math.isnan(value) else value
 
 
-async def read_mntr(host: str, port: int, timeout: float) -> str:
-    """Send ``mntr`` to ``host:port`` and return the answer (read to the end).
+async def read_mntr(
+    host: str, port: int, timeout: float, *, context: ssl.SSLContext | None = None
+) -> str:
+    """Send ``mntr`` to ``host:port`` and return the answer (read to the end); with
+    ``context`` over TLS (a ``secureClientPort`` answers four-letter words too).
 
     Raises:
-        OSError: the connection failed or was reset.
+        OSError: the connection failed or was reset (``ssl.SSLError``: TLS refused).
         TimeoutError: no whole answer within ``timeout`` seconds.
         ValueError: the answer is larger than any ``mntr`` answer.
     """
     chunks: list[bytes] = []
     total = 0
     async with asyncio.timeout(timeout):
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, port, ssl=context)
         try:
             writer.write(b"mntr")
             await writer.drain()
@@ -256,12 +263,14 @@ class ZkExporter:
         *,
         interval: float = 5.0,
         timeout: float = 2.0,
+        context: ssl.SSLContext | None = None,
     ) -> None:
         if not interval > 0 or not timeout > 0:
             raise ValueError(f"interval and timeout must be > 0, got {interval}, {timeout}")
         self._servers = [(host, port, f"{host}:{port}") for host, port in servers]
         self._interval = interval
         self._timeout = timeout
+        self._context = context
         self.collector = MntrCollector([name for _, _, name in self._servers])
         registry.register(self.collector)
         self._failures = Counter(
@@ -312,7 +321,7 @@ class ZkExporter:
 
     async def _read(self, host: str, port: int, name: str) -> MntrReading:
         try:
-            text = await read_mntr(host, port, self._timeout)
+            text = await read_mntr(host, port, self._timeout, context=self._context)
         except TimeoutError:
             return MntrReading(name, error=f"no answer within {self._timeout:g} s")
         except (OSError, ValueError) as exc:
@@ -359,6 +368,8 @@ ZK_EXPORTER_OPTIONS: tuple[Option, ...] = (
         default=2.0,
         metavar="SECONDS",
     ),
+    # The servers' TLS settings: mntr goes to the same (secure) client port.
+    *(o for o in ZK_OPTIONS if o.flag.startswith("--zk-tls")),
 )
 
 
@@ -391,18 +402,39 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: --zk: {exc}", file=sys.stderr, flush=True)
         return 2
     try:
-        return run_event_loop(_serve(servers, args.host, args.port, args.interval, args.timeout))
+        # The servers' --zk-tls flags, checked as the servers check them.
+        tls = KazooTls.from_config(
+            ZkConfig(
+                args.zk,
+                tls=args.zk_tls,
+                tls_ca=args.zk_tls_ca,
+                tls_cert=args.zk_tls_cert,
+                tls_key=args.zk_tls_key,
+            )
+        )
+        context = None if tls is None else tls.ssl_context()
+    except ConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    serving = _serve(servers, args.host, args.port, args.interval, args.timeout, context)
+    try:
+        return run_event_loop(serving)
     except OSError as exc:
         log.error("cannot serve on %s:%d: %s", args.host, args.port, exc)
         return 1
 
 
 async def _serve(
-    servers: list[tuple[str, int]], host: str, port: int, interval: float, timeout: float
+    servers: list[tuple[str, int]],
+    host: str,
+    port: int,
+    interval: float,
+    timeout: float,
+    context: ssl.SSLContext | None,
 ) -> int:
     stop = stop_on_signals()
     registry = CollectorRegistry()
-    async with ZkExporter(servers, registry, interval=interval, timeout=timeout):
+    async with ZkExporter(servers, registry, interval=interval, timeout=timeout, context=context):
         app = web.Application()
         app.router.add_get("/metrics", make_aiohttp_handler(registry))
         runner = web.AppRunner(app, access_log=None)

@@ -17,17 +17,27 @@ from kazoo.handlers.threading import KazooTimeoutError
 from discovery.errors import ZkError
 from discovery.metrics import SessionMetrics
 from discovery.zk.kazoolog import mask_kazoo_secrets
+from discovery.zk.tls import KazooTls, client_options
 
 __all__ = ["AbandonedSessions", "close_session"]
 
 log = logging.getLogger(__name__)
 
 
-def close_session(hosts: str, session_id: int, password: bytes, timeout: float) -> None:
+def close_session(
+    hosts: str,
+    session_id: int,
+    password: bytes,
+    timeout: float,
+    *,
+    tls: KazooTls | None = None,
+) -> None:
     """Attach to session ``session_id`` on ``hosts`` and close it. Blocking: run it in a
     thread (``asyncio.to_thread``), never on the event loop.
 
-    ``hosts`` may name a chroot; it is ignored, since closing needs none.
+    ``hosts`` may name a chroot; it is ignored, since closing needs none. ``tls``: the
+    TLS settings of the session's own client (an ensemble that speaks only TLS
+    would refuse a plaintext one).
 
     Raises:
         ZkError: the session could not be attached to (unreachable, or already gone).
@@ -36,7 +46,12 @@ def close_session(hosts: str, session_id: int, password: bytes, timeout: float) 
     # can reconnect and take its session back.
     servers = hosts.split("/", 1)[0]
     mask_kazoo_secrets()  # its connect packet carries the session's password
-    intruder = KazooClient(hosts=servers, client_id=(session_id, password), timeout=timeout)
+    intruder = KazooClient(
+        hosts=servers,
+        client_id=(session_id, password),
+        timeout=timeout,
+        **client_options(tls),
+    )
     try:
         try:
             intruder.start(timeout=timeout)
@@ -56,12 +71,19 @@ class AbandonedSessions:
     Loop-side only. One close at a time, in a task; a close that fails (the session
     expired meanwhile, or ZooKeeper is unreachable again) is logged and counted, never
     retried: the session then ends by itself. After :meth:`aclose` nothing is closed.
+    ``hosts`` and ``tls`` give the connection's servers and TLS settings at the time.
     """
 
     def __init__(
-        self, *, hosts: Callable[[], str], timeout: float, metrics: SessionMetrics
+        self,
+        *,
+        hosts: Callable[[], str],
+        timeout: float,
+        metrics: SessionMetrics,
+        tls: Callable[[], KazooTls | None],
     ) -> None:
         self._hosts = hosts
+        self._tls = tls
         self._timeout = timeout
         self._metrics = metrics
         # The connected session's id and password: kazoo tells them only while live.
@@ -126,7 +148,9 @@ class AbandonedSessions:
     async def _close(self, session_id: int, password: bytes) -> None:
         hosts = self._hosts()
         try:
-            await asyncio.to_thread(close_session, hosts, session_id, password, self._timeout)
+            await asyncio.to_thread(
+                close_session, hosts, session_id, password, self._timeout, tls=self._tls()
+            )
         except ZkError as exc:
             # Expired meanwhile, or unreachable again: either way it ends by itself.
             self._metrics.abandoned_closes.labels(result="failed").inc()

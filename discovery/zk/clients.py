@@ -22,6 +22,7 @@ from discovery.config import ZkConfig
 from discovery.zk.identity import AclIdentity
 from discovery.zk.kazoolog import mask_kazoo_secrets
 from discovery.zk.states import SessionState
+from discovery.zk.tls import KazooTls, client_options
 
 __all__ = ["KazooClients", "StateReport", "client_factory"]
 
@@ -44,10 +45,13 @@ def client_factory(config: ZkConfig, identity: AclIdentity) -> Callable[[], Kazo
     """A function making kazoo clients for ``config``, authenticated as ``identity``.
 
     The clients retry connecting forever (with backoff to 2 s between attempts), so a
-    ZooKeeper restart or a partition never leaves them given up. kazoo's debug log
-    shows their credentials masked (:func:`~discovery.zk.kazoolog.mask_kazoo_secrets`).
+    ZooKeeper restart or a partition never leaves them given up. With ``config.tls``
+    they connect over TLS, verifying the servers' certificates and names
+    (:class:`~discovery.zk.tls.KazooTls`). kazoo's debug log shows their credentials
+    masked (:func:`~discovery.zk.kazoolog.mask_kazoo_secrets`).
     """
     mask_kazoo_secrets()
+    tls = client_options(KazooTls.from_config(config))
 
     def build() -> KazooClient:
         # The same credentials, owner identity included, in every client: a session
@@ -58,6 +62,7 @@ def client_factory(config: ZkConfig, identity: AclIdentity) -> Callable[[], Kazo
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=2.0),
             auth_data=list(identity.auth_data) or None,
             default_acl=identity.acl or OPEN_ACL_UNSAFE,
+            **tls,
         )
 
     return build
@@ -109,6 +114,12 @@ class KazooClients:
     @property
     def current(self) -> KazooClient:
         return self._client
+
+    @property
+    def tls(self) -> KazooTls | None:
+        """The current client's TLS settings (None: plaintext); every replacement has
+        the same."""
+        return KazooTls.of(self._client)
 
     @property
     def hosts(self) -> str:

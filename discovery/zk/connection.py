@@ -23,6 +23,7 @@ from discovery.metrics import SessionMetrics
 from discovery.zk.abandon import AbandonedSessions
 from discovery.zk.clients import KazooClients
 from discovery.zk.states import SessionEvent, SessionEvents, SessionState
+from discovery.zk.tls import check_handshake
 from discovery.zk.translate import translate_kazoo_error
 from discovery.zk.watchdog import Watchdog
 
@@ -58,7 +59,10 @@ class ZkConnection:
         self._lost_after = lost_after
         self._connect_timeout = connect_timeout
         self._abandoned = AbandonedSessions(
-            hosts=lambda: self.hosts, timeout=lost_after, metrics=metrics
+            hosts=lambda: self.hosts,
+            timeout=lost_after,
+            metrics=metrics,
+            tls=lambda: self._clients.tls,
         )
         # Armed while disconnected, fired lost_after later.
         self._watchdog = Watchdog(
@@ -82,17 +86,28 @@ class ZkConnection:
     async def start(self) -> None:
         """Connect, waiting up to ``connect_timeout``.
 
+        With TLS, one handshake with each server is tried first (for up to half the
+        timeout; :func:`~discovery.zk.tls.check_handshake`), so that a certificate
+        that will never be accepted fails at once, not at the timeout.
+
         Raises:
-            ZkConnectionError: no server answered in time (the client is stopped).
+            ZkConnectionError: no server answered in time (the client is stopped), or
+                every server that answered refused the TLS handshake.
             ZkAuthError: the credentials were refused.
         """
         self._loop = asyncio.get_running_loop()
+        deadline = self._loop.time() + self._connect_timeout
+        await check_handshake(self._clients.current, self._connect_timeout / 2)
         self._clients.listen()
+        over = " over TLS" if self._clients.tls is not None else ""
         try:
-            await asyncio.to_thread(self._clients.current.start, self._connect_timeout)
+            await asyncio.to_thread(
+                self._clients.current.start, max(deadline - self._loop.time(), 0.001)
+            )
         except KazooTimeoutError:
             raise ZkConnectionError(
-                f"no ZooKeeper server at {self.hosts!r} answered within {self._connect_timeout:g}s"
+                f"no ZooKeeper server at {self.hosts!r} answered{over} within "
+                f"{self._connect_timeout:g}s"
             ) from None
         except kz.KazooException as exc:
             raise translate_kazoo_error(exc) from exc

@@ -13,6 +13,7 @@ import logging
 
 from discovery.errors import ZkConnectionError
 from discovery.zk.session import SessionState, ZkSession, close_session
+from discovery.zk.tls import KazooTls
 
 __all__ = ["close_session", "expire_session"]
 
@@ -38,7 +39,14 @@ async def expire_session(session: ZkSession, timeout: float = 30.0) -> int:
     events = session.subscribe()
     try:
         log.info("expiring ZooKeeper session 0x%x", old_id)
-        await asyncio.to_thread(close_session, session.hosts, old_id, password, timeout)
+        await asyncio.to_thread(
+            close_session,
+            session.hosts,
+            old_id,
+            password,
+            timeout,
+            tls=KazooTls.of(session.client),
+        )
         async with asyncio.timeout(timeout):
             async for event in events:
                 if event.state is SessionState.CONNECTED and event.session_id != old_id:

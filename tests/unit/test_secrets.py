@@ -172,7 +172,16 @@ def test_an_admin_token_that_cannot_travel_in_a_header_is_refused_unechoed(
 @pytest.mark.parametrize(
     ("parser", "flags"),
     [
-        (data_server_parser, ["--zk-auth-file", "--admin-token-file", "--header-timeout"]),
+        (
+            data_server_parser,
+            [
+                "--zk-auth-file",
+                "--admin-token-file",
+                "--header-timeout",
+                "--max-connections",
+                "--pressure-keepalive",
+            ],
+        ),
         (
             search_server_parser,
             [
@@ -180,6 +189,8 @@ def test_an_admin_token_that_cannot_travel_in_a_header_is_refused_unechoed(
                 "--admin-token-file",
                 "--header-timeout",
                 "--max-pending-headers",
+                "--max-connections",
+                "--pressure-keepalive",
                 "--max-event-streams",
             ],
         ),

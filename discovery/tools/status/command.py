@@ -24,9 +24,8 @@ from discovery.cli.options import (
     add_log_level_override,
     add_options,
     cluster_config,
-    zk_auth,
+    zk_config,
 )
-from discovery.config import ZkConfig
 from discovery.errors import DiscoveryError, StatusError
 from discovery.safetext import escape_controls
 
@@ -135,14 +134,8 @@ def add_parser(
 def run(args: argparse.Namespace) -> int:
     """Print the status; the exit status is in the module's docstring."""
     try:
-        zk = ZkConfig(
-            hosts=args.zk,
-            session_timeout=args.session_timeout,
-            connect_timeout=args.zk_connect_timeout,
-            # Each read, too, gets an answer within the connect timeout or fails.
-            operation_timeout=args.zk_connect_timeout,
-            auth=zk_auth(args),
-        )
+        # Each read, too, gets an answer within the connect timeout or fails.
+        zk = dataclasses.replace(zk_config(args), operation_timeout=args.zk_connect_timeout)
         cluster = cluster_config(args)
     except DiscoveryError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
