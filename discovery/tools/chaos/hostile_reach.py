@@ -23,13 +23,13 @@ from discovery.zk.paths import DATA_SERVERS_PATH
 from discovery.zk.session import ZkSession
 
 from .cluster import ChaosCluster, Member
+from .commandlines import SEARCH_MAX_CONNECTIONS
 from .context import FaultContext
 from .hostile_common import healthy_shards, watched
 
 __all__ = [
     "FLOOD_BEYOND_CAP",
     "PROBE_TIMEOUT",
-    "SEARCH_MAX_CONNECTIONS",
     "IdleFlood",
     "hostile_idle_flood",
     "hostile_loopback_target",
@@ -38,9 +38,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The chaos search servers' connection cap (``--max-connections``): small, so that a
-#: flood reaches it with a few hundred sockets.
-SEARCH_MAX_CONNECTIONS = 128
 #: Idle kept-alive connections a flood opens beyond the cap.
 FLOOD_BEYOND_CAP = 64
 #: Seconds a fresh client may wait for ``/healthz`` while the flood holds the server.
@@ -53,7 +50,8 @@ _SKIPPED_METRIC = "discovery_membership_skipped_total"
 #: Data servers a search server left out of its routing table, by why (``not_allowed``:
 #: outside ``--allowed-networks``, or loopback while it listens elsewhere).
 _UNROUTABLE_METRIC = "search_server_fanout_unroutable_total"
-_IDLE_EVICTED_METRIC = "discovery_http_connections_evicted_total"
+#: Idle kept-alive connections a server closed, by reason (``cap``, ``pressure``).
+_IDLE_EVICTED_METRIC = "discovery_http_idle_connections_closed_total"
 
 _HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: chaos\r\nConnection: keep-alive\r\n\r\n"
 
