@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from discovery.cli.entrypoint import configure_logging, stop_on_signals
 from discovery.config import ZkConfig
 from discovery.errors import DiscoveryError
-from discovery.instance import InstancePayload, InstanceState, ServiceInstance
+from discovery.instance import MAX_WEIGHT, InstancePayload, InstanceState, ServiceInstance
 from discovery.zk.registration import Registration
 from discovery.zk.session import ZkSession
 
@@ -64,6 +64,10 @@ class PeerConfig:
     seed: int = 0
     trickle_interval: float = 0.05
     docs: int = 300
+    #: The most a registration may claim: against replicas in slow start and ranked by
+    #: their answers, a newcomer of the default weight may get no request at all while
+    #: a fault lasts; a hostile one claims all it may (issue 42).
+    weight: int = MAX_WEIGHT
 
 
 class HostilePeer:
@@ -200,6 +204,7 @@ def _instance(config: PeerConfig) -> ServiceInstance:
         docs=config.docs,
         version="hostile",
         state=InstanceState.SERVING,
+        weight=config.weight,
     )
     return ServiceInstance.create("data_servers", config.id, config.host, config.port, payload)
 
@@ -273,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the garbage [0]")
     parser.add_argument(
+        "--weight", type=int, default=MAX_WEIGHT, help=f"weight to claim [{MAX_WEIGHT}]"
+    )
+    parser.add_argument(
         "--trickle-interval", type=float, default=0.05, help="seconds between bytes [0.05]"
     )
     parser.add_argument("--log-level", default="INFO", help="logging level [INFO]")
@@ -293,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         session_timeout=args.session_timeout,
         seed=args.seed,
         trickle_interval=args.trickle_interval,
+        weight=args.weight,
     )
     return asyncio.run(run(config))
 

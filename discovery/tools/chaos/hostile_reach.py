@@ -60,11 +60,12 @@ def _counter(samples: dict[str, float] | None, name: str, **labels: str) -> floa
     """The sum of ``name``'s samples whose labels include ``labels`` (None: unreadable)."""
     if samples is None:
         return None
-    wanted = [f'{key}="{value}"' for key, value in labels.items()]
+    # Keys are ``name{label=value,...}`` (see ServerClient.metrics).
+    wanted = {f"{key}={value}" for key, value in labels.items()}
     total = 0.0
     for key, value in samples.items():
-        named = key == name or key.startswith(name + "{")
-        if named and all(label in key for label in wanted):
+        metric, _, rest = key.partition("{")
+        if metric == name and wanted <= set(rest.rstrip("}").split(",")):
             total += value
     return total
 
