@@ -29,7 +29,7 @@ from discovery.zk.session import ZkSession
 
 from .cluster import DATA_DOCS, ChaosCluster, Member
 from .context import START_BOUND, FaultContext, redis_bound
-from .hostile_common import healthy_shards, log_tail, summary, watched
+from .hostile_common import healthy_shards, log_tail, summary, wait_asked, watched
 from .hostile_peer import HUGE_ID
 from .hostile_reach import hostile_idle_flood, hostile_loopback_target, hostile_phantom_shard
 from .watch import (
@@ -238,6 +238,7 @@ def _hostile_peer(mode: str) -> Callable[[FaultContext], Awaitable[None]]:
             try:
                 await ctx.converge(kind, "hostile peer listed", START_BOUND)
                 await ctx.hold(4.0, 8.0)
+                watch.notes["asked"] = await wait_asked(ctx, name, kind)
             finally:
                 status = await cluster.stop_helper(name)
                 observer.model.discard(name)

@@ -17,9 +17,13 @@ from .context import FaultContext
 from .memory import read_memory, reset_peak
 from .watch import CRASH, HostileWatch
 
-__all__ = ["healthy_shards", "log_tail", "summary", "watched"]
+__all__ = ["ASKED_BOUND", "asked", "healthy_shards", "log_tail", "summary", "wait_asked", "watched"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds a hostile peer is kept past its fault's hold until a search server has sent
+#: it a request: a fault whose peer nobody asked tested nothing.
+ASKED_BOUND = 20.0
 
 
 def _processes(cluster: ChaosCluster) -> dict[str, asyncio.subprocess.Process]:
@@ -137,3 +141,35 @@ def summary(path: Path, key: str) -> dict[str, object]:
                 if isinstance(record, dict):
                     return record
     return {}
+
+
+async def asked(cluster: ChaosCluster, server_id: str) -> int:
+    """Requests the search servers say they sent ``server_id`` (``sent`` in their
+    ``/cluster`` pages; a search server that does not answer counts none)."""
+    total = 0
+    for member in cluster.search.values():
+        view = await cluster.client.view(member)
+        for server in (view or {}).get("servers") or ():
+            if isinstance(server, dict) and server.get("id") == server_id:
+                sent = server.get("sent")
+                total += sent if isinstance(sent, int) else 0
+    return total
+
+
+async def wait_asked(ctx: FaultContext, server_id: str, kind: str) -> int:
+    """Keep the fault until some search server has sent ``server_id`` a request, at
+    most :data:`ASKED_BOUND` seconds; how many it was sent. None asked within the bound
+    is counted among the run's skips (the fault tested nothing), not passed in silence."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ASKED_BOUND
+    count = await asked(ctx.cluster, server_id)
+    while count == 0 and loop.time() < deadline:
+        await asyncio.sleep(0.5)  # a poll of the servers' pages, not synchronisation
+        count = await asked(ctx.cluster, server_id)
+    if count == 0:
+        key = f"{kind} (never asked)"
+        ctx.skipped[key] = ctx.skipped.get(key, 0) + 1
+        log.warning(
+            "%s: no search server sent %s a request within %gs", kind, server_id, ASKED_BOUND
+        )
+    return count
