@@ -26,6 +26,7 @@ from .cluster import ChaosCluster, Member
 from .commandlines import SEARCH_MAX_CONNECTIONS
 from .context import FaultContext
 from .hostile_common import healthy_shards, watched
+from .watch import FRESH, SKIPPED
 
 __all__ = [
     "FLOOD_BEYOND_CAP",
@@ -136,7 +137,7 @@ async def hostile_phantom_shard(ctx: FaultContext) -> None:
             watch.notes["leader_refused"] = after - before
             if after - before < 1:
                 observer.violate(
-                    "hostile registrations skipped and counted",
+                    SKIPPED,
                     f"{kind}: the leader {leader.name if leader else '?'} did not count "
                     f"shard {shard} (of {ctx.config.shards}) as refused",
                 )
@@ -180,7 +181,7 @@ async def hostile_loopback_target(ctx: FaultContext) -> None:
         silent = sorted(name for name, count in refused.items() if count < 1)
         if silent:
             observer.violate(
-                "hostile registrations skipped and counted",
+                SKIPPED,
                 f"{kind}: {silent} did not count {child} (shard {shard} at 127.0.0.1) "
                 "as unroutable",
             )
@@ -294,7 +295,7 @@ async def hostile_idle_flood(ctx: FaultContext) -> None:
             watch.notes["evicted"] = evicted_after - evicted_before
         if refused:
             observer.violate(
-                "a new client is answered through an idle-connection flood",
+                FRESH,
                 f"{kind}: {len(refused)} of {answered + len(refused)} fresh clients of "
                 f"{target.name} were not answered with {flood.opened} idle connections "
                 f"open: {refused[:3]}",

@@ -18,6 +18,7 @@ from .observer import Snapshot
 
 __all__ = [
     "CRASH",
+    "FRESH",
     "HITS",
     "LISTS",
     "MEMORY",
@@ -55,6 +56,7 @@ STORM = "normal queries at least 90 % complete under a query storm"
 SKIPPED = "hostile registrations skipped and counted"
 CRASH = "no server process crashes"
 HITS = "a hostile answer's hits never reach a result"
+FRESH = "a new client is answered through an idle-connection flood"
 
 
 @dataclass(frozen=True)
