@@ -38,11 +38,19 @@ from discovery.tools.chaos.hostile import (
     hostile_registrations,
     storm_totals,
 )
-from discovery.tools.chaos.hostile_peer import HostilePeer, trickle_answer
+from discovery.tools.chaos.hostile_peer import (
+    HUGE_HITS,
+    HUGE_ID,
+    HostilePeer,
+    huge_answer,
+    trickle_answer,
+)
+from discovery.tools.chaos.hostile_reach import IdleFlood
 from discovery.tools.chaos.memory import Memory, parse_status, read_memory, reset_peak
 from discovery.tools.chaos.observer import Observer, Snapshot
 from discovery.tools.chaos.report import hostile_table, render, to_json
 from discovery.tools.chaos.watch import (
+    HITS,
     LISTS,
     MEMORY,
     MIB,
@@ -125,6 +133,22 @@ def _snapshot(model: set[str], **views: object) -> Snapshot:
     }
     fields.update(views)
     return Snapshot(**fields)  # type: ignore[arg-type]
+
+
+def test_a_hostile_replicas_hits_in_a_result_are_a_violation() -> None:
+    """A huge answer is valid: the hits it would put on top are what betrays it."""
+    watch = HostileWatch(
+        "hostile_huge_answer", healthy=frozenset(), allowed_missing=1, forbidden_hits=HUGE_ID
+    )
+    clean = Answer(1.0, "search-1", "complete", 0, 5.0, 200, "", ("d-1", "d-2"))
+    assert watch.answer(clean) == []
+    tainted = Answer(1.0, "search-1", "complete", 0, 5.0, 200, "", ("d-1", f"{HUGE_ID}7"))
+    ((invariant, detail),) = watch.answer(tainted)
+    assert invariant == HITS
+    assert f"{HUGE_ID}7" in detail
+    # Another kind's watch does not judge hits at all.
+    plain = HostileWatch("hostile_garbage", healthy=frozenset(), allowed_missing=1)
+    assert plain.answer(tainted) == []
 
 
 def test_a_healthy_server_missing_from_any_view_is_reported_once_per_view() -> None:
@@ -217,6 +241,7 @@ def test_every_hostile_registration_and_rewrite_is_refused_by_the_contract() -> 
         "hostile-ab12cd-label": ["malformed", "malformed"],
         "hostile-ab12cd-linklocal": ["malformed", "malformed"],
         "hostile-ab12cd-persistent": [PERSISTENT_DYNAMIC],
+        "hostile-ab12cd-static": ["persistent"],
         "hostile-ab12cd-impostor": ["id_mismatch", "id_mismatch"],
     }
     documents = {node.child: node.data for node in nodes}
@@ -300,6 +325,59 @@ async def test_the_trickling_peer_sends_a_valid_answer_byte_by_byte(
     _head, body = received.split(b"\r\n\r\n", 1)
     assert json.loads(body)["shard"] == 3
     assert peer.summary()["bytes_sent"] == len(received)
+
+
+async def test_the_huge_peer_answers_every_request_validly_with_too_many_hits(
+    serve_peer: PeerFactory,
+) -> None:
+    """Two requests on one kept-alive connection, each answered in full: a success by
+    every rule but its size and scores."""
+    peer, port = await serve_peer("huge")
+    expected = huge_answer(3)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for _ in range(2):
+            writer.write(b"GET /search?q=a&k=10 HTTP/1.1\r\nHost: x\r\n\r\n")
+            async with asyncio.timeout(30):
+                received = await reader.readexactly(len(expected))
+            assert received == expected
+    finally:
+        writer.close()
+    body = json.loads(expected.split(b"\r\n\r\n", 1)[1])
+    assert body["shard"] == 3
+    assert len(body["hits"]) == HUGE_HITS
+    assert all(hit["score"] == 1e308 and hit["id"].startswith(HUGE_ID) for hit in body["hits"])
+    assert 7 * MIB < len(expected) < 8 * MIB
+    assert peer.summary()["requests"] == 2
+
+
+async def test_an_idle_flood_holds_its_connections_and_sees_the_servers_closes() -> None:
+    """The flood counts what the server closed; every connection made one request."""
+    requests = 0
+
+    async def healthz(_request: web.Request) -> web.Response:
+        nonlocal requests
+        requests += 1
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app, keepalive_timeout=3600)
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    flood = IdleFlood("127.0.0.1", port)
+    try:
+        await flood.open(5)
+        assert flood.opened == 5
+        assert requests == 5
+        assert flood.closed_by_server == 0
+        await runner.cleanup()  # the server closes every kept-alive connection
+        await eventually(lambda: flood.closed_by_server == 5, timeout=10)
+    finally:
+        await flood.aclose()
+        await runner.cleanup()
 
 
 async def test_the_hostile_peers_answers_are_refused_by_the_sub_request_client(

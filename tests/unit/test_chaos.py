@@ -42,7 +42,7 @@ def test_schedule_is_seeded_and_meets_every_kind_in_each_round(sentinels: bool) 
     assert schedule(7, sentinels=sentinels) == schedule(7, sentinels=sentinels)
     assert schedule(7, sentinels=sentinels) != schedule(8, sentinels=sentinels)
     every = _mode_kinds(sentinels=sentinels)
-    assert len(every) == 31  # 11 process, 6 partition, 4 overlap, 3 backend, 6 hostile, 1 deploy
+    assert len(every) == 35  # 11 process, 6 partition, 4 overlap, 3 backend, 10 hostile, 1 deploy
     first_rounds = schedule(7, sentinels=sentinels)[: 3 * len(every)]
     for start in range(0, len(first_rounds), len(every)):
         assert sorted(first_rounds[start : start + len(every)]) == every

@@ -12,7 +12,14 @@ from collections.abc import Callable
 from .config import ChaosConfig
 from .processes import Member
 
-__all__ = ["ADMIN_TOKEN", "CLUSTER_NAME", "DATA_DOCS", "DATA_DRAIN_GRACE", "CommandLines"]
+__all__ = [
+    "ADMIN_TOKEN",
+    "CLUSTER_NAME",
+    "DATA_DOCS",
+    "DATA_DRAIN_GRACE",
+    "SEARCH_MAX_CONNECTIONS",
+    "CommandLines",
+]
 
 CLUSTER_NAME = "chaos"
 #: The data servers' admin token in a run with partitions (a scratch cluster's).
@@ -23,6 +30,9 @@ DATA_DOCS = 300
 #: Seconds a draining data server keeps answering (``--drain-grace``): the search
 #: servers must stop routing to it within them.
 DATA_DRAIN_GRACE = 1.0
+#: The search servers' connection cap (``--max-connections``): small, so that the
+#: hostile idle flood reaches it with a few hundred sockets.
+SEARCH_MAX_CONNECTIONS = 128
 
 
 class CommandLines:
@@ -58,6 +68,9 @@ class CommandLines:
             *("--heartbeat-interval", str(config.heartbeat_interval)),
             *("--heartbeat-ttl", str(config.heartbeat_ttl)),
             *("--reconcile-interval", "5", "--timeout-ms", str(config.deadline_ms)),
+            # The cluster's shard count: a registration of any other is refused (issue 42).
+            *("--shards", str(config.shards)),
+            *("--max-connections", str(SEARCH_MAX_CONNECTIONS)),
         ]
 
     def data(self, name: str, shard: int, replica: int) -> list[str]:

@@ -13,7 +13,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,13 +29,13 @@ from discovery.zk.session import ZkSession
 
 from .cluster import DATA_DOCS, ChaosCluster, Member
 from .context import START_BOUND, FaultContext, redis_bound
-from .memory import read_memory, reset_peak
+from .hostile_common import healthy_shards, log_tail, summary, wait_asked, watched
+from .hostile_peer import HUGE_ID
+from .hostile_reach import hostile_idle_flood, hostile_loopback_target, hostile_phantom_shard
 from .watch import (
-    CRASH,
     SKIPPED,
     STORM,
     STORM_MIN_COMPLETE,
-    HostileWatch,
 )
 
 __all__ = ["HOSTILE_FAULTS", "HOSTILE_KINDS", "HostileNode", "hostile_registrations"]
@@ -49,98 +49,6 @@ STORM_TERMS = 150
 SEEN_BOUND = 3.0
 _SKIPPED_METRIC = "discovery_membership_skipped_total"
 _REFUSED_METRIC = "search_server_query_of_death_refused_total"
-
-
-# -- the watch around every hostile kind -----------------------------------------------
-
-
-def _processes(cluster: ChaosCluster) -> dict[str, asyncio.subprocess.Process]:
-    return {
-        member.name: member.process
-        for member in [*cluster.search.values(), *cluster.data.values()]
-        if member.process is not None and member.process.returncode is None
-    }
-
-
-def _log_tail(path: Path, lines: int = 5) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    return " | ".join(text.splitlines()[-lines:])[-600:]
-
-
-@contextlib.asynccontextmanager
-async def _watched(
-    ctx: FaultContext,
-    kind: str,
-    *,
-    allowed_missing: int | None,
-    lists_equal_model: bool = False,
-    redis_garbage: bool = False,
-) -> AsyncIterator[HostileWatch]:
-    """Run the body under a :class:`HostileWatch`; then judge memory and crashes, and
-    keep the figures."""
-    cluster, observer = ctx.cluster, ctx.observer
-    watch = HostileWatch(
-        kind,
-        healthy=frozenset(observer.model & set(cluster.data)),
-        allowed_missing=allowed_missing,
-        lists_equal_model=lists_equal_model,
-        redis_garbage=redis_garbage,
-    )
-    peaks_reset: dict[str, bool] = {}
-    for member in cluster.search.values():
-        process = member.process
-        if process is None or process.returncode is not None:
-            continue
-        peaks_reset[member.name] = reset_peak(process.pid)
-        memory = read_memory(process.pid)
-        if memory is not None:
-            watch.memory_before(member.name, process.pid, memory)
-    before = _processes(cluster)
-    observer.hostile = watch
-    try:
-        yield watch
-    finally:
-        observer.hostile = None
-        for member in cluster.search.values():
-            process = member.process
-            if process is None or process.returncode is not None:
-                continue
-            memory = read_memory(process.pid)
-            if memory is not None:
-                watch.memory(
-                    member.name,
-                    process.pid,
-                    memory,
-                    peak_reset=peaks_reset.get(member.name, False),
-                )
-        for invariant, detail in watch.memory_verdicts():
-            observer.violate(invariant, detail)
-        _check_crashes(ctx, kind, before)
-        figures = watch.figures()
-        ctx.hostile.append(figures)
-        log.info("%s: %s", kind, figures)
-
-
-def _check_crashes(
-    ctx: FaultContext, kind: str, before: dict[str, asyncio.subprocess.Process]
-) -> None:
-    """A server running when the fault began that has exited without the harness
-    stopping it crashed."""
-    members = {**ctx.cluster.search, **ctx.cluster.data}
-    for name, process in sorted(before.items()):
-        member = members[name]
-        current = member.process
-        if current is process and (member.stopping or member.paused):
-            continue
-        if current is not None and current.returncode is not None:
-            ctx.observer.violate(
-                CRASH,
-                f"{kind}: {name} exited with status {current.returncode}: "
-                f"{_log_tail(member.log_path)}",
-            )
 
 
 # -- malformed registrations -------------------------------------------------------------
@@ -179,7 +87,9 @@ def hostile_registrations(tag: str, *, impersonate: str, port: int) -> list[Host
 
     Bad JSON, an address that is not ASCII, a 70-character label, a link-local
     address (each rewritten midway as the next of these four, so that a changed child
-    is judged again), a persistent node whose document says ``DYNAMIC``, and a node
+    is judged again), a persistent node whose document says ``DYNAMIC``, one whose
+    document says ``STATIC`` (Curator's persistent kind, refused unless a reader is told
+    to allow persistent members), and a node
     whose document claims the id ``impersonate`` of a real data server (rewritten as
     that server draining). ``port``: where the valid-looking ones point (nothing
     listens there)."""
@@ -201,6 +111,14 @@ def hostile_registrations(tag: str, *, impersonate: str, port: int) -> list[Host
     nodes.append(
         HostileNode(
             f"{base}-persistent", _document(f"{base}-persistent", LOOPBACK, port), persistent=True
+        )
+    )
+    static = f"{base}-static"
+    nodes.append(
+        HostileNode(
+            static,
+            _document(static, LOOPBACK, port, serviceType="STATIC"),
+            persistent=True,
         )
     )
     draining = {"shard": 0, "replica": 0, "docs": 1, "version": "x", "state": "draining"}
@@ -236,7 +154,7 @@ async def hostile_registration(ctx: FaultContext) -> None:
         ZkConfig(cluster.zk_hosts, session_timeout=ctx.config.session_timeout)
     )
     writes = 0
-    async with _watched(ctx, kind, allowed_missing=0, lists_equal_model=True) as watch:
+    async with watched(ctx, kind, allowed_missing=0, lists_equal_model=True) as watch:
         try:
             await session.start()
             for node in nodes:
@@ -288,37 +206,16 @@ async def hostile_registration(ctx: FaultContext) -> None:
 # -- hostile peers --------------------------------------------------------------------
 
 
-def _healthy_shards(ctx: FaultContext) -> list[int]:
-    """Shards whose every replica is running and in the model."""
-    shards: dict[int, bool] = {}
-    for name, member in ctx.cluster.data.items():
-        shard = int(member.extra["shard"])
-        healthy = member.running and name in ctx.observer.model
-        shards[shard] = shards.get(shard, True) and healthy
-    return sorted(shard for shard, healthy in shards.items() if healthy)
-
-
-def _summary(path: Path, key: str) -> dict[str, object]:
-    """The last JSON line of a helper's log that has ``key``."""
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return {}
-    for line in reversed(lines):
-        if line.startswith("{") and f'"{key}"' in line:
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict):
-                    return record
-    return {}
-
-
 def _hostile_peer(mode: str) -> Callable[[FaultContext], Awaitable[None]]:
-    kind = {"endless": "hostile_endless_body"}.get(mode, f"hostile_{mode}")
+    kind = {"endless": "hostile_endless_body", "huge": "hostile_huge_answer"}.get(
+        mode, f"hostile_{mode}"
+    )
+    # A huge answer is valid: the hits it would put on top are the violation to watch for.
+    forbidden = HUGE_ID if mode == "huge" else None
 
     async def run(ctx: FaultContext) -> None:
         cluster, observer = ctx.cluster, ctx.observer
-        shards = _healthy_shards(ctx)
+        shards = healthy_shards(ctx)
         if not shards:
             ctx.skipped[kind] = ctx.skipped.get(kind, 0) + 1
             log.warning("%s skipped: no shard with every replica healthy", kind)
@@ -334,28 +231,29 @@ def _hostile_peer(mode: str) -> Callable[[FaultContext], Awaitable[None]]:
             *("--session-timeout", str(ctx.config.session_timeout)),
             *("--seed", str(ctx.rng.randrange(2**32))),
         ]
-        async with _watched(ctx, kind, allowed_missing=1) as watch:
+        async with watched(ctx, kind, allowed_missing=1, forbidden_hits=forbidden) as watch:
             log.info("%s: %s answers for shard %d at %s:%d", kind, name, shard, host, port)
             await cluster.spawn_helper(name, argv)
             observer.model.add(name)
             try:
                 await ctx.converge(kind, "hostile peer listed", START_BOUND)
                 await ctx.hold(4.0, 8.0)
+                watch.notes["asked"] = await wait_asked(ctx, name, kind)
             finally:
                 status = await cluster.stop_helper(name)
                 observer.model.discard(name)
             await ctx.converge(kind, "hostile peer gone", ctx.config.crash_bound)
-            summary = _summary(cluster.helper_log(name), "hostile_peer")
+            counts = summary(cluster.helper_log(name), "hostile_peer")
             watch.notes.update(
                 shard=shard,
-                requests=summary.get("requests"),
-                bytes_sent=summary.get("bytes_sent"),
+                requests=counts.get("requests"),
+                bytes_sent=counts.get("bytes_sent"),
             )
             if status not in (0, None):
                 observer.violate(
                     "fault injected",
                     f"{kind}: the hostile peer exited {status}: "
-                    f"{_log_tail(cluster.helper_log(name))}",
+                    f"{log_tail(cluster.helper_log(name))}",
                 )
 
     run.__name__ = kind
@@ -401,7 +299,7 @@ async def hostile_query_storm(ctx: FaultContext) -> None:
         *("--duration", str(seconds), "--report-interval", "1000"),
     ]
     refused_before = (await cluster.metrics(target) or {}).get(_REFUSED_METRIC)
-    async with _watched(ctx, kind, allowed_missing=None) as watch:
+    async with watched(ctx, kind, allowed_missing=None) as watch:
         log.info("%s: %gs of shard %d's worst query through %s", kind, seconds, shard, target.name)
         started = time.monotonic()
         process = await cluster.spawn_helper(name, argv)
@@ -435,7 +333,7 @@ async def hostile_query_storm(ctx: FaultContext) -> None:
             observer.violate(
                 "fault injected",
                 f"{kind}: the storm exited {process.returncode}: "
-                f"{_log_tail(cluster.helper_log(name))}",
+                f"{log_tail(cluster.helper_log(name))}",
             )
         await ctx.converge(kind, "after the storm", 1.0)
 
@@ -485,7 +383,7 @@ async def hostile_redis_entry(ctx: FaultContext) -> None:
         cluster.search[ctx.rng.choice(followers)] if leader is not None and followers else None
     )
     order = ctx.rng.sample(META_GARBAGE, len(META_GARBAGE))
-    async with _watched(
+    async with watched(
         ctx, kind, allowed_missing=0, lists_equal_model=True, redis_garbage=True
     ) as watch:
         try:
@@ -526,8 +424,12 @@ HOSTILE_FAULTS: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
     "hostile_endless_body": _hostile_peer("endless"),
     "hostile_garbage": _hostile_peer("garbage"),
     "hostile_trickle": _hostile_peer("trickle"),
+    "hostile_huge_answer": _hostile_peer("huge"),
     "hostile_query_storm": hostile_query_storm,
     "hostile_redis_entry": hostile_redis_entry,
+    "hostile_phantom_shard": hostile_phantom_shard,
+    "hostile_loopback_target": hostile_loopback_target,
+    "hostile_idle_flood": hostile_idle_flood,
 }
 #: The hostile category, in its schedule order.
 HOSTILE_KINDS = tuple(HOSTILE_FAULTS)

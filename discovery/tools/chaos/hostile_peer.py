@@ -1,6 +1,6 @@
 """A hostile "data server" for chaos runs: registered like any other, answers like none.
 
-``python -m discovery.tools.chaos.hostile_peer --mode endless|garbage|trickle ...``
+``python -m discovery.tools.chaos.hostile_peer --mode endless|garbage|trickle|huge ...``
 registers through :class:`~discovery.zk.registration.Registration`; on SIGTERM or SIGINT it
 leaves as an agent does, prints its counts as one JSON line and exits 0 (ZooKeeper
 unreachable at start: 2).
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import random
@@ -23,15 +24,15 @@ from dataclasses import dataclass
 from discovery.cli.entrypoint import configure_logging, stop_on_signals
 from discovery.config import ZkConfig
 from discovery.errors import DiscoveryError
-from discovery.instance import InstancePayload, InstanceState, ServiceInstance
+from discovery.instance import MAX_WEIGHT, InstancePayload, InstanceState, ServiceInstance
 from discovery.zk.registration import Registration
 from discovery.zk.session import ZkSession
 
-__all__ = ["MODES", "HostilePeer", "PeerConfig", "main"]
+__all__ = ["HUGE_ID", "MODES", "HostilePeer", "PeerConfig", "huge_answer", "main"]
 
 log = logging.getLogger(__name__)
 
-MODES = ("endless", "garbage", "trickle")
+MODES = ("endless", "garbage", "trickle", "huge")
 #: Longest request head read: the search server's sub-requests are a few hundred bytes.
 MAX_HEAD = 64 * 1024
 #: Seconds between marking our node draining and deleting it, on SIGTERM.
@@ -40,6 +41,12 @@ DEPARTURE_GRACE = 1.0
 _HIT = b'{"id":"endless","score":1.0,"title":"endless"},'
 _ENDLESS_CHUNK = (_HIT * (64 * 1024 // len(_HIT) + 1))[: 64 * 1024]
 _ENDLESS_FRAMINGS = ("chunked", "close", "huge-length")
+#: The prefix of every id a huge answer carries: a hit with it in a search result is one
+#: the search server should have refused.
+HUGE_ID = "huge-"
+#: Hits of one huge answer: valid, each scored 1e308, about 7.8 MiB in all, just under
+#: the sub-request client's 8 MiB ceiling (issue 42 measured 400,000 shorter ones).
+HUGE_HITS = 240_000
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,10 @@ class PeerConfig:
     seed: int = 0
     trickle_interval: float = 0.05
     docs: int = 300
+    #: The most a registration may claim: against replicas in slow start and ranked by
+    #: their answers, a newcomer of the default weight may get no request at all while
+    #: a fault lasts; a hostile one claims all it may (issue 42).
+    weight: int = MAX_WEIGHT
 
 
 class HostilePeer:
@@ -126,6 +137,9 @@ class HostilePeer:
         if self.mode == "garbage":
             await self._send(writer, garbage(self._rng, with_status_line=self.requests % 2 == 0))
             return False
+        if self.mode == "huge":
+            await self._send(writer, huge_answer(self._shard))
+            return True
         for byte in trickle_answer(self._shard):
             await self._send(writer, bytes([byte]))
             await asyncio.sleep(self._trickle_interval)
@@ -170,6 +184,19 @@ def trickle_answer(shard: int) -> bytes:
     return head + body
 
 
+@functools.cache
+def huge_answer(shard: int, hits: int = HUGE_HITS) -> bytes:
+    """A complete, valid search answer (head and body) of ``hits`` hits, whatever ``k``
+    was asked, each scored ``1e308``: a success that only its size and scores betray."""
+    prefix = HUGE_ID.encode("ascii")
+    listed = b",".join(b'{"id":"%s%d","score":1e308}' % (prefix, i) for i in range(hits))
+    body = b'{"hits":[%s],"shard":%d,"took_ms":1}' % (listed, shard)
+    head = (
+        f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode("ascii")
+    return head + body
+
+
 def _instance(config: PeerConfig) -> ServiceInstance:
     payload = InstancePayload(
         shard=config.shard,
@@ -177,6 +204,7 @@ def _instance(config: PeerConfig) -> ServiceInstance:
         docs=config.docs,
         version="hostile",
         state=InstanceState.SERVING,
+        weight=config.weight,
     )
     return ServiceInstance.create("data_servers", config.id, config.host, config.port, payload)
 
@@ -235,8 +263,8 @@ async def run(config: PeerConfig) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m discovery.tools.chaos.hostile_peer",
-        description="A registered data server that answers with an endless body, garbage "
-        "or a trickle (a chaos run's hostile participant).",
+        description="A registered data server that answers with an endless body, garbage, "
+        "a trickle or a huge valid answer (a chaos run's hostile participant).",
     )
     parser.add_argument("--mode", choices=MODES, required=True, help="how to answer")
     parser.add_argument("--zk", required=True, help="ZooKeeper hosts string")
@@ -249,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--session-timeout", type=float, default=5.0, help="ZooKeeper session timeout [5]"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the garbage [0]")
+    parser.add_argument(
+        "--weight", type=int, default=MAX_WEIGHT, help=f"weight to claim [{MAX_WEIGHT}]"
+    )
     parser.add_argument(
         "--trickle-interval", type=float, default=0.05, help="seconds between bytes [0.05]"
     )
@@ -270,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         session_timeout=args.session_timeout,
         seed=args.seed,
         trickle_interval=args.trickle_interval,
+        weight=args.weight,
     )
     return asyncio.run(run(config))
 

@@ -107,6 +107,15 @@ class LoopLag:
         return stolen / total if total > 0 else 0.0
 
 
+def _hit_ids(hits: object) -> tuple[str, ...]:
+    """The string ids of a search result's ``hits`` (anything else is left out)."""
+    if not isinstance(hits, list):
+        return ()
+    return tuple(
+        hit["id"] for hit in hits if isinstance(hit, dict) and isinstance(hit.get("id"), str)
+    )
+
+
 def cpu_jiffies() -> tuple[int, int] | None:
     """(all jiffies, stolen jiffies) of the machine, from ``/proc/stat``; None elsewhere."""
     try:
@@ -217,6 +226,7 @@ class LoadGenerator:
         status: int | None = None
         missing: int | None = None
         detail = ""
+        hit_ids: tuple[str, ...] = ()
         try:
             async with self._session.get(f"{member.url}/search", params=params) as response:
                 status = response.status
@@ -230,6 +240,7 @@ class LoadGenerator:
                     stats.shards_timed_out += int(shards.get("timed_out", 0))
                     stats.shards_cut += int(shards.get("cut", 0))
                     missing = missing_shards(shards)
+                    hit_ids = _hit_ids(body.get("hits"))
                     detail = f"shards {json.dumps(shards, sort_keys=True)}"
                 else:
                     detail = raw[:200].decode("utf-8", "replace")
@@ -247,7 +258,9 @@ class LoadGenerator:
             stats.disturbed += 1
             return
         if watch is not None:
-            answer = Answer(started, member.name, outcome, missing, elapsed_ms, status, detail)
+            answer = Answer(
+                started, member.name, outcome, missing, elapsed_ms, status, detail, hit_ids
+            )
             for invariant, problem in watch.answer(answer):
                 self._observer.violate(invariant, problem)
         setattr(stats, outcome, getattr(stats, outcome) + 1)

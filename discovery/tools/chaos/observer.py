@@ -20,6 +20,7 @@ from discovery.config import ClusterConfig, ZkConfig
 from discovery.errors import DiscoveryError, MalformedLiveListError, StoreAccessError, StoreError
 from discovery.livelist.admin import LiveListAdmin, OpenedStore
 from discovery.livelist.open import open_store
+from discovery.livelist.shards import within_shards
 from discovery.zk.membership import MembershipWatcher
 from discovery.zk.session import ZkSession
 
@@ -188,7 +189,10 @@ class Observer:
             )
         )
         await self._session.start()
-        self._watcher = MembershipWatcher(self._session)
+        # Judged as the leader judges (its --shards): a phantom shard is no member.
+        self._watcher = MembershipWatcher(
+            self._session, admit=within_shards(cluster.config.shards, None)
+        )
         await self._watcher.start()
         # The sentinel URL in a run with sentinels: the store's client follows a failover.
         if self._store is None:

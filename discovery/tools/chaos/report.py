@@ -30,6 +30,8 @@ INVARIANTS = (
     watch.STORM,
     watch.SKIPPED,
     watch.CRASH,
+    watch.HITS,
+    watch.FRESH,
     deploy.INVARIANT,
 )
 

@@ -18,6 +18,8 @@ from .observer import Snapshot
 
 __all__ = [
     "CRASH",
+    "FRESH",
+    "HITS",
     "LISTS",
     "MEMORY",
     "MIB",
@@ -53,6 +55,8 @@ LISTS = "hostile entries never reach the lists"
 STORM = "normal queries at least 90 % complete under a query storm"
 SKIPPED = "hostile registrations skipped and counted"
 CRASH = "no server process crashes"
+HITS = "a hostile answer's hits never reach a result"
+FRESH = "a new client is answered through an idle-connection flood"
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class Answer:
     elapsed_ms: float
     status: int | None = None
     detail: str = ""
+    #: The ids of the answer's hits (strings only).
+    hit_ids: tuple[str, ...] = ()
 
 
 def missing_shards(shards: Mapping[str, Any]) -> int:
@@ -134,6 +140,7 @@ class HostileWatch:
         lists_equal_model: bool = False,
         redis_garbage: bool = False,
         rss_bound: int = RSS_BOUND,
+        forbidden_hits: str | None = None,
     ) -> None:
         self.kind = kind
         self.healthy = healthy
@@ -141,6 +148,7 @@ class HostileWatch:
         self.lists_equal_model = lists_equal_model
         self.redis_garbage = redis_garbage
         self.rss_bound = rss_bound
+        self.forbidden_hits = forbidden_hits
         self.answers: list[Answer] = []
         self.notes: dict[str, Any] = {}
         self._reported: set[tuple[str, str]] = set()
@@ -153,6 +161,15 @@ class HostileWatch:
     def answer(self, answer: Answer) -> list[tuple[str, str]]:
         """Record one answer of the normal load; the violations it shows."""
         self.answers.append(answer)
+        prefix = self.forbidden_hits
+        if prefix is not None and any(hit.startswith(prefix) for hit in answer.hit_ids):
+            return [
+                (
+                    HITS,
+                    f"{self.kind}: a query to {answer.member} returned the hostile replica's "
+                    f"hits ({', '.join(h for h in answer.hit_ids if h.startswith(prefix))[:200]})",
+                )
+            ]
         if self.allowed_missing is None:
             if answer.status == 422:
                 return [
