@@ -33,8 +33,8 @@ from discovery.testing.zookeeper import ZooKeeperTls
 from discovery.tools import main as cli
 from discovery.tools.zkexporter import ZkExporter
 from discovery.zk.abandon import AbandonedSessions
-from discovery.zk.expiry import expire_session
 from discovery.zk.acl import CREATE, READ
+from discovery.zk.expiry import expire_session
 from discovery.zk.paths import DATA_SERVERS_PATH
 from discovery.zk.session import SessionState, ZkSession
 from discovery.zk.tls import KazooTls
