@@ -27,6 +27,7 @@ from discovery.errors import DevClusterError
 __all__ = [
     "Authority",
     "DevPki",
+    "Usage",
     "issue",
     "make_authority",
     "make_dev_pki",
