@@ -7,9 +7,11 @@ Phases, each a row of the summary table; the exit status is 1 if any row missed:
 
 1. **up** - ``up -d``; all 3 search servers list the 100 data servers as serving.
    **access** - what the credentials shut: from inside the compose network, Redis and
-   the sentinels refuse a client without a password, ZooKeeper refuses an
-   unauthenticated client's writes under the chroot (zk-init ran), and the host
-   publishes Prometheus and the dashboard on its loopback only.
+   the sentinels refuse a client without a password; ZooKeeper's plaintext port is
+   closed on every member, its TLS port refuses a client without a certificate, its
+   election port refuses a client certificate (of the clients' CA), and a client with
+   a certificate but no digest identity may not write under the chroot (zk-init ran);
+   the host publishes Prometheus and the dashboard on its loopback only.
 2. **queries** - queries through all 3 search servers: every one complete.
 3. **drain** - ``stop`` one fleet container under load: its 50 servers drain (routing
    stops first) and leave every search server's list, the container exits 0 within its
@@ -37,7 +39,8 @@ Phases, each a row of the summary table; the exit status is 1 if any row missed:
 The search servers' views come from their ``/cluster`` and the primary's name from
 Sentinel, read inside the load generator's container (on the compose network) by one
 long-lived observer process (given the sentinels' read-only ``discovery`` user's password
-from deploy/compose/secrets/ over its stdin: the container itself holds no secret);
+and the ZooKeeper client certificate made for it, ``zk_client_check``, from
+deploy/compose/secrets/ over its stdin: the container itself holds no secret);
 queries are ``data-server loadgen --json`` run there
 too, and each fault waits for 40 answered queries first. Nothing here sleeps to
 synchronise: every wait polls a condition against a deadline.
@@ -78,7 +81,12 @@ DATA_SERVERS = sum(FLEETS.values())
 PROMETHEUS = "http://127.0.0.1:9090"
 # Published on the host, and only on its loopback: service -> container port.
 PUBLISHED = {"search-1": 8080, "prometheus": 9090}
-ZK_HOSTS = "zk1:2181,zk2:2181,zk3:2181"
+ZK_MEMBERS = ("zk1", "zk2", "zk3")
+# Clients over TLS only (docker-compose.yml); 2181 answers on each member's loopback only.
+ZK_SECURE_PORT = 2281
+ZK_PLAINTEXT_PORT = 2181
+ZK_ELECTION_PORT = 3888
+ZK_HOSTS = ",".join(f"{member}:{ZK_SECURE_PORT}" for member in ZK_MEMBERS)
 ZK_CHROOT = "/demo"
 # zk-init's ACL of /data_servers, as an anonymous client sees it (scheme:user:perms):
 # admin ALL, data CREATE|READ, search READ, world READ.
@@ -105,13 +113,22 @@ INFRASTRUCTURE = {
 # small machine, enough to stall the data servers under test). One JSON request per
 # line on stdin, one JSON answer per line on stdout.
 _OBSERVER = r"""
-import collections, json, sys, urllib.request
+import atexit, collections, json, os, shutil, socket, ssl, sys, tempfile, urllib.request
 import redis
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-# The first line: the sentinels' client credentials (never in the container otherwise).
+# The first line: the sentinels' client credentials and a ZooKeeper client certificate
+# (never in the container otherwise; the certificate in a private directory, removed
+# at exit).
 AUTH = json.loads(sys.stdin.readline())
+TLS_DIR = tempfile.mkdtemp(prefix="compose-check-")
+atexit.register(shutil.rmtree, TLS_DIR, True)
+ZK_TLS = {}
+for name, text in AUTH.pop("zk_tls").items():
+    ZK_TLS[name] = os.path.join(TLS_DIR, name)
+    with open(ZK_TLS[name], "w", encoding="ascii") as f:
+        f.write(text)
 
 def views(names):
     out = {}
@@ -166,9 +183,13 @@ def refused(host, port):
         client.close()
 
 def zk_refused(hosts, paths, layout):
-    # An unauthenticated ZooKeeper client may read but not create under our nodes; the
-    # ACL of `layout` (users shown, hashes not) says whether zk-init made it.
-    zk = KazooClient(hosts=hosts, timeout=5)
+    # A ZooKeeper client with a certificate but no digest identity may read but not
+    # create under our nodes; the ACL of `layout` (users shown, hashes not) says whether
+    # zk-init made it.
+    zk = KazooClient(
+        hosts=hosts, timeout=5, use_ssl=True, ca=ZK_TLS["ca"], certfile=ZK_TLS["cert"],
+        keyfile=ZK_TLS["key"], verify_certs=True, check_hostname=True,
+    )
     zk.start(timeout=10)
     try:
         out = {}
@@ -185,6 +206,51 @@ def zk_refused(hosts, paths, layout):
         zk.stop()
         zk.close()
 
+def closed(host, port):
+    # Nothing listening there for other containers.
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "accepted a connection"
+
+def tls_refused(host, port, context):
+    # A handshake then a four-letter word: refused if either fails or the server closes
+    # the connection (TLS 1.3 reports a refused client certificate only after the
+    # handshake); answered or left waiting: accepted.
+    try:
+        with socket.create_connection((host, port), timeout=3) as raw:
+            with context.wrap_socket(raw, server_hostname=host) as sock:
+                sock.sendall(b"srvr")
+                answer = sock.recv(64)
+    except (ssl.SSLError, ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return "accepted the handshake, and waits"
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return True if not answer else f"answered {answer[:20]!r}"
+
+def zk_transport(members, plaintext, secure, election):
+    # No client certificate: ZooKeeper's secure port must refuse us (chain and name of
+    # the server verified, so that a refusal is the server's).
+    anonymous = ssl.create_default_context(cafile=ZK_TLS["ca"])
+    # A client certificate on the election port: the quorum's CA did not sign it.
+    peer = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    peer.check_hostname = False
+    peer.verify_mode = ssl.CERT_NONE
+    peer.load_cert_chain(ZK_TLS["cert"], ZK_TLS["key"])
+    out = {}
+    for member in members:
+        out[f"{member}:{plaintext} closed"] = closed(member, plaintext)
+        out[f"{member}:{secure} without a certificate"] = tls_refused(member, secure, anonymous)
+        out[f"{member}:{election} with a client certificate"] = tls_refused(
+            member, election, peer
+        )
+    return out
+
 for line in sys.stdin:
     request = json.loads(line)
     try:
@@ -194,6 +260,10 @@ for line in sys.stdin:
             answer = {f"{h}:{p}": refused(h, p) for h, p in request["targets"]}
         elif request["op"] == "zk_refused":
             answer = zk_refused(request["hosts"], request["paths"], request["layout"])
+        elif request["op"] == "zk_transport":
+            answer = zk_transport(
+                request["members"], request["plaintext"], request["secure"], request["election"]
+            )
         elif request["op"] == "master":
             answer = master(request["sentinel"], request["name"])
         else:
@@ -216,7 +286,13 @@ class Observer:
         )
         assert self._proc.stdin is not None
         password = (SECRETS / "sentinel_discovery").read_text().strip()
-        self._proc.stdin.write(json.dumps({"username": "discovery", "password": password}))
+        zk_tls = {
+            "ca": (SECRETS / "zk_ca.crt").read_text(),
+            "cert": (SECRETS / "zk_client_check.crt").read_text(),
+            "key": (SECRETS / "zk_client_check.key").read_text(),
+        }
+        first = {"username": "discovery", "password": password, "zk_tls": zk_tls}
+        self._proc.stdin.write(json.dumps(first))
         self._proc.stdin.write("\n")
         self._proc.stdin.flush()
 
@@ -353,6 +429,20 @@ class Check:
         zk = self.observer.ask(
             {"op": "zk_refused", "hosts": ZK_HOSTS, "paths": paths, "layout": paths[1]}
         )
+        transport = self.observer.ask(
+            {
+                "op": "zk_transport",
+                "members": ZK_MEMBERS,
+                "plaintext": ZK_PLAINTEXT_PORT,
+                "secure": ZK_SECURE_PORT,
+                "election": ZK_ELECTION_PORT,
+            }
+        )
+        shut = (
+            isinstance(transport, dict)
+            and len(transport) == 3 * len(ZK_MEMBERS)
+            and all(v is True for v in transport.values())
+        )
         ports = {
             service: docker("port", self.container(service), f"{port}/tcp").split()
             for service, port in PUBLISHED.items()
@@ -368,6 +458,7 @@ class Check:
             and isinstance(zk, dict)
             and all(zk.get(p) is True for p in paths)
             and zk.get("acl") == ZK_DATA_SERVERS_ACL
+            and shut
             and all(loopback.values())
         )
         refused = [k for k, v in (redis.items() if isinstance(redis, dict) else ()) if v is True]
@@ -375,8 +466,10 @@ class Check:
             "access",
             ok,
             f"anonymous clients refused by {len(refused)} of {len(targets)} Redis nodes and "
-            f"sentinels ({redis if not ok else 'all'}); anonymous ZooKeeper creates under "
-            f"{', '.join(paths)}: {zk}; published {ports}",
+            f"sentinels ({redis if not ok else 'all'}); ZooKeeper's plaintext port closed, "
+            f"TLS without a certificate and the election port with a client certificate "
+            f"refused ({transport if not shut else f'all {len(ZK_MEMBERS)} members'}); "
+            f"creates without an identity under {', '.join(paths)}: {zk}; published {ports}",
             started,
         )
 

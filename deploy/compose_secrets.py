@@ -37,6 +37,36 @@ sentinel_discovery   the ``discovery`` sentinel user's password: asks     search
 redis_monitor        the ``monitor`` user's password (Redis and Sentinel)  redis-exporter
 redis_admin          the ``default`` Redis user's password (operators)     none
 ==================== ===================================================== =====================
+
+ZooKeeper serves clients over TLS only, requiring a client certificate
+(``ssl.clientAuth=need``), and its members speak TLS to each other; two CAs, made here:
+
+========================= ================================================ ====================
+file                      what                                             mounted in
+========================= ================================================ ====================
+zk_ca.crt                 the clients' CA: signs the members' client-port  every ZooKeeper
+                          certificates and every client certificate        member and client
+zk_ca.key                 its key                                          none
+zk1.pem .. zk3.pem        a member's key and certificate (``DNS:zkN``,     zk1 .. zk3, each
+                          by zk_ca) for its client port 2281               its own
+zk_quorum_ca.crt          the quorum CA: signs the members' quorum         zk1 .. zk3
+                          certificates, nothing else
+zk_quorum_ca.key          its key                                          none
+zk1_quorum.pem ..         a member's key and certificate (server and      zk1 .. zk3, each
+                          client use, by zk_quorum_ca) for ports 2888 and  its own
+                          3888
+zk_client_ROLE.crt/.key   a client certificate and key (by zk_ca), one     the role's
+                          per role: ``init`` (zk-init), ``data``           containers
+                          (fleets), ``search`` (search servers),
+                          ``exporter`` (zk-exporter), ``check`` (the
+                          observer of ``make compose-check``)
+========================= ================================================ ====================
+
+The client certificate proves only that a container may speak to ZooKeeper at all;
+what it may do there is still its digest identity's (the ACLs zk-init sets). A
+certificate is kept while it is signed by its CA and valid for 30 more days, and made
+again otherwise (a CA made again: every certificate it signs too). The ``.key`` files of
+the CAs stay 0600 and are mounted nowhere.
 """
 
 from __future__ import annotations
@@ -49,6 +79,7 @@ from pathlib import Path
 
 from discovery.config import ClusterConfig
 from discovery.livelist.redis.conn import acl_user_line, publisher_acl_rules, reader_acl_rules
+from discovery.testing.tls import Authority, Usage, issue, make_authority, signed_by, valid_for
 from discovery.tools.zkdigest import DigestId
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +101,16 @@ PASSWORDS = {
 }
 #: Files derived from the passwords, written again at every run.
 DERIVED = ("zk_data_digest", "zk_search_digest", "redis_users", "sentinel_users")
+
+#: The ZooKeeper members (their host names, as every client's --zk writes them).
+ZK_MEMBERS = ("zk1", "zk2", "zk3")
+#: ZooKeeper client roles, one certificate each (see the module docstring).
+ZK_CLIENTS = ("init", "data", "search", "exporter", "check")
+#: Validity of the CAs and of the certificates they sign, in days; a certificate valid
+#: for less than RENEW_DAYS more is made again.
+CA_DAYS = 3650
+CERT_DAYS = 397
+RENEW_DAYS = 30
 
 #: What a replica needs of its primary (Redis's documented minimum).
 REPLICA_RULES = "resetkeys resetchannels -@all +psync +replconf +ping"
@@ -123,6 +164,81 @@ def _write(path: Path, text: str) -> None:
     temporary.replace(path)
 
 
+def _authority(directory: Path, name: str, subject: str) -> tuple[Authority, bool]:
+    """The CA ``name`` (.crt and .key) in ``directory``, made if missing or expiring;
+    returns it and whether it was made now."""
+    authority = Authority(directory / f"{name}.crt", directory / f"{name}.key")
+    if authority.key.is_file() and valid_for(authority.cert, RENEW_DAYS * 86400):
+        return authority, False
+    authority = make_authority(directory, name, subject=subject, days=CA_DAYS)
+    authority.key.chmod(0o600)  # signs; never mounted
+    os.chmod(authority.cert, 0o644)
+    return authority, True
+
+
+def _kept(cert: Path, authority: Authority) -> bool:
+    return signed_by(cert, authority) and valid_for(cert, RENEW_DAYS * 86400)
+
+
+def _keystore(directory: Path, name: str, authority: Authority, usage: Usage, member: str) -> bool:
+    """``NAME.pem``: a member's key then its certificate naming ``member`` (ZooKeeper's PEM
+    key store), made if missing, of another CA or expiring; True if made now."""
+    path = directory / f"{name}.pem"
+    if _kept(path, authority):
+        return False
+    cert, key = issue(
+        authority,
+        directory,
+        name,
+        usage=usage,
+        subject=member,
+        dns_names=(member,),
+        days=CERT_DAYS,
+    )
+    _write(
+        path,
+        key.read_text(encoding="ascii").strip() + "\n" + cert.read_text(encoding="ascii").strip(),
+    )
+    cert.unlink()
+    key.unlink()
+    return True
+
+
+def _client(directory: Path, role: str, authority: Authority) -> bool:
+    """``zk_client_ROLE.crt`` and ``.key`` (0644, read by the container's user), made if
+    missing, of another CA or expiring; True if made now."""
+    name = f"zk_client_{role}"
+    if (directory / f"{name}.key").is_file() and _kept(directory / f"{name}.crt", authority):
+        return False
+    cert, key = issue(
+        authority, directory, name, usage="client", subject=f"discovery {role}", days=CERT_DAYS
+    )
+    for path in (cert, key):
+        os.chmod(path, 0o644)
+    return True
+
+
+def zookeeper_tls(directory: Path) -> list[str]:
+    """The ZooKeeper CAs and certificates of the module docstring in ``directory``, each
+    kept or made; returns the names of those made now.
+
+    Raises:
+        DevClusterError: ``openssl`` is missing or failed.
+    """
+    made = []
+    clients, new = _authority(directory, "zk_ca", "discovery compose ZooKeeper CA")
+    made += ["zk_ca"] if new else []
+    quorum, new = _authority(directory, "zk_quorum_ca", "discovery compose ZooKeeper quorum CA")
+    made += ["zk_quorum_ca"] if new else []
+    for member in ZK_MEMBERS:
+        if _keystore(directory, member, clients, "server", member):
+            made.append(member)
+        if _keystore(directory, f"{member}_quorum", quorum, "peer", member):
+            made.append(f"{member}_quorum")
+    made += [f"zk_client_{role}" for role in ZK_CLIENTS if _client(directory, role, clients)]
+    return made
+
+
 def redis_users(prefix: str, passwords: dict[str, str]) -> list[str]:
     """The Redis nodes' ACL lines for the live list's key ``prefix``."""
     return [
@@ -144,12 +260,14 @@ def sentinel_users(passwords: dict[str, str]) -> list[str]:
 
 
 def ensure(directory: Path, cluster: str) -> list[str]:
-    """Make the missing passwords and write the derived files in ``directory`` (made
-    0700); returns the names of the passwords made now.
+    """Make the missing passwords, write the derived files and keep or make the
+    ZooKeeper certificates in ``directory`` (made 0700); returns the names of the
+    passwords and certificates made now.
 
     Raises:
         ConfigError: ``cluster`` is not a valid cluster name.
         ValueError: a ZooKeeper secret file is not ``user:password``.
+        DevClusterError: ``openssl`` is missing or failed.
     """
     prefix = ClusterConfig(cluster=cluster).redis_prefix
     directory.mkdir(parents=True, exist_ok=True)
@@ -161,7 +279,7 @@ def ensure(directory: Path, cluster: str) -> list[str]:
         _write(directory / f"zk_{role}_digest", str(identity))
     _write(directory / "redis_users", "\n".join(redis_users(prefix, passwords)))
     _write(directory / "sentinel_users", "\n".join(sentinel_users(passwords)))
-    return made
+    return made + zookeeper_tls(directory)
 
 
 def main(argv: list[str] | None = None) -> int:

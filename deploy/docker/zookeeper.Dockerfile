@@ -15,5 +15,6 @@ RUN mkdir -p /usr/share/man/man1 \
     && mkdir -p /data /conf && chown zookeeper:zookeeper /data /conf
 COPY deploy/docker/zookeeper-entrypoint.sh /usr/local/bin/zookeeper-entrypoint
 USER zookeeper
-EXPOSE 2181 2888 3888
+# 2281: clients over TLS; 2181 answers only inside the container (the health check).
+EXPOSE 2281 2888 3888
 ENTRYPOINT ["zookeeper-entrypoint"]

@@ -346,6 +346,12 @@ def run(args: argparse.Namespace) -> int:
             session_timeout=args.session_timeout,
             connect_timeout=args.zk_connect_timeout,
             auth=given.admin_auth,
+            # The servers' --zk-tls flags: an ensemble serving clients over TLS only is
+            # bootstrapped over TLS too, with zk-init's own client certificate.
+            tls=args.zk_tls,
+            tls_ca=args.zk_tls_ca,
+            tls_cert=args.zk_tls_cert,
+            tls_key=args.zk_tls_key,
         )
     except DiscoveryError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr, flush=True)

@@ -9,7 +9,9 @@ before the connect timeout.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -28,8 +30,10 @@ from discovery.metrics import SessionMetrics
 from discovery.testing import ZooKeeperEnsemble
 from discovery.testing.tls import DevPki, make_dev_pki
 from discovery.testing.zookeeper import ZooKeeperTls
+from discovery.tools import main as cli
 from discovery.tools.zkexporter import ZkExporter
 from discovery.zk.abandon import AbandonedSessions
+from discovery.zk.acl import CREATE, READ
 from discovery.zk.expiry import expire_session
 from discovery.zk.paths import DATA_SERVERS_PATH
 from discovery.zk.session import SessionState, ZkSession
@@ -268,3 +272,44 @@ async def test_the_zk_exporter_reads_mntr_over_tls(tls_zk: ZooKeeperEnsemble, pk
     assert reading.up, reading.error
     assert reading.words["server_state"] == "standalone"
     assert sample(registry, "zookeeper_up", server=f"localhost:{servers[0][1]}") == 1
+
+
+async def test_zk_init_lays_out_the_tree_over_tls(
+    tls_zk: ZooKeeperEnsemble,
+    pki: DevPki,
+    sessions: list[ZkSession],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The compose topology's zk-init: an ensemble with only a TLS port, client
+    certificates required; the tree is made, then found unchanged, and its ACLs hold."""
+    servers = f"localhost:{tls_zk.servers[0].client_port}"
+    chroot = f"/zkinit-{uuid.uuid4().hex[:8]}"
+    admin = "admin:admin-pw"
+    args = ["zk-init", "--zk", servers + chroot, "--admin-auth", admin]
+    args += ["--data-identities", "data:data-pw", "--search-identities", "search:search-pw"]
+    args += ["--zk-tls", "--zk-tls-ca", str(pki.ca_cert)]
+    args += ["--zk-tls-cert", str(pki.client_cert), "--zk-tls-key", str(pki.client_key)]
+    args += ["--zk-connect-timeout", "20", "--json"]
+    try:
+        assert await asyncio.to_thread(cli.main, args) == 0
+        first = json.loads(capsys.readouterr().out)
+        assert await asyncio.to_thread(cli.main, args) == 0
+        second = json.loads(capsys.readouterr().out)
+        assert first["chroot"] == chroot
+        assert {node["action"] for node in first["nodes"]} == {"created"}
+        assert {node["action"] for node in second["nodes"]} == {"unchanged"}
+        reader = await session_of(tls_config(pki, servers), sessions)
+        acl = await reader.get_acls(chroot + DATA_SERVERS_PATH)
+        granted = {(entry.id.scheme, entry.id.id.partition(":")[0]): entry.perms for entry in acl}
+        assert granted[("digest", "data")] == CREATE | READ
+        assert granted[("world", "anyone")] == READ
+    finally:
+        cleaner = await session_of(tls_config(pki, servers, auth=admin), sessions)
+        with contextlib.suppress(Exception):
+            await _delete_tree(cleaner, chroot)
+
+
+async def _delete_tree(session: ZkSession, path: str) -> None:
+    for child in await session.get_children(path):
+        await _delete_tree(session, f"{path}/{child}")
+    await session.delete(path)

@@ -17,20 +17,10 @@ hold.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import hashlib
-import importlib.util
-import io
 import ipaddress
-import os
 import re
-import shlex
-import shutil
-import subprocess
-import tomllib
 from collections import Counter
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,285 +30,60 @@ import yaml
 
 from data_server.config import DataServerConfig, FleetConfig
 from data_server.config import build_fleet_parser as build_fleet_parser
-from data_server.config import build_parser as build_data_server_parser
 from data_server.loadgen import build_loadgen_parser
 from discovery.livelist.redis.conn import publisher_acl_rules, reader_acl_rules
-from discovery.tools import main as discovery_cli
 from discovery.tools.zkdigest import DigestId
 from discovery.tools.zkinit import secrets as zk_init_secrets
 from search_server.config import SearchServerConfig
-from search_server.config import build_parser as build_search_server_parser
-from tests.support import REPO_ROOT
-
-ROOT = REPO_ROOT
-COMPOSE_FILE = ROOT / "docker-compose.yml"
+from tests.scenarios import composefile as cf
+from tests.scenarios.composefile import APP_IMAGE, ROOT
 
 DATA_SERVERS = 100
 SEARCH_SERVERS = 3
 ZK_NODES = 3
-# Where compose mounts a service's secrets.
-RUN_SECRETS = "/run/secrets/"
-# The compose file's own key for the secrets made for this module (not compose's).
-_MADE = "x-test-made-secrets"
-
-
-def _load_compose_secrets() -> Any:
-    """deploy/compose_secrets.py (a script, not a package module), as `make` runs it."""
-    path = ROOT / "deploy" / "compose_secrets.py"
-    spec = importlib.util.spec_from_file_location("compose_secrets", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-compose_secrets = _load_compose_secrets()
-
-
-def _scripts() -> set[str]:
-    with (ROOT / "pyproject.toml").open("rb") as f:
-        return set(tomllib.load(f)["project"]["scripts"])
-
-
-# -- the compose file, as docker-compose resolves it -------------------------------------
 
 
 @pytest.fixture(scope="module")
 def compose(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    exe = shutil.which("docker-compose")
-    if exe is None:
-        pytest.fail(
-            "docker-compose is not installed: `make setup` installs it (the Debian package "
-            "docker-compose), then rerun the tests"
-        )
-    # Our own DISCOVERY_* settings must not leak into the interpolation of the file.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISCOVERY_", "COMPOSE_"))}
-    result = subprocess.run(
-        [exe, "-f", str(COMPOSE_FILE), "config"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
-    config = yaml.safe_load(result.stdout)
-    assert isinstance(config, dict)
-    assert config.get("services"), "no services in docker-compose.yml"
-    # The secrets, made as `make compose-secrets` makes them, for the cluster named here.
-    clusters = {
-        env["DISCOVERY_CLUSTER"]
-        for service in config["services"].values()
-        if "DISCOVERY_CLUSTER" in (env := _environment(service))
-    }
-    assert len(clusters) == 1, clusters
-    made = tmp_path_factory.mktemp("compose-secrets")
-    compose_secrets.ensure(made, clusters.pop())
-    config[_MADE] = made
-    return config
-
-
-def _secret_files(compose: dict[str, Any]) -> dict[str, Path]:
-    """Each secret the file declares -> the file made for it (by its ``file:``'s name)."""
-    made: Path = compose[_MADE]
-    files = {}
-    for name, secret in (compose.get("secrets") or {}).items():
-        source = Path(str(secret["file"]))
-        assert source.parent == ROOT / "deploy" / "compose" / "secrets", (name, source)
-        files[name] = made / source.name
-    return files
-
-
-def _mounted(service: dict[str, Any]) -> dict[str, str]:
-    """The service's secrets: path in the container -> the secret's name."""
-    mounted = {}
-    for item in service.get("secrets") or []:
-        source, target = (
-            (item, item) if isinstance(item, str) else (item["source"], item.get("target"))
-        )
-        target = target or source
-        mounted[target if target.startswith("/") else RUN_SECRETS + target] = source
-    return mounted
-
-
-def _services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    services: dict[str, dict[str, Any]] = compose["services"]
-    return services
-
-
-def _argv(service: dict[str, Any]) -> list[str]:
-    """What the container runs: entrypoint + command (our image sets no ENTRYPOINT)."""
-    argv: list[str] = []
-    for key in ("entrypoint", "command"):
-        value = service.get(key)
-        if value is None:
-            continue
-        argv += shlex.split(value) if isinstance(value, str) else [str(v) for v in value]
-    return argv
-
-
-def _environment(service: dict[str, Any]) -> dict[str, str]:
-    env = service.get("environment") or {}
-    if isinstance(env, list):
-        env = dict(item.split("=", 1) if "=" in item else (item, None) for item in env)
-    # A variable without a value is passed through from the host: unset here.
-    return {k: str(v) for k, v in env.items() if v is not None}
-
-
-def _image(service: dict[str, Any]) -> str:
-    return str(service.get("image", ""))
-
-
-@dataclass(frozen=True)
-class Process:
-    """One service that runs one of our console scripts.
-
-    ``argv`` and ``env`` name the service's secrets by the files made for this module
-    (``/run/secrets/x`` -> ``.../x``), but only those it mounts: a path of a secret it
-    does not mount stays as it is, and so does not exist here either.
-    """
-
-    service: str
-    argv: list[str]
-    env: dict[str, str]
-    secrets: frozenset[str]
-
-    @property
-    def subcommand(self) -> str | None:
-        return self.argv[1] if len(self.argv) > 1 and not self.argv[1].startswith("-") else None
-
-    @property
-    def kind(self) -> str:
-        """``search-server``, ``data-server``, ``data-server fleet``, ``data-server loadgen``…"""
-        return self.argv[0] if self.subcommand is None else f"{self.argv[0]} {self.subcommand}"
-
-
-def _processes(compose: dict[str, Any]) -> list[Process]:
-    scripts = _scripts()
-    files = _secret_files(compose)
-    processes = []
-    for name, service in _services(compose).items():
-        argv = _argv(service)
-        if not argv or argv[0] not in scripts:
-            continue
-        mounted = _mounted(service)
-        local = {path: str(files[secret]) for path, secret in mounted.items()}
-        processes.append(
-            Process(
-                name,
-                [local.get(a, a) for a in argv],
-                {k: local.get(v, v) for k, v in _environment(service).items()},
-                frozenset(mounted.values()),
-            )
-        )
-    return processes
-
-
-def _of_kind(compose: dict[str, Any], kind: str) -> list[Process]:
-    return [p for p in _processes(compose) if p.kind == kind]
-
-
-@contextlib.contextmanager
-def _environ(env: dict[str, str]) -> Iterator[None]:
-    """Exactly the container's DISCOVERY_* variables (our parsers read them when built)."""
-    with pytest.MonkeyPatch.context() as mp:
-        for key in list(os.environ):
-            if key.startswith("DISCOVERY_"):
-                mp.delenv(key)
-        for key, value in env.items():
-            mp.setenv(key, value)
-        yield
-
-
-def _parse(
-    process: Process, build: Callable[[], argparse.ArgumentParser], args: list[str]
-) -> argparse.Namespace:
-    """Parse ``args`` as the container would: its environment applied, the real parser."""
-    err = io.StringIO()
-    with _environ(process.env), contextlib.redirect_stderr(err):
-        try:
-            return build().parse_args(args)
-        except SystemExit:
-            pass
-    pytest.fail(
-        f"service {process.service}: `{shlex.join(process.argv)}` is refused:\n"
-        f"{err.getvalue().strip()}"
-    )
-
-
-# Parsers of our subcommands, by (script, subcommand); loadgen has a test of its own.
-_PARSERS: dict[tuple[str, str | None], Callable[[], argparse.ArgumentParser]] = {
-    ("search-server", None): build_search_server_parser,
-    ("data-server", None): build_data_server_parser,
-    ("data-server", "fleet"): build_fleet_parser,
-}
-
-
-def _settings(process: Process) -> object:
-    """The settings object the process would run with (parsed and validated)."""
-    script, sub = process.argv[0], process.subcommand
-    if script == "discovery":
-        return _parse(process, discovery_cli.build_parser, process.argv[1:])
-    build = _PARSERS.get((script, sub))
-    assert build is not None, f"service {process.service}: no parser known for {process.kind}"
-    args = _parse(process, build, process.argv[2:] if sub else process.argv[1:])
-    with _environ(process.env):
-        if sub == "fleet":
-            return FleetConfig.from_args(args)
-        if script == "data-server":
-            return DataServerConfig.from_args(args)
-        return SearchServerConfig.from_args(args)
+    return cf.load(tmp_path_factory)
 
 
 def test_compose_file_is_valid(compose: dict[str, Any]) -> None:
-    assert _processes(compose), "no service runs data-server, search-server or discovery"
-
-
-APP_IMAGE = "search-discovery:local"
-
-
-def _built_from(service: dict[str, Any]) -> str:
-    """The Dockerfile a service's image is built from, relative to the repository."""
-    build = service.get("build")
-    assert isinstance(build, dict), f"no build section: {build!r}"
-    context = Path(str(build.get("context", ".")))
-    context = context if context.is_absolute() else ROOT / context
-    dockerfile = context / str(build.get("dockerfile", "Dockerfile"))
-    return str(dockerfile.relative_to(ROOT))
+    assert cf.processes(compose), "no service runs data-server, search-server or discovery"
 
 
 def test_every_image_is_built_here(compose: dict[str, Any]) -> None:
     """No registry is needed: every service builds its image from a Dockerfile here."""
-    for name, service in _services(compose).items():
-        assert "build" in service, f"service {name} pulls {_image(service)!r} from a registry"
-        assert _image(service).endswith(":local"), f"service {name}: image {_image(service)}"
-        assert (ROOT / _built_from(service)).is_file(), f"service {name}: {_built_from(service)}"
+    for name, service in cf.services(compose).items():
+        assert "build" in service, f"service {name} pulls {cf.image(service)!r} from a registry"
+        assert cf.image(service).endswith(":local"), f"service {name}: image {cf.image(service)}"
+        assert (ROOT / cf.built_from(service)).is_file(), (
+            f"service {name}: {cf.built_from(service)}"
+        )
 
 
 def test_services_built_from_this_project_run_our_scripts(compose: dict[str, Any]) -> None:
-    scripts = _scripts()
-    for name, service in _services(compose).items():
-        if _image(service) == APP_IMAGE:
-            argv = _argv(service)
+    scripts = cf.scripts()
+    for name, service in cf.services(compose).items():
+        if cf.image(service) == APP_IMAGE:
+            argv = cf.argv(service)
             assert argv, f"service {name}: no command (the image's default is only --help)"
             assert argv[0] in scripts, f"service {name}: runs {argv[0]!r}, not one of {scripts}"
 
 
 def test_every_command_is_accepted_by_our_parsers(compose: dict[str, Any]) -> None:
-    checked = [p.service for p in _processes(compose) if p.kind != "data-server loadgen"]
-    for process in _processes(compose):
+    checked = [p.service for p in cf.processes(compose) if p.kind != "data-server loadgen"]
+    for process in cf.processes(compose):
         if process.kind != "data-server loadgen":
-            _settings(process)
+            cf.settings(process)
     assert checked
 
 
 def test_loadgen_command_is_accepted(compose: dict[str, Any]) -> None:
-    loadgens = _of_kind(compose, "data-server loadgen")
+    loadgens = cf.of_kind(compose, "data-server loadgen")
     assert len(loadgens) == 1, f"expected one load generator, got {[p.service for p in loadgens]}"
     (process,) = loadgens
-    _parse(process, build_loadgen_parser, process.argv[2:])
+    cf.parse(process, build_loadgen_parser, process.argv[2:])
 
 
 # -- the topology --------------------------------------------------------------------------
@@ -338,10 +103,10 @@ class DataServerSlot:
 def _data_servers(compose: dict[str, Any]) -> list[DataServerSlot]:
     """Every data server the file starts, single or in a fleet, as its settings say."""
     slots: list[DataServerSlot] = []
-    for process in _processes(compose):
-        settings = _settings(process) if process.kind != "data-server loadgen" else None
+    for process in cf.processes(compose):
+        settings = cf.settings(process) if process.kind != "data-server loadgen" else None
         if isinstance(settings, FleetConfig):
-            fleet_args = _parse(process, build_fleet_parser, process.argv[2:])
+            fleet_args = cf.parse(process, build_fleet_parser, process.argv[2:])
             # `--worker I` runs slice I of the fleet only; otherwise the whole fleet runs.
             indices = (
                 range(settings.count)
@@ -370,8 +135,8 @@ def _data_servers(compose: dict[str, Any]) -> list[DataServerSlot]:
 
 def _search_servers(compose: dict[str, Any]) -> list[tuple[str, SearchServerConfig]]:
     result = []
-    for process in _of_kind(compose, "search-server"):
-        settings = _settings(process)
+    for process in cf.of_kind(compose, "search-server"):
+        settings = cf.settings(process)
         assert isinstance(settings, SearchServerConfig)
         result.append((process.service, settings))
     return result
@@ -379,7 +144,7 @@ def _search_servers(compose: dict[str, Any]) -> list[tuple[str, SearchServerConf
 
 def _reachable_names(compose: dict[str, Any], service: str) -> set[str]:
     """Names other containers resolve to this service: its name, hostname, aliases."""
-    spec = _services(compose)[service]
+    spec = cf.services(compose)[service]
     names = {service}
     if spec.get("hostname"):
         names.add(str(spec["hostname"]))
@@ -393,18 +158,19 @@ def _reachable_names(compose: dict[str, Any], service: str) -> set[str]:
 def test_zookeeper_ensemble(compose: dict[str, Any]) -> None:
     zks = {
         n: s
-        for n, s in _services(compose).items()
-        if _image(s).startswith("search-discovery-zookeeper:")
+        for n, s in cf.services(compose).items()
+        if cf.image(s).startswith("search-discovery-zookeeper:")
     }
     assert len(zks) == ZK_NODES
     ids = set()
     for name, service in zks.items():
-        assert _built_from(service) == "deploy/docker/zookeeper.Dockerfile", name
-        env = _environment(service)
+        assert cf.built_from(service) == "deploy/docker/zookeeper.Dockerfile", name
+        env = cf.environment(service)
         ids.add(env["ZOO_MY_ID"])
         servers = env["ZOO_SERVERS"].split()
         assert sorted(s.split("=", 1)[1].split(":", 1)[0] for s in servers) == sorted(zks)
-        assert all(s.endswith(";2181") for s in servers), servers
+        # No client address: one there must match clientPortAddress (127.0.0.1 with TLS).
+        assert not any(";" in s for s in servers), servers
         extra = env.get("ZOO_CFG_EXTRA", "").split()
         assert env.get("ZOO_MAX_CLIENT_CNXNS") == "0" or "maxClientCnxns=0" in extra, (
             f"{name}: a fleet container holds 50 sessions from one address; "
@@ -416,8 +182,8 @@ def test_zookeeper_ensemble(compose: dict[str, Any]) -> None:
     assert ids == {"1", "2", "3"}
 
     # Every process of ours lists the whole ensemble (see docs/operating.md on --zk).
-    for process in _processes(compose):
-        settings = _settings(process) if process.kind != "data-server loadgen" else None
+    for process in cf.processes(compose):
+        settings = cf.settings(process) if process.kind != "data-server loadgen" else None
         if isinstance(settings, FleetConfig):
             settings = settings.template
         if isinstance(settings, DataServerConfig | SearchServerConfig):
@@ -431,11 +197,13 @@ def test_redis_behind_sentinel(compose: dict[str, Any]) -> None:
     ours finds the primary through all 3 sentinels, by the name they monitor."""
     redis = {
         n: s
-        for n, s in _services(compose).items()
-        if _image(s).startswith("search-discovery-redis:")
+        for n, s in cf.services(compose).items()
+        if cf.image(s).startswith("search-discovery-redis:")
     }
-    nodes = {n: _argv(s) for n, s in redis.items() if _argv(s)[:1] == ["redis-server-entrypoint"]}
-    sentinels = {n: s for n, s in redis.items() if _argv(s)[:1] == ["redis-sentinel-entrypoint"]}
+    nodes = {
+        n: cf.argv(s) for n, s in redis.items() if cf.argv(s)[:1] == ["redis-server-entrypoint"]
+    }
+    sentinels = {n: s for n, s in redis.items() if cf.argv(s)[:1] == ["redis-sentinel-entrypoint"]}
     assert len(nodes) == 2, sorted(redis)
     assert len(sentinels) == 3, sorted(redis)
     replicas = {
@@ -446,19 +214,19 @@ def test_redis_behind_sentinel(compose: dict[str, Any]) -> None:
     for name, argv in nodes.items():
         # Found by name after a restart or a failover: each announces its service name.
         assert argv[argv.index("--replica-announce-ip") + 1] == name
-        assert _built_from(redis[name]) == "deploy/docker/redis.Dockerfile"
+        assert cf.built_from(redis[name]) == "deploy/docker/redis.Dockerfile"
     names = set()
     for name, service in sentinels.items():
-        assert _argv(service) == ["redis-sentinel-entrypoint"], name
-        env = _environment(service)
+        assert cf.argv(service) == ["redis-sentinel-entrypoint"], name
+        env = cf.environment(service)
         assert env["SENTINEL_MASTER_HOST"] == primary, name
         assert env["SENTINEL_ANNOUNCE"] == name
         assert int(env["SENTINEL_QUORUM"]) == 2
         names.add(env["SENTINEL_MASTER_NAME"])
     (monitored,) = names
     expected = {f"{n}:26379" for n in sentinels}
-    for process in _processes(compose):
-        settings = _settings(process) if process.kind != "data-server loadgen" else None
+    for process in cf.processes(compose):
+        settings = cf.settings(process) if process.kind != "data-server loadgen" else None
         if isinstance(settings, FleetConfig):
             continue  # data servers do not use Redis
         if isinstance(settings, SearchServerConfig):
@@ -508,7 +276,7 @@ def test_three_search_servers_one_on_the_host(compose: dict[str, Any]) -> None:
 
 
 def test_one_load_generator_targets_every_search_server(compose: dict[str, Any]) -> None:
-    (loadgen,) = _of_kind(compose, "data-server loadgen")
+    (loadgen,) = cf.of_kind(compose, "data-server loadgen")
     argv = loadgen.argv
     targets = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--target"}
     expected = {f"http://{s.advertise}:{s.port}" for _, s in _search_servers(compose)}
@@ -519,7 +287,7 @@ def test_one_load_generator_targets_every_search_server(compose: dict[str, Any])
 def _published(compose: dict[str, Any], service: str) -> dict[int, int]:
     """Container port -> host port."""
     result = {}
-    for port in _services(compose)[service].get("ports") or []:
+    for port in cf.services(compose)[service].get("ports") or []:
         if isinstance(port, dict):
             result[int(port["target"])] = int(port["published"])
         else:
@@ -529,10 +297,10 @@ def _published(compose: dict[str, Any], service: str) -> dict[int, int]:
 
 
 def _prometheus(compose: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    proms = [n for n, s in _services(compose).items() if "prometheus" in _image(s)]
+    proms = [n for n, s in cf.services(compose).items() if "prometheus" in cf.image(s)]
     assert len(proms) == 1
     name = proms[0]
-    for volume in _services(compose)[name].get("volumes") or []:
+    for volume in cf.services(compose)[name].get("volumes") or []:
         if isinstance(volume, dict):
             source, target = volume.get("source"), volume.get("target")
         else:
@@ -630,13 +398,13 @@ def test_app_image_installs_from_the_wheelhouse_without_an_index() -> None:
 def test_prometheus_sees_zookeeper_and_redis(compose: dict[str, Any]) -> None:
     """The ZooKeeper exporter reads every member and is scraped; the Redis exporter is
     asked for every Redis node and sentinel by name (multi-target)."""
-    services = _services(compose)
+    services = cf.services(compose)
     _, config = _prometheus(compose)
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
 
-    zks = {n for n, s in services.items() if _image(s).startswith("search-discovery-zookeeper:")}
-    (exporter,) = [p for p in _processes(compose) if p.argv[:2] == ["discovery", "zk-exporter"]]
-    args = _settings(exporter)
+    zks = {n for n, s in services.items() if cf.image(s).startswith("search-discovery-zookeeper:")}
+    (exporter,) = [p for p in cf.processes(compose) if p.argv[:2] == ["discovery", "zk-exporter"]]
+    args = cf.settings(exporter)
     hosts = {h.rsplit(":", 1)[0] for h in str(args.zk).split("/", 1)[0].split(",")}
     assert hosts == zks
     port = args.port
@@ -644,7 +412,9 @@ def test_prometheus_sees_zookeeper_and_redis(compose: dict[str, Any]) -> None:
     assert zk_targets == {f"{exporter.service}:{port}"}
 
     redis = {
-        n: _argv(s) for n, s in services.items() if _image(s).startswith("search-discovery-redis:")
+        n: cf.argv(s)
+        for n, s in services.items()
+        if cf.image(s).startswith("search-discovery-redis:")
     }
     (redis_exporter,) = [
         n for n, argv in redis.items() if argv[:1] == ["redis-exporter-entrypoint"]
@@ -669,7 +439,7 @@ def test_prometheus_sees_zookeeper_and_redis(compose: dict[str, Any]) -> None:
 
 def test_nothing_is_published_beyond_the_hosts_loopback(compose: dict[str, Any]) -> None:
     published = 0
-    for name, service in _services(compose).items():
+    for name, service in cf.services(compose).items():
         for port in service.get("ports") or []:
             if isinstance(port, dict):
                 host_ip = str(port.get("host_ip", ""))
@@ -681,56 +451,32 @@ def test_nothing_is_published_beyond_the_hosts_loopback(compose: dict[str, Any])
     assert published == 2  # the dashboard and Prometheus
 
 
-def _zk_init(compose: dict[str, Any]) -> tuple[Process, argparse.Namespace]:
-    (process,) = [p for p in _processes(compose) if p.argv[:2] == ["discovery", "zk-init"]]
-    args = _settings(process)
-    assert isinstance(args, argparse.Namespace)
-    return process, args
-
-
-def _servers(compose: dict[str, Any]) -> list[tuple[Process, object]]:
-    """Every data and search server process with its settings (fleets as such)."""
-    return [
-        (p, _settings(p))
-        for p in _processes(compose)
-        if p.kind in ("search-server", "data-server", "data-server fleet")
-    ]
-
-
-def _template(settings: object) -> DataServerConfig | SearchServerConfig:
-    """A server's settings; a fleet's are those its servers are made from."""
-    if isinstance(settings, FleetConfig):
-        return settings.template
-    assert isinstance(settings, DataServerConfig | SearchServerConfig), settings
-    return settings
-
-
 def test_zk_init_runs_once_before_every_server_in_the_same_chroot(
     compose: dict[str, Any],
 ) -> None:
-    process, args = _zk_init(compose)
-    service = _services(compose)[process.service]
+    process, args = cf.zk_init(compose)
+    service = cf.services(compose)[process.service]
     assert service.get("restart") == "no", "a one-shot: restarted, it would run forever"
-    zks = {n for n, s in _services(compose).items() if "zookeeper" in _image(s)}
+    zks = {n for n, s in cf.services(compose).items() if "zookeeper" in cf.image(s)}
     assert service["depends_on"] == {n: {"condition": "service_healthy"} for n in zks}
     assert args.zk.partition("/")[2], "zk-init needs the cluster's chroot"
-    servers = _servers(compose)
+    servers = cf.servers(compose)
     assert servers
     for server, settings in servers:
-        condition = _services(compose)[server.service]["depends_on"].get(process.service)
+        condition = cf.services(compose)[server.service]["depends_on"].get(process.service)
         assert condition == {"condition": "service_completed_successfully"}, server.service
-        zk = _template(settings).zk
+        zk = cf.template(settings).zk
         assert zk.hosts == args.zk, f"{server.service} and zk-init name other trees"
 
 
 def test_only_zk_init_holds_the_admin_identity(compose: dict[str, Any]) -> None:
-    process, args = _zk_init(compose)
+    process, args = cf.zk_init(compose)
     given = zk_init_secrets(args)  # the files it is given parse, as zk-init parses them
     admin = given.admin_auth
-    files = _secret_files(compose)
-    for name, service in _services(compose).items():
-        mounted = set(_mounted(service).values())
-        env = _environment(service)
+    files = cf.secret_files(compose)
+    for name, service in cf.services(compose).items():
+        mounted = set(cf.mounted(service).values())
+        env = cf.environment(service)
         holds = [
             secret for secret in mounted if admin.partition(":")[2] in files[secret].read_text()
         ]
@@ -751,13 +497,13 @@ def test_every_server_holds_its_roles_zookeeper_identity_as_granted(
 ) -> None:
     """Fleets and data servers the data identity, search servers the search identity,
     each one zk-init grants that role; from a file, never in the environment."""
-    _, args = _zk_init(compose)
+    _, args = cf.zk_init(compose)
     granted = zk_init_secrets(args)
     roles = {"data": granted.data, "search": granted.search}
     seen = set()
-    for process, settings in _servers(compose):
+    for process, settings in cf.servers(compose):
         role = "search" if process.kind == "search-server" else "data"
-        zk = _template(settings).zk
+        zk = cf.template(settings).zk
         assert zk.auth is not None, f"{process.service} has no ZooKeeper identity"
         assert "DISCOVERY_ZK_AUTH" not in process.env, f"{process.service}: not from a file"
         assert "--zk-auth" not in process.argv, f"{process.service}: not from a file"
@@ -790,11 +536,11 @@ def _sha256(text: str) -> str:
 def test_redis_and_the_sentinels_require_the_passwords_the_search_servers_hold(
     compose: dict[str, Any],
 ) -> None:
-    services = _services(compose)
-    files = _secret_files(compose)
-    redis = {n: s for n, s in services.items() if _image(s).startswith("search-discovery-redis:")}
+    services = cf.services(compose)
+    files = cf.secret_files(compose)
+    redis = {n: s for n, s in services.items() if cf.image(s).startswith("search-discovery-redis:")}
     for name, service in redis.items():
-        argv = _argv(service)
+        argv = cf.argv(service)
         assert "protected-mode" not in " ".join(argv).replace("--", ""), name
     entrypoints = ROOT / "deploy" / "docker"
     for script in ("redis-server-entrypoint.sh", "redis-sentinel-entrypoint.sh"):
@@ -803,14 +549,14 @@ def test_redis_and_the_sentinels_require_the_passwords_the_search_servers_hold(
         assert "protected-mode no" not in text, script
     assert "--protected-mode" not in (entrypoints / "redis.Dockerfile").read_text()
 
-    nodes = [n for n, s in redis.items() if _argv(s)[:1] == ["redis-server-entrypoint"]]
-    sentinels = [n for n, s in redis.items() if _argv(s)[:1] == ["redis-sentinel-entrypoint"]]
+    nodes = [n for n, s in redis.items() if cf.argv(s)[:1] == ["redis-server-entrypoint"]]
+    sentinels = [n for n, s in redis.items() if cf.argv(s)[:1] == ["redis-sentinel-entrypoint"]]
     assert len(nodes) == 2
     assert len(sentinels) == 3
     for name in nodes:
-        assert {"redis_users", "redis_replica"} <= set(_mounted(redis[name]).values()), name
+        assert {"redis_users", "redis_replica"} <= set(cf.mounted(redis[name]).values()), name
     for name in sentinels:
-        mounted = set(_mounted(redis[name]).values())
+        mounted = set(cf.mounted(redis[name]).values())
         assert {"sentinel_admin", "sentinel_users", "redis_sentinel"} <= mounted, name
     users = _acl_users(files["redis_users"])
     assert "nopass" not in users["default"]
@@ -847,15 +593,15 @@ def test_publishing_and_admin_credentials_stay_where_they_belong(
     """The Redis publisher password only in search servers (any may lead); no Redis
     credential in a data server; the Redis admin password in no container at all."""
     searches = {name for name, _ in _search_servers(compose)}
-    for name, service in _services(compose).items():
-        mounted = set(_mounted(service).values())
+    for name, service in cf.services(compose).items():
+        mounted = set(cf.mounted(service).values())
         assert "redis_admin" not in mounted, name
         if name not in searches:
             assert "redis_publisher" not in mounted, name
             assert "redis_reader" not in mounted, name
-    for process, settings in _servers(compose):
+    for process, settings in cf.servers(compose):
         if process.kind != "search-server":
-            redis = _template(settings).cluster.redis
+            redis = cf.template(settings).cluster.redis
             assert redis.password is None, process.service
             assert redis.publish_password is None, process.service
 
@@ -873,11 +619,11 @@ def test_search_servers_admit_data_servers_on_the_compose_network_only(
 
 
 def test_every_declared_secret_is_made_and_mounted_somewhere(compose: dict[str, Any]) -> None:
-    files = _secret_files(compose)
+    files = cf.secret_files(compose)
     assert files, "no secrets declared"
     for name, path in files.items():
         assert path.is_file(), f"secret {name}: make compose-secrets makes no {path.name}"
-    mounted = {s for service in _services(compose).values() for s in _mounted(service).values()}
+    mounted = {s for service in cf.services(compose).values() for s in cf.mounted(service).values()}
     assert mounted == set(files), set(files) ^ mounted
     ignored = (ROOT / ".gitignore").read_text().split()
     assert "deploy/compose/secrets/" in ignored

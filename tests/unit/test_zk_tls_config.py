@@ -208,3 +208,13 @@ def test_the_commands_refuse_a_file_without_zk_tls(
         code = discovery_main([*command, "--zk-tls-ca", str(pki.ca_cert)])
         assert code == 2, command
         assert "--zk-tls-ca / DISCOVERY_ZK_TLS_CA needs --zk-tls" in capsys.readouterr().err
+
+
+def test_zk_init_takes_the_tls_flags(pki: DevPki, capsys: pytest.CaptureFixture[str]) -> None:
+    # zk-init builds a ZkConfig of its own (the admin identity, no chroot): the TLS
+    # settings must reach it, and be checked as everywhere else.
+    secrets = ["--admin-auth", "admin:a", "--data-identities", "data:d"]
+    secrets += ["--search-identities", "search:s"]
+    code = discovery_main(["zk-init", "--zk", HOSTS, *secrets, "--zk-tls-ca", str(pki.ca_cert)])
+    assert code == 2
+    assert "--zk-tls-ca / DISCOVERY_ZK_TLS_CA needs --zk-tls" in capsys.readouterr().err
