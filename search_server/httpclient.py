@@ -117,9 +117,6 @@ class _Owner:
     forget: Callable[[_Connection], None]
     #: An exception nothing expected, with ``host:port``: log it (once per type).
     unexpected: Callable[[BaseException, str], None]
-    #: A reused connection closed before any byte of its answer: send the request
-    #: (``target`` and suffix, its waiter and cap) again on a fresh connection.
-    resend: Callable[[Endpoint, bytes, asyncio.Future[Response], int], None]
 
 
 class _Connection(asyncio.Protocol):
@@ -136,14 +133,11 @@ class _Connection(asyncio.Protocol):
         "_eof_body",
         "_head_buf",
         "_head_seen",
-        "_heard",
         "_in_head",
         "_keep_alive",
         "_max_body",
         "_owner",
         "_parser",
-        "_request",
-        "_reused",
         "_room",
         "_status",
         "_waiter",
@@ -178,12 +172,6 @@ class _Connection(asyncio.Protocol):
         self._eof_body = False
         self.idle_since = 0.0
         self.pooled = False  # in the client's idle pool
-        # The request in flight, whether it went out on a connection that had carried
-        # one before, and whether any byte of its answer came: a reused connection the
-        # server closed before answering is the race of its idle close with our write.
-        self._request = b""
-        self._reused = False
-        self._heard = False
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -192,7 +180,6 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        self._heard = True
         if self._waiter is None:
             # Bytes nobody asked for (after an answer, or on an idle connection): the
             # connection is out of step; drop it.
@@ -236,13 +223,6 @@ class _Connection(asyncio.Protocol):
                 self._status = self._parser.get_status_code()
                 self._keep_alive = False
                 self._finish()
-            elif self._reused and not self._heard:
-                # The server closed this kept-alive connection as idle (its keep-alive
-                # ended, or its connection cap made room) while our request was on the
-                # way: the data server never saw it. Not its failure: the request (a
-                # GET, idempotent) goes again, once, on a fresh connection.
-                self._waiter = None
-                self._owner.resend(self._endpoint, self._request, waiter, self._max_body)
             else:
                 reason = f": {excerpt(str(exc))}" if exc is not None else ""
                 self._fail(SubrequestError(f"{self.where} closed the connection{reason}"))
@@ -273,15 +253,9 @@ class _Connection(asyncio.Protocol):
 
     # -- requests --------------------------------------------------------------------
 
-    def send(
-        self, request: bytes, waiter: asyncio.Future[Response], max_body: int, *, reused: bool
-    ) -> None:
-        """Send ``request``; ``reused``: the connection carried a request before."""
+    def send(self, request: bytes, waiter: asyncio.Future[Response], max_body: int) -> None:
         assert self.transport is not None
         self._waiter = waiter
-        self._request = request
-        self._reused = reused
-        self._heard = False
         self._body = []
         self._room = self._max_body = max_body
         self._head_seen = 0
@@ -500,9 +474,7 @@ class HttpClient:
         # Exception types met where none was expected, each logged once at warning.
         self._unexpected_types: set[type[BaseException]] = set()
         # What this client's connections call back: no connection reaches into it.
-        self._owner = _Owner(self._release, self._forget, self._unexpected, self._resend)
-        #: Requests sent again because a reused connection closed before answering.
-        self.resent = 0
+        self._owner = _Owner(self._release, self._forget, self._unexpected)
 
     async def __aenter__(self) -> HttpClient:
         return self
@@ -565,7 +537,7 @@ class HttpClient:
             connection = self._checkout(endpoint, loop.time())
             if connection is not None:
                 self._busy.add(connection)
-                connection.send(request, waiter, cap, reused=True)
+                connection.send(request, waiter, cap)
                 return waiter
             task = loop.create_task(self._connect_and_send(endpoint, request, waiter, cap))
             self._connecting.add(task)
@@ -644,7 +616,7 @@ class HttpClient:
                 self._release(endpoint, connection)
                 return
             self._busy.add(connection)
-            connection.send(request, waiter, cap, reused=False)
+            connection.send(request, waiter, cap)
         except Exception as exc:
             self._unexpected(exc, where)
             connection.close()
@@ -730,24 +702,6 @@ class HttpClient:
             pool.remove(connection)
             if not pool:
                 del self._idle[key]
-
-    def _resend(
-        self, endpoint: Endpoint, request: bytes, waiter: asyncio.Future[Response], cap: int
-    ) -> None:
-        """Send ``request`` again on a fresh connection (never a pooled one, so at most
-        once): its first went out on a kept-alive connection the server closed."""
-        if waiter.done():
-            return
-        if self._closed:
-            waiter.set_exception(SubrequestError("the client is closed"))
-            return
-        self.resent += 1
-        log.debug("%s closed a kept-alive connection before answering; resending", endpoint.where)
-        task = asyncio.get_running_loop().create_task(
-            self._connect_and_send(endpoint, request, waiter, cap)
-        )
-        self._connecting.add(task)
-        task.add_done_callback(self._connecting.discard)
 
     def _unexpected(self, exc: BaseException, where: str) -> None:
         """Log an exception type met where none was expected: once per type at warning

@@ -235,67 +235,6 @@ async def test_a_connection_the_server_closed_while_idle_is_not_used(
     assert server.accepted == 2
 
 
-class _ClosesWhenReused(asyncio.Protocol):
-    """Answers a connection's first request; closes it, unanswered, on the next: a
-    server whose idle close crossed the client's write (its keep-alive ended, or its
-    connection cap made room)."""
-
-    def __init__(self, counts: dict[str, int], *, reset: bool) -> None:
-        self._counts = counts
-        self._reset = reset
-        self._served = 0
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self._counts["accepted"] += 1
-
-    def data_received(self, data: bytes) -> None:
-        assert self.transport is not None
-        self._counts["requests"] += 1
-        if self._served:
-            (self.transport.abort if self._reset else self.transport.close)()
-            return
-        self._served += 1
-        self.transport.write(ok(b"x"))
-
-
-@pytest.mark.parametrize("reset", [False, True], ids=["fin", "reset"])
-async def test_a_reused_connection_closed_before_any_answer_byte_is_retried_once(
-    client: HttpClient, reset: bool
-) -> None:
-    """The close that crossed our write is no failure of the data server: the request
-    goes again on a fresh connection, and the caller sees only the answer."""
-    counts = {"accepted": 0, "requests": 0}
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: _ClosesWhenReused(counts, reset=reset), "127.0.0.1", 0
-    )
-    endpoint = Endpoint.of("127.0.0.1", server.sockets[0].getsockname()[1])
-    try:
-        assert await client.get(endpoint, b"/") == (200, b"x")
-        assert client.idle_connections == 1
-        assert await client.get(endpoint, b"/") == (200, b"x")
-        assert counts == {"accepted": 2, "requests": 3}
-        assert client.resent == 1
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
-async def test_a_fresh_connection_closed_before_any_answer_byte_fails_without_a_retry(
-    client: HttpClient, servers: list[RawServer]
-) -> None:
-    """Only a reused connection's close is the idle race: on a fresh one the server
-    refused the request, and sending it again would double the cost of a bad one."""
-    server, endpoint = await serve(servers, lambda request: b"", close_after=True)
-    with pytest.raises(SubrequestError, match="closed the connection"):
-        await client.get(endpoint, b"/")
-    assert server.accepted == 1
-    assert client.resent == 0
-
-
 async def test_idle_connections_expire(servers: list[RawServer]) -> None:
     server, endpoint = await serve(servers, lambda request: ok(b"x"))
     async with HttpClient(idle_timeout=1e-9) as client:
