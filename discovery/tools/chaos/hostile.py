@@ -29,7 +29,14 @@ from discovery.zk.session import ZkSession
 
 from .cluster import DATA_DOCS, ChaosCluster, Member
 from .context import START_BOUND, FaultContext, redis_bound
-from .hostile_common import healthy_shards, log_tail, summary, wait_asked, watched
+from .hostile_common import (
+    healthy_shards,
+    log_tail,
+    ready_search_server,
+    summary,
+    wait_asked,
+    watched,
+)
 from .hostile_peer import HUGE_ID
 from .hostile_reach import hostile_idle_flood, hostile_loopback_target, hostile_phantom_shard
 from .watch import (
@@ -283,11 +290,9 @@ async def hostile_query_storm(ctx: FaultContext) -> None:
     server, while the normal load goes on."""
     kind = "hostile_query_storm"
     cluster, observer = ctx.cluster, ctx.observer
-    targets = sorted(n for n, m in cluster.search.items() if m.running and m.ready)
-    if not targets:
-        ctx.skipped[kind] = ctx.skipped.get(kind, 0) + 1
+    target = ready_search_server(ctx, kind)
+    if target is None:
         return
-    target = cluster.search[ctx.rng.choice(targets)]
     shard = ctx.rng.randrange(ctx.config.shards)
     seconds = round(ctx.rng.uniform(8.0, 12.0), 1)
     name = f"storm-{ctx.rng.randrange(16**6):06x}"

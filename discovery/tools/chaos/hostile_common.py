@@ -12,12 +12,21 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from .cluster import ChaosCluster
+from .cluster import ChaosCluster, Member
 from .context import FaultContext
 from .memory import read_memory, reset_peak
 from .watch import CRASH, HostileWatch
 
-__all__ = ["ASKED_BOUND", "asked", "healthy_shards", "log_tail", "summary", "wait_asked", "watched"]
+__all__ = [
+    "ASKED_BOUND",
+    "asked",
+    "healthy_shards",
+    "log_tail",
+    "ready_search_server",
+    "summary",
+    "wait_asked",
+    "watched",
+]
 
 log = logging.getLogger(__name__)
 
@@ -173,3 +182,14 @@ async def wait_asked(ctx: FaultContext, server_id: str, kind: str) -> int:
             "%s: no search server sent %s a request within %gs", kind, server_id, ASKED_BOUND
         )
     return count
+
+
+def ready_search_server(ctx: FaultContext, kind: str) -> Member | None:
+    """A seeded pick of the running, ready search servers for ``kind`` to aim at; None
+    (counted among the run's skips) when there is none."""
+    cluster = ctx.cluster
+    targets = sorted(n for n, m in cluster.search.items() if m.running and m.ready)
+    if not targets:
+        ctx.skipped[kind] = ctx.skipped.get(kind, 0) + 1
+        return None
+    return cluster.search[ctx.rng.choice(targets)]

@@ -25,7 +25,7 @@ from discovery.zk.session import ZkSession
 from .cluster import ChaosCluster, Member
 from .commandlines import SEARCH_MAX_CONNECTIONS
 from .context import FaultContext
-from .hostile_common import healthy_shards, watched
+from .hostile_common import healthy_shards, ready_search_server, watched
 from .watch import FRESH, SKIPPED
 
 __all__ = [
@@ -261,11 +261,9 @@ async def hostile_idle_flood(ctx: FaultContext) -> None:
     client is still answered, and the normal load through it stays complete."""
     kind = "hostile_idle_flood"
     cluster, observer = ctx.cluster, ctx.observer
-    targets = sorted(n for n, m in cluster.search.items() if m.running and m.ready)
-    if not targets:
-        ctx.skipped[kind] = ctx.skipped.get(kind, 0) + 1
+    target = ready_search_server(ctx, kind)
+    if target is None:
         return
-    target = cluster.search[ctx.rng.choice(targets)]
     flood = IdleFlood(target.address, target.port)
     evicted_before = _counter(await cluster.metrics(target), _IDLE_EVICTED_METRIC)
     async with watched(ctx, kind, allowed_missing=0) as watch:
