@@ -86,9 +86,10 @@ class ZkConnection:
     async def start(self) -> None:
         """Connect, waiting up to ``connect_timeout``.
 
-        With TLS, one handshake with each server is tried first (for up to half the
-        timeout; :func:`~discovery.zk.tls.check_handshake`), so that a certificate
-        that will never be accepted fails at once, not at the timeout.
+        With TLS, a handshake is tried first, one server after another until one
+        completes (for up to half the timeout; :func:`~discovery.zk.tls.check_handshake`),
+        so that a certificate that will never be accepted fails at once, not at the
+        timeout.
 
         Raises:
             ZkConnectionError: no server answered in time (the client is stopped), or

@@ -4,8 +4,8 @@ Every client we make with TLS verifies the server's certificate chain and its na
 host as written in the connection string): there is no way to turn either off. kazoo
 treats a refused handshake like any failed connection and retries it for ever, so a
 certificate that can never be accepted would show only as a connect timeout;
-:func:`check_handshake` tries one handshake with each server first, and turns a refusal
-by all of them into an error naming TLS and the reason.
+:func:`check_handshake` tries a handshake first, one server after another until one
+completes, and turns a refusal by all of them into an error naming TLS and the reason.
 
 Design: docs/design/security.md, "ZooKeeper transport: TLS".
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import ssl
 from dataclasses import dataclass
@@ -25,6 +26,12 @@ from discovery.config import ZkConfig
 from discovery.errors import ZkConnectionError
 
 __all__ = ["KazooTls", "check_handshake", "client_options"]
+
+#: Seconds :func:`check_handshake` gives one server's handshake before it tries the next
+#: server as well. A handshake costs both sides CPU (the server's JVM most), and a fleet
+#: restarting its data servers makes one each: trying every server of the ensemble at
+#: once tripled that burst on ZooKeeper for nothing, the first answer being enough.
+HANDSHAKE_STAGGER = 1.0
 
 # Alerts a server sends when it refuses our client certificate (or its absence).
 _CLIENT_CERT_ALERTS = frozenset(
@@ -95,10 +102,15 @@ def client_options(tls: KazooTls | None) -> dict[str, Any]:
     return {} if tls is None else tls.client_options()
 
 
-async def check_handshake(client: KazooClient, timeout: float) -> None:
-    """Try one TLS handshake with each server of ``client`` (in threads, at once), as
-    kazoo's connection would (its handler, its settings), before it connects.
+async def check_handshake(
+    client: KazooClient, timeout: float, stagger: float = HANDSHAKE_STAGGER
+) -> None:
+    """Try a TLS handshake with the servers of ``client`` (in threads), as kazoo's
+    connection would (its handler, its settings), before it connects.
 
+    The servers are tried in a random order (so that a fleet's clients spread over the
+    ensemble), the next one as soon as the last refused or could not be reached, or
+    once it has had ``stagger`` seconds without an answer (its attempt goes on beside).
     Returns as soon as one server completes a handshake, or when none could be reached
     (no TCP connection, or no answer within ``timeout``): kazoo's own retries go on from
     there. Returns at once for a plaintext client.
@@ -112,18 +124,29 @@ async def check_handshake(client: KazooClient, timeout: float) -> None:
     tls = KazooTls.of(client)
     if tls is None:
         return
-    attempts = [
-        asyncio.create_task(asyncio.to_thread(_handshake, client, host, port, tls, timeout))
-        for host, port in client.hosts
-    ]
+    untried = random.sample(list(client.hosts), len(client.hosts))
+    attempts: set[asyncio.Task[_Outcome]] = set()
     refusals: list[str] = []
     try:
-        for attempt in asyncio.as_completed(attempts):
-            outcome = await attempt
-            if outcome.completed:
-                return  # one server speaks TLS with us: kazoo will get through
-            if outcome.refusal is not None:
-                refusals.append(outcome.refusal)
+        while untried or attempts:
+            if untried:
+                host, port = untried.pop(0)
+                attempts.add(
+                    asyncio.create_task(
+                        asyncio.to_thread(_handshake, client, host, port, tls, timeout)
+                    )
+                )
+            done, attempts = await asyncio.wait(
+                attempts,
+                timeout=stagger if untried else None,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            for attempt in done:
+                outcome = attempt.result()
+                if outcome.completed:
+                    return  # one server speaks TLS with us: kazoo will get through
+                if outcome.refusal is not None:
+                    refusals.append(outcome.refusal)
     finally:
         # Each thread ends within its timeout by itself; only the waiting stops here.
         for attempt in attempts:
