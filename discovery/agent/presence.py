@@ -157,7 +157,8 @@ class Presence:
 
     async def drain(self, grace: float | None) -> None:
         """Mark our node draining, wait ``grace`` (default: the configured one), then
-        delete it (once only: nothing after the first drain or a stop)."""
+        delete it (once only: nothing after the first drain or a stop, so where the
+        node goes by ending the session, the session is closed for good)."""
         assert self._registration is not None
         if not self._policy.drain():
             return
@@ -177,7 +178,7 @@ class Presence:
             # routing to a draining node within it, while we keep answering.
             await asyncio.sleep(grace)
         try:
-            await self._registration.deregister()
+            await self._registration.deregister(final=True)
         except ZkError as exc:
             log.error("deregistering %s after drain failed: %s", self._instance.id, exc)
         log.info("%s drained", self._instance.id)

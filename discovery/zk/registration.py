@@ -163,11 +163,13 @@ class Registration:
         if self._wanted:
             await self._reconcile()
 
-    async def deregister(self) -> None:
+    async def deregister(self, *, final: bool = False) -> None:
         """Remove our node (only if it is ours) and stop re-creating it.
 
         The node is deleted, or, where the ACL refuses that (see :class:`Removal`),
         the session is ended and a new one opened; the node is gone when this returns.
+        ``final``: nothing will use the session afterwards (a drain before the stop):
+        where the session must end, it is closed, and no new one opened.
 
         Raises:
             ZkConnectionError: not connected; the node is removed at reconnect, or
@@ -176,6 +178,7 @@ class Registration:
             ZkAuthError: under ``Removal.DELETE``, the ACL refuses the delete.
         """
         self._wanted = False
+        self._remover.session_final = final
         await self._reconcile()
 
     async def aclose(self, *, session_closing: bool = False) -> None:

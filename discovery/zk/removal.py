@@ -38,7 +38,10 @@ class NodeRemover:
 
     Set :attr:`session_closing` when the caller closes the session right afterwards:
     a removal by ending the session then leaves that to the close instead of opening
-    a new session first.
+    a new session first. Set :attr:`session_final` when nothing will use the session
+    after this removal (a drain, before the stop): a removal by ending the session then
+    closes it for good, the node with it, instead of opening a new session for nothing
+    (a TLS handshake and a session on ZooKeeper each, times a fleet draining at once).
     """
 
     def __init__(self, session: ZkSession, path: str, removal: Removal) -> None:
@@ -49,6 +52,7 @@ class NodeRemover:
         # ACL has refused a delete (it will go on refusing).
         self._delete_refused = removal is Removal.END_SESSION
         self.session_closing = False
+        self.session_final = False
 
     async def remove_if_ours(self) -> None:
         """Remove the node if the current session owns it.
@@ -85,6 +89,11 @@ class NodeRemover:
                 return
         if self.session_closing:
             return  # the caller's close ends the session, and the node with it
+        if self.session_final:
+            # Closing sends closeSession: ZooKeeper removes the node before it answers.
+            await self._session.aclose()
+            log.info("deregistered %s by closing its session", self._path)
+            return
         # Our node is what the old session takes with it; the registration task, woken
         # by the new session, finds nothing to re-create since we no longer want it.
         await self._session.restart()

@@ -43,7 +43,7 @@ from discovery.zk.acl import (
 from discovery.zk.expiry import expire_session
 from discovery.zk.paths import DATA_SERVERS_PATH, SEARCH_ELECTION_PATH, SEARCH_MEMBERS_PATH
 from discovery.zk.registration import Registration, Removal
-from discovery.zk.session import ZkSession
+from discovery.zk.session import SessionState, ZkSession
 from tests.support import (
     FAST_AGENT,
     DataServerFactory,
@@ -398,6 +398,35 @@ async def test_agent_goes_offline_at_once_and_comes_back_by_ending_its_session(
     finally:
         await agent.astop()
     await eventually(lambda: absent(observer, path), timeout=10, message="gone after stop")
+
+
+async def test_a_drain_closes_the_session_for_good_rather_than_opening_another(
+    acl_tree: str, zk_hosts: str, make_session: SessionFactory
+) -> None:
+    # A drain is the agent's last word: its node goes with the session, and a new
+    # session (a handshake, a session on ZooKeeper, times a fleet draining at once)
+    # would serve nothing but the stop that follows.
+    observer = await make_session()
+    path = f"{DATA_SERVERS_PATH}/ds-drained"
+    zk = ZkConfig(hosts=zk_hosts, session_timeout=40, connect_timeout=20, auth=DATA)
+    agent = Agent(
+        make_instance("ds-drained", 9211), CallableProbe(lambda: True), zk=zk, config=FAST_AGENT
+    )
+    await agent.astart()
+    try:
+        agent.set_ready()
+        await eventually(lambda: observer.exists(path), message="registered")
+        session = agent.session
+        assert session is not None
+        first = session.session_id
+
+        await agent.adrain(grace=0.1)
+
+        assert await observer.exists(path) is None  # gone when the drain returns
+        assert agent.session is session and session.session_id == first
+        assert session.state is SessionState.CLOSED
+    finally:
+        await agent.astop()
 
 
 async def test_a_stale_node_of_an_earlier_incarnation_is_waited_out(
