@@ -423,7 +423,8 @@ async def test_a_drain_closes_the_session_for_good_rather_than_opening_another(
         await agent.adrain(grace=0.1)
 
         assert await observer.exists(path) is None  # gone when the drain returns
-        assert agent.session is session and session.session_id == first
+        assert agent.session is session
+        assert session.session_id == first  # no new session opened
         assert session.state is SessionState.CLOSED
     finally:
         await agent.astop()
