@@ -353,21 +353,33 @@ async def test_a_data_server_cannot_delete_or_rewrite_another_ones_node(
     await registration_b.aclose()
 
 
+@contextlib.asynccontextmanager
+async def _registered_agent(
+    zk_hosts: str, observer: ZkSession, instance_id: str, port: int
+) -> AsyncIterator[tuple[Agent, str]]:
+    """An agent of the data identity, started, ready and seen registered by
+    ``observer``, with its node's path; stopped after."""
+    # A session timeout far beyond every wait of these tests: a node can only have gone
+    # because its session was closed, never because it expired.
+    zk = ZkConfig(hosts=zk_hosts, session_timeout=40, connect_timeout=20, auth=DATA)
+    agent = Agent(
+        make_instance(instance_id, port), CallableProbe(lambda: True), zk=zk, config=FAST_AGENT
+    )
+    path = f"{DATA_SERVERS_PATH}/{instance_id}"
+    await agent.astart()
+    try:
+        agent.set_ready()
+        await eventually(lambda: observer.exists(path), message=f"{instance_id} registered")
+        yield agent, path
+    finally:
+        await agent.astop()
+
+
 async def test_agent_goes_offline_at_once_and_comes_back_by_ending_its_session(
     acl_tree: str, zk_hosts: str, make_session: SessionFactory
 ) -> None:
     observer = await make_session()
-    path = f"{DATA_SERVERS_PATH}/ds-agent"
-    # A session timeout far beyond every wait below: the node can only have gone
-    # because its session was closed, never because it expired.
-    zk = ZkConfig(hosts=zk_hosts, session_timeout=40, connect_timeout=20, auth=DATA)
-    agent = Agent(
-        make_instance("ds-agent", 9210), CallableProbe(lambda: True), zk=zk, config=FAST_AGENT
-    )
-    await agent.astart()
-    try:
-        agent.set_ready()
-        await eventually(lambda: observer.exists(path), message="registered")
+    async with _registered_agent(zk_hosts, observer, "ds-agent", 9210) as (agent, path):
         first = agent.session.session_id if agent.session else None
         assert (await observer.get(path))[1].ephemeral_owner == first
 
@@ -395,8 +407,6 @@ async def test_agent_goes_offline_at_once_and_comes_back_by_ending_its_session(
         drain.cancel()  # cuts the grace short; the node still goes with the session
         with contextlib.suppress(asyncio.CancelledError):
             await drain
-    finally:
-        await agent.astop()
     await eventually(lambda: absent(observer, path), timeout=10, message="gone after stop")
 
 
@@ -407,15 +417,7 @@ async def test_a_drain_closes_the_session_for_good_rather_than_opening_another(
     # session (a handshake, a session on ZooKeeper, times a fleet draining at once)
     # would serve nothing but the stop that follows.
     observer = await make_session()
-    path = f"{DATA_SERVERS_PATH}/ds-drained"
-    zk = ZkConfig(hosts=zk_hosts, session_timeout=40, connect_timeout=20, auth=DATA)
-    agent = Agent(
-        make_instance("ds-drained", 9211), CallableProbe(lambda: True), zk=zk, config=FAST_AGENT
-    )
-    await agent.astart()
-    try:
-        agent.set_ready()
-        await eventually(lambda: observer.exists(path), message="registered")
+    async with _registered_agent(zk_hosts, observer, "ds-drained", 9211) as (agent, path):
         session = agent.session
         assert session is not None
         first = session.session_id
@@ -426,8 +428,6 @@ async def test_a_drain_closes_the_session_for_good_rather_than_opening_another(
         assert agent.session is session
         assert session.session_id == first  # no new session opened
         assert session.state is SessionState.CLOSED
-    finally:
-        await agent.astop()
 
 
 async def test_a_stale_node_of_an_earlier_incarnation_is_waited_out(
