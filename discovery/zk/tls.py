@@ -110,10 +110,10 @@ async def check_handshake(
 
     The servers are tried in a random order (so that a fleet's clients spread over the
     ensemble), the next one as soon as the last refused or could not be reached, or
-    once it has had ``stagger`` seconds without an answer (its attempt goes on beside).
-    Returns as soon as one server completes a handshake, or when none could be reached
-    (no TCP connection, or no answer within ``timeout``): kazoo's own retries go on from
-    there. Returns at once for a plaintext client.
+    once it has had ``stagger`` seconds without an answer (its attempt goes on beside),
+    all within ``timeout`` in all. Returns as soon as one server completes a handshake,
+    or when none could be reached (no TCP connection, or no answer in time): kazoo's own
+    retries go on from there. Returns at once for a plaintext client.
 
     Raises:
         ZkConnectionError: every server that answered refused the handshake (the
@@ -124,21 +124,26 @@ async def check_handshake(
     tls = KazooTls.of(client)
     if tls is None:
         return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout  # for all the attempts: a later one gets what is left
     untried = random.sample(list(client.hosts), len(client.hosts))
     attempts: set[asyncio.Task[_Outcome]] = set()
     refusals: list[str] = []
     try:
         while untried or attempts:
-            if untried:
+            if untried and loop.time() < deadline:
                 host, port = untried.pop(0)
+                left = deadline - loop.time()
                 attempts.add(
                     asyncio.create_task(
-                        asyncio.to_thread(_handshake, client, host, port, tls, timeout)
+                        asyncio.to_thread(_handshake, client, host, port, tls, left)
                     )
                 )
+            elif not attempts:
+                break  # out of time with servers untried: kazoo's retries go on from here
             done, attempts = await asyncio.wait(
                 attempts,
-                timeout=stagger if untried else None,
+                timeout=stagger if untried and loop.time() < deadline else None,
                 return_when=asyncio.FIRST_COMPLETED,
             )
             for attempt in done:

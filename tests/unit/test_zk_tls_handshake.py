@@ -36,7 +36,7 @@ class _Handler:
     calls: list[int] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def create_connection(self, address: tuple[str, int], **_: Any) -> _Socket:
+    def create_connection(self, address: tuple[str, int], *, timeout: float, **_: Any) -> _Socket:
         port = address[1]
         with self.lock:
             self.calls.append(port)
@@ -44,7 +44,7 @@ class _Handler:
         if what == "refuses":
             raise ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
         if what == "silent":
-            self.released.wait(30)
+            self.released.wait(timeout)
             raise TimeoutError("timed out")
         return _Socket()
 
@@ -103,6 +103,14 @@ async def test_a_silent_server_gets_company_after_the_stagger(make_client: Any) 
     finally:
         # Now, not in the fixture: the loop's teardown waits for the silent thread.
         client.handler.released.set()
+
+
+async def test_the_timeout_bounds_every_attempt_together(make_client: Any) -> None:
+    # The first server silent for the whole timeout: no time is left for the second
+    # (kazoo's own connection and retries take over from there).
+    client = make_client("silent", "completes")
+    await tls.check_handshake(client, timeout=0.2, stagger=60)
+    assert client.handler.calls == [20001]
 
 
 async def test_every_server_refusing_is_an_error_naming_each(make_client: Any) -> None:
