@@ -943,6 +943,16 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _positive_rate(text: str) -> float:
+    try:
+        rate = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not rate > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}")
+    return rate
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -953,8 +963,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the topology up at the end")
     parser.add_argument(
         "--demo-rate",
-        type=float,
-        default=float(os.environ.get("LOADGEN_RATE", DEMO_RATE)),
+        type=_positive_rate,
+        default=os.environ.get("LOADGEN_RATE", str(DEMO_RATE)),
         help="queries/s of the topology's own load generator during the check, beside "
         f"the check's {CHECK_RATE} (issue 21's load: 20) [env LOADGEN_RATE; default "
         f"{DEMO_RATE:g}]",
