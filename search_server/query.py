@@ -378,8 +378,9 @@ class Query:
     def _finish(self, call: ShardCall) -> None:
         call.end()
         self._open_calls -= 1
-        if self._wait is not None and call.hits is not None and self._open_calls > 0:
-            self._covered(call)
+        wait = self._wait
+        if wait is not None and call.hits is not None and self._open_calls > 0:
+            self._covered(wait, call)
         if self._open_calls == 0:
             _wake(self._waiter)
         elif self._deferred and 2 * (self._total - self._open_calls) >= self._total:
@@ -410,13 +411,12 @@ class Query:
             shards_total=len(calls) + len(missing),
         )
 
-    def _covered(self, call: ShardCall) -> None:
+    def _covered(self, wait: CoverageWait, call: ShardCall) -> None:
         """Count the shard's answer into the coverage; when it is the one that reaches
         the policy's minimum, end the query when the first rule says (at once if that
         time has come; by a timer otherwise, as no answer may come to wake it)."""
-        assert self._wait is not None
         now = self._timer.time()
-        end = self._wait.answered(call.docs, call.shard_docs, now)
+        end = wait.answered(call.docs, call.shard_docs, now)
         if end is None:
             return
         if end.at <= now:
