@@ -95,8 +95,8 @@ class BadRequestError(DiscoveryError, ValueError):
     """A client's input is unusable; answered 400 with a message naming ``parameter``.
 
     ``reason`` is a short fixed token (``missing``, ``blank``, ``too_long``,
-    ``not_integer``, ``out_of_range``, ``invalid_json``, ``too_deep``, ``invalid``,
-    ...) used as a metric label, so it must never contain client input.
+    ``not_integer``, ``not_number``, ``out_of_range``, ``invalid_json``, ``too_deep``,
+    ``invalid``, ...) used as a metric label, so it must never contain client input.
     """
 
     def __init__(self, parameter: str, reason: str, message: str) -> None:

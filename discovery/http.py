@@ -31,6 +31,7 @@ __all__ = [
     "json_app",
     "json_error",
     "json_errors",
+    "parse_float",
     "parse_int",
     "parse_json_body",
     "parse_query_text",
@@ -55,6 +56,11 @@ HTTP_METRICS: Final = web.AppKey("discovery_http_metrics", HttpMetrics)
 # client can make us convert a huge number.
 _INTEGER: Final = re.compile(r"[+-]?[0-9]{1,18}")
 _INTEGER_LIKE: Final = re.compile(r"[+-]?[0-9]+")
+# Likewise for a number with a fraction: plain ASCII decimals ("0.95", ".5", "7"), no
+# exponent, "inf" or "nan" (float() takes all three, and "1e999" is infinite); 18 digits
+# each side of the point are more precision than a double holds.
+_DECIMAL: Final = re.compile(r"[+-]?(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})")
+_DECIMAL_LIKE: Final = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
 # Nesting beyond this is refused before json.loads could recurse into it.
 _MAX_BODY_NESTING: Final = 32
 
@@ -175,6 +181,33 @@ def parse_int(name: str, raw: str | None, default: int, low: int, high: int) -> 
     value = int(raw)
     if not low <= value <= high:
         _reject(name, "out_of_range", f"'{name}' must be in {low}..{high}, got {value}")
+    return value
+
+
+def parse_float(name: str, raw: str | None, default: float, low: float, high: float) -> float:
+    """Parameter ``name`` as a number in ``low..high``; ``default`` if ``raw`` is None.
+
+    Only an optional sign, ASCII digits and one decimal point are accepted (at most 18
+    digits each side of it): no exponent, ``inf`` or ``nan``.
+
+    Raises:
+        BadRequestError: not such a number (``not_number``) or out of range
+            (``out_of_range``); the message names the parameter.
+    """
+    if raw is None:
+        return default
+    if _DECIMAL.fullmatch(raw) is None:
+        if _DECIMAL_LIKE.fullmatch(raw) is not None:
+            _reject(
+                name,
+                "not_number",
+                f"'{name}' must be a number with at most 18 digits each side of the point, "
+                f"got {_short(raw)}",
+            )
+        _reject(name, "not_number", f"'{name}' must be a number, got {_short(raw)}")
+    value = float(raw)
+    if not low <= value <= high:
+        _reject(name, "out_of_range", f"'{name}' must be in {low:g}..{high:g}, got {value:g}")
     return value
 
 

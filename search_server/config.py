@@ -38,6 +38,7 @@ from discovery.instance import validate_zone
 from discovery.livelist.brake import MassLossBrakeConfig
 
 from .admission import ConcurrencyLimit, FixedLimit, GradientLimit
+from .coverage import MAX_ADAPTIVE_WAIT, CoveragePolicy
 from .expectedshards import FORGET_MISSING_SHARD_AFTER
 from .httpclient import DEFAULT_MAX_BODY
 from .querydeath import QueryOfDeathConfig
@@ -81,6 +82,27 @@ def _admission(text: str) -> str:
     value = text.strip().lower()
     if value not in ADMISSIONS:
         raise argparse.ArgumentTypeError(f"must be one of {', '.join(ADMISSIONS)}, got {text!r}")
+    return value
+
+
+def _coverage_percent(text: str) -> float:
+    value = _percent(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 and <= 100, got {text!r}")
+    return value
+
+
+def _share(text: str) -> float:
+    value = _non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in 0..1, got {text!r}")
+    return value
+
+
+def _wait_factor(text: str) -> float:
+    value = _non_negative_float(text)
+    if value > MAX_ADAPTIVE_WAIT:
+        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_ADAPTIVE_WAIT:g}, got {text!r}")
     return value
 
 
@@ -134,6 +156,36 @@ SEARCH_OPTIONS = (
         type=int_range(1, 600_000),
         default=10_000,
         metavar="MS",
+    ),
+    # The coverage policy (search_server/coverage.py).
+    Option(
+        "--min-coverage",
+        "DISCOVERY_MIN_COVERAGE",
+        "percent of the corpus's documents a query accepts: once that much has answered, "
+        "it stops waiting for the rest by --soft-timeout or --adaptive-wait, whichever "
+        "comes first (100: every shard is waited for until the deadline; a query may "
+        "ask for its own with min_coverage)",
+        type=_coverage_percent,
+        default=100.0,
+        metavar="PERCENT",
+    ),
+    Option(
+        "--soft-timeout",
+        "DISCOVERY_SOFT_TIMEOUT",
+        "share of a query's deadline (0..1) after which, its --min-coverage reached, it "
+        "stops waiting for the rest (0: off)",
+        type=_share,
+        default=0.0,
+        metavar="SHARE",
+    ),
+    Option(
+        "--adaptive-wait",
+        "DISCOVERY_ADAPTIVE_WAIT",
+        "once --min-coverage is reached t after a query started, how many times t it "
+        f"waits for the rest (0..{MAX_ADAPTIVE_WAIT:g}; 0: off)",
+        type=_wait_factor,
+        default=1.0,
+        metavar="FACTOR",
     ),
     Option(
         "--max-in-flight",
@@ -524,6 +576,8 @@ class SearchServerConfig:
     (``--allow-persistent-members``; the leader's and the ZooKeeper fallback's reads).
     ``query_of_death`` holds the thresholds of the query-of-death guard (``--qod-*``).
     ``max_answer_bytes`` caps a data server's answer (``--max-answer-bytes``).
+    ``coverage`` is the queries' coverage policy (``--min-coverage``, ``--soft-timeout``,
+    ``--adaptive-wait``), unless a query brings its own.
     ``http`` bounds slow clients at the HTTP edge and ``max_event_streams`` the open
     dashboard streams. ``drain_grace`` is how long a stopping server still answers
     once its readiness fails (``--drain-grace``). The repr shows no secret (those of
@@ -573,6 +627,7 @@ class SearchServerConfig:
     max_event_streams: int = 64
     drain_grace: float = 2.0
     slow_start: SlowStart = field(default_factory=SlowStart)
+    coverage: CoveragePolicy = field(default_factory=CoveragePolicy)
 
     def __post_init__(self) -> None:
         if self.max_answer_bytes < 1:
@@ -733,5 +788,10 @@ class SearchServerConfig:
                 window=args.mass_loss_window,
                 hold=args.mass_loss_hold,
                 min_count=args.mass_loss_min,
+            ),
+            coverage=CoveragePolicy(
+                min_coverage=args.min_coverage / 100,
+                soft_timeout=args.soft_timeout,
+                adaptive_wait=args.adaptive_wait,
             ),
         )

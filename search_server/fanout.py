@@ -25,6 +25,7 @@ from discovery.looplag import LoopLagMonitor
 from .admission import ConcurrencyLimit, FixedLimit
 from .blame import OwnLoad, TimeoutBlame
 from .candidates import Candidates
+from .coverage import CoveragePolicy, late_shards
 from .ejection import OutlierEjection
 from .fanoutconfig import OVERLOAD_BACKOFF, PANIC_THRESHOLD, STALL_GRACE, FanOutConfig
 from .hedging import HedgePolicy
@@ -239,6 +240,7 @@ class FanOut:
         timeout_ms: int,
         *,
         key: str | None = None,
+        coverage: CoveragePolicy | None = None,
     ) -> FanOutResult:
         """Search every shard of ``servers`` for ``query``; merge the top ``k`` hits.
 
@@ -253,7 +255,9 @@ class FanOut:
         ``partial``; they never raise.
         ``key`` (the query's normalised terms) puts it under the query share
         (:mod:`.queryshare`): queries of one key hold at most a share of the limit while
-        others ask.
+        others ask. ``coverage`` is the query's coverage policy (None: ``config.coverage``):
+        once enough of the corpus has answered, it may stop waiting for the rest before
+        the deadline (:mod:`.coverage`).
 
         Raises:
             OverloadedError: the in-flight limit is reached, or ``key``'s share of it
@@ -285,7 +289,7 @@ class FanOut:
         if key is not None:
             share.acquire(key)
         try:
-            result, service = await self._fan_out(servers, query, k, timeout_ms)
+            result, unqueued = await self._fan_out(servers, query, k, timeout_ms, coverage)
         finally:
             self._in_flight -= 1
             self.metrics.in_flight.dec()
@@ -294,7 +298,7 @@ class FanOut:
         dropped = self._dropped(result)
         if self._tells_the_load(result, dropped):
             self._admission.on_sample(
-                self._clock(), self._latency(result, service), in_flight, dropped
+                self._clock(), self._latency(result, unqueued), in_flight, dropped
             )
         self.metrics.admission_limit.set(self._admission.limit)
         return result
@@ -305,10 +309,19 @@ class FanOut:
         query: str,
         k: int,
         timeout_ms: int,
+        coverage: CoveragePolicy | None,
     ) -> tuple[FanOutResult, float]:
-        """Run one admitted query; its result and the longest search a data server
-        reported for it."""
-        one = Query(self._queries, self.picker, query=query, k=k, timeout_ms=timeout_ms)
+        """Run one admitted query; its result and what of its time was no sign of the
+        load: the longest search a data server reported for it, and how long its
+        coverage policy waited for shards it then let go (see :meth:`_latency`)."""
+        one = Query(
+            self._queries,
+            self.picker,
+            query=query,
+            k=k,
+            timeout_ms=timeout_ms,
+            coverage=coverage if coverage is not None else self.config.coverage,
+        )
         routing = self._routing
         table = routing.table_for(servers)
         # Now, not after the wait: the table follows the live list in place meanwhile,
@@ -316,7 +329,7 @@ class FanOut:
         routes = routing.routes(table)
         missing = routing.missing(table)
         result = await one.run(routes, missing, docs_cap=routing.docs_cap)
-        return result, one.service
+        return result, one.service + one.lingered
 
     @staticmethod
     def _tells_the_load(result: FanOutResult, dropped: bool) -> bool:
@@ -326,7 +339,10 @@ class FanOut:
         everyone's ordinary queries), nor when a few of its shards were late and the
         rest on time (it waited for the deadline because of one slow or starting
         server, which no limit cures: counted, each such query halved the limit, and
-        three of them at start-up refused queries at 20 a second)."""
+        three of them at start-up refused queries at 20 a second). A query the coverage
+        policy ended is a sample (``deadline`` is not among its reasons): the load shows
+        in how long its shards took to reach the coverage, which is what
+        :meth:`_latency` then counts."""
         coverage = result.coverage
         if coverage is None:
             return True
@@ -334,27 +350,31 @@ class FanOut:
             return False
         return dropped or "deadline" not in coverage.degraded
 
-    def _latency(self, result: FanOutResult, service: float) -> float:
+    def _latency(self, result: FanOutResult, unqueued: float) -> float:
         """What a query's latency tells the admission: the time it spent waiting, not
-        working. Its fan-out's time less the longest search a data server reported for
-        it (an expensive query is slow by its own cost: counted whole, a storm of them
-        drove the limit down and refused everyone's ordinary queries; what overload adds
-        is queueing), plus how far behind this server's own loop is (a request waits
-        that long before its fan-out starts)."""
-        return max(0.0, result.took_ms / 1000 - service) + self._own.lag
+        working. Its fan-out's time less ``unqueued``: the longest search a data server
+        reported for it (an expensive query is slow by its own cost: counted whole, a
+        storm of them drove the limit down and refused everyone's ordinary queries; what
+        overload adds is queueing) and the time its coverage policy waited for shards it
+        then let go (a wait the policy chose, in proportion to the time the others took:
+        counted, a straggler in every query of a large cluster would double each
+        sample), plus how far behind this server's own loop is (a request waits that
+        long before its fan-out starts)."""
+        return max(0.0, result.took_ms / 1000 - unqueued) + self._own.lag
 
     @staticmethod
     def _dropped(result: FanOutResult) -> bool:
         """The query came back partial because the system was too slow: a quarter of the
         shards asked (at least two) late or refused, with a deadline or an overload
         among the reasons. One bad data server's shard is not the admission's business:
-        no limit would cure it."""
+        no limit would cure it. Shards the coverage policy let go are not late (it
+        chose not to wait for them, with enough of the corpus in): never a drop."""
         coverage = result.coverage
         if coverage is None or not (
             "deadline" in coverage.degraded or "overload" in coverage.degraded
         ):
             return False
         shards = result.shards
-        late = shards["timed_out"] + shards["failed"]
+        late = late_shards(result) + shards["failed"]
         asked = shards["total"] - shards.get("missing", 0)
         return late >= max(2, asked / 4)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from discovery.address import NetworkPolicy
 
+from .coverage import CoveragePolicy
 from .expectedshards import FORGET_MISSING_SHARD_AFTER
 from .slowstart import SlowStart
 
@@ -57,7 +58,8 @@ class FanOutConfig:
     ``panic_threshold``: see :data:`PANIC_THRESHOLD`; ``overload_backoff``: see
     :data:`OVERLOAD_BACKOFF`. ``networks`` (``--allowed-networks``) leaves data servers
     outside it out of the routing table. ``slow_start`` ramps new replicas' weights
-    (off by default here).
+    (off by default here). ``coverage`` is the queries' coverage policy, unless a query
+    brings its own (off by default: every shard waited for until the deadline).
     """
 
     max_in_flight: int = 256
@@ -76,6 +78,7 @@ class FanOutConfig:
     overload_backoff: float = OVERLOAD_BACKOFF
     networks: NetworkPolicy = field(default_factory=NetworkPolicy)
     slow_start: SlowStart = field(default_factory=_no_slow_start)
+    coverage: CoveragePolicy = field(default_factory=CoveragePolicy)
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:

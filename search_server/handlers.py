@@ -20,6 +20,7 @@ from discovery.http import json_error, parse_search_params
 from .clusterstatus import ClusterStatus
 from .clusterview import PageRequest, ViewQueryError
 from .config import SearchServerConfig
+from .coverage import late_shards, parse_coverage
 from .dashboard import EventStream, QueryStats
 from .metrics import QueryOfDeathMetrics
 from .parts import ServerParts
@@ -84,6 +85,8 @@ class SearchHandlers:
         )
         query, k, timeout_ms = params.q, params.k, params.timeout_ms
         assert timeout_ms is not None  # asked for with max_timeout_ms
+        # The search server's own: never forwarded to a data server.
+        policy = parse_coverage(request.query, self._config.coverage)
         fanout = self._parts.fanout
         if self._parts.reader is None or fanout is None:
             return json_error(503, "starting")
@@ -95,7 +98,7 @@ class SearchHandlers:
         if quarantine is not None:
             return self._refuse_query_of_death(quarantine)
         try:
-            result = await fanout.search(servers, query, k, timeout_ms, key=key)
+            result = await fanout.search(servers, query, k, timeout_ms, key=key, coverage=policy)
         except OverloadedError as exc:
             self._query_stats.record_overloaded()
             # Shed at once, before any work: the client may retry, here in a moment or
@@ -104,11 +107,12 @@ class SearchHandlers:
             refused.headers["Retry-After"] = "1"
             return refused
         shards = result.shards
-        # A missing shard is no fault of the query: only the shards asked count.
+        # A missing shard is no fault of the query: only the shards asked count; nor is
+        # one the coverage policy let go (it chose not to wait, enough having answered).
         self._query_guard.record(
             key,
             shards["total"] - shards.get("missing", 0),
-            shards["failed"] + shards["timed_out"] + shards.get("cut", 0),
+            shards["failed"] + late_shards(result) + shards.get("cut", 0),
         )
         coverage = result.coverage
         if coverage is None:

@@ -80,8 +80,20 @@ ShardOutcome = Literal["ok", "failed", "timed_out"]
 #: one ejected), one that answered nothing by the deadline (``deadline``), one whose
 #: data servers refused for overload (``overload``, HTTP 429 or 503) or failed
 #: otherwise (``error``), and one whose data server stopped its search at the
-#: request's budget and sent what it had (``cut``).
-DEGRADED_REASONS = ("no_replica", "deadline", "overload", "error", "cut")
+#: request's budget and sent what it had (``cut``); then, after these faults, the
+#: coverage policy's choices: shards still out when it stopped waiting for them, its
+#: coverage reached, because the share of the budget had passed (``soft_timeout``) or
+#: the stragglers had had their wait (``adaptive_wait``; see
+#: :mod:`search_server.coverage`).
+DEGRADED_REASONS = (
+    "no_replica",
+    "deadline",
+    "overload",
+    "error",
+    "cut",
+    "soft_timeout",
+    "adaptive_wait",
+)
 #: Why one shard's part of a query failed (the reasons of :data:`DEGRADED_REASONS`
 #: that a failed shard can have).
 FailureReason = Literal["no_replica", "overload", "error"]
@@ -331,6 +343,8 @@ def merge(
     k: int,
     took_ms: float,
     missing: Sequence[tuple[int, int]] = (),
+    *,
+    timed_out_reason: Literal["deadline", "soft_timeout", "adaptive_wait"] = "deadline",
 ) -> FanOutResult:
     """The top ``k`` hits of the shards that answered, each marked with its shard, the
     count of shards by outcome, and the answer's coverage.
@@ -338,8 +352,10 @@ def merge(
     ``shards`` are the shards queried; ``missing`` the cluster's shards that were not
     (no replica to send to), as ``(shard, docs)``. A shard without hits counts as
     ``timed_out`` or ``failed`` by its ``outcome``; one that answered ``cut`` counts as
-    ``ok`` and in ``cut``. Hits of equal score and id rank by shard. Never raises for
-    answers :func:`ranked_hits` returned.
+    ``ok`` and in ``cut``. ``timed_out_reason`` is why the query stopped waiting for
+    its ``timed_out`` shards, as ``degraded`` names it: its ``deadline``, or the rule
+    of the coverage policy that ended it first. Hits of equal score and id rank by
+    shard. Never raises for answers :func:`ranked_hits` returned.
     """
     answered = 0
     timed_out = 0
@@ -354,7 +370,7 @@ def merge(
             docs_total += answer.shard_docs
             if answer.outcome == "timed_out":
                 timed_out += 1
-                reasons.add("deadline")
+                reasons.add(timed_out_reason)
             else:
                 reasons.add(answer.reason)
             continue

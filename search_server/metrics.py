@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from .coverage import EARLY_END_RULES
 from .httpclient import AnswerTooLarge
 from .merging import BAD_ANSWER_REASONS, DEGRADED_REASONS, MAX_SCORE, BadAnswer
 
@@ -64,8 +65,19 @@ class FanOutMetrics:
         self.degraded = Counter(
             "search_server_fanout_degraded",
             "Answers that searched less than the whole corpus, by reason (no_replica, "
-            "deadline, overload, error, cut; an answer may count under several).",
+            "deadline, overload, error, cut, and soft_timeout or adaptive_wait when the "
+            "coverage policy stopped waiting for the rest; an answer may count under "
+            "several).",
             ["reason"],
+            registry=registry,
+        )
+        self.ended_early = Counter(
+            "search_server_fanout_queries_ended_early",
+            "Queries the coverage policy ended before their deadline, by the rule that "
+            "fired (soft_timeout, adaptive_wait): their coverage had reached the minimum, "
+            "and the shards still out were let go (answered partial, counted timed_out; "
+            "their replicas charged the time they had, never a step towards ejection).",
+            ["rule"],
             registry=registry,
         )
         self.shard_requests = Counter(
@@ -208,6 +220,8 @@ class FanOutMetrics:
             self.unblamed.labels(why=why)
         for reason in DEGRADED_REASONS:
             self.degraded.labels(reason=reason)
+        for rule in EARLY_END_RULES:
+            self.ended_early.labels(rule=rule)
         for why in BAD_ANSWER_REASONS:
             self.bad_answers.labels(why=why)
 

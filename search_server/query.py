@@ -21,6 +21,7 @@ import orjson
 
 from .blame import OUTLIERS, SHED_HEDGE_PAUSE, Blame, OwnLoad, TimeoutBlame
 from .candidates import Candidates
+from .coverage import CoveragePolicy, CoverageWait, EndRule
 from .expectedshards import list_missing_capped
 from .hedging import HedgePolicy
 from .httpclient import SubrequestClient, SubrequestError
@@ -81,7 +82,8 @@ class Query:
 
     ``picker`` chooses each request's replica among the candidates. The deadline is
     ``timeout_ms`` after the query is made (by its timer). :meth:`run` sends, waits
-    for the answers or the deadline, abandons what is still out and merges: it never
+    for the answers or the deadline (or, with a ``coverage`` policy that is active, until
+    it stops waiting for the rest), abandons what is still out and merges: it never
     raises for a shard's failure, only when the query itself is cancelled.
     """
 
@@ -93,6 +95,7 @@ class Query:
         query: str,
         k: int,
         timeout_ms: int,
+        coverage: CoveragePolicy | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         self._ctx = context
@@ -119,6 +122,16 @@ class Query:
         # Answers counted into the metrics at the end: a prometheus counter increment
         # takes a lock, once per query is plenty.
         self._ok = 0
+        self._coverage = coverage if coverage is not None else CoveragePolicy()
+        # The coverage policy's view of this query, once its shards are known (None:
+        # the policy is off, every shard is waited for until the deadline).
+        self._wait: CoverageWait | None = None
+        self._early_timer: Cancellable | None = None
+        # The rule that ended the query before its deadline, if one did.
+        self._ended_by: EndRule | None = None
+        # How long the query waited, once its coverage was reached, for shards it then
+        # let go: the policy's choice, not the load's (see FanOut._latency).
+        self.lingered = 0.0
 
     async def run(
         self,
@@ -136,6 +149,7 @@ class Query:
         ctx.hedging.budget.deposit(len(calls))
         ctx.retry_budget.deposit(len(calls))
         self._open_calls = self._total = len(calls)
+        self._wait = self._coverage_wait(calls, missing)
         for call in calls:
             if not self._next_attempt(call):
                 call.reason = "no_replica"
@@ -147,9 +161,11 @@ class Query:
         finally:
             deadline_timer.cancel()
             # At the deadline (or when the query itself is cancelled, the client gone):
-            # abandon what is still in flight.
+            # abandon what is still in flight; when the coverage policy ended the query,
+            # let it go first.
             now = self._timer.time()
-            timed_out = now >= self.deadline
+            self._settle_coverage(now)
+            timed_out = self._ended_by is None and now >= self.deadline
             blame = self._blame(now) if timed_out else Blame.NONE
             for call in calls:
                 if not call.done:
@@ -158,7 +174,9 @@ class Query:
                 ctx.metrics.shard_requests.labels(result="ok").inc(self._ok)
         took_ms = (self._timer.time() - self.started) * 1000
         # Every missing shard counted, the first of them listed.
-        result = list_missing_capped(merge(calls, self._k, took_ms, missing))
+        result = list_missing_capped(
+            merge(calls, self._k, took_ms, missing, timed_out_reason=self._ended_by or "deadline")
+        )
         self._count(result, took_ms)
         return result
 
@@ -360,6 +378,9 @@ class Query:
     def _finish(self, call: ShardCall) -> None:
         call.end()
         self._open_calls -= 1
+        wait = self._wait
+        if wait is not None and call.hits is not None and self._open_calls > 0:
+            self._covered(wait, call)
         if self._open_calls == 0:
             _wake(self._waiter)
         elif self._deferred and 2 * (self._total - self._open_calls) >= self._total:
@@ -372,6 +393,71 @@ class Query:
                     continue
                 spread = self._ctx.hedging.spread(late.replicas, late.attempts[0].replica)
                 self._hedge_in(late, now, spread)
+
+    # -- the coverage policy ----------------------------------------------------------
+
+    def _coverage_wait(
+        self, calls: Sequence[ShardCall], missing: Sequence[tuple[int, int]]
+    ) -> CoverageWait | None:
+        """The coverage policy's view of this query (None when the policy is off): the
+        documents of every shard as the answer's coverage counts them."""
+        if not self._coverage.active:
+            return None
+        return CoverageWait(
+            self._coverage,
+            started=self.started,
+            deadline=self.deadline,
+            docs_total=sum(call.shard_docs for call in calls) + sum(d for _, d in missing),
+            shards_total=len(calls) + len(missing),
+        )
+
+    def _covered(self, wait: CoverageWait, call: ShardCall) -> None:
+        """Count the shard's answer into the coverage; when it is the one that reaches
+        the policy's minimum, end the query when the first rule says (at once if that
+        time has come; by a timer otherwise, as no answer may come to wake it)."""
+        now = self._timer.time()
+        end = wait.answered(call.docs, call.shard_docs, now)
+        if end is None:
+            return
+        if end.at <= now:
+            self._end_early(end.rule)
+        else:
+            self._early_timer = self._timer.call_at(end.at, self._end_early, end.rule)
+
+    def _end_early(self, rule: EndRule) -> None:
+        """The coverage policy stops waiting, by ``rule``: wake :meth:`run` (unless the
+        query already ended, at its deadline or with every shard in)."""
+        if not self._waiter.done():
+            self._ended_by = rule
+            self._waiter.set_result(None)
+
+    def _settle_coverage(self, now: float) -> None:
+        """At the query's end: cancel the policy's timer and, if the policy ended the
+        query, let the shards still out go.
+
+        Their requests are cancelled and the shards reported ``timed_out``, as at the
+        deadline, but their replicas are never charged a failure (no step towards
+        ejection: they were not late against the deadline, the policy chose not to wait
+        for them), only the time they had in their latency, as the loser of a hedge is,
+        so that the picker learns they are slower than their peers."""
+        if self._early_timer is not None:
+            self._early_timer.cancel()
+            self._early_timer = None
+        rule, wait = self._ended_by, self._wait
+        if rule is None or wait is None or wait.reached_at is None:
+            return
+        let_go = 0
+        for call in self._calls:
+            if call.done:
+                continue
+            call.end()
+            call.outcome = "timed_out"
+            for attempt in call.drop():
+                attempt.replica.penalize(now - attempt.started)
+            let_go += 1
+        if let_go:
+            self.lingered = now - wait.reached_at
+            self._ctx.metrics.ended_early.labels(rule=rule).inc()
 
     # -- the deadline -----------------------------------------------------------------
 

@@ -262,6 +262,7 @@ class SearchServer:
                 shards=config.shards,
                 forget_missing_shard_after=config.forget_missing_shard_after,
                 slow_start=config.slow_start,
+                coverage=config.coverage,
             ),
             admission=config.concurrency_limit(),
             query_share=config.query_share(),

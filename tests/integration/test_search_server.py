@@ -22,6 +22,7 @@ from discovery.testing import RedisServer, ZooKeeperEnsemble
 from discovery.zk.expiry import expire_session
 from discovery.zk.maintenance import MaintenanceMarker
 from discovery.zk.paths import MAINTENANCE_PATH, SEARCH_ELECTION_PATH
+from search_server.coverage import CoveragePolicy
 from search_server.server import SearchServer
 from tests.support import (
     DataServerFactory,
@@ -395,6 +396,65 @@ async def test_overload_is_refused_at_once_and_bad_parameters_get_400(
     ]:
         status, body = await get_json(f"{search.url}/search", **params)
         assert status == 400
+        assert message in body["error"]
+
+
+async def test_the_coverage_policy_lets_a_hung_shard_go_and_bad_parameters_get_400(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    for shard in range(3):
+        await make_data_server(shard=shard, docs=300, instance_id=f"ds-cov{shard}")
+    hung = await make_data_server(shard=3, docs=300, instance_id="ds-cov3", agent=_lenient_agent())
+    # --min-coverage 75 (3 of the 4 equal shards), --adaptive-wait 1.
+    search = await make_search_server(
+        server_id="ss-coverage", coverage=CoveragePolicy(0.75, adaptive_wait=1.0)
+    )
+    await all_see([search], {f"ds-cov{shard}" for shard in range(4)})
+    query = sample_queries(1, variant=11)[0]
+    async with aiohttp.ClientSession() as client:
+        await client.post(f"{hung.url}/admin/fault", json={"mode": "hang"}, headers=ADMIN)
+    try:
+        # More queries than --eject-after (3): a replica charged with each would go.
+        for _ in range(4):
+            # The hung server answers nothing until its fault is cleared: an answer
+            # before the 10 s deadline is one the policy ended.
+            status, body = await get_json(f"{search.url}/search", q=query, timeout_ms="10000")
+            assert status == 200, body
+            assert body["shards"] == shard_counts(4, 3, timed_out=1)
+            assert body["coverage"]["degraded"] == ["adaptive_wait"]
+            assert body["coverage"]["percent"] == 75.0
+            assert body["took_ms"] < 10_000
+        assert search.fanout is not None
+        assert search.fanout.ejected() == set()
+        assert (
+            sample(
+                search.registry,
+                "search_server_fanout_queries_ended_early_total",
+                rule="adaptive_wait",
+            )
+            == 4
+        )
+        # A query's own parameters override the flags: this one wants every shard.
+        status, body = await get_json(
+            f"{search.url}/search", q=query, timeout_ms="300", min_coverage="100"
+        )
+        assert status == 200, body
+        assert body["coverage"]["degraded"] == ["deadline"]
+    finally:
+        async with aiohttp.ClientSession() as client:
+            await client.post(f"{hung.url}/admin/fault", json={"mode": "none"}, headers=ADMIN)
+
+    for name, value, message in [
+        ("min_coverage", "0", "'min_coverage' must be above 0"),
+        ("min_coverage", "101", "'min_coverage' must be in 0..100"),
+        ("min_coverage", "most", "'min_coverage' must be a number"),
+        ("soft_timeout", "2", "'soft_timeout' must be in 0..1"),
+        ("adaptive_wait", "-1", "'adaptive_wait' must be in 0..1000"),
+        ("adaptive_wait", "inf", "'adaptive_wait' must be a number"),
+    ]:
+        status, body = await get_json(f"{search.url}/search", q="a", **{name: value})
+        assert status == 400, (name, value, body)
+        assert body["parameter"] == name
         assert message in body["error"]
 
 
