@@ -1,5 +1,6 @@
-"""The replica-picker seam: both pickers on their own, and the fan-out's choices around
-them (warm-up, zones, retries, hedges) with real data servers over real HTTP."""
+"""The replica-picker seam: the pickers on their own, and the fan-out's choices around
+them (warm-up, zones, retries, hedges, weights by reported load) with real data servers
+over real HTTP."""
 
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ from search_server.picking import (
     target_key,
 )
 from search_server.slowstart import Ramps, SlowStart
+from search_server.wrr import WeightedRoundRobin
 from tests.support import (
     DataServerFactory,
+    FakeClock,
     SearchServerFactory,
     all_see,
     get_json,
@@ -56,9 +59,10 @@ def _replica(instance_id: str, port: int = 9001, *, weight: int = 100) -> Replic
     return Replica.of(make_instance(instance_id, port, weight=weight))
 
 
-def test_both_pickers_implement_the_protocol() -> None:
+def test_the_pickers_implement_the_protocol() -> None:
     assert isinstance(PowerOfTwoChoices(), ReplicaPicker)
     assert isinstance(AdaptiveReplicaSelection(), ReplicaPicker)
+    assert isinstance(WeightedRoundRobin(), ReplicaPicker)
 
 
 def test_power_of_two_choices_prefers_the_replica_with_fewer_requests_in_flight() -> None:
@@ -679,3 +683,51 @@ async def _warm_up(fanout: FanOut, servers: list[ServiceInstance], queries: int)
         assert replica is not None
         assert replica.window is not None
         assert replica.window.p95 is not None, instance.id
+
+
+async def test_weighted_round_robin_sends_a_slowed_replica_fewer_requests_after_the_blackout(
+    make_data_server: DataServerFactory, http: aiohttp.ClientSession, client: HttpClient
+) -> None:
+    fast, slowed = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-wrr-fast"),
+        make_data_server(shard=0, replica=1, instance_id="ds-wrr-slowed"),
+    )
+    # The data servers report their load in every answer.
+    status, body = await get_json(f"{fast.url}/search", q="probe", k="3")
+    assert status == 200
+    assert all(type(body[field]) is float for field in ("utilization", "qps", "eps")), body
+    servers = [instance_of(fast), instance_of(slowed)]
+    clock = FakeClock()  # the fan-out's and the picker's: the blackout passes at will
+    picker = WeightedRoundRobin(clock=clock)
+    fanout = FanOut(client, config=FanOutConfig(hedge_ratio=0), clock=clock, picker=picker)
+    # Slowed 20 times or more (a search here takes a millisecond or less): a sleep
+    # inside its admission, which its utilization counts.
+    await _fault(http, slowed, mode="slow", delay_ms=20)
+    try:
+        for _ in range(20):
+            result = await fanout.search(servers, "probe", 5, 2000)
+            assert not result.partial
+        fast_stats, slowed_stats = (fanout.replica(s) for s in servers)
+        assert fast_stats is not None
+        assert slowed_stats is not None
+        # The fan-out kept each one's report, timed on its clock.
+        for stats in (fast_stats, slowed_stats):
+            assert (stats.load_at, stats.load_since) == (clock.now, clock.now)
+            assert stats.load_qps > 0
+        assert slowed_stats.load_utilization > fast_stats.load_utilization
+        # In the blackout no weight is used: both have the mean, and alternate.
+        assert (fast_stats.sent, slowed_stats.sent) == (10, 10)
+        clock.advance(11.0)
+        before = (fast_stats.sent, slowed_stats.sent)
+        for _ in range(200):
+            result = await fanout.search(servers, "probe", 5, 2000)
+            assert not result.partial
+            clock.advance(0.1)  # the weights are computed again every second
+        to_fast = fast_stats.sent - before[0]
+        to_slowed = slowed_stats.sent - before[1]
+        assert to_fast + to_slowed == 200
+        # Weighted by one over its time per search, it gets a small share (a twentieth
+        # or less); a third of the fast one's is a generous bound.
+        assert 3 * to_slowed < to_fast, (to_fast, to_slowed)
+    finally:
+        await _fault(http, slowed, mode="none")
