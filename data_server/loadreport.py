@@ -28,7 +28,8 @@ BUCKETS = 3
 
 
 class Load(NamedTuple):
-    """One report: ``utilization`` (rounded to 3 decimals), ``qps`` and ``eps`` (to 2)."""
+    """One report: ``utilization`` (to 3 significant digits), ``qps`` and ``eps`` (to 2
+    decimals: one answer in a window is a third a second or more)."""
 
     utilization: float
     qps: float
@@ -129,7 +130,9 @@ class LoadMeter:
         # never less than a bucket: one answer in a microsecond is not a million a second.
         span = max(min(span, now - self._started), bucket)
         return Load(
-            round(sum(self._area) / span, 3),
+            # Significant digits, not decimals: a fast server at a low rate is busy a
+            # ten-thousandth of the time, which 3 decimals would report as 0, no weight.
+            float(f"{sum(self._area) / span:.3g}"),
             round(sum(self._answers) / span, 2),
             round(sum(self._errors) / span, 2),
         )

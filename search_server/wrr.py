@@ -99,9 +99,9 @@ def load_weight(utilization: float, qps: float, eps: float, error_penalty: float
 
     0.0 when the report gives none: ``qps`` 0 (it answered nothing of late: nothing to
     judge it by), or a denominator of 0 (``utilization`` 0 and no errors counted, for
-    which the formula is infinite: an idle server's report, or one too light to show
-    in its rounding). A replica without a weight gets its candidates' mean (see
-    :class:`WeightedRoundRobin`). A denominator below :data:`MIN_COST` counts as that.
+    which the formula is infinite: an idle server's report). A replica without a
+    weight gets its candidates' mean (see :class:`WeightedRoundRobin`). A denominator
+    below :data:`MIN_COST` counts as that.
     """
     if not qps > 0:
         return 0.0

@@ -115,16 +115,25 @@ def test_a_young_meter_measures_over_its_life_and_never_less_than_a_bucket() -> 
     assert meter.report() == Load(0.251, 1.5, 0.0)
 
 
-def test_the_figures_are_rounded() -> None:
+def test_the_figures_are_rounded_the_utilization_to_significant_digits() -> None:
     clock = FakeClock()
     meter = LoadMeter(clock=clock)
     _searches(meter, clock, 7, 0.0123457)
     clock.advance(1.0)
     load = meter.report()
-    assert load.utilization == round(load.utilization, 3)
+    assert load.utilization == float(f"{load.utilization:.3g}")
     assert load.qps == round(load.qps, 2)
     assert 0 < load.utilization < 1
     assert 0 < load.qps < 7
+    # A fast server at a low rate (two searches of 60 us a second) is busy about a
+    # ten-thousandth of the time: reported as such, not as 0.000, so its weight is known.
+    clock.now = 2000.0
+    for _ in range(6):
+        _searches(meter, clock, 1, 0.00006)
+        clock.advance(0.5 - 0.00006)
+    assert clock.now == pytest.approx(2003.0)
+    clock.now = 2003.0  # the window: the two seconds before, four searches
+    assert meter.report() == Load(0.00012, 2.0, 0.0)
 
 
 def test_an_unpaired_leave_and_bad_settings_are_refused() -> None:
