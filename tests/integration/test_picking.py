@@ -5,6 +5,7 @@ over real HTTP."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections import deque
@@ -27,8 +28,9 @@ from search_server.picking import (
     ReplicaPicker,
     target_key,
 )
+from search_server.server import SearchServer
 from search_server.slowstart import Ramps, SlowStart
-from search_server.wrr import WeightedRoundRobin
+from search_server.wrr import WeightedRoundRobin, WrrConfig
 from tests.support import (
     DataServerFactory,
     FakeClock,
@@ -587,6 +589,41 @@ async def test_a_search_server_routes_with_the_picker_it_is_given(
     assert status == 200
     assert body["shards"] == shard_counts(2, 2)
     assert sorted(picker.picks) == ["ds-p0", "ds-p1"]
+
+
+async def test_a_search_server_with_picker_wrr_weights_by_the_reports(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    data_servers = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-w0"),
+        make_data_server(shard=0, replica=1, instance_id="ds-w1"),
+    )
+    # The fixture's settings (its chroot, its Redis prefix), with --picker wrr.
+    first = await make_search_server()
+    config = dataclasses.replace(first.config, picker="wrr", wrr=WrrConfig(blackout=0.0))
+    server = SearchServer(config)
+    await server.start()
+    try:
+        await all_see([server], {"ds-w0", "ds-w1"})
+        assert server.fanout is not None
+        picker = server.fanout.picker
+        assert isinstance(picker, WeightedRoundRobin)
+        assert picker.config is config.wrr
+        for _ in range(10):
+            status, body = await get_json(f"{server.url}/search", q="probe", k="3")
+            assert status == 200
+            assert body["shards"] == shard_counts(1, 1)
+        for data_server in data_servers:
+            replica = server.fanout.replica(instance_of(data_server))
+            assert replica is not None
+            # Each was sent to (the first two picks alternate, as neither has a weight
+            # yet), and its report kept, timed on the fan-out's clock (the picker's too).
+            assert replica.sent > 0
+            assert replica.load_at is not None
+            assert 0 <= time.monotonic() - replica.load_at < 60
+            assert replica.load_qps > 0
+    finally:
+        await server.shutdown()
 
 
 def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
