@@ -25,6 +25,7 @@ from .admission import SearchAdmission
 from .config import MAX_TIMEOUT_MS, DataServerConfig
 from .faults import Fault, FaultInjector
 from .index import MAX_DOCUMENTS, score_bound
+from .loadreport import LoadMeter
 from .metrics import DataServerMetrics
 from .parts import DataServerParts
 from .searching import run_search, work_deadline
@@ -49,7 +50,8 @@ class DataHandlers:
     """The aiohttp handlers of one data server, answering from its ``parts``.
 
     ``/search`` runs within its budget, admitted by ``admission`` (a probe always);
-    ``faults`` apply to it; ``/metrics`` exposes ``registry``. ``POST /admin/drain``
+    ``faults`` apply to it; ``load`` meters the searches admitted, and every answer
+    reports it; ``/metrics`` exposes ``registry``. ``POST /admin/drain``
     sets ``drain_requested``; the other admin endpoints act on the agent. Admin
     requests are refused without the cluster's admin token (when one is set).
     """
@@ -62,6 +64,7 @@ class DataHandlers:
         metrics: DataServerMetrics,
         admission: SearchAdmission,
         faults: FaultInjector,
+        load: LoadMeter,
         loop_lag: LoopLagMonitor,
         drain_requested: asyncio.Event,
         registry: CollectorRegistry,
@@ -71,6 +74,7 @@ class DataHandlers:
         self._metrics = metrics
         self._admission = admission
         self._faults = faults
+        self._load = load
         self._loop_lag = loop_lag
         self._drain_requested = drain_requested
         self._registry = registry
@@ -101,7 +105,9 @@ class DataHandlers:
         could start (an injected delay, a long queue): 504 with a JSON error. Bad
         parameters: 400 naming the parameter, first. Then, with
         ``--max-concurrent-searches`` searches in progress: 429 at once (a probe
-        is never refused; see :mod:`.admission`).
+        is never refused; see :mod:`.admission`). An answer carries this server's
+        load (``utilization``, ``qps``, ``eps``: see :mod:`.loadreport`), which counts
+        the searches admitted, probes included, and their 5xx answers as errors.
         """
         arrived = time.monotonic()
         started = time.perf_counter()
@@ -137,10 +143,17 @@ class DataHandlers:
             return self._refuse_full()
         if budget_ms < params.timeout_ms:
             self._metrics.clamped.inc()
+        load = self._load
+        load.enter()
+        # An answer of 5xx (or a bug, which the middleware answers 500) counts as an
+        # error in the load report; a search its client abandoned does not.
+        failed = False
         try:
             if await self._faults.apply():
+                failed = True
                 return self._count(json_error(500, "injected error"))
             if time.monotonic() >= deadline:
+                failed = True
                 self._metrics.cut.labels(answer="timeout").inc()
                 return self._count(
                     web.json_response(
@@ -162,8 +175,10 @@ class DataHandlers:
             if outcome.cut:
                 self._metrics.cut.labels(answer="hits").inc()
             took = time.perf_counter() - started
+            report = load.report()
             # took_ms and queue (the other searches in progress here) are the feedback
-            # the search servers' adaptive replica selection ranks replicas by.
+            # the search servers' adaptive replica selection ranks replicas by; the
+            # load report is what their weighted round robin weights replicas by.
             body = orjson.dumps(
                 {
                     "hits": [
@@ -174,10 +189,17 @@ class DataHandlers:
                     "took_ms": round(took * 1000, 3),
                     "queue": self._admission.total - 1,
                     "cut": outcome.cut,
+                    "utilization": report.utilization,
+                    "qps": report.qps,
+                    "eps": report.eps,
                 }
             )
+        except Exception:
+            failed = True
+            raise
         finally:
             self._admission.leave(priority=probe)
+            load.leave(error=failed)
         self._metrics.latency.observe(took)
         self._metrics.ok.inc()
         return web.Response(body=body, content_type="application/json")

@@ -65,6 +65,12 @@ class DataServerMetrics:
             "an injected fault included, the agent's probes not).",
             registry=registry,
         )
+        self.utilization = Gauge(
+            "data_server_load_utilization",
+            "The utilization this server reports in its answers: the searches in "
+            "progress (probes included), averaged over the last 2-3 seconds.",
+            registry=registry,
+        )
         self.limit = Gauge(
             "data_server_max_concurrent_searches",
             "The cap on searches in progress (--max-concurrent-searches); more are "

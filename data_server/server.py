@@ -33,6 +33,7 @@ from .corpus import Document, generate_documents, load_jsonl, sample_queries
 from .faults import Fault, FaultInjector
 from .handlers import MAX_K, RETRY_AFTER_S, DataHandlers
 from .index import InvertedIndex
+from .loadreport import LoadMeter
 from .metrics import DataServerMetrics
 from .parts import DataServerParts
 from .snapshot import IndexSnapshots, SnapshotKey
@@ -75,6 +76,9 @@ class DataServer:
         self._metrics.in_progress.set_function(lambda: self._admission.in_progress)
         self._metrics.limit.set(config.max_concurrent_searches)
         self.faults = FaultInjector()
+        # The load every answer reports (search servers may weight replicas by it).
+        self._load = LoadMeter()
+        self._metrics.utilization.set_function(lambda: self._load.report().utilization)
         self.drain_requested = asyncio.Event()
         # What start-up builds, shared with the handlers.
         self._parts = DataServerParts(config.instance_id or f"ds-{config.advertise}-{config.port}")
@@ -87,6 +91,7 @@ class DataServer:
             metrics=self._metrics,
             admission=self._admission,
             faults=self.faults,
+            load=self._load,
             loop_lag=self.loop_lag,
             drain_requested=self.drain_requested,
             registry=self.registry,

@@ -44,6 +44,7 @@ from .httpclient import DEFAULT_MAX_BODY
 from .querydeath import QueryOfDeathConfig
 from .queryshare import QueryShare
 from .slowstart import SlowStart
+from .wrr import WrrConfig
 
 # Most shards --shards may name: every one is a sub-request of every query.
 _MAX_SHARDS = 100_000
@@ -114,7 +115,7 @@ def _percent(text: str) -> float:
 
 
 #: The replica pickers ``--picker`` names.
-PICKERS = ("ars", "p2c")
+PICKERS = ("ars", "p2c", "wrr")
 #: Values of ``--admission``.
 ADMISSIONS = ("gradient", "fixed")
 
@@ -273,10 +274,39 @@ SEARCH_OPTIONS = (
         "--picker",
         "DISCOVERY_PICKER",
         "how a shard's replica is chosen: ars (adaptive replica selection: response "
-        "time, service time and queue, with C3's concurrency compensation) or p2c "
-        "(power of two choices on requests in flight)",
+        "time, service time and queue, with C3's concurrency compensation), p2c "
+        "(power of two choices on requests in flight) or wrr (weighted round robin by "
+        "the load the data servers report: see --wrr-*)",
         type=_picker,
         default="ars",
+    ),
+    # Weighted round robin's settings (search_server/wrr.py), used with --picker wrr.
+    Option(
+        "--wrr-blackout",
+        "DISCOVERY_WRR_BLACKOUT",
+        "with --picker wrr: seconds a data server's load reports must have been arriving "
+        "before its weight is used (until then it gets the mean weight; 0: at once)",
+        type=_non_negative_float,
+        default=10.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--wrr-expiry",
+        "DISCOVERY_WRR_EXPIRY",
+        "with --picker wrr: a data server whose last load report is older than this gets "
+        "the mean weight, and its next report starts a new blackout",
+        type=positive_float,
+        default=180.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--wrr-error-penalty",
+        "DISCOVERY_WRR_ERROR_PENALTY",
+        "with --picker wrr: how much a data server's errors count against its weight, "
+        "qps / (utilization + eps / qps x P) (0: not at all)",
+        type=_non_negative_float,
+        default=1.0,
+        metavar="P",
     ),
     Option(
         "--hedge-percent",
@@ -561,7 +591,8 @@ class SearchServerConfig:
     naming the flag of an inconsistent or invalid value.
 
     ``zone`` is the server's own zone (``--zone``), ``None`` for no preference.
-    ``picker`` names the replica picker (``--picker``: ``ars`` or ``p2c``) and
+    ``picker`` names the replica picker (``--picker``: ``ars``, ``p2c`` or ``wrr``,
+    whose settings are ``wrr``: ``--wrr-*``) and
     ``hedge_percent`` caps hedged requests (``--hedge-percent``, 0 turns them off);
     ``retry_budget_percent`` and ``retry_budget_per_second`` bound retries and hedges
     together; ``subset_size`` is the least subset of a shard's replicas routed to (0:
@@ -612,6 +643,7 @@ class SearchServerConfig:
     mass_loss: MassLossBrakeConfig = field(default_factory=MassLossBrakeConfig)
     zone: str | None = None
     picker: str = "ars"
+    wrr: WrrConfig = field(default_factory=WrrConfig)
     hedge_percent: float = 5.0
     retry_budget_percent: float = 10.0
     retry_budget_per_second: float = 10.0
@@ -758,6 +790,11 @@ class SearchServerConfig:
             fence_recheck_max=args.fence_recheck_max,
             zone=args.zone,
             picker=args.picker,
+            wrr=WrrConfig(
+                blackout=args.wrr_blackout,
+                expiry=args.wrr_expiry,
+                error_penalty=args.wrr_error_penalty,
+            ),
             hedge_percent=args.hedge_percent,
             retry_budget_percent=args.retry_budget_percent,
             retry_budget_per_second=args.retry_budget_per_second,

@@ -22,6 +22,8 @@ __all__ = [
     "MAX_HIT_FIELDS",
     "MAX_HIT_ID",
     "MAX_HIT_TEXT",
+    "MAX_REPORTED_RATE",
+    "MAX_REPORTED_UTILIZATION",
     "MAX_SCORE",
     "BadAnswer",
     "BadAnswerReason",
@@ -33,6 +35,7 @@ __all__ = [
     "ShardOutcome",
     "answer_bytes",
     "feedback",
+    "load_report",
     "merge",
     "ranked_hits",
 ]
@@ -51,6 +54,13 @@ _MAX_FIELD_NAME = 64
 #: client summing scores or reading them as float32 would turn into infinity).
 MAX_SCORE = 1e9
 
+#: Largest ``utilization`` a data server's load report may carry (searches in progress on
+#: average: our data server's stays under its ``--max-concurrent-searches`` and probes),
+#: and largest ``qps`` or ``eps`` (a second's answers or errors): a report beyond either
+#: is not believed, and left out.
+MAX_REPORTED_UTILIZATION = 1000.0
+MAX_REPORTED_RATE = 1e7
+
 # The bytes of JSON around one field (its name's quotes, the colon, a comma) and the
 # most characters a number takes as data servers write one ("-1.2345678901234567e-308").
 _FIELD_PUNCTUATION = 4
@@ -67,7 +77,8 @@ HIT_BYTES = (
     + MAX_HIT_FIELDS * (_MAX_FIELD_NAME + _NUMBER_CHARS + _FIELD_PUNCTUATION + 2)
 )
 #: Bytes of an answer's body besides its hits' allowance: ``{"hits":[...]}``,
-#: ``shard``, ``took_ms``, ``queue``, ``cut``, whitespace, and room for a few more fields.
+#: ``shard``, ``took_ms``, ``queue``, ``cut``, the load report (``utilization``, ``qps``,
+#: ``eps``), whitespace, and room for a few more fields.
 ANSWER_ENVELOPE_BYTES = 16 * 1024
 # What an error message or log line shows of what a data server sent.
 _EXCERPT = 80
@@ -336,6 +347,29 @@ def feedback(body: dict[str, Any]) -> tuple[float | None, float | None]:
         service = took / 1000
     reported = float(queue) if type(queue) is int and 0 <= queue < 1_000_000 else None
     return service, reported
+
+
+def load_report(body: dict[str, Any]) -> tuple[float, float, float] | None:
+    """The load the data server reported with its answer, ``(utilization, qps, eps)``,
+    if all three are sane: numbers, finite, ``utilization`` in
+    ``[0, MAX_REPORTED_UTILIZATION]``, ``qps`` and ``eps`` in ``[0, MAX_REPORTED_RATE]``.
+
+    ``None`` otherwise, when any is missing (a data server that does not report its load)
+    or bad: the answer's hits may still be used, only the report is left out (one field
+    of three alone would be no report to weight a replica by).
+    """
+    utilization, qps, eps = body.get("utilization"), body.get("qps"), body.get("eps")
+    # NaN compares false and infinity is out of range: both fail the range checks.
+    if (
+        (type(utilization) is float or type(utilization) is int)
+        and 0 <= utilization <= MAX_REPORTED_UTILIZATION
+        and (type(qps) is float or type(qps) is int)
+        and 0 <= qps <= MAX_REPORTED_RATE
+        and (type(eps) is float or type(eps) is int)
+        and 0 <= eps <= MAX_REPORTED_RATE
+    ):
+        return float(utilization), float(qps), float(eps)
+    return None
 
 
 def merge(

@@ -1,7 +1,9 @@
 """Which replica of a shard gets a query's request: the picker seam of the fan-out.
 
-:class:`AdaptiveReplicaSelection` is the default, :class:`PowerOfTwoChoices` the other;
-another policy is a new class passed as ``FanOut(picker=...)``,
+:class:`AdaptiveReplicaSelection` is the default, :class:`PowerOfTwoChoices` and
+:class:`~search_server.wrr.WeightedRoundRobin` (by the load the data servers report,
+in :mod:`search_server.wrr`) the others; :func:`make_picker` builds the one
+``--picker`` names. Another policy is a new class passed as ``FanOut(picker=...)``,
 ``SearchServer(config, picker=...)`` or ``search_server.cli.main(picker=...)``. A picker
 runs on the fan-out's event loop for every sub-request: it must be fast, is not
 thread-safe, and must never raise for a non-empty list of candidates.
@@ -12,14 +14,16 @@ Design: docs/design/search-server.md, "The replica picker".
 from __future__ import annotations
 
 import random
+import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from discovery.instance import ServiceInstance
 
 from .httpclient import Endpoint
+from .wrr import WeightedRoundRobin, WrrConfig
 
 __all__ = [
     "AdaptiveReplicaSelection",
@@ -69,6 +73,15 @@ class Replica:
     :class:`~search_server.slowstart.SlowStart` moves it from ``min_weight`` of
     ``base_weight`` up to ``base_weight``. A float, since a share of a small weight
     is not a whole number (and must not round to 0: the pickers divide by it).
+
+    ``load_utilization``, ``load_qps`` and ``load_eps`` are the load the data server
+    reported with its last answer that carried a sane report (``utilization``, ``qps``,
+    ``eps``; see :func:`~search_server.merging.load_report`), ``load_at`` when it came
+    (the fan-out's clock; None: never), and ``load_since`` when its current run of
+    reports began: set by the first report, and cleared by
+    :class:`~search_server.wrr.WeightedRoundRobin` when it finds the last one older than
+    its expiry, so that the next report starts a new run (and a new blackout). Five
+    fields, no history: one of these per data server, tens of thousands of them.
     """
 
     key: str
@@ -96,6 +109,12 @@ class Replica:
     window: LatencyWindow | None = None
     # When its slow start began (None: not ramping; see search_server.slowstart).
     ramp_start: float | None = None
+    # Its last load report and its run (see the class's docstring; search_server.wrr).
+    load_utilization: float = 0.0
+    load_qps: float = 0.0
+    load_eps: float = 0.0
+    load_at: float | None = None
+    load_since: float | None = None
 
     @classmethod
     def of(cls, instance: ServiceInstance) -> Replica:
@@ -137,6 +156,17 @@ class Replica:
                 self.queue += EWMA_ALPHA * (queue - self.queue)
         self.samples += 1
         self.discount = 1.0
+
+    def report_load(self, utilization: float, qps: float, eps: float, now: float) -> None:
+        """Keep the load the data server reported with an answer that arrived at ``now``
+        (sane values, as :func:`~search_server.merging.load_report` returns them); the
+        first report of a run starts it (``load_since``)."""
+        self.load_utilization = utilization
+        self.load_qps = qps
+        self.load_eps = eps
+        self.load_at = now
+        if self.load_since is None:
+            self.load_since = now
 
     def penalize(self, seconds: float) -> None:
         """Fold in a request that got no answer after ``seconds`` (failed, timed out, or
@@ -367,13 +397,24 @@ def _median(values: list[float]) -> float:
     return (values[middle - 1] + values[middle]) / 2
 
 
-def make_picker(name: str, rng: random.Random | None = None) -> ReplicaPicker:
-    """The picker ``--picker`` names: ``ars`` or ``p2c``.
+def make_picker(
+    name: str,
+    rng: random.Random | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    wrr: WrrConfig | None = None,
+) -> ReplicaPicker:
+    """The picker ``--picker`` names: ``ars``, ``p2c`` or ``wrr``.
 
-    Raises ``ValueError`` for another name.
+    ``rng`` makes the draws of ``ars`` and ``p2c`` reproducible. ``clock`` must be the
+    fan-out's: ``wrr`` judges the age of the load reports the fan-out times on it;
+    ``wrr`` holds its settings (default ones if None). Raises ``ValueError`` for
+    another name.
     """
     if name == "ars":
         return AdaptiveReplicaSelection(rng=rng)
     if name == "p2c":
         return PowerOfTwoChoices(rng)
-    raise ValueError(f"unknown picker {name!r}: ars or p2c")
+    if name == "wrr":
+        return WeightedRoundRobin(wrr, clock=clock)
+    raise ValueError(f"unknown picker {name!r}: ars, p2c or wrr")

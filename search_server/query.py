@@ -25,7 +25,15 @@ from .coverage import CoveragePolicy, CoverageWait, EndRule
 from .expectedshards import list_missing_capped
 from .hedging import HedgePolicy
 from .httpclient import SubrequestClient, SubrequestError
-from .merging import BadAnswer, FanOutResult, answer_bytes, feedback, merge, ranked_hits
+from .merging import (
+    BadAnswer,
+    FanOutResult,
+    answer_bytes,
+    feedback,
+    load_report,
+    merge,
+    ranked_hits,
+)
 from .metrics import FanOutMetrics
 from .picking import LatencyWindow, Replica, ReplicaPicker
 from .replicahealth import ReplicaHealth
@@ -358,6 +366,9 @@ class Query:
             return
         service, queue = feedback(decoded)
         replica.observe(elapsed, service, queue)
+        load = load_report(decoded)
+        if load is not None:
+            replica.report_load(*load, ctx.clock())
         if service is not None and service > self.service:
             self.service = min(service, elapsed)
         window = replica.window

@@ -66,7 +66,7 @@ class SearchServer:
     ``config`` (a store passed in brings its own and stays the caller's to close). ``picker``
     chooses a replica per shard for the fan-out (default: the one ``config.picker``
     names, :class:`~search_server.picking.AdaptiveReplicaSelection` unless ``--picker
-    p2c``); ``search_server.cli.main(picker=...)`` runs a search server with one of
+    p2c`` or ``wrr``); ``search_server.cli.main(picker=...)`` runs a search server with one of
     your own. Metrics go to ``registry`` (a fresh one if None).
     """
 
@@ -248,6 +248,12 @@ class SearchServer:
         # How far behind this server's own loop is: its lateness is never blamed on a
         # data server (a timeout while it lagged charges no replica, sends no hedge).
         loop_lag = await stack.enter_async_context(LoopLagMonitor(registry=self.registry))
+        # The fan-out's clock, which the picker must share: --picker wrr judges the age
+        # of the load reports the fan-out times on it.
+        clock = time.monotonic
+        picker = self._picker
+        if picker is None:
+            picker = make_picker(config.picker, clock=clock, wrr=config.wrr)
         self.fanout = FanOut(
             client,
             config=FanOutConfig(
@@ -268,7 +274,8 @@ class SearchServer:
             query_share=config.query_share(),
             loop_lag=loop_lag,
             registry=self.registry,
-            picker=self._picker if self._picker is not None else make_picker(config.picker),
+            clock=clock,
+            picker=picker,
             retry_budget=RetryBudget(
                 config.retry_budget_percent / 100,
                 config.retry_budget_per_second,

@@ -112,6 +112,30 @@ async def test_search_answers_top_k_hits(make_data_server: DataServerFactory) ->
     assert answered > 20
 
 
+async def test_every_answer_reports_the_servers_load(make_data_server: DataServerFactory) -> None:
+    server = await make_data_server()
+    status, body = await _get(server, "/search", q="a")
+    assert status == 200
+    load = {field: body[field] for field in ("utilization", "qps", "eps")}
+    assert all(type(value) is float and value >= 0 for value in load.values()), load
+    assert load["qps"] > 0  # the agent's probes and this search were answered
+    # Injected errors (500) count as errors per second in the next answers' report.
+    await _set_fault(server, mode="error", rate=1.0)
+    for _ in range(5):
+        status, _ = await _get(server, "/search", q="a")
+        assert status == 500
+    await _set_fault(server, mode="slow", delay_ms=100)
+    # ...and the injected slowness (a sleep inside the admission, no CPU time) in the
+    # utilization: five searches in progress 0.1 s each, in a window of 2 to 3 s.
+    for _ in range(5):
+        status, body = await _get(server, "/search", q="a")
+        assert status == 200
+    assert body["eps"] >= 1.5, body  # at least the five 500s, within 3 s
+    assert body["utilization"] >= 0.15, body
+    assert sample(server.registry, "data_server_load_utilization") >= 0.15
+    await _set_fault(server, mode="none")
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [

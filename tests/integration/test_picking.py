@@ -1,9 +1,11 @@
-"""The replica-picker seam: both pickers on their own, and the fan-out's choices around
-them (warm-up, zones, retries, hedges) with real data servers over real HTTP."""
+"""The replica-picker seam: the pickers on their own, and the fan-out's choices around
+them (warm-up, zones, retries, hedges, weights by reported load) with real data servers
+over real HTTP."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections import deque
@@ -26,9 +28,12 @@ from search_server.picking import (
     ReplicaPicker,
     target_key,
 )
+from search_server.server import SearchServer
 from search_server.slowstart import Ramps, SlowStart
+from search_server.wrr import WeightedRoundRobin, WrrConfig
 from tests.support import (
     DataServerFactory,
+    FakeClock,
     SearchServerFactory,
     all_see,
     get_json,
@@ -56,9 +61,10 @@ def _replica(instance_id: str, port: int = 9001, *, weight: int = 100) -> Replic
     return Replica.of(make_instance(instance_id, port, weight=weight))
 
 
-def test_both_pickers_implement_the_protocol() -> None:
+def test_the_pickers_implement_the_protocol() -> None:
     assert isinstance(PowerOfTwoChoices(), ReplicaPicker)
     assert isinstance(AdaptiveReplicaSelection(), ReplicaPicker)
+    assert isinstance(WeightedRoundRobin(), ReplicaPicker)
 
 
 def test_power_of_two_choices_prefers_the_replica_with_fewer_requests_in_flight() -> None:
@@ -585,6 +591,41 @@ async def test_a_search_server_routes_with_the_picker_it_is_given(
     assert sorted(picker.picks) == ["ds-p0", "ds-p1"]
 
 
+async def test_a_search_server_with_picker_wrr_weights_by_the_reports(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    data_servers = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-w0"),
+        make_data_server(shard=0, replica=1, instance_id="ds-w1"),
+    )
+    # The fixture's settings (its chroot, its Redis prefix), with --picker wrr.
+    first = await make_search_server()
+    config = dataclasses.replace(first.config, picker="wrr", wrr=WrrConfig(blackout=0.0))
+    server = SearchServer(config)
+    await server.start()
+    try:
+        await all_see([server], {"ds-w0", "ds-w1"})
+        assert server.fanout is not None
+        picker = server.fanout.picker
+        assert isinstance(picker, WeightedRoundRobin)
+        assert picker.config is config.wrr
+        for _ in range(10):
+            status, body = await get_json(f"{server.url}/search", q="probe", k="3")
+            assert status == 200
+            assert body["shards"] == shard_counts(1, 1)
+        for data_server in data_servers:
+            replica = server.fanout.replica(instance_of(data_server))
+            assert replica is not None
+            # Each was sent to (the first two picks alternate, as neither has a weight
+            # yet), and its report kept, timed on the fan-out's clock (the picker's too).
+            assert replica.sent > 0
+            assert replica.load_at is not None
+            assert 0 <= time.monotonic() - replica.load_at < 60
+            assert replica.load_qps > 0
+    finally:
+        await server.shutdown()
+
+
 def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return sample(registry, f"search_server_fanout_{name}", **labels)
 
@@ -689,3 +730,51 @@ async def _warm_up(fanout: FanOut, servers: list[ServiceInstance], queries: int)
         assert replica is not None
         assert replica.window is not None
         assert replica.window.p95 is not None, instance.id
+
+
+async def test_weighted_round_robin_sends_a_slowed_replica_fewer_requests_after_the_blackout(
+    make_data_server: DataServerFactory, http: aiohttp.ClientSession, client: HttpClient
+) -> None:
+    fast, slowed = await asyncio.gather(
+        make_data_server(shard=0, replica=0, instance_id="ds-wrr-fast"),
+        make_data_server(shard=0, replica=1, instance_id="ds-wrr-slowed"),
+    )
+    # The data servers report their load in every answer.
+    status, body = await get_json(f"{fast.url}/search", q="probe", k="3")
+    assert status == 200
+    assert all(type(body[field]) is float for field in ("utilization", "qps", "eps")), body
+    servers = [instance_of(fast), instance_of(slowed)]
+    clock = FakeClock()  # the fan-out's and the picker's: the blackout passes at will
+    picker = WeightedRoundRobin(clock=clock)
+    fanout = FanOut(client, config=FanOutConfig(hedge_ratio=0), clock=clock, picker=picker)
+    # Slowed 20 times or more (a search here takes a millisecond or less): a sleep
+    # inside its admission, which its utilization counts.
+    await _fault(http, slowed, mode="slow", delay_ms=20)
+    try:
+        for _ in range(20):
+            result = await fanout.search(servers, "probe", 5, 2000)
+            assert not result.partial
+        fast_stats, slowed_stats = (fanout.replica(s) for s in servers)
+        assert fast_stats is not None
+        assert slowed_stats is not None
+        # The fan-out kept each one's report, timed on its clock.
+        for stats in (fast_stats, slowed_stats):
+            assert (stats.load_at, stats.load_since) == (clock.now, clock.now)
+            assert stats.load_qps > 0
+        assert slowed_stats.load_utilization > fast_stats.load_utilization
+        # In the blackout no weight is used: both have the mean, and alternate.
+        assert (fast_stats.sent, slowed_stats.sent) == (10, 10)
+        clock.advance(11.0)
+        before = (fast_stats.sent, slowed_stats.sent)
+        for _ in range(200):
+            result = await fanout.search(servers, "probe", 5, 2000)
+            assert not result.partial
+            clock.advance(0.1)  # the weights are computed again every second
+        to_fast = fast_stats.sent - before[0]
+        to_slowed = slowed_stats.sent - before[1]
+        assert to_fast + to_slowed == 200
+        # Weighted by one over its time per search, it gets a small share (a twentieth
+        # or less); a third of the fast one's is a generous bound.
+        assert 3 * to_slowed < to_fast, (to_fast, to_slowed)
+    finally:
+        await _fault(http, slowed, mode="none")

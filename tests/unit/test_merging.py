@@ -23,6 +23,7 @@ from search_server.merging import (
     ShardOutcome,
     answer_bytes,
     feedback,
+    load_report,
     merge,
     ranked_hits,
 )
@@ -230,6 +231,40 @@ def test_feedback_is_taken_only_when_sane(
     body: dict[str, Any], expected: tuple[float | None, float | None]
 ) -> None:
     assert feedback(body) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"utilization": 0.25, "qps": 120.5, "eps": 0.0}, (0.25, 120.5, 0.0)),
+        ({"utilization": 3, "qps": 40, "eps": 2}, (3.0, 40.0, 2.0)),  # integers
+        ({"utilization": 0, "qps": 0, "eps": 0}, (0.0, 0.0, 0.0)),  # in range: kept
+        ({"utilization": 1000, "qps": 1e7, "eps": 1e7}, (1000.0, 1e7, 1e7)),
+        ({}, None),  # a data server that does not report its load
+        ({"utilization": 0.5, "qps": 10.0}, None),  # one missing: no report
+        ({"utilization": -0.1, "qps": 10.0, "eps": 0.0}, None),
+        ({"utilization": 1000.5, "qps": 10.0, "eps": 0.0}, None),
+        ({"utilization": 0.5, "qps": 1.1e7, "eps": 0.0}, None),
+        ({"utilization": 0.5, "qps": 10.0, "eps": -1}, None),
+        ({"utilization": float("nan"), "qps": 10.0, "eps": 0.0}, None),
+        ({"utilization": 0.5, "qps": float("inf"), "eps": 0.0}, None),
+        ({"utilization": "0.5", "qps": 10.0, "eps": 0.0}, None),
+        ({"utilization": True, "qps": 10.0, "eps": 0.0}, None),
+        ({"utilization": 0.5, "qps": [10], "eps": None}, None),
+        ({"utilization": 0.5, "qps": 10**400, "eps": 0}, None),  # a huge int
+    ],
+)
+def test_a_load_report_is_taken_only_when_all_three_are_sane(
+    body: dict[str, Any], expected: tuple[float, float, float] | None
+) -> None:
+    assert load_report(body) == expected
+
+
+def test_a_bad_load_report_leaves_the_answer_usable() -> None:
+    body = {"hits": [{"id": "a", "score": 1.0}], "shard": 0, "utilization": "high", "qps": -3}
+    assert load_report(body) is None
+    assert len(ranked_hits(body, 0, 10)) == 1
+    assert feedback(body) == (None, None)
 
 
 def test_coverage_counts_the_documents_searched_and_names_every_reason() -> None:
