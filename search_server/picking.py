@@ -76,6 +76,7 @@ class Replica:
     endpoint: Endpoint
     shard: int
     zone: str | None
+    group: str | None
     weight: float
     base_weight: int
     outstanding: int = 0
@@ -106,6 +107,7 @@ class Replica:
             endpoint=Endpoint.of(instance.address, instance.port),
             shard=payload.shard,
             zone=payload.zone,
+            group=payload.group,
             weight=float(payload.weight),
             base_weight=payload.weight,
         )

@@ -263,9 +263,7 @@ def test_zone_weight_and_group_are_written_only_when_set(instance: ServiceInstan
     # Without the three fields, the same instance with the defaults.
     bare = {k: v for k, v in payload.items() if k not in ("zone", "weight", "group")}
     again = ServiceInstance.from_dict({**instance.to_dict(), "payload": bare})
-    assert again.payload == dataclasses.replace(
-        instance.payload, zone=None, weight=100, group=None
-    )
+    assert again.payload == dataclasses.replace(instance.payload, zone=None, weight=100, group=None)
 
 
 @PURE
