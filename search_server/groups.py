@@ -23,6 +23,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from prometheus_client import Counter, Gauge
+
 from .metrics import FanOutMetrics
 from .picking import Replica
 from .subsetting import Position, Subset, Subsetter
@@ -63,9 +65,12 @@ class Group:
     """
 
     __slots__ = (
+        "capacity",
+        "counter",
         "coverage",
         "covered_docs",
         "covered_shards",
+        "gauges",
         "in_rotation",
         "label",
         "name",
@@ -75,10 +80,18 @@ class Group:
         "usable",
     )
 
-    def __init__(self, name: str, label: str | None) -> None:
+    def __init__(
+        self, name: str, label: str | None, counter: Counter, gauges: tuple[Gauge, Gauge] | None
+    ) -> None:
         self.name = name
         # Its metrics' label: its name, OTHER_GROUPS past the cap (no gauges then: None).
         self.label = label
+        # Its series of the queries' counter, of the coverage and rotation gauges (looked
+        # up once, not per query or per judgement).
+        self.counter = counter
+        self.gauges = gauges
+        # ``usable``, at least 1, as of the last judgement (what the choice divides by).
+        self.capacity = 1
         self.replicas = 0
         self.usable = 0
         self.outstanding = 0
@@ -96,24 +109,31 @@ class Group:
 
 
 class RouteGroups:
-    """One shard's replicas by group, and each group's subset for this search server.
+    """One shard's replicas by group, and each group's subset for this search server
+    at ``position`` (made by ``subsetter``).
 
     Made with the shard's route (when the shard's list or the search server's position
-    changes), shared by the queries until then; never modified. ``table`` is the
+    changes), shared by the queries until then; its lists are never modified. A
+    group's subset is made the first time a query asks for it (:meth:`members`): a
+    change of a shard of 100 replicas in 100 groups then costs one pass over them, not
+    100 subsets, most of which the next queries would not ask for. ``table`` is the
     group table whose groups the shard's sub-requests are charged to.
     """
 
-    __slots__ = ("replicas", "subsets", "table")
+    __slots__ = ("_position", "_subsets", "_subsetter", "replicas", "table")
 
     def __init__(
         self,
         replicas: Mapping[str, Sequence[Replica]],
-        subsets: Mapping[str, Subset],
+        position: Position,
+        subsetter: Subsetter,
         table: GroupTable,
     ) -> None:
         self.replicas = replicas
-        self.subsets = subsets
         self.table = table
+        self._position = position
+        self._subsetter = subsetter
+        self._subsets: dict[str, Subset] = {}
 
     @classmethod
     def of(
@@ -133,12 +153,18 @@ class RouteGroups:
                 by_group.setdefault(replica.group, []).append(replica)
         if not by_group:
             return None
-        subsets = {name: subsetter.subset(members, position) for name, members in by_group.items()}
-        return cls(by_group, subsets, table)
+        return cls(by_group, position, subsetter, table)
 
     def members(self, group: str) -> Subset | None:
-        """The subset of ``group``'s replicas of this shard (None: it has none here)."""
-        return self.subsets.get(group)
+        """The subset of ``group``'s replicas of this shard (None: it has none here),
+        made at the first call."""
+        subset = self._subsets.get(group)
+        if subset is None:
+            replicas = self.replicas.get(group)
+            if replicas is None:
+                return None
+            subset = self._subsets[group] = self._subsetter.subset(replicas, self._position)
+        return subset
 
 
 class _ShardState:
@@ -289,16 +315,15 @@ class GroupTable:
         start = self._turn % count
         self._turn += 1
         best = rotation[start]
-        best_load, best_usable = best.outstanding, max(best.usable, 1)
-        for step in range(1, count):
-            group = rotation[(start + step) % count]
-            usable = max(group.usable, 1)
+        best_load, best_usable = best.outstanding, best.capacity
+        # From the one whose turn it is, round: the first of the least loaded wins.
+        for index in itertools.chain(range(start + 1, count), range(start)):
+            group = rotation[index]
             # outstanding / usable, compared without dividing.
-            if group.outstanding * best_usable < best_load * usable:
-                best, best_load, best_usable = group, group.outstanding, usable
+            if group.outstanding * best_usable < best_load * group.capacity:
+                best, best_load, best_usable = group, group.outstanding, group.capacity
         best.queries += 1
-        metrics = self._metrics
-        metrics.group_queries.labels(group=best.label or OTHER_GROUPS).inc()
+        best.counter.inc()
         return best
 
     def filled(self) -> None:
@@ -359,7 +384,18 @@ class GroupTable:
     def _group(self, name: str) -> Group:
         group = self._groups.get(name)
         if group is None:
-            group = self._groups[name] = Group(name, self._label(name))
+            label = self._label(name)
+            metrics = self._metrics
+            counter = metrics.group_queries.labels(group=label or OTHER_GROUPS)
+            gauges = (
+                None
+                if label is None
+                else (
+                    metrics.group_coverage.labels(group=label),
+                    metrics.group_in_rotation.labels(group=label),
+                )
+            )
+            group = self._groups[name] = Group(name, label, counter, gauges)
         return group
 
     def _label(self, name: str) -> str | None:
@@ -448,6 +484,7 @@ class GroupTable:
             self._drop(self._groups.pop(name))
         groups = list(self._groups.values())
         for group in groups:
+            group.capacity = max(group.usable, 1)
             if docs_total > 0:
                 group.coverage = group.covered_docs / docs_total
             else:  # no shard holds a document: by shards, as an answer's coverage
@@ -463,15 +500,15 @@ class GroupTable:
             self._short = short
             self._log_short(short, passing)
         chosen = set(map(id, passing))
-        metrics = self._metrics
         for group in groups:
             rotating = id(group) in chosen
             if rotating != group.in_rotation:
                 self._log_rotation(group, rotating)
             group.in_rotation = rotating
-            if group.label is not None:
-                metrics.group_coverage.labels(group=group.label).set(group.coverage)
-                metrics.group_in_rotation.labels(group=group.label).set(1 if rotating else 0)
+            if group.gauges is not None:
+                coverage, in_rotation = group.gauges
+                coverage.set(group.coverage)
+                in_rotation.set(1 if rotating else 0)
         self._rotation = sorted(passing, key=_name)
 
     def _log_short(self, short: bool, kept: Sequence[Group]) -> None:
