@@ -22,6 +22,9 @@ from data_server.corpus import sample_queries
 from data_server.server import DataServer
 from discovery.config import AgentConfig, ClusterConfig, ZkConfig
 from discovery.errors import ConfigError
+from discovery.instance import ServiceInstance
+from discovery.tools.status.format import format_text
+from discovery.tools.status.model import ClusterStatus, Published
 from search_server import cli as search_server_cli
 from search_server.config import SearchServerConfig
 from search_server.config import build_parser as build_search_parser
@@ -32,7 +35,9 @@ from tests.support import (
     all_see,
     eventually,
     get_json,
+    make_instance,
     sample,
+    schema_errors,
 )
 
 ENV = (
@@ -287,3 +292,37 @@ async def test_queries_go_to_one_group_fill_a_missing_shard_and_skip_a_group_sho
         sample(search.registry, "search_server_fanout_group_in_rotation", group="a"),
         sample(search.registry, "search_server_fanout_group_in_rotation", group="b"),
     ) == (0, 1)
+
+
+def test_status_shows_the_group_of_a_server_that_has_one() -> None:
+    def instance(instance_id: str, **payload: Any) -> ServiceInstance:
+        return make_instance(instance_id, address="10.0.0.1", **payload)
+
+    servers = {
+        "ds-a": instance("ds-a", group="g1", zone="eu-1"),
+        "ds-b": instance("ds-b"),
+    }
+    status = ClusterStatus(
+        zookeeper="127.0.0.1:2181",
+        redis="redis://127.0.0.1:6379/0",
+        prefix="discovery:{default}",
+        now_ms=0,
+        contenders=(),
+        search_servers={},
+        search_servers_invalid={},
+        data_servers=servers,
+        data_servers_invalid={},
+        heartbeat=None,
+        published=Published(None, "absent"),
+    )
+    document = status.to_dict()
+    assert schema_errors(document, "status") == []
+    listed = {
+        s["id"]: s["group"]
+        for shard in document["data_servers"]["shards"]
+        for s in shard["servers"]
+    }
+    assert listed == {"ds-a": "g1", "ds-b": None}
+    lines = {line.split()[0]: line for line in format_text(status).splitlines() if "ds-" in line}
+    assert "zone eu-1  group g1  serving" in lines["ds-a"]
+    assert "group" not in lines["ds-b"]
