@@ -62,8 +62,18 @@ class Candidates:
             if grouped:
                 return grouped
             # No usable replica of the shard in the query's group: another group's (or
-            # one without a group) fills in.
-            self._routing.groups.filled()
+            # one without a group) fills in, if the shard has one.
+            filled = self._in_shard(call, tried, seen, now)
+            if filled:
+                self._routing.groups.filled()
+            return filled
+        return self._in_shard(call, tried, seen, now)
+
+    def _in_shard(
+        self, call: ShardCall, tried: list[Replica], seen: float, now: float
+    ) -> list[Replica]:
+        """Any of the shard's replicas a request may go to now, whatever their group
+        (see :meth:`of`)."""
         if call.subset is None:
             usable = [r for r in call.replicas if r not in tried and not r.is_ejected(seen)]
         else:

@@ -304,6 +304,15 @@ def test_a_shard_the_group_has_no_replica_of_fills_from_the_others() -> None:
     assert sample(rig.registry, FILLS) == 1
 
 
+def test_no_fill_is_counted_when_the_shard_has_no_usable_replica_at_all() -> None:
+    rig = Rig(min_coverage=0.5)
+    rig.route(cluster())
+    rig.eject("ds-a-0")
+    rig.eject("ds-b-0")
+    assert rig.first(0, rig.table.groups["a"]) == []  # the query probes or gives up
+    assert sample(rig.registry, FILLS) == 0
+
+
 def test_a_group_replica_that_refused_for_overload_is_filled_for() -> None:
     rig = Rig()
     rig.route(cluster())
