@@ -12,6 +12,7 @@ from discovery.agent.probes import PROBE_HEADER, PROBE_HEADER_VALUE
 from discovery.cli.options import (
     AGENT_OPTIONS,
     COMMON_OPTIONS,
+    GROUP_RULE,
     HTTP_EDGE_OPTIONS,
     RUNTIME_OPTIONS,
     ZK_OPTIONS,
@@ -24,6 +25,7 @@ from discovery.cli.options import (
     checked_id,
     checked_setting,
     cluster_config,
+    group_name,
     http_edge_config,
     int_range,
     listen_options,
@@ -41,6 +43,7 @@ from discovery.instance import (
     DEFAULT_WEIGHT,
     MAX_WEIGHT,
     MIN_WEIGHT,
+    validate_group,
     validate_weight,
     validate_zone,
 )
@@ -54,6 +57,7 @@ __all__ = [
     "FleetConfig",
     "build_fleet_parser",
     "build_parser",
+    "group_list",
     "zone_list",
 ]
 
@@ -89,6 +93,16 @@ def zone_list(text: str) -> tuple[str, ...]:
     return zones
 
 
+def group_list(text: str) -> tuple[str, ...]:
+    """argparse type: comma-separated, distinct replica group names (``g1,g2``)."""
+    groups = tuple(group_name(part) for part in text.split(","))
+    for i, group in enumerate(groups):
+        if group in groups[:i]:
+            # A repeated group would silently hold two replicas of each shard; say so.
+            raise argparse.ArgumentTypeError(f"group {group!r} is listed twice in {text!r}")
+    return groups
+
+
 SERVER_OPTIONS = (
     *listen_options(9001, "ds"),
     Option("--shard", "DISCOVERY_SHARD", "shard number", type=non_negative_int, default=0),
@@ -122,6 +136,16 @@ SERVER_OPTIONS = (
         f"servers prefer replicas in their own zone ({ZONE_RULE}; unset: no zone)",
         type=zone_name,
         metavar="ZONE",
+    ),
+    Option(
+        "--group",
+        "DISCOVERY_GROUP",
+        "replica group published in the registration: a group is one whole copy of the "
+        "corpus (one replica of every shard); search servers send each query to one group "
+        f"and take a group short of coverage out of rotation ({GROUP_RULE}; unset: no "
+        "group, the replica only fills in for groups)",
+        type=group_name,
+        metavar="GROUP",
     ),
     Option(
         "--weight",
@@ -225,6 +249,15 @@ FLEET_OPTIONS = (
         metavar="A,B,...",
     ),
     Option(
+        "--groups",
+        "DISCOVERY_FLEET_GROUPS",
+        "comma-separated replica groups: replica r of every shard gets group r %% count, so "
+        "with as many replicas per shard as groups each group is one whole copy of the "
+        "corpus (unset: every server gets --group)",
+        type=group_list,
+        metavar="A,B,...",
+    ),
+    Option(
         "--start-spread",
         "DISCOVERY_FLEET_START_SPREAD",
         "seconds over which each worker's servers start (connect, probe, register), "
@@ -279,7 +312,8 @@ def build_fleet_parser() -> argparse.ArgumentParser:
 class DataServerConfig:
     """One data server. ``instance_id`` None means ``ds-<advertise>-<port>``.
 
-    ``zone`` (None: no zone) and ``weight`` go into the registered payload; ``http``
+    ``zone`` (None: no zone), ``weight`` and ``group`` (None: no replica group) go into
+    the registered payload; ``http``
     bounds slow clients at the HTTP edge; ``search_timeout_ms`` is the budget of a search
     request that gives no ``timeout_ms``, ``max_timeout_ms`` the longest budget any search
     works (a larger ``timeout_ms`` is clamped to it); ``max_concurrent_searches`` caps the
@@ -304,6 +338,7 @@ class DataServerConfig:
     shutdown_timeout: float = 10.0
     zone: str | None = None
     weight: int = DEFAULT_WEIGHT
+    group: str | None = None
     http: HttpEdgeConfig = field(default_factory=HttpEdgeConfig)
     search_timeout_ms: int = DEFAULT_SEARCH_TIMEOUT_MS
     max_timeout_ms: int = DEFAULT_MAX_TIMEOUT_MS
@@ -341,6 +376,8 @@ class DataServerConfig:
         if self.zone is not None:
             checked_setting(validate_zone, self.zone, "--zone / DISCOVERY_ZONE")
         checked_setting(validate_weight, self.weight, "--weight / DISCOVERY_WEIGHT")
+        if self.group is not None:
+            checked_setting(validate_group, self.group, "--group / DISCOVERY_GROUP")
         if self.docs_file is not None and not self.docs_file.is_file():
             raise ConfigError(f"--docs-file / DISCOVERY_DOCS_FILE: no such file {self.docs_file}")
 
@@ -374,6 +411,7 @@ class DataServerConfig:
             shutdown_timeout=args.shutdown_timeout,
             zone=args.zone,
             weight=args.weight,
+            group=args.group,
             http=http_edge_config(args),
             search_timeout_ms=args.search_timeout_ms,
             max_timeout_ms=args.max_timeout_ms,
@@ -395,6 +433,7 @@ class FleetConfig:
     shards: int
     first_index: int = 0
     zones: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
     start_spread: float = 0.0
 
     def __post_init__(self) -> None:
@@ -409,6 +448,12 @@ class FleetConfig:
             )
         for zone in self.zones:
             checked_setting(validate_zone, zone, "--zones / DISCOVERY_FLEET_ZONES")
+        if self.groups and self.template.group is not None:
+            raise ConfigError(
+                "--groups (DISCOVERY_FLEET_GROUPS) and --group (DISCOVERY_GROUP): give only one"
+            )
+        for group in self.groups:
+            checked_setting(validate_group, group, "--groups / DISCOVERY_FLEET_GROUPS")
         if self.procs > self.count:
             raise ConfigError(f"--procs ({self.procs}) must not exceed --count ({self.count})")
         if self.base_port and self.base_port + self.count - 1 > 65535:
@@ -422,7 +467,9 @@ class FleetConfig:
         ``r`` gets ``zones[(s + r) % len(zones)]``: plain round-robin with one replica
         per shard, and a shard's replicas in different zones when there are several
         (round-robin over the server number would put them all in one zone whenever
-        the shard count is a multiple of the zone count).
+        the shard count is a multiple of the zone count). With ``groups``, replica ``r``
+        of every shard gets ``groups[r % len(groups)]``: each group one replica of every
+        shard, a whole copy of the corpus, while there are as many replicas as groups.
         """
         number = self.first_index + index
         shard, replica = number % self.shards, number // self.shards
@@ -436,6 +483,8 @@ class FleetConfig:
             config = dataclasses.replace(
                 config, zone=self.zones[(shard + replica) % len(self.zones)]
             )
+        if self.groups:
+            config = dataclasses.replace(config, group=self.groups[replica % len(self.groups)])
         return config
 
     def worker_slice(self, worker: int) -> range:
@@ -452,5 +501,6 @@ class FleetConfig:
             shards=args.shards or args.count,
             first_index=args.first_index,
             zones=args.zones or (),
+            groups=args.groups or (),
             start_spread=args.start_spread,
         )

@@ -276,6 +276,7 @@ class DataServer:
                 state=InstanceState.SERVING,
                 zone=config.zone,
                 weight=config.weight,
+                group=config.group,
             ),
         )
 

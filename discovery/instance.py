@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_SERVICE_TYPE",
     "DEFAULT_WEIGHT",
     "MAX_ADDRESS_LENGTH",
+    "MAX_GROUP_LENGTH",
     "MAX_ID_LENGTH",
     "MAX_INSTANCE_BYTES",
     "MAX_WEIGHT",
@@ -38,6 +39,7 @@ __all__ = [
     "InstancePayload",
     "InstanceState",
     "ServiceInstance",
+    "validate_group",
     "validate_instance_id",
     "validate_weight",
     "validate_zone",
@@ -52,6 +54,9 @@ MAX_ADDRESS_LENGTH: Final = 253
 
 MAX_ZONE_LENGTH: Final = 64
 """Longest ``payload.zone``; zones are short names like ``eu-west-1b``."""
+MAX_GROUP_LENGTH: Final = MAX_ZONE_LENGTH
+"""Longest ``payload.group``; groups are short names like ``g1`` or ``copy-a``, under the
+same rule as zones."""
 MIN_WEIGHT: Final = 1
 MAX_WEIGHT: Final = 1000
 DEFAULT_WEIGHT: Final = 100
@@ -75,10 +80,20 @@ _MAX_NESTING: Final = 64
 _MAX_PATH_IN_MESSAGE: Final = 120
 
 _ID_PATTERN: Final = re.compile(rf"[A-Za-z0-9._:@-]{{1,{MAX_ID_LENGTH}}}")
-# Zones end up in metric labels, log lines and the dashboard: keep them plain.
-_ZONE_PATTERN: Final = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_ZONE_LENGTH}}}")
+# Zones and groups end up in metric labels, log lines and the dashboard: keep them plain.
+_NAME_PATTERN: Final = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_ZONE_LENGTH}}}")
 _CLASS_KEY: Final = "@class"
-_PAYLOAD_KEYS: Final = ("shard", "replica", "docs", "version", "state", "reason", "zone", "weight")
+_PAYLOAD_KEYS: Final = (
+    "shard",
+    "replica",
+    "docs",
+    "version",
+    "state",
+    "reason",
+    "zone",
+    "weight",
+    "group",
+)
 _REQUIRED_PAYLOAD_KEYS: Final = ("shard", "replica", "docs", "version", "state")
 _REQUIRED_KEYS: Final = ("name", "id", "address", "port", "payload", "registrationTimeUTC")
 
@@ -314,9 +329,25 @@ def validate_zone(value: object, field_name: str = "payload.zone") -> str:
     ``dc1:rack-7``). Raises :class:`InvalidInstanceError` naming ``field_name``;
     configuration parsers pass their flag's name instead.
     """
+    return _validate_name(value, field_name)
+
+
+def validate_group(value: object, field_name: str = "payload.group") -> str:
+    """Return ``value`` if it is a usable replica group name, else raise.
+
+    A group follows the zone's rule: 1..64 characters of ``[A-Za-z0-9._:-]`` (``g1``,
+    ``copy-a``). Raises :class:`InvalidInstanceError` naming ``field_name``;
+    configuration parsers pass their flag's name instead.
+    """
+    return _validate_name(value, field_name)
+
+
+def _validate_name(value: object, field_name: str) -> str:
+    """The rule of zones and groups: a short plain name (they end up in metric labels,
+    log lines and the dashboard)."""
     if not isinstance(value, str):
         _fail(field_name, f"must be a string, got {_describe(value)}")
-    if _ZONE_PATTERN.fullmatch(value) is None:
+    if _NAME_PATTERN.fullmatch(value) is None:
         _fail(
             field_name,
             f"must be 1..{MAX_ZONE_LENGTH} characters of [A-Za-z0-9._:-], got {_short(value)}",
@@ -340,7 +371,10 @@ class InstancePayload:
     (>= 0). ``reason`` is written only when not ``None``. ``zone`` (``None``: no
     zone; else see :func:`validate_zone`) is written only when set, and
     ``weight`` (an integer 1..1000, the replica's relative share of its shard's
-    traffic) only when it is not :data:`DEFAULT_WEIGHT`. ``extra`` holds every
+    traffic) only when it is not :data:`DEFAULT_WEIGHT`. ``group`` (``None``: no
+    group; else see :func:`validate_group`), the replica group the server belongs to
+    (one copy of the whole corpus, one replica of each shard), is written only when
+    set, after ``weight``. ``extra`` holds every
     other payload key (including Jackson's ``"@class"``) and is written back
     unchanged; it must not repeat a named field. The constructor validates
     everything and raises :class:`InvalidInstanceError` naming the field.
@@ -354,6 +388,7 @@ class InstancePayload:
     reason: str | None = None
     zone: str | None = None
     weight: int = DEFAULT_WEIGHT
+    group: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -364,7 +399,7 @@ class InstancePayload:
         set_(self, "shard", _require_int("payload.shard", self.shard, 0, _JAVA_INT_MAX))
         set_(self, "replica", _require_int("payload.replica", self.replica, 0, _JAVA_INT_MAX))
         set_(self, "docs", _require_int("payload.docs", self.docs, 0, _JAVA_LONG_MAX))
-        # Interned: the same few versions, reasons and zones across a fleet are then one
+        # Interned: the same few versions, reasons, zones and groups across a fleet are one
         # string each, not one per registration (some 150 bytes a server at 50,000).
         set_(self, "version", sys.intern(_require_str("payload.version", self.version)))
         set_(self, "state", _coerce_state("payload.state", self.state))
@@ -373,6 +408,8 @@ class InstancePayload:
         if self.zone is not None:
             set_(self, "zone", sys.intern(str(validate_zone(self.zone))))
         set_(self, "weight", validate_weight(self.weight))
+        if self.group is not None:
+            set_(self, "group", sys.intern(str(validate_group(self.group))))
         set_(self, "extra", _freeze_extra(self.extra))
 
     def to_dict(self) -> dict[str, Any]:
@@ -395,6 +432,10 @@ class InstancePayload:
             # The default is left out so that a document without a weight (a Curator
             # writer's, or our first release's) re-encodes byte for byte.
             out["weight"] = self.weight
+        if self.group is not None:
+            # Last of ours: where a Java payload class that adds the field after the
+            # others writes it, so that its documents re-encode byte for byte.
+            out["group"] = self.group
         for key, value in self.extra.items():
             if key != _CLASS_KEY:
                 out[key] = copy.deepcopy(value)
@@ -406,7 +447,8 @@ class InstancePayload:
 
         Raises :class:`InvalidInstanceError` if ``data`` is not an object, a
         required field is missing, or a field is invalid. ``"reason": null``
-        is read as no reason, ``"zone": null`` (or none) as no zone, and
+        is read as no reason, ``"zone": null`` and ``"group": null`` (or none) as no
+        zone and no group, and
         ``"weight": null`` (or none) as :data:`DEFAULT_WEIGHT`: Jackson writes
         an unset ``String`` or ``Integer`` field of a Java payload as ``null``.
         """
@@ -424,6 +466,7 @@ class InstancePayload:
             reason=data.get("reason"),
             zone=data.get("zone"),
             weight=DEFAULT_WEIGHT if data.get("weight") is None else data["weight"],
+            group=data.get("group"),
             extra={k: v for k, v in data.items() if k not in _PAYLOAD_KEYS},
         )
 
@@ -528,6 +571,11 @@ class ServiceInstance:
     def zone(self) -> str | None:
         """The data server's zone (``payload.zone``); ``None`` when it has none."""
         return self.payload.zone
+
+    @property
+    def group(self) -> str | None:
+        """The data server's replica group (``payload.group``); ``None`` when it has none."""
+        return self.payload.group
 
     @property
     def weight(self) -> int:

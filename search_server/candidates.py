@@ -1,9 +1,12 @@
 """Which of a shard's replicas a query's next request may go to.
 
-:class:`Candidates` narrows them for the :class:`~search_server.picking.ReplicaPicker`,
-draining replicas only as a last resort. Pure choice: it sends nothing. Not thread-safe.
+:class:`Candidates` narrows them for the :class:`~search_server.picking.ReplicaPicker`:
+a first request to the query's replica group while it has a usable replica of the
+shard, draining replicas only as a last resort. Pure choice: it sends nothing. Not
+thread-safe.
 
-Design: docs/design/search-server.md, "Replicas: picked, draining as a last resort".
+Design: docs/design/search-server.md, "Replicas: picked, draining as a last resort"
+and "Replica groups".
 """
 
 from __future__ import annotations
@@ -43,13 +46,34 @@ class Candidates:
         self._rng = rng
 
     def of(self, call: ShardCall, now: float) -> list[Replica]:
-        """The shard's replicas a request may go to now: its routable ones not yet
-        tried nor ejected (within its subset, with spares for the ejected and the tried,
-        see :meth:`~search_server.subsetting.Subset.candidates`), or, when none is left,
+        """The shard's replicas a request may go to now: for the first request of a
+        query that has a replica group, the group's usable ones (within the group's
+        subset, not ejected, not overloaded); else (a retry, a hedge, or the group has
+        none: a fill, counted) its routable ones not yet tried nor ejected (within its
+        subset, with spares for the ejected and the tried, see
+        :meth:`~search_server.subsetting.Subset.candidates`), or, when none is left,
         its draining ones (a last resort)."""
         tried = call.tried
         # In panic the shard's ejections are not heeded: judged at a time past them all.
         seen = math.inf if call.panic else now
+        group = call.group
+        if group is not None and not tried:
+            grouped = self._in_group(call, group.name, seen, now)
+            if grouped:
+                return grouped
+            # No usable replica of the shard in the query's group: another group's (or
+            # one without a group) fills in, if the shard has one.
+            filled = self._in_shard(call, tried, seen, now)
+            if filled:
+                self._routing.groups.filled()
+            return filled
+        return self._in_shard(call, tried, seen, now)
+
+    def _in_shard(
+        self, call: ShardCall, tried: list[Replica], seen: float, now: float
+    ) -> list[Replica]:
+        """Any of the shard's replicas a request may go to now, whatever their group
+        (see :meth:`of`)."""
         if call.subset is None:
             usable = [r for r in call.replicas if r not in tried and not r.is_ejected(seen)]
         else:
@@ -60,20 +84,42 @@ class Candidates:
         if len(usable) > 1:
             if self._health.any_overloaded:
                 usable = self._health.not_overloaded(usable, now) or usable
-            zone = self._zone
-            if zone is not None:
-                local = [r for r in usable if r.zone == zone]
-                if local:
-                    usable = local
-            if self._warmup:
-                warm = self._warmup
-                ready = [r for r in usable if r.samples >= warm or r.outstanding == 0]
-                if not ready:
-                    # All still warming up and busy: the least busy ones, so that a
-                    # picker ranking the unknown first cannot pile onto one of them.
-                    fewest = min(r.outstanding for r in usable)
-                    ready = [r for r in usable if r.outstanding == fewest]
-                usable = ready
+            usable = self._preferred(usable)
+        return usable
+
+    def _in_group(self, call: ShardCall, group: str, seen: float, now: float) -> list[Replica]:
+        """The first request's candidates in ``group``: its subset's usable members
+        (spares of the group for the ejected ones), less those that refused for
+        overload; empty when none is left (the caller fills from the whole shard)."""
+        groups = call.groups
+        subset = groups.members(group) if groups is not None else None
+        if subset is None:
+            return []
+        usable = subset.candidates((), seen, self._rng)
+        if usable and self._health.any_overloaded:
+            # Strictly: a group whose replicas here all refused fills from another.
+            usable = self._health.not_overloaded(usable, now)
+        if len(usable) > 1:
+            usable = self._preferred(usable)
+        return usable
+
+    def _preferred(self, usable: list[Replica]) -> list[Replica]:
+        """Of two or more ``usable`` replicas, those in this search server's zone if
+        any, and of those the warmed up or idle ones."""
+        zone = self._zone
+        if zone is not None:
+            local = [r for r in usable if r.zone == zone]
+            if local:
+                usable = local
+        if self._warmup:
+            warm = self._warmup
+            ready = [r for r in usable if r.samples >= warm or r.outstanding == 0]
+            if not ready:
+                # All still warming up and busy: the least busy ones, so that a
+                # picker ranking the unknown first cannot pile onto one of them.
+                fewest = min(r.outstanding for r in usable)
+                ready = [r for r in usable if r.outstanding == fewest]
+            usable = ready
         return usable
 
     def for_hedge(self, call: ShardCall, waited: float, now: float) -> list[Replica]:

@@ -15,13 +15,17 @@ from discovery.instance import ServiceInstance
 from .clusterview import ClusterViews, PageRequest
 from .config import SearchServerConfig
 from .dashboard import MemberCache, QueryStats
+from .fanout import FanOut
 from .parts import ServerParts
 
-__all__ = ["ClusterStatus"]
+__all__ = ["MAX_GROUPS_LISTED", "ClusterStatus"]
 
 #: Servers the dashboard shows as tiles; a larger cluster is shown as a grid of shards
 #: (each shard's replicas a click away, ``GET /cluster?shard=N``).
 _DASHBOARD_SERVERS: Final = 200
+#: Replica groups listed in a view (by name); ``groups.total`` counts them all. A grouped
+#: cluster has a few (each is a whole copy of the corpus).
+MAX_GROUPS_LISTED: Final = 100
 
 
 class ClusterStatus:
@@ -54,6 +58,7 @@ class ClusterStatus:
             "shard": payload.shard,
             "replica": payload.replica,
             "zone": payload.zone,
+            "group": payload.group,
             "weight": payload.weight,
             "state": payload.state.value,
             "enabled": instance.enabled,
@@ -118,7 +123,21 @@ class ClusterStatus:
                 parts.routing_list() or {}, ejected, expected, page or PageRequest(), grid=grid
             )
         )
+        view["groups"] = self._groups(fanout)
         return view
+
+    def _groups(self, fanout: FanOut | None) -> dict[str, Any]:
+        """The replica groups this server routes to: each one's replicas, coverage,
+        rotation and the queries it sent there (``listed``: at most
+        :data:`MAX_GROUPS_LISTED`, by name; ``total`` counts them all)."""
+        table = fanout.groups() if fanout is not None else None
+        groups = table.groups if table is not None else {}
+        return {
+            "min_coverage_percent": self._config.min_group_coverage_percent,
+            "total": len(groups),
+            "in_rotation": sum(1 for g in groups.values() if g.in_rotation),
+            "listed": table.summary(MAX_GROUPS_LISTED) if table is not None else [],
+        }
 
     async def dashboard_snapshot(self) -> dict[str, Any]:
         """One event of ``GET /events``: :meth:`cluster_view` plus ``cluster``,

@@ -271,6 +271,17 @@ SEARCH_OPTIONS = (
         metavar="PERCENT",
     ),
     Option(
+        "--min-group-coverage",
+        "DISCOVERY_MIN_GROUP_COVERAGE",
+        "replica groups (data servers' --group): the least percent of the corpus's "
+        "documents a group must hold in shards with a usable replica in it to get queries; "
+        "below it the group only fills in for others (if every group is below, those that "
+        "cover the most stay in rotation)",
+        type=_percent,
+        default=97.0,
+        metavar="PERCENT",
+    ),
+    Option(
         "--picker",
         "DISCOVERY_PICKER",
         "how a shard's replica is chosen: ars (adaptive replica selection: response "
@@ -591,6 +602,8 @@ class SearchServerConfig:
     naming the flag of an inconsistent or invalid value.
 
     ``zone`` is the server's own zone (``--zone``), ``None`` for no preference.
+    ``min_group_coverage_percent`` is the least coverage of a replica group in
+    rotation (``--min-group-coverage``).
     ``picker`` names the replica picker (``--picker``: ``ars``, ``p2c`` or ``wrr``,
     whose settings are ``wrr``: ``--wrr-*``) and
     ``hedge_percent`` caps hedged requests (``--hedge-percent``, 0 turns them off);
@@ -633,6 +646,7 @@ class SearchServerConfig:
     eject_cooldown: float = 10.0
     max_ejected_percent: int = 50
     panic_percent: int = 50
+    min_group_coverage_percent: float = 97.0
     heartbeat_interval: float = 1.0
     heartbeat_ttl: float = 5.0
     reconcile_interval: float = 5.0
@@ -686,6 +700,10 @@ class SearchServerConfig:
             raise ConfigError(
                 "--admission-query-share must be in 1..100, got "
                 f"{self.admission_query_share_percent}"
+            )
+        if not 0 <= self.min_group_coverage_percent <= 100:
+            raise ConfigError(
+                f"--min-group-coverage must be in 0..100, got {self.min_group_coverage_percent}"
             )
         if self.picker not in PICKERS:
             raise ConfigError(f"--picker must be one of {', '.join(PICKERS)}, got {self.picker!r}")
@@ -781,6 +799,7 @@ class SearchServerConfig:
             eject_cooldown=args.eject_cooldown,
             max_ejected_percent=args.max_ejected_percent,
             panic_percent=args.panic_threshold,
+            min_group_coverage_percent=args.min_group_coverage,
             heartbeat_interval=args.heartbeat_interval,
             heartbeat_ttl=args.heartbeat_ttl,
             reconcile_interval=args.reconcile_interval,

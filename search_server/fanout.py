@@ -28,6 +28,7 @@ from .candidates import Candidates
 from .coverage import CoveragePolicy, late_shards
 from .ejection import OutlierEjection
 from .fanoutconfig import OVERLOAD_BACKOFF, PANIC_THRESHOLD, STALL_GRACE, FanOutConfig
+from .groups import GroupTable
 from .hedging import HedgePolicy
 from .httpclient import HttpClient, SubrequestClient
 from .merging import FanOutResult
@@ -129,6 +130,7 @@ class FanOut:
             metrics=metrics,
             shards=config.shards,
             forget_missing_shard_after=config.forget_missing_shard_after,
+            min_group_coverage=config.min_group_coverage,
         )
         self._health = health = ReplicaHealth(
             ejection,
@@ -137,6 +139,8 @@ class FanOut:
             answered=lambda: routing.answered,
             panic_threshold=config.panic_threshold,
             overload_backoff=config.overload_backoff,
+            # A replica group's coverage counts its replicas not ejected.
+            on_ejection=routing.groups.ejection_changed,
         )
         self._own = own = OwnLoad(clock, loop_lag)
         self._queries = QueryContext(
@@ -208,6 +212,11 @@ class FanOut:
         at construction and every shard it has routed to since. A shard among them with
         no replica left is *missing* from an answer, never dropped from its total."""
         return self._routing.expected_shards
+
+    def groups(self) -> GroupTable:
+        """The replica groups as of now (coverage and rotation judged afresh, the
+        routes of shards changed since the last query made: ``O(shards)``)."""
+        return self._routing.refresh_groups()
 
     def ejected(self) -> set[str]:
         """Instance ids of the data servers currently ejected (skipped) by this fan-out."""
@@ -328,7 +337,10 @@ class FanOut:
         # and a shard that leaves it during the query is already counted in the query.
         routes = routing.routes(table)
         missing = routing.missing(table)
-        result = await one.run(routes, missing, docs_cap=routing.docs_cap)
+        docs_cap = routing.docs_cap
+        # One replica group for the query's first requests (None: no group), O(groups).
+        group = routing.groups.choose(missing, docs_cap)
+        result = await one.run(routes, missing, docs_cap=docs_cap, group=group)
         return result, one.service + one.lingered
 
     @staticmethod

@@ -13,6 +13,7 @@ from discovery.address import NetworkPolicy
 
 from .coverage import CoveragePolicy
 from .expectedshards import FORGET_MISSING_SHARD_AFTER
+from .groups import MIN_GROUP_COVERAGE
 from .slowstart import SlowStart
 
 __all__ = ["OVERLOAD_BACKOFF", "PANIC_THRESHOLD", "STALL_GRACE", "FanOutConfig"]
@@ -56,7 +57,10 @@ class FanOutConfig:
     them is no longer expected once it has had no replica for
     ``forget_missing_shard_after`` seconds (0: never forgotten).
     ``panic_threshold``: see :data:`PANIC_THRESHOLD`; ``overload_backoff``: see
-    :data:`OVERLOAD_BACKOFF`. ``networks`` (``--allowed-networks``) leaves data servers
+    :data:`OVERLOAD_BACKOFF`. ``min_group_coverage`` (0..1) is the share of the corpus a
+    replica group must cover to stay in rotation (see
+    :data:`~search_server.groups.MIN_GROUP_COVERAGE`). ``networks``
+    (``--allowed-networks``) leaves data servers
     outside it out of the routing table. ``slow_start`` ramps new replicas' weights
     (off by default here). ``coverage`` is the queries' coverage policy, unless a query
     brings its own (off by default: every shard waited for until the deadline).
@@ -76,6 +80,7 @@ class FanOutConfig:
     forget_missing_shard_after: float = FORGET_MISSING_SHARD_AFTER
     panic_threshold: float = PANIC_THRESHOLD
     overload_backoff: float = OVERLOAD_BACKOFF
+    min_group_coverage: float = MIN_GROUP_COVERAGE
     networks: NetworkPolicy = field(default_factory=NetworkPolicy)
     slow_start: SlowStart = field(default_factory=_no_slow_start)
     coverage: CoveragePolicy = field(default_factory=CoveragePolicy)
@@ -98,3 +103,5 @@ class FanOutConfig:
             raise ValueError(f"panic_threshold must be in 0..1, got {self.panic_threshold}")
         if not self.overload_backoff >= 0:
             raise ValueError(f"overload_backoff must be >= 0 seconds, got {self.overload_backoff}")
+        if not 0 <= self.min_group_coverage <= 1:
+            raise ValueError(f"min_group_coverage must be in 0..1, got {self.min_group_coverage}")

@@ -197,6 +197,36 @@ class FanOutMetrics:
             "counted as outcome overloaded.",
             registry=registry,
         )
+        self.group_queries = Counter(
+            "search_server_fanout_group_queries",
+            "Queries whose first requests went to a replica group, by group (at most 64 "
+            "groups have a series of their own; the queries of any further group count "
+            'under group="(other)").',
+            ["group"],
+            registry=registry,
+        )
+        self.group_fills = Counter(
+            "search_server_fanout_group_fills",
+            "First requests of a shard sent outside its query's replica group: the group "
+            "had no usable replica of the shard (none, ejected or overloaded).",
+            registry=registry,
+        )
+        self.group_coverage = Gauge(
+            "search_server_fanout_group_coverage_ratio",
+            "Share of the corpus's documents a replica group covers: held by shards with "
+            "a routable, not ejected replica in the group (at most 64 groups; a group "
+            "with no routable replica left has no series).",
+            ["group"],
+            registry=registry,
+        )
+        self.group_in_rotation = Gauge(
+            "search_server_fanout_group_in_rotation",
+            "1 while a replica group gets queries (its coverage is at least "
+            "--min-group-coverage, or no group's is and it covers the most), else 0 (at "
+            "most 64 groups).",
+            ["group"],
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "search_server_fanout_in_flight",
             "Queries currently in the fan-out (admission control refuses beyond the limit).",

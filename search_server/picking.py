@@ -89,6 +89,7 @@ class Replica:
     endpoint: Endpoint
     shard: int
     zone: str | None
+    group: str | None
     weight: float
     base_weight: int
     outstanding: int = 0
@@ -125,6 +126,7 @@ class Replica:
             endpoint=Endpoint.of(instance.address, instance.port),
             shard=payload.shard,
             zone=payload.zone,
+            group=payload.group,
             weight=float(payload.weight),
             base_weight=payload.weight,
         )

@@ -23,6 +23,7 @@ from .blame import OUTLIERS, SHED_HEDGE_PAUSE, Blame, OwnLoad, TimeoutBlame
 from .candidates import Candidates
 from .coverage import CoveragePolicy, CoverageWait, EndRule
 from .expectedshards import list_missing_capped
+from .groups import Group
 from .hedging import HedgePolicy
 from .httpclient import SubrequestClient, SubrequestError
 from .merging import (
@@ -147,13 +148,14 @@ class Query:
         missing: Sequence[tuple[int, int]],
         *,
         docs_cap: int | None = None,
+        group: Group | None = None,
     ) -> FanOutResult:
         """Fan out to the shards of ``routes`` and merge their answers (``missing``:
         the shards with no replica, and their documents; ``docs_cap``: the most one
-        shard's documents count for in the coverage). Returns by the deadline (plus a
-        loop iteration)."""
+        shard's documents count for in the coverage; ``group``: the replica group the
+        first requests go to). Returns by the deadline (plus a loop iteration)."""
         ctx = self._ctx
-        calls = self._calls = [ShardCall(route, docs_cap) for route in routes]
+        calls = self._calls = [ShardCall(route, docs_cap, group) for route in routes]
         ctx.hedging.budget.deposit(len(calls))
         ctx.retry_budget.deposit(len(calls))
         self._open_calls = self._total = len(calls)

@@ -36,7 +36,9 @@ class ReplicaHealth:
     at most once per second). ``panic_threshold`` is the share of a shard's replicas
     that must be left un-ejected for its routing to heed ejections (0: always heed them);
     ``overload_backoff`` how long a replica that refused for overload gets no first
-    request while its shard has another.
+    request while its shard has another. ``on_ejection`` hears of each replica ejected,
+    and of each whose ejection an answer ended (the replica groups' coverage follows
+    them; an ejection that runs its course is not told).
     """
 
     def __init__(
@@ -48,8 +50,10 @@ class ReplicaHealth:
         answered: Callable[[], int],
         panic_threshold: float,
         overload_backoff: float,
+        on_ejection: Callable[[Replica], None] | None = None,
     ) -> None:
         self._ejection = ejection
+        self._on_ejection = on_ejection
         self._clock = clock
         self._metrics = metrics
         self._answered = answered
@@ -68,7 +72,14 @@ class ReplicaHealth:
 
     def record_success(self, replica: Replica, *, probe: bool) -> None:
         """An answer of ``replica`` (to a half-open ``probe``: its ejection ends)."""
+        ejected_until = replica.ejected_until
         self._ejection.record_success(replica, self._clock(), probe=probe)
+        if (
+            ejected_until is not None
+            and replica.ejected_until is None
+            and self._on_ejection is not None
+        ):
+            self._on_ejection(replica)
 
     def record_failure(self, replica: Replica, result: str, detail: str) -> None:
         """A failure (``result`` "error" or "timeout") of ``replica``: counted, a step
@@ -80,6 +91,8 @@ class ReplicaHealth:
             replica, self._clock(), answered=self._answered_base, detail=detail
         ):
             self._metrics.ejections.inc()
+            if self._on_ejection is not None:
+                self._on_ejection(replica)
             return
         if ejection.capped != capped:
             self._metrics.panic.labels(scope="cluster").inc()

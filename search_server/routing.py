@@ -182,13 +182,13 @@ class RoutingTable:
 
 
 def _updated(replica: Replica | None, instance: ServiceInstance) -> Replica:
-    """``replica`` brought up to ``instance``'s payload (weight, zone, shard), or a new
-    replica of it if there is none."""
+    """``replica`` brought up to ``instance``'s payload (weight, zone, group, shard), or
+    a new replica of it if there is none."""
     if replica is None:
         return Replica.of(instance)
     payload = instance.payload
     replica.instance = instance
-    replica.shard, replica.zone = payload.shard, payload.zone
+    replica.shard, replica.zone, replica.group = payload.shard, payload.zone, payload.group
     replica.reweigh(payload.weight)
     return replica
 

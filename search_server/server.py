@@ -262,6 +262,7 @@ class SearchServer:
                 eject_cooldown=config.eject_cooldown,
                 max_ejected_share=config.max_ejected_percent / 100,
                 panic_threshold=config.panic_percent / 100,
+                min_group_coverage=config.min_group_coverage_percent / 100,
                 zone=config.zone,
                 hedge_ratio=config.hedge_percent / 100,
                 networks=config.data_networks,

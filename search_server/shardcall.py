@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from .groups import Group
 from .httpclient import Response
 from .merging import FailureReason, Ranked, ShardOutcome
 from .picking import Replica
@@ -30,9 +31,10 @@ class Cancellable(Protocol):
 
 class Attempt:
     """One sub-request of a shard call: to which replica, since when (the query's
-    timer), and whether it is a hedge or a half-open probe."""
+    timer), whether it is a hedge or a half-open probe, and the replica group it is
+    counted in flight for (set by :meth:`ShardCall.sent`)."""
 
-    __slots__ = ("future", "hedge", "probe", "replica", "started")
+    __slots__ = ("future", "group", "hedge", "probe", "replica", "started")
 
     def __init__(
         self,
@@ -49,12 +51,16 @@ class Attempt:
         # Sent to an ejected replica because its shard had no other: an answer ends
         # the ejection (see Query._next_attempt).
         self.probe = probe
+        # The group whose requests in flight count this one (None: its replica has no
+        # group): the one charged, even if the replica's group changes meanwhile.
+        self.group: Group | None = None
 
 
 class ShardCall:
     """The progress of one shard within one query. ``docs_cap`` is the most the
     shard's documents count for in the answer's coverage (None: no cap; see
-    :data:`~search_server.expectedshards.DOCS_CAP_MULTIPLE`)."""
+    :data:`~search_server.expectedshards.DOCS_CAP_MULTIPLE`); ``group`` the replica
+    group the query's first requests go to (None: no group)."""
 
     __slots__ = (
         "attempts",
@@ -62,6 +68,8 @@ class ShardCall:
         "docs",
         "docs_cap",
         "done",
+        "group",
+        "groups",
         "hedge_backoff",
         "hedge_timer",
         "hits",
@@ -76,13 +84,18 @@ class ShardCall:
         "tried",
     )
 
-    def __init__(self, route: ShardRoute, docs_cap: int | None = None) -> None:
+    def __init__(
+        self, route: ShardRoute, docs_cap: int | None = None, group: Group | None = None
+    ) -> None:
         self.shard = route.shard
         # The replicas this search server routes the shard to: its subset's members
         # (all of the shard's routable replicas when it has no subset). Shared with
         # other queries: never modified.
         self.replicas = route.members
         self.subset = route.subset
+        # The query's group and the shard's replicas by group (None: no group here).
+        self.group = group
+        self.groups = route.groups
         # One replica's claim counts for at most the cap (every answer's coverage).
         self.docs_cap = docs_cap
         self.shard_docs = route.docs if docs_cap is None else min(route.docs, docs_cap)
@@ -114,12 +127,18 @@ class ShardCall:
         self.tried.append(replica)
         replica.outstanding += 1
         replica.sent += 1
+        groups = self.groups
+        if groups is not None and replica.group is not None:
+            # Its group's load, which the next queries' choice of a group reads.
+            attempt.group = groups.table.sent(replica)
         self.attempts.append(attempt)
 
     def returned(self, attempt: Attempt) -> None:
         """``attempt`` came back (answer or error): no longer out."""
         self.attempts.remove(attempt)
         attempt.replica.outstanding -= 1
+        if attempt.group is not None:
+            attempt.group.outstanding -= 1
 
     def answered(self, hits: list[Ranked], docs: int, cut: bool, now: float) -> None:
         """A replica holding ``docs`` answered with ``hits``: the shard's answer. The
@@ -131,6 +150,8 @@ class ShardCall:
         self.cut = cut
         for loser in self.attempts:
             loser.replica.outstanding -= 1
+            if loser.group is not None:
+                loser.group.outstanding -= 1
             loser.replica.penalize(now - loser.started)
             loser.future.cancel()
         self.attempts.clear()
@@ -149,5 +170,7 @@ class ShardCall:
         self.attempts = []
         for attempt in dropped:
             attempt.replica.outstanding -= 1
+            if attempt.group is not None:
+                attempt.group.outstanding -= 1
             attempt.future.cancel()
         return dropped

@@ -20,6 +20,7 @@ from discovery.livelist.model import LiveListChange
 from discovery.livelist.shards import SHARD_OUT_OF_RANGE, within_shards
 
 from .expectedshards import FORGET_MISSING_SHARD_AFTER, ExpectedShards
+from .groups import MIN_GROUP_COVERAGE, GroupTable, RouteGroups
 from .metrics import FanOutMetrics
 from .picking import Replica, target_key
 from .routing import RoutingTable
@@ -40,12 +41,18 @@ _MAX_LOGGED_SKIPS = 1024
 class ShardRoute:
     """How this search server routes one shard, made when the shard's replica list (by
     identity) or the search server's position changes, and shared by the queries until
-    then: its subset, its members, and the documents it holds."""
+    then: its subset, its members, its replica groups (each with its own subset, when
+    ``group_table`` is given and a replica has a group), and the documents it holds."""
 
-    __slots__ = ("docs", "members", "position", "replicas", "shard", "subset")
+    __slots__ = ("docs", "groups", "members", "position", "replicas", "shard", "subset")
 
     def __init__(
-        self, shard: int, replicas: list[Replica], position: Position, subsetter: Subsetter
+        self,
+        shard: int,
+        replicas: list[Replica],
+        position: Position,
+        subsetter: Subsetter,
+        group_table: GroupTable | None = None,
     ) -> None:
         self.shard = shard
         self.replicas = replicas
@@ -57,6 +64,12 @@ class ShardRoute:
         self.members: list[Replica] = replicas if made.whole else list(made.members)
         # The most any replica holds: the shard's documents, for coverage.
         self.docs = max((r.instance.payload.docs for r in replicas), default=0)
+        # The replicas by group, each group subset on its own (None: no group here).
+        self.groups = (
+            RouteGroups.of(replicas, position, subsetter, group_table)
+            if group_table is not None
+            else None
+        )
 
 
 class ShardRouting:
@@ -68,7 +81,8 @@ class ShardRouting:
     shards the cluster has (0 to ``shards - 1``; 0: any number): expected in every
     answer beside those routed to, and a data server of another shard is never routed
     to. A shard above them is expected until it has had no replica for
-    ``forget_missing_shard_after`` seconds (0: for ever).
+    ``forget_missing_shard_after`` seconds (0: for ever). A replica group must cover
+    ``min_group_coverage`` of the corpus to stay in rotation (:attr:`groups`).
     """
 
     def __init__(
@@ -81,6 +95,7 @@ class ShardRouting:
         metrics: FanOutMetrics,
         shards: int = 0,
         forget_missing_shard_after: float = FORGET_MISSING_SHARD_AFTER,
+        min_group_coverage: float = MIN_GROUP_COVERAGE,
     ) -> None:
         self._clock = clock
         self._networks = networks
@@ -107,6 +122,8 @@ class ShardRouting:
         )
         # Targets whose exclusion was logged (bounded): one line each, not one per list.
         self._logged_skips: OrderedDict[str, None] = OrderedDict()
+        # The replica groups, moved along as the shards' routes are made and dropped.
+        self._groups = GroupTable(min_coverage=min_group_coverage, clock=clock, metrics=metrics)
 
     # -- the table --------------------------------------------------------------------
 
@@ -155,21 +172,39 @@ class ShardRouting:
     def routes(self, table: Table) -> list[ShardRoute]:
         """Each shard's route for a query of ``table``: the one made before, unless the
         shard's list or the position has changed since."""
+        groups = self._groups
         if len(self._shard_routes) > len(table):
             # Shards have left the table: forget their routes (and their replicas).
             present = {shard for shard, _ in table}
-            self._shard_routes = {s: r for s, r in self._shard_routes.items() if s in present}
+            for shard in [s for s in self._shard_routes if s not in present]:
+                del self._shard_routes[shard]
+                groups.forget(shard)
         routes = self._shard_routes
         position = self._position
         made: list[ShardRoute] = []
         for shard, replicas in table:
             route = routes.get(shard)
             if route is None or route.replicas is not replicas or route.position is not position:
-                route = ShardRoute(shard, replicas, position, self._subsetter)
+                route = ShardRoute(shard, replicas, position, self._subsetter, groups)
                 routes[shard] = route
                 self._expected.routed(shard, route.docs)
+                groups.routed(shard, route.groups, route.docs)
             made.append(route)
         return made
+
+    @property
+    def groups(self) -> GroupTable:
+        """The replica groups of the routes made so far (none in a cluster without)."""
+        return self._groups
+
+    def refresh_groups(self) -> GroupTable:
+        """The replica groups brought up to the routing table as it is now (the routes
+        of shards changed since the last query made, coverage and rotation judged):
+        for a view, ``O(shards)``."""
+        table = self._routes.table
+        self.routes(table)
+        self._groups.refresh(self.missing(table), self.docs_cap)
+        return self._groups
 
     def missing(self, table: Table) -> list[tuple[int, int]]:
         """The shards expected but not in ``table`` (no replica to send to), with the

@@ -25,11 +25,18 @@ from discovery.config import (
     ZkConfig,
 )
 from discovery.errors import ConfigError, InvalidInstanceError
-from discovery.instance import MAX_ZONE_LENGTH, validate_instance_id, validate_zone
+from discovery.instance import (
+    MAX_GROUP_LENGTH,
+    MAX_ZONE_LENGTH,
+    validate_group,
+    validate_instance_id,
+    validate_zone,
+)
 
 __all__ = [
     "AGENT_OPTIONS",
     "COMMON_OPTIONS",
+    "GROUP_RULE",
     "HTTP_EDGE_OPTIONS",
     "MEMBER_OPTIONS",
     "REDIS_OPTIONS",
@@ -44,6 +51,7 @@ __all__ = [
     "checked_id",
     "cluster_config",
     "env_flag",
+    "group_name",
     "http_edge_config",
     "int_range",
     "listen_options",
@@ -78,6 +86,20 @@ def zone_name(text: str) -> str:
         return validate_zone(text.strip())
     except InvalidInstanceError:
         raise argparse.ArgumentTypeError(f"not a zone name ({ZONE_RULE}): {text!r}") from None
+
+
+#: What a replica group's name may be, as ``payload.group`` allows (the zone's rule).
+GROUP_RULE = f"1..{MAX_GROUP_LENGTH} characters of [A-Za-z0-9._:-]"
+
+
+def group_name(text: str) -> str:
+    """argparse type: a replica group's name (surrounding blanks ignored), as
+    ``payload.group`` allows: refused at start-up naming the flag, rather than by every
+    search server as a malformed registration."""
+    try:
+        return validate_group(text.strip())
+    except InvalidInstanceError:
+        raise argparse.ArgumentTypeError(f"not a group name ({GROUP_RULE}): {text!r}") from None
 
 
 def network_list(text: str) -> NetworkPolicy:

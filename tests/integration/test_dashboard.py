@@ -319,3 +319,75 @@ async def test_dashboard_in_chromium_shows_a_large_cluster_as_a_grid_of_shards(
             assert errors == [], f"JavaScript errors on the page: {errors}"
         finally:
             await browser.close()
+
+
+@pytest.mark.browser
+async def test_dashboard_in_chromium_shows_the_replica_groups(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    """Each server's tile names its group; the groups' table shows each group's
+    replicas, coverage, rotation and queries, and a group that falls short of coverage
+    turns out of rotation without a reload."""
+    async_playwright = playwright_api()
+    from playwright.async_api import expect
+
+    data = {
+        f"ds-{group}{shard}": await make_data_server(
+            shard=shard, replica=replica, group=group, docs=100, instance_id=f"ds-{group}{shard}"
+        )
+        for replica, group in enumerate(("g1", "g2"))
+        for shard in range(2)
+    }
+    search = await make_search_server(server_id="ss-groups", hedge_percent=0.0)
+    await _live_count(search, 4)
+    await _search(search, sample_queries(4, variant=5))
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1440, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(f"{search.url}/", wait_until="load")
+
+            await expect(page.locator(".tile")).to_have_count(4, timeout=UI_TIMEOUT_MS)
+            await expect(page.locator('.tile[data-id="ds-g10"]')).to_have_attribute(
+                "data-group", "g1"
+            )
+            await expect(page.locator('.tile[data-id="ds-g21"] .addr')).to_contain_text("· g2")
+            await expect(page.locator("#groups-section")).to_be_visible()
+            rows = page.locator("#groups tbody tr")
+            await expect(rows).to_have_count(2)
+            await expect(page.locator('#groups tr[data-rotation="true"]')).to_have_count(2)
+            # Four queries, one at a time: two for each group.
+            await expect(page.locator('#groups tr[data-group="g1"]')).to_contain_text("100.00")
+            cells = page.locator('#groups tr[data-group="g1"] td')
+            await expect(cells.nth(5)).to_have_text("2")
+            await expect(page.locator("#groups-count")).to_contain_text("2 of 2 in rotation")
+
+            # g1 loses shard 1: 50 % of the corpus, below 97 %: out of rotation.
+            await data["ds-g11"].shutdown(grace=0)
+            out = page.locator('#groups tr[data-group="g1"][data-rotation="false"]')
+            await expect(out).to_have_count(1, timeout=UI_TIMEOUT_MS)
+            await expect(out).to_contain_text("50.00")
+            await expect(page.locator("#groups-count")).to_contain_text("1 of 2 in rotation")
+            assert errors == [], f"JavaScript errors on the page: {errors}"
+        finally:
+            await browser.close()
+
+
+async def test_a_cluster_without_groups_shows_no_groups_table(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    await make_data_server(shard=0, docs=50, instance_id="ds-plain")
+    search = await make_search_server(server_id="ss-plain")
+    await _live_count(search, 1)
+    async with _stream(search.url) as response:
+        event = await _first_event(response)
+    assert event["groups"] == {
+        "min_coverage_percent": 97.0,
+        "total": 0,
+        "in_rotation": 0,
+        "listed": [],
+    }
+    assert event["servers"][0]["group"] is None

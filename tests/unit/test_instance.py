@@ -36,6 +36,7 @@ from discovery.instance import (
     InstancePayload,
     InstanceState,
     ServiceInstance,
+    validate_group,
     validate_instance_id,
     validate_weight,
     validate_zone,
@@ -111,6 +112,10 @@ ROUND_TRIP_CASES = {
         enabled=False,
     ),
     "weight-max-zone-max": base_instance(payload=base_payload(zone="z" * 64, weight=1000)),
+    "group": base_instance(payload=base_payload(group="g1")),
+    "zone-weight-group-extras": base_instance(
+        payload=base_payload(zone="eu-1", weight=5, group="copy-a", extra={"@class": "x.Y"})
+    ),
     "unicode": base_instance(
         address="xn--hte-u-bsa5d.example",
         payload=base_payload(version="v1 \u2013 ü", reason="ß ✓"),
@@ -798,21 +803,23 @@ def test_zone_and_weight_are_written_after_reason_before_extras() -> None:
 def test_java_payload_without_zone_or_weight_reads_with_defaults_and_reencodes_identically() -> (
     None
 ):
-    # What a Curator ServiceDiscovery registers from a payload class that has neither.
+    # What a Curator ServiceDiscovery registers from a payload class that has none of
+    # zone, weight and group.
     raw = golden_bytes("curator_service_instance.json")
     assert b"zone" not in raw
     assert b"weight" not in raw
+    assert b"group" not in raw
     instance = ServiceInstance.from_json(raw)
-    assert (instance.zone, instance.weight) == (None, DEFAULT_WEIGHT)
+    assert (instance.zone, instance.weight, instance.group) == (None, DEFAULT_WEIGHT, None)
     assert instance.to_json() == raw
 
 
 def test_java_nulls_read_as_unset() -> None:
     # Jackson writes an unset String / Integer field of a payload class as null.
     doc = base_doc()
-    doc["payload"].update(zone=None, weight=None)
+    doc["payload"].update(zone=None, weight=None, group=None)
     instance = ServiceInstance.from_dict(doc)
-    assert (instance.zone, instance.weight) == (None, DEFAULT_WEIGHT)
+    assert (instance.zone, instance.weight, instance.group) == (None, DEFAULT_WEIGHT, None)
     assert instance == ServiceInstance.from_dict(base_doc())
     assert instance.to_json() == golden_bytes("curator_service_instance.json")
 
@@ -835,6 +842,50 @@ def test_java_payload_with_zone_and_weight() -> None:
     assert (instance.zone, instance.weight) == ("us-east-1a", 400)
     assert instance.payload.extra == {"@class": "com.example.search.DataServerPayload"}
     assert instance.to_json() == raw
+
+
+def test_java_payload_with_a_group_added_last() -> None:
+    # A Java payload class that gained a `group` field after the others: Jackson writes
+    # it last, and so do we, so the document re-encodes byte for byte.
+    doc = base_doc()
+    doc["payload"].update(zone="us-east-1a", weight=400, group="g2")
+    raw = json.dumps(doc, separators=(",", ":")).encode()
+    instance = ServiceInstance.from_json(raw)
+    assert (instance.zone, instance.weight, instance.group) == ("us-east-1a", 400, "g2")
+    assert instance.payload.group == "g2"
+    assert "group" not in instance.payload.extra
+    assert instance.to_json() == raw
+
+
+def test_group_is_written_only_when_set_after_weight_before_extras() -> None:
+    assert "group" not in base_instance().to_dict()["payload"]
+    assert base_instance().group is None
+    payload = base_payload(zone="z", weight=3, group="g", extra={"rack": 1})
+    assert list(payload.to_dict())[-4:] == ["zone", "weight", "group", "rack"]
+    alone = base_instance(payload=base_payload(group="g"))
+    assert list(alone.to_dict()["payload"])[-1] == "group"
+    assert ServiceInstance.from_json(alone.to_json()).group == "g"
+
+
+def test_group_takes_part_in_equality_and_survives_a_change_of_state() -> None:
+    grouped = base_instance(payload=base_payload(group="g1"))
+    assert grouped != base_instance()
+    assert grouped != base_instance(payload=base_payload(group="g2"))
+    assert grouped.with_state(InstanceState.DRAINING, "drain").group == "g1"
+
+
+@pytest.mark.parametrize("group", ["a", "g1", "copy-a", "dc1:g.2_x", "g" * 64])
+def test_valid_groups(group: str) -> None:
+    assert validate_group(group) == group
+    assert base_payload(group=group).group == group
+
+
+@pytest.mark.parametrize("group", ["", " ", "a b", "a/b", "a\n", "gé", "g" * 65, 3, ["g"], True])
+def test_invalid_groups_are_rejected_naming_the_field(group: Any) -> None:
+    with pytest.raises(InvalidInstanceError, match=r"^invalid ServiceInstance: payload\.group: "):
+        base_payload(group=group)
+    with pytest.raises(InvalidInstanceError, match=r" --group: "):
+        validate_group(group, "--group")
 
 
 @pytest.mark.parametrize(
@@ -867,8 +918,8 @@ def test_invalid_weights_are_rejected_naming_the_field(weight: Any) -> None:
         base_payload(weight=weight)
 
 
-@pytest.mark.parametrize("key", ["zone", "weight"])
-def test_zone_and_weight_cannot_hide_in_extra(key: str) -> None:
+@pytest.mark.parametrize("key", ["zone", "weight", "group"])
+def test_zone_weight_and_group_cannot_hide_in_extra(key: str) -> None:
     with pytest.raises(InvalidInstanceError, match=rf"payload\.{key}: is a named payload field"):
         base_payload(extra={key: "a" if key == "zone" else 5})
 
@@ -889,6 +940,8 @@ def test_zone_and_weight_take_part_in_equality_and_hash() -> None:
         ({"weight": 0}, "payload.weight"),
         ({"weight": True}, "payload.weight"),
         ({"weight": "heavy"}, "payload.weight"),
+        ({"group": "no spaces"}, "payload.group"),
+        ({"group": 2}, "payload.group"),
     ],
 )
 def test_a_znode_with_a_bad_zone_or_weight_is_skipped_as_malformed(

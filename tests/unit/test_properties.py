@@ -121,6 +121,7 @@ PAYLOAD_KEYS = {
     "reason",
     "zone",
     "weight",
+    "group",
     "@class",
 }
 
@@ -144,6 +145,7 @@ ANY_JSON = st.recursive(
 )
 
 ZONES = st.from_regex(r"[A-Za-z0-9._:-]{1,64}", fullmatch=True)
+GROUPS = ZONES  # the same rule
 WEIGHTS = st.integers(1, 1000)
 
 INSTANCE_IDS = st.from_regex(r"[A-Za-z0-9._:@-]{1,128}", fullmatch=True).filter(
@@ -168,6 +170,7 @@ def payloads(draw: st.DrawFn) -> InstancePayload:
         zone=draw(st.none() | ZONES),
         # The default is special (not written): draw it often.
         weight=draw(st.just(100) | WEIGHTS),
+        group=draw(st.none() | GROUPS),
         extra=extra,
     )
 
@@ -201,7 +204,17 @@ INSTANCES = st.builds(
 
 # JSON field paths of a document, and where they live.
 TOP_LEVEL_FIELDS = CURATOR_FIELD_ORDER
-PAYLOAD_FIELDS = ["shard", "replica", "docs", "version", "state", "reason", "zone", "weight"]
+PAYLOAD_FIELDS = [
+    "shard",
+    "replica",
+    "docs",
+    "version",
+    "state",
+    "reason",
+    "zone",
+    "weight",
+    "group",
+]
 
 
 # -- ServiceInstance ----------------------------------------------------------------
@@ -239,31 +252,36 @@ def test_any_valid_instance_round_trips_byte_for_byte(instance: ServiceInstance)
 
 @INSTANCE_PROPERTIES
 @given(INSTANCES)
-def test_zone_and_weight_are_written_only_when_set(instance: ServiceInstance) -> None:
+def test_zone_weight_and_group_are_written_only_when_set(instance: ServiceInstance) -> None:
     payload = json.loads(instance.to_json())["payload"]
     assert payload.get("zone") == instance.zone
     assert ("zone" in payload) == (instance.zone is not None)
     assert payload.get("weight", 100) == instance.weight
     assert ("weight" in payload) == (instance.weight != 100)
-    # Without the two fields, the same instance with the defaults.
-    bare = {k: v for k, v in payload.items() if k not in ("zone", "weight")}
+    assert payload.get("group") == instance.group
+    assert ("group" in payload) == (instance.group is not None)
+    # Without the three fields, the same instance with the defaults.
+    bare = {k: v for k, v in payload.items() if k not in ("zone", "weight", "group")}
     again = ServiceInstance.from_dict({**instance.to_dict(), "payload": bare})
-    assert again.payload == dataclasses.replace(instance.payload, zone=None, weight=100)
+    assert again.payload == dataclasses.replace(instance.payload, zone=None, weight=100, group=None)
 
 
 @PURE
 @given(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | ANY_TEXT,
-    st.sampled_from(["zone", "weight"]),
+    st.sampled_from(["zone", "weight", "group"]),
 )
 @example(value="", key="zone")
+@example(value="", key="group")
+@example(value="a b", key="group")
+@example(value=7, key="group")
 @example(value="a" * 65, key="zone")
 @example(value="a\n", key="zone")
 @example(value=0, key="weight")
 @example(value=1001, key="weight")
 @example(value=100.0, key="weight")
 @example(value=True, key="weight")
-def test_any_zone_or_weight_is_valid_or_rejected_naming_it(value: Any, key: str) -> None:
+def test_any_zone_weight_or_group_is_valid_or_rejected_naming_it(value: Any, key: str) -> None:
     doc = json.loads(
         _document(payload='{"shard":1,"replica":0,"docs":1,"version":"1","state":"serving"}')
     )
@@ -274,8 +292,8 @@ def test_any_zone_or_weight_is_valid_or_rejected_naming_it(value: Any, key: str)
     if isinstance(result, InvalidInstanceError):
         assert re.match(rf"invalid ServiceInstance: payload\.{key}: ", str(result)), result
         return
-    if key == "zone":
-        assert result.zone == value
+    if key in ("zone", "group"):
+        assert getattr(result, key) == value
         assert value is None or re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", value)
     else:
         assert result.weight == (100 if value is None else value)

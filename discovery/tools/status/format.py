@@ -51,12 +51,13 @@ def _state(instance: ServiceInstance) -> str:
 
 
 def _placement(instance: ServiceInstance) -> str:
-    # Only what is set: most clusters have neither zones nor weights, and their
-    # lines stay as they were.
+    # Only what is set: most clusters have neither zones, weights nor groups, and
+    # their lines stay as they were.
     payload = instance.payload
     zone = f"  zone {payload.zone}" if payload.zone is not None else ""
     weight = f"  weight {payload.weight}" if payload.weight != DEFAULT_WEIGHT else ""
-    return zone + weight
+    group = f"  group {payload.group}" if payload.group is not None else ""
+    return zone + weight + group
 
 
 def _some(values: Sequence[object], shown: int = 20) -> str:

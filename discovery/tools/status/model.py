@@ -386,6 +386,7 @@ def _server_dict(instance: ServiceInstance) -> dict[str, Any]:
         "docs": payload.docs,
         "zone": payload.zone,
         "weight": payload.weight,
+        "group": payload.group,
     }
 
 
