@@ -250,6 +250,7 @@ class FanOut:
         *,
         key: str | None = None,
         coverage: CoveragePolicy | None = None,
+        topk_probability: float | None = None,
     ) -> FanOutResult:
         """Search every shard of ``servers`` for ``query``; merge the top ``k`` hits.
 
@@ -266,17 +267,25 @@ class FanOut:
         (:mod:`.queryshare`): queries of one key hold at most a share of the limit while
         others ask. ``coverage`` is the query's coverage policy (None: ``config.coverage``):
         once enough of the corpus has answered, it may stop waiting for the rest before
-        the deadline (:mod:`.coverage`).
+        the deadline (:mod:`.coverage`). ``topk_probability`` (None:
+        ``config.topk_probability``) is how sure the merged top ``k`` must be of being
+        exact: each shard is asked for fewer hits than ``k`` as it allows (:mod:`.topk`;
+        1: ``k`` of every shard, exact).
 
         Raises:
             OverloadedError: the in-flight limit is reached, or ``key``'s share of it
                 (raised before anything is sent; the query is not queued).
-            ValueError: ``k`` or ``timeout_ms`` below 1.
+            ValueError: ``k`` or ``timeout_ms`` below 1, or ``topk_probability`` outside
+                (0, 1].
         """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if timeout_ms < 1:
             raise ValueError(f"timeout_ms must be >= 1, got {timeout_ms}")
+        if topk_probability is None:
+            topk_probability = self.config.topk_probability
+        elif not 0 < topk_probability <= 1:
+            raise ValueError(f"topk_probability must be > 0 and <= 1, got {topk_probability}")
         # No await before this check and the increment: admission is atomic on the loop.
         limit = min(self._admission.limit, self.config.max_in_flight)
         share = self._query_share
@@ -298,7 +307,9 @@ class FanOut:
         if key is not None:
             share.acquire(key)
         try:
-            result, unqueued = await self._fan_out(servers, query, k, timeout_ms, coverage)
+            result, unqueued = await self._fan_out(
+                servers, query, k, timeout_ms, coverage, topk_probability
+            )
         finally:
             self._in_flight -= 1
             self.metrics.in_flight.dec()
@@ -319,6 +330,7 @@ class FanOut:
         k: int,
         timeout_ms: int,
         coverage: CoveragePolicy | None,
+        topk_probability: float,
     ) -> tuple[FanOutResult, float]:
         """Run one admitted query; its result and what of its time was no sign of the
         load: the longest search a data server reported for it, and how long its
@@ -330,6 +342,7 @@ class FanOut:
             k=k,
             timeout_ms=timeout_ms,
             coverage=coverage if coverage is not None else self.config.coverage,
+            topk_probability=topk_probability,
         )
         routing = self._routing
         table = routing.table_for(servers)

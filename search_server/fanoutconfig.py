@@ -15,6 +15,7 @@ from .coverage import CoveragePolicy
 from .expectedshards import FORGET_MISSING_SHARD_AFTER
 from .groups import MIN_GROUP_COVERAGE
 from .slowstart import SlowStart
+from .topk import TOPK_PROBABILITY
 
 __all__ = ["OVERLOAD_BACKOFF", "PANIC_THRESHOLD", "STALL_GRACE", "FanOutConfig"]
 
@@ -64,6 +65,10 @@ class FanOutConfig:
     outside it out of the routing table. ``slow_start`` ramps new replicas' weights
     (off by default here). ``coverage`` is the queries' coverage policy, unless a query
     brings its own (off by default: every shard waited for until the deadline).
+    ``topk_probability`` is how sure a query's merged top ``k`` must be of being exact
+    when each shard is asked for fewer hits than ``k``
+    (:func:`~search_server.topk.hits_per_shard`; in (0, 1], 1: every shard asked for
+    ``k``).
     """
 
     max_in_flight: int = 256
@@ -84,6 +89,7 @@ class FanOutConfig:
     networks: NetworkPolicy = field(default_factory=NetworkPolicy)
     slow_start: SlowStart = field(default_factory=_no_slow_start)
     coverage: CoveragePolicy = field(default_factory=CoveragePolicy)
+    topk_probability: float = TOPK_PROBABILITY
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
@@ -105,3 +111,5 @@ class FanOutConfig:
             raise ValueError(f"overload_backoff must be >= 0 seconds, got {self.overload_backoff}")
         if not 0 <= self.min_group_coverage <= 1:
             raise ValueError(f"min_group_coverage must be in 0..1, got {self.min_group_coverage}")
+        if not 0 < self.topk_probability <= 1:
+            raise ValueError(f"topk_probability must be > 0 and <= 1, got {self.topk_probability}")

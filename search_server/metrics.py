@@ -227,6 +227,28 @@ class FanOutMetrics:
             ["group"],
             registry=registry,
         )
+        self.topk_maybe_inexact = Counter(
+            "search_server_fanout_topk_maybe_inexact",
+            "Queries whose merged top k may be inexact: a shard asked for fewer than k "
+            "hits (--topk-probability) returned all it was asked for and every one of "
+            "them made the merged top k, so its next hit might have belonged there too. "
+            "The measured rate of the top-k promise (over queries_total); an upper bound "
+            "of the real misses.",
+            registry=registry,
+        )
+        self.topk_hits_asked = Counter(
+            "search_server_fanout_topk_hits_asked",
+            "Hits asked of the shards, over the queries' first requests (each shard's k', "
+            "at most k): against search_server_fanout_topk_hits_k_total, what asking "
+            "fewer saved.",
+            registry=registry,
+        )
+        self.topk_hits_k = Counter(
+            "search_server_fanout_topk_hits_k",
+            "Hits that asking every shard for k would have asked (k times the shards "
+            "asked, per query).",
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "search_server_fanout_in_flight",
             "Queries currently in the fan-out (admission control refuses beyond the limit).",

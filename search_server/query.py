@@ -41,6 +41,7 @@ from .replicahealth import ReplicaHealth
 from .retrybudget import ExtraRequest, RetryBudget
 from .shardcall import Attempt, Cancellable, ShardCall
 from .shardrouting import ShardRoute
+from .topk import TOPK_PROBABILITY, hits_asked, inexact_shards
 
 __all__ = ["Query", "QueryContext", "Timer"]
 
@@ -90,10 +91,13 @@ class Query:
     """One query in flight, from its first requests to its merged answer.
 
     ``picker`` chooses each request's replica among the candidates. The deadline is
-    ``timeout_ms`` after the query is made (by its timer). :meth:`run` sends, waits
-    for the answers or the deadline (or, with a ``coverage`` policy that is active, until
-    it stops waiting for the rest), abandons what is still out and merges: it never
-    raises for a shard's failure, only when the query itself is cancelled.
+    ``timeout_ms`` after the query is made (by its timer). Each shard is asked for the
+    fewest hits that keep the merged top ``k`` exact with ``topk_probability``
+    (:func:`~search_server.topk.hits_asked`; 1: ``k`` of every shard). :meth:`run`
+    sends, waits for the answers or the deadline (or, with a ``coverage`` policy that is
+    active, until it stops waiting for the rest), abandons what is still out and
+    merges: it never raises for a shard's failure, only when the query itself is
+    cancelled.
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class Query:
         k: int,
         timeout_ms: int,
         coverage: CoveragePolicy | None = None,
+        topk_probability: float = TOPK_PROBABILITY,
     ) -> None:
         loop = asyncio.get_running_loop()
         self._ctx = context
@@ -112,13 +117,14 @@ class Query:
         self._timer: Timer = context.timer if context.timer is not None else loop
         self.started = self._timer.time()
         self.deadline = self.started + timeout_ms / 1000
-        # Encoded once; each attempt appends what is left of the deadline when it is sent.
-        self._target = ("/search?" + urlencode({"q": query, "k": k}) + "&timeout_ms=").encode(
-            "ascii"
-        )
+        # Encoded once; each distinct k' asked completes a target (see _ask), to which
+        # each attempt appends what is left of the deadline when it is sent.
+        self._query_target = ("/search?" + urlencode({"q": query}) + "&k=").encode("ascii")
         self._k = k
-        # The most an answer of k hits may weigh: a body over it is refused unparsed.
-        self._max_body = answer_bytes(k)
+        self._topk_probability = topk_probability
+        # Per k' asked: the request target, and the most an answer of k' hits may weigh
+        # (a body over it is refused unparsed).
+        self._targets: dict[int, tuple[bytes, int]] = {}
         self._calls: list[ShardCall] = []
         self._open_calls = 0
         self._total = 0
@@ -156,6 +162,7 @@ class Query:
         first requests go to). Returns by the deadline (plus a loop iteration)."""
         ctx = self._ctx
         calls = self._calls = [ShardCall(route, docs_cap, group) for route in routes]
+        self._ask(calls)
         ctx.hedging.budget.deposit(len(calls))
         ctx.retry_budget.deposit(len(calls))
         self._open_calls = self._total = len(calls)
@@ -188,6 +195,7 @@ class Query:
             merge(calls, self._k, took_ms, missing, timed_out_reason=self._ended_by or "deadline")
         )
         self._count(result, took_ms)
+        self._check_topk(result)
         return result
 
     # -- sending ----------------------------------------------------------------------
@@ -239,9 +247,8 @@ class Query:
         # deadline never falls after ours); at least 1, the least timeout_ms there is.
         budget_ms = max(1, int((self.deadline - now) * 1000))
         # The client never raises: a request that cannot be sent fails its future.
-        future = self._ctx.client.get(
-            replica.endpoint, b"%b%d" % (self._target, budget_ms), self._max_body
-        )
+        target, max_body = self._targets[call.asked]
+        future = self._ctx.client.get(replica.endpoint, b"%b%d" % (target, budget_ms), max_body)
         attempt = Attempt(replica, future, now, hedge, probe)
         call.sent(attempt)
         future.add_done_callback(lambda f: self._on_answer(call, attempt))
@@ -317,6 +324,50 @@ class Query:
         self._send(call, hedge, hedge=True, probe=call.panic and hedge.is_ejected(clock_now))
         hedges.labels(result="sent").inc()
 
+    # -- hits asked -------------------------------------------------------------------
+
+    def _ask(self, calls: Sequence[ShardCall]) -> None:
+        """Set the hits each shard is asked for, and make the target of each distinct
+        number once (a query of equal shards makes one)."""
+        k, targets = self._k, self._targets
+        asked = hits_asked(k, [call.shard_docs for call in calls], self._topk_probability)
+        for call, hits in zip(calls, asked, strict=True):
+            call.asked = hits
+            if hits not in targets:
+                targets[hits] = (
+                    b"%b%d&timeout_ms=" % (self._query_target, hits),
+                    answer_bytes(hits),
+                )
+        metrics = self._ctx.metrics
+        metrics.topk_hits_asked.inc(sum(asked))
+        metrics.topk_hits_k.inc(k * len(calls))
+
+    def _check_topk(self, result: FanOutResult) -> None:
+        """Count the query if a shard asked for fewer than k hits may have left one out
+        of the merged top k (see :func:`~search_server.topk.inexact_shards`). Not
+        refetched: the promise is a probability, and this is its measured rate."""
+        k = self._k
+        if all(call.asked >= k for call in self._calls):
+            return
+        flagged = inexact_shards(
+            (
+                (call.shard, len(call.hits), call.asked)
+                for call in self._calls
+                if call.hits is not None
+            ),
+            k,
+            result.hits,
+        )
+        if flagged:
+            self._ctx.metrics.topk_maybe_inexact.inc()
+            log.debug(
+                "top %d may be inexact: shards %s returned all the hits they were asked for, "
+                "every one of them in the merged top %d",
+                k,
+                flagged[:10],
+                k,
+            )
+
     # -- answers ----------------------------------------------------------------------
 
     def _on_answer(self, call: ShardCall, attempt: Attempt) -> None:
@@ -337,7 +388,8 @@ class Query:
                 overloaded = status in _OVERLOAD_STATUSES
                 raise BadAnswer(f"HTTP {status}", "status")
             decoded = orjson.loads(body)
-            hits = ranked_hits(decoded, call.shard, self._k)
+            # More hits than this shard was asked for is no answer to its request.
+            hits = ranked_hits(decoded, call.shard, call.asked)
         except (SubrequestError, ValueError) as error:
             # ValueError: a BadAnswer or undecodable JSON (orjson.JSONDecodeError). A body
             # over its cap is a SubrequestError (AnswerTooLarge): refused unparsed.

@@ -63,6 +63,7 @@ class ShardCall:
     group the query's first requests go to (None: no group)."""
 
     __slots__ = (
+        "asked",
         "attempts",
         "cut",
         "docs",
@@ -99,6 +100,9 @@ class ShardCall:
         # One replica's claim counts for at most the cap (every answer's coverage).
         self.docs_cap = docs_cap
         self.shard_docs = route.docs if docs_cap is None else min(route.docs, docs_cap)
+        # The hits its requests ask for (k' <= k; the query sets it before sending: it
+        # depends on every shard's documents).
+        self.asked = 0
         # How many routable replicas the shard has (not only its subset's members): the
         # base of the panic threshold.
         self.routable = len(route.replicas)
