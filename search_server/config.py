@@ -44,6 +44,7 @@ from .httpclient import DEFAULT_MAX_BODY
 from .querydeath import QueryOfDeathConfig
 from .queryshare import QueryShare
 from .slowstart import SlowStart
+from .topk import TOPK_PROBABILITY
 from .wrr import WrrConfig
 
 # Most shards --shards may name: every one is a sub-request of every query.
@@ -454,6 +455,17 @@ SEARCH_OPTIONS = (
         default=DEFAULT_MAX_BODY,
         metavar="BYTES",
     ),
+    Option(
+        "--topk-probability",
+        "DISCOVERY_TOPK_PROBABILITY",
+        "ask each shard for fewer hits than k, as few as keep the merged top k exact "
+        "with this probability when documents are spread over the shards at random "
+        "(0 < P <= 1; 1: every shard asked for k, always exact); a query's "
+        "topk_probability overrides it",
+        type=_fraction,
+        default=TOPK_PROBABILITY,
+        metavar="P",
+    ),
     # Slow start (search_server/slowstart.py).
     Option(
         "--slow-start-window",
@@ -622,6 +634,8 @@ class SearchServerConfig:
     ``max_answer_bytes`` caps a data server's answer (``--max-answer-bytes``).
     ``coverage`` is the queries' coverage policy (``--min-coverage``, ``--soft-timeout``,
     ``--adaptive-wait``), unless a query brings its own.
+    ``topk_probability`` is how sure a query's merged top k is of being exact when
+    shards are asked for fewer hits (``--topk-probability``; 1: every shard asked for k).
     ``http`` bounds slow clients at the HTTP edge and ``max_event_streams`` the open
     dashboard streams. ``drain_grace`` is how long a stopping server still answers
     once its readiness fails (``--drain-grace``). The repr shows no secret (those of
@@ -669,6 +683,7 @@ class SearchServerConfig:
     allow_persistent_members: bool = False
     query_of_death: QueryOfDeathConfig = field(default_factory=QueryOfDeathConfig)
     max_answer_bytes: int = DEFAULT_MAX_BODY
+    topk_probability: float = TOPK_PROBABILITY
     http: HttpEdgeConfig = field(default_factory=HttpEdgeConfig)
     max_event_streams: int = 64
     drain_grace: float = 2.0
@@ -678,6 +693,10 @@ class SearchServerConfig:
     def __post_init__(self) -> None:
         if self.max_answer_bytes < 1:
             raise ConfigError(f"--max-answer-bytes must be at least 1, got {self.max_answer_bytes}")
+        if not 0 < self.topk_probability <= 1:
+            raise ConfigError(
+                f"--topk-probability must be > 0 and <= 1, got {self.topk_probability}"
+            )
         if self.max_event_streams < 1:
             raise ConfigError(
                 f"--max-event-streams must be at least 1, got {self.max_event_streams}"
@@ -824,6 +843,7 @@ class SearchServerConfig:
             allowed_networks=args.allowed_networks or NetworkPolicy(),
             allow_persistent_members=args.allow_persistent_members,
             max_answer_bytes=args.max_answer_bytes,
+            topk_probability=args.topk_probability,
             query_of_death=QueryOfDeathConfig(
                 shard_fraction=args.qod_shard_fraction,
                 strikes=args.qod_strikes,

@@ -25,6 +25,7 @@ from .dashboard import EventStream, QueryStats
 from .metrics import QueryOfDeathMetrics
 from .parts import ServerParts
 from .querydeath import Quarantine, QueryOfDeathGuard, normalise
+from .topk import parse_topk_probability
 
 __all__ = ["MAX_K", "SearchHandlers"]
 
@@ -87,6 +88,10 @@ class SearchHandlers:
         assert timeout_ms is not None  # asked for with max_timeout_ms
         # The search server's own: never forwarded to a data server.
         policy = parse_coverage(request.query, self._config.coverage)
+        # How sure the merged top k must be of being exact (1: every shard asked for k).
+        topk_probability = parse_topk_probability(
+            request.query.get("topk_probability"), self._config.topk_probability
+        )
         fanout = self._parts.fanout
         if self._parts.reader is None or fanout is None:
             return json_error(503, "starting")
@@ -98,7 +103,15 @@ class SearchHandlers:
         if quarantine is not None:
             return self._refuse_query_of_death(quarantine)
         try:
-            result = await fanout.search(servers, query, k, timeout_ms, key=key, coverage=policy)
+            result = await fanout.search(
+                servers,
+                query,
+                k,
+                timeout_ms,
+                key=key,
+                coverage=policy,
+                topk_probability=topk_probability,
+            )
         except OverloadedError as exc:
             self._query_stats.record_overloaded()
             # Shed at once, before any work: the client may retry, here in a moment or

@@ -265,6 +265,7 @@ class SearchServer:
                 min_group_coverage=config.min_group_coverage_percent / 100,
                 zone=config.zone,
                 hedge_ratio=config.hedge_percent / 100,
+                topk_probability=config.topk_probability,
                 networks=config.data_networks,
                 shards=config.shards,
                 forget_missing_shard_after=config.forget_missing_shard_after,

@@ -1,6 +1,7 @@
 """How many hits to ask each shard for, so that the merged top ``k`` is still exact with a
-given probability (:func:`hits_per_shard`, :func:`hits_asked`), and which answers may
-have made it inexact (:func:`inexact_shards`).
+given probability (:func:`hits_per_shard`, :func:`hits_asked`), which answers may have
+made it inexact (:func:`inexact_shards`), and a query's own probability
+(:func:`parse_topk_probability`).
 
 Vespa's dispatcher asks each of its partitions for fewer than ``k`` hits (its
 "top-k probability", 0.9999 by default): with documents spread over the shards at
@@ -19,12 +20,16 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
+from discovery.errors import BadRequestError
+from discovery.http import parse_float
+
 __all__ = [
     "SHARE_GRID",
     "TOPK_PROBABILITY",
     "hits_asked",
     "hits_per_shard",
     "inexact_shards",
+    "parse_topk_probability",
 ]
 
 #: The default of ``FanOutConfig.topk_probability`` (``--topk-probability``): Vespa's.
@@ -177,3 +182,21 @@ def inexact_shards(
         for shard, returned, asked in answers
         if returned == asked < k and in_top.get(shard, 0) == returned
     ]
+
+
+def parse_topk_probability(raw: str | None, default: float) -> float:
+    """A query's ``topk_probability`` parameter (``raw``; ``default`` when absent): a
+    plain decimal above 0 and at most 1.
+
+    Raises:
+        BadRequestError: naming ``topk_probability`` (``not_number``, ``out_of_range``).
+    """
+    probability = parse_float("topk_probability", raw, default, 0.0, 1.0)
+    if not probability > 0:
+        # No hit asked of any shard would be no search: 0 promises nothing.
+        raise BadRequestError(
+            "topk_probability",
+            "out_of_range",
+            f"'topk_probability' must be above 0 and at most 1, got {probability:g}",
+        )
+    return probability

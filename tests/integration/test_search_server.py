@@ -24,6 +24,7 @@ from discovery.zk.maintenance import MaintenanceMarker
 from discovery.zk.paths import MAINTENANCE_PATH, SEARCH_ELECTION_PATH
 from search_server.coverage import CoveragePolicy
 from search_server.server import SearchServer
+from search_server.topk import hits_asked
 from tests.support import (
     DataServerFactory,
     SearchServerFactory,
@@ -31,6 +32,7 @@ from tests.support import (
     all_see,
     eventually,
     get_json,
+    instance_of,
     live_ids,
     published_term,
     repeat_host,
@@ -310,6 +312,54 @@ async def test_search_merges_all_shards_like_direct_queries(
         assert status == 200
         assert [(h["score"], h["id"]) for h in body["hits"]] == expected
         assert all(h["id"].startswith(f"s{h['shard']}-") for h in body["hits"])
+
+
+async def test_shards_are_asked_for_fewer_hits_unless_the_query_opts_out(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    data = [await make_data_server(shard=i, docs=300, instance_id=f"ds-t{i}") for i in range(3)]
+    # --topk-probability 0.9: each of 3 equal shards is asked for fewer than k.
+    search = await make_search_server(server_id="ss-topk", topk_probability=0.9)
+    await all_see([search], {"ds-t0", "ds-t1", "ds-t2"})
+    docs = [instance_of(server).payload.docs for server in data]
+    k = 50
+    asked = hits_asked(k, docs, 0.9)
+    assert max(asked) < k
+
+    def asked_total() -> tuple[float, float]:
+        return (
+            sample(search.registry, "search_server_fanout_topk_hits_asked_total"),
+            sample(search.registry, "search_server_fanout_topk_hits_k_total"),
+        )
+
+    query = sample_queries(1, variant=8)[0]
+    status, body = await get_json(f"{search.url}/search", q=query, k=str(k))
+    assert status == 200
+    assert asked_total() == (sum(asked), 3 * k)
+
+    # topk_probability=1: every shard asked for k, the top k exactly as direct queries.
+    direct: list[tuple[float, str]] = []
+    for server in data:
+        _, answer = await get_json(f"{server.url}/search", q=query, k=str(k))
+        direct += [(hit["score"], hit["id"]) for hit in answer["hits"]]
+    expected = sorted(direct, key=lambda h: (-h[0], h[1]))[:k]
+    status, body = await get_json(f"{search.url}/search", q=query, k=str(k), topk_probability="1")
+    assert status == 200
+    assert [(h["score"], h["id"]) for h in body["hits"]] == expected
+    assert asked_total() == (sum(asked) + 3 * k, 6 * k)
+
+    for value, message in [
+        ("0", "'topk_probability' must be above 0 and at most 1, got 0"),
+        ("1.5", "'topk_probability' must be in 0..1, got 1.5"),
+        ("-1", "'topk_probability' must be in 0..1"),
+        ("nan", "'topk_probability' must be a number"),
+        ("often", "'topk_probability' must be a number"),
+    ]:
+        status, body = await get_json(f"{search.url}/search", q=query, topk_probability=value)
+        assert status == 400, value
+        assert body["parameter"] == "topk_probability"
+        assert message in body["error"]
+    assert asked_total() == (sum(asked) + 3 * k, 6 * k)  # refused before any fan-out
 
 
 async def test_hung_data_server_never_stalls_a_query(
