@@ -114,7 +114,7 @@ demo: setup
 
 # Every benchmark, one after the other (they would distort each other in parallel);
 # each writes bench/results/<name>.json and can also be run alone.
-BENCHES := index fleet convergence failover fanout zk_load scale zk_watch invalid_children redis_failover throughput verify_load fleet_scale
+BENCHES := index topk fleet convergence failover fanout zk_load scale zk_watch invalid_children redis_failover throughput verify_load fleet_scale
 bench: setup
 	@for b in $(BENCHES); do \
 	  if [ -f bench/bench_$$b.py ]; then \
