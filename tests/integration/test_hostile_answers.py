@@ -87,7 +87,7 @@ HOSTILE_ANSWERS = {
     "huge-id": _answer({"id": "d" * 5000, "score": 1.0}),
     "long-field-name": _answer({"id": "d1", "score": 1.0, "n" * 100: 1}),
     "hit-not-object": _answer("d1"),
-    # Asked for 10: an eleventh hit is no answer to the request.
+    # Asked for 10 at most (a shard's k' <= k): an eleventh hit is no answer to the request.
     "too-many-hits": _answer(*({"id": f"d{i}", "score": 1.0} for i in range(11))),
     "score-1e308": _answer({"id": "d1", "score": 1e308}),
 }
