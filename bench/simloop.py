@@ -27,7 +27,10 @@ import asyncio
 import selectors
 from collections.abc import Coroutine, Mapping
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import FileDescriptorLike
 
 __all__ = ["SimulationDeadlock", "VirtualTimeLoop", "run"]
 
@@ -52,7 +55,7 @@ class _JumpingSelector(selectors.BaseSelector):
         self._keys: dict[int, selectors.SelectorKey] = {}
 
     def register(
-        self, fileobj: selectors._FileObject, events: int, data: Any = None
+        self, fileobj: FileDescriptorLike, events: int, data: Any = None
     ) -> selectors.SelectorKey:
         fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
         if fd in self._keys:
@@ -61,7 +64,7 @@ class _JumpingSelector(selectors.BaseSelector):
         self._keys[fd] = key
         return key
 
-    def unregister(self, fileobj: selectors._FileObject) -> selectors.SelectorKey:
+    def unregister(self, fileobj: FileDescriptorLike) -> selectors.SelectorKey:
         fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
         return self._keys.pop(fd)
 
@@ -78,7 +81,7 @@ class _JumpingSelector(selectors.BaseSelector):
             self._loop._advance(timeout)
         return []
 
-    def get_map(self) -> Mapping[selectors._FileObject, selectors.SelectorKey]:
+    def get_map(self) -> Mapping[FileDescriptorLike, selectors.SelectorKey]:
         return MappingProxyType(self._keys)  # type: ignore[arg-type]
 
     def close(self) -> None:
