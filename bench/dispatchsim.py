@@ -363,7 +363,9 @@ class SimServer:
         self._answers = _Window()
         self._errors = _Window()
         # What it did, for the benchmark's figures.
-        self.requests = 0
+        self.requests = 0  # that reached it, up or down
+        # Of them, those that reached it while it was slowed, or down (refused).
+        self.faulty_requests = 0
         self.busy = 0.0  # seconds its worker worked
         self.answered = 0
         self.cut = 0
@@ -373,10 +375,13 @@ class SimServer:
 
     def arrive(self, job: _Job) -> None:
         """A request reaches the server (after its way over the network)."""
+        self.requests += 1
         if not self.up:
+            self.faulty_requests += 1
             self.cluster.fail_later(job.future, "refused", one_way=True)
             return
-        self.requests += 1
+        if self.multiplier > 1.0:
+            self.faulty_requests += 1
         self._ready.append(job)
         if self._running is None:
             self._next()
@@ -552,6 +557,11 @@ class SimCluster:
         self._processes.append(server)
         return server
 
+    @property
+    def processes(self) -> tuple[SimServer, ...]:
+        """Every data server process started, the restarted ones' old and new."""
+        return tuple(self._processes)
+
     def busy(self) -> dict[tuple[int, int], float]:
         """Seconds each replica's workers (its processes, a restart's included) worked."""
         busy = dict.fromkeys(self._slots, 0.0)
@@ -559,6 +569,12 @@ class SimCluster:
             payload = server.instance.payload
             busy[(payload.shard, payload.replica)] += server.busy
         return busy
+
+    def healthy(self, instance: ServiceInstance) -> bool:
+        """Whether the process at ``instance``'s address is up and not slowed (what the
+        fan-out has to learn, for a reference policy that knows it)."""
+        server = self._servers.get((instance.address, instance.port))
+        return server is not None and server.up and server.multiplier <= 1.0
 
     def server(self, shard: int, replica: int) -> SimServer:
         """The process now serving replica ``replica`` of ``shard``."""
