@@ -66,6 +66,7 @@ import random
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -206,6 +207,9 @@ class Tally:
 
     latencies_ms: list[float] = field(default_factory=list)
     partial: int = 0
+    # Partial answers by reason (coverage.degraded: deadline, overload, error, cut...;
+    # an answer may have several).
+    reasons: Counter[str] = field(default_factory=Counter)
     refused: int = 0
     first_requests: int = 0
 
@@ -213,6 +217,8 @@ class Tally:
         self.latencies_ms.append(latency_ms)
         if result.partial:
             self.partial += 1
+            if result.coverage is not None:
+                self.reasons.update(result.coverage.degraded)
         shards = result.shards
         self.first_requests += shards["total"] - shards.get("missing", 0)
 
@@ -399,6 +405,7 @@ async def _run_phase(
         "p999_ms": round(nearest_rank(lat, 0.999), 3),
         "max_ms": round(max(lat), 3),
         "partial_share": round(tally.partial / len(lat), 5),
+        "partial_reasons": dict(sorted(tally.reasons.items())),
         "first_requests": first,
         "sub_requests": sent,
         "extra_requests_pct": round(100 * (sent - first) / first, 3),
