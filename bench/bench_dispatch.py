@@ -39,7 +39,8 @@ ours stand in for; no hedging), ``ars`` adaptive replica selection (Elasticsearc
 hedging), ``ours`` the search server's defaults (ARS, hedging, slow start), ``ours-wrr``
 the same with the ``wrr`` picker (server-reported load) and ``ours-groups`` with the
 replicas registered in groups: each of the last two skipped, said so, when this tree
-does not have it yet.
+does not have it yet. ``ours-no-hedging`` (ours with hedging off, to tell what hedging
+does) runs only when ``--policies`` names it.
 
 **Figures** per policy and phase: queries, p50 / p99 / p99.9 latency, share of partial
 answers, extra requests ((sub-requests sent - first requests) / first requests; first
@@ -198,7 +199,16 @@ POLICIES: dict[str, tuple[str, Maker]] = {
     ),
     "ours-wrr": ("ours with the wrr picker (server-reported load)", _wrr),
     "ours-groups": ("ours with the replicas registered in groups", _groups),
+    "ours-no-hedging": (
+        "ours with hedging off (a diagnostic: what hedging does to ours)",
+        lambda c, r: Built(
+            FanOutConfig(hedge_ratio=0.0, slow_start=SlowStart()), AdaptiveReplicaSelection(rng=r)
+        ),
+    ),
 }
+#: What a run compares unless ``--policies`` says otherwise: every policy but the
+#: diagnostic ones.
+DEFAULT_POLICIES = ("oracle", "rr", "p2c", "ars", "ours", "ours-wrr", "ours-groups")
 
 
 @dataclass(slots=True)
@@ -545,7 +555,11 @@ def main() -> int:
     add("--record-only", action="store_true", help="record the trace, write it and stop")
     add("--label", help="suffix of the result files [full, or quick with --quick]")
     add("--out-dir", type=Path, default=RESULTS, help="where the JSON goes [bench/results]")
-    add("--policies", default=",".join(POLICIES), help="comma-separated, of " + ", ".join(POLICIES))
+    add(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help=f"comma-separated, of {', '.join(POLICIES)} [all but ours-no-hedging]",
+    )
     add("--phases", default=",".join(PHASES), help="comma-separated, of " + ", ".join(PHASES))
     add("--shards", type=int, default=10)
     add("--replicas", type=int, default=3)

@@ -13,7 +13,7 @@ from typing import Any
 from tests.support import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "bench" / "bench_dispatch.py"
-POLICIES = ("rr", "p2c", "ars", "ours", "ours-wrr", "ours-groups")
+POLICIES = ("oracle", "rr", "p2c", "ars", "ours", "ours-wrr", "ours-groups")
 PHASES = ("baseline", "slow", "turns", "restart")
 QUERIES = 300
 TINY = ("--shards", "4", "--queries", str(QUERIES), "--warmup", "60", "--jobs", "1")
