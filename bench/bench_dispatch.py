@@ -703,10 +703,10 @@ def main() -> int:
     print()
     for check in goal:
         floor = check["oracle_p999_ratio"]
-        oracle = "" if floor is None else f"; the oracle: {floor}x"
+        beside = "" if floor is None else f"; the oracle: {floor}x"
         print(
             f"goal ({check['policy']}, {check['phase']}): p99.9 {check['p999_ratio']}x its "
-            f"baseline (<= {GOAL_P999_RATIO}{oracle}), "
+            f"baseline (<= {GOAL_P999_RATIO}{beside}), "
             f"extra requests {check['extra_requests_pct']} % (<= {GOAL_EXTRA_PCT:g}): "
             f"{'met' if check['met'] else 'MISSED'}"
         )
