@@ -24,6 +24,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from discovery.instance import ServiceInstance
+from search_server.config import SearchServerConfig, build_parser
 from search_server.coverage import CoveragePolicy
 from search_server.fanout import FanOut, FanOutConfig, FanOutResult
 from search_server.httpclient import Endpoint, Response, SubrequestError
@@ -444,3 +445,27 @@ async def test_turned_off_a_flagged_query_is_counted_as_before(
     assert rig.second_rounds() == (0, 0, 0)
     assert rig.metric("topk_maybe_inexact_total") == 1
     assert FanOutConfig().topk_second_round is True
+
+
+# -- configuration ----------------------------------------------------------------------
+
+
+def test_the_flag_its_variable_and_default(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def parse(argv: list[str]) -> SearchServerConfig:
+        return SearchServerConfig.from_args(build_parser().parse_args(argv))
+
+    monkeypatch.delenv("DISCOVERY_TOPK_SECOND_ROUND", raising=False)
+    assert parse([]).topk_second_round is True
+    assert parse(["--no-topk-second-round"]).topk_second_round is False
+    assert parse(["--topk-second-round"]).topk_second_round is True
+    monkeypatch.setenv("DISCOVERY_TOPK_SECOND_ROUND", "off")
+    assert parse([]).topk_second_round is False
+    assert parse(["--topk-second-round"]).topk_second_round is True  # the flag wins
+    monkeypatch.setenv("DISCOVERY_TOPK_SECOND_ROUND", "sometimes")
+    with pytest.raises(SystemExit):
+        build_parser()
+    assert "DISCOVERY_TOPK_SECOND_ROUND='sometimes'" in capsys.readouterr().err
+    monkeypatch.delenv("DISCOVERY_TOPK_SECOND_ROUND")
+    assert "DISCOVERY_TOPK_SECOND_ROUND" in build_parser().format_help()
