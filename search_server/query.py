@@ -1,4 +1,5 @@
-"""One query's fan-out: its shard calls, retries, hedges and deadline, and its answer.
+"""One query's fan-out: its shard calls, retries, hedges and deadline, the second round
+of its top ``k``, and its answer.
 
 A :class:`Query` is made by :meth:`FanOut.search <search_server.fanout.FanOut.search>`
 for each admitted query and run once; what outlives it (replica choice, ejection,
