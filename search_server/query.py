@@ -443,11 +443,11 @@ class Query:
         shard is not asked. Its answer goes through the same checks and records as any
         (a failure, a bad answer or a refusal for overload is charged as it would be to a
         first request; one still out at the deadline is judged as any timeout), but it
-        is neither retried nor hedged: second rounds are rare (a few queries in a
-        thousand at the default probability), and a shard whose second request fails
-        keeps its first answer, which is still a valid top ``k'`` (the shard still
-        counts as answered: the result is not partial, only maybe inexact). A ``cut``
-        answer keeps the first one too (a cut search is not a whole top ``k``). The
+        is neither retried nor hedged: second rounds are rare (under 1 % of the
+        benchmark's queries at the default probability), and a shard whose second
+        request fails keeps its first answer, which is still a valid top ``k'`` (the
+        shard still counts as answered: no more partial for it, only maybe inexact). A
+        ``cut`` answer keeps the first one too (a cut search is not a whole top ``k``). The
         coverage never changes: those shards had answered. The round's time is counted
         in :attr:`asked_again`, the query's own cost, not queueing (see
         :meth:`FanOut._latency <search_server.fanout.FanOut._latency>`).
