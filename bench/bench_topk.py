@@ -25,12 +25,21 @@ and queried with the project's query generator (``sample_queries``).
   flagged; a flag without a miss is a false alarm. The spread of the exact top ``k``
   over the shards is reported beside it (its variance against the binomial's: the
   promise assumes documents spread at random).
+* **the second round** (the same queries, as ``Query._second_round`` does it): the
+  flagged shards' top ``k`` replaces their top ``k'`` and the answers are merged again.
+  Reported per ``k`` and probability: the share of queries that needed one, the share
+  exact after it (it must be all of them), and what the two rounds cost against every
+  shard asked for ``k``: hits and bytes of the answers (every query; each answer's
+  size from its hits' encoded sizes, checked against the bodies where those are
+  built), and, on every ``--cpu-every``-th query, the search server's CPU to decode,
+  validate, merge and check the flags (both rounds) and the data servers' CPU to search
+  the real index for ``k'`` (all shards) and ``k`` (the flagged ones) and encode.
 
 Prints the tables and writes JSON to ``bench/results/topk.json`` (``--quick``:
 ``topk-quick.json``).
 
 Usage: ``.venv/bin/python bench/bench_topk.py [--quick] [--shards 50] [--docs 2000]
-[--queries 3000] [--cost-queries 100] [--probability 0.9999]``
+[--queries 3000] [--cost-queries 100] [--cpu-every 10] [--probability 0.9999]``
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ import argparse
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,11 +88,11 @@ def build(shards: int, docs: int) -> tuple[list[InvertedIndex], float]:
     return indexes, time.perf_counter() - started
 
 
-def body(hits: Sequence[Hit], shard: int) -> bytes:
+def body(hits: Iterable[Hit], shard: int) -> bytes:
     """A data server's answer, as ``data_server/handlers.py`` encodes it."""
     return orjson.dumps(
         {
-            "hits": [{"id": hit.id, "score": hit.score, "title": hit.title} for hit in hits],
+            "hits": [_hit_object(hit) for hit in hits],
             "shard": shard,
             "took_ms": 0.123,
             "queue": 0,
@@ -185,6 +194,11 @@ def _cost_summary(row: CostRow) -> dict[str, Any]:
     }
 
 
+#: The rounds of the second round's cost: the first (every shard asked for ``k'``), the
+#: second (the flagged shards asked again for ``k``), and every shard asked for ``k``.
+ROUNDS = ("first", "second", "k")
+
+
 @dataclass
 class ExactRow:
     k: int
@@ -199,10 +213,106 @@ class ExactRow:
     reduced: int = 0
     # Misses by the query's number of terms (1 to 3).
     misses_by_terms: dict[int, int] = field(default_factory=dict)
+    # The second round: shards asked again (over the flagged queries), queries exact
+    # after it, and the cost per round (ROUNDS) of every query (hits, bytes) and of the
+    # queries timed (seconds; cpu_queries of them).
+    second_shards: int = 0
+    exact_after: int = 0
+    hits: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROUNDS, 0))
+    bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROUNDS, 0))
+    cpu_queries: int = 0
+    search_cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ROUNDS, 0.0))
+    data_cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ROUNDS, 0.0))
+
+
+class QueryAnswers:
+    """One query's answers from the real shards, at any depth: each shard's top
+    ``deepest`` searched once (the index ranks by score, then id, so its top ``n`` is
+    the head of it), ranked for the merge; the size of each shard's answer body of ``n``
+    hits (its envelope and its hits' encoded sizes, summed ahead); and, on demand, an
+    answer as a data server serves it (the index searched for ``n`` and the body
+    encoded, timed: :meth:`served`)."""
+
+    def __init__(self, indexes: Sequence[InvertedIndex], query: str, deepest: int) -> None:
+        self.indexes = indexes
+        self.query = query
+        self.tops = [index.search(query, deepest) for index in indexes]
+        self.ranked: list[list[Ranked]] = [
+            [(-hit.score, hit.id, shard, {"id": hit.id, "score": hit.score}) for hit in top]
+            for shard, top in enumerate(self.tops)
+        ]
+        self._envelope = [len(body((), shard)) for shard in range(len(indexes))]
+        self._sizes: list[list[int]] = []
+        for top in self.tops:
+            sums = [0]
+            for hit in top:
+                sums.append(sums[-1] + len(orjson.dumps(_hit_object(hit))))
+            self._sizes.append(sums)
+        self._served: dict[tuple[int, int], tuple[bytes, float]] = {}
+
+    def size(self, shard: int, n: int) -> int:
+        """The bytes of the shard's answer of its top ``n``: the envelope, the hits and
+        the commas between them."""
+        count = min(n, len(self.tops[shard]))
+        return self._envelope[shard] + self._sizes[shard][count] + max(0, count - 1)
+
+    def served(self, shard: int, n: int) -> tuple[bytes, float]:
+        """The shard's answer for ``n`` hits as a data server serves it, and the seconds
+        its search and encoding took (once per shard and ``n``)."""
+        key = (shard, n)
+        if key not in self._served:
+            started = time.perf_counter()
+            hits = self.indexes[shard].search(self.query, n)
+            raw = body(hits, shard)
+            self._served[key] = (raw, time.perf_counter() - started)
+            assert len(raw) == self.size(shard, n), "answer sizes drifted from the bodies"
+        return self._served[key]
+
+
+def _hit_object(hit: Hit) -> dict[str, Any]:
+    return {"id": hit.id, "score": hit.score, "title": hit.title}
+
+
+def timed_rounds(
+    answers: QueryAnswers, asked: int, k: int, again: Sequence[int], docs: int
+) -> tuple[float, float]:
+    """The search server's seconds for a query's first round (decode, validate and
+    merge every shard's top ``asked``, check the flags) and its second (the same for
+    the shards ``again`` asked for ``k``, merged again with the others' first answers,
+    flags checked again; 0 without one). The bodies are served before the clock starts:
+    the data servers' time is not the search server's."""
+    shards = len(answers.indexes)
+    first_bodies = [answers.served(shard, asked)[0] for shard in range(shards)]
+    second_bodies = [(shard, answers.served(shard, k)[0]) for shard in again]
+    started = time.perf_counter()
+    merged: list[Answer] = []
+    for shard, raw in enumerate(first_bodies):
+        merged.append(Answer(ranked_hits(orjson.loads(raw), shard, asked), docs, docs))
+    hits = merge(merged, k, 0.0).hits
+    if asked < k:  # as a query does: no flags when every shard was asked for k
+        inexact_shards(((s, len(a.hits or ()), asked) for s, a in enumerate(merged)), k, hits)
+    first = time.perf_counter() - started
+    if not again:
+        return first, 0.0
+    started = time.perf_counter()
+    for shard, raw in second_bodies:
+        merged[shard] = Answer(ranked_hits(orjson.loads(raw), shard, k), docs, docs)
+    hits = merge(merged, k, 0.0).hits
+    redone = set(again)
+    inexact_shards(
+        ((s, len(a.hits or ()), k if s in redone else asked) for s, a in enumerate(merged)),
+        k,
+        hits,
+    )
+    return first, time.perf_counter() - started
 
 
 def measure_exactness(
-    indexes: list[InvertedIndex], queries: list[str], docs: int, probabilities: Sequence[float]
+    indexes: list[InvertedIndex],
+    queries: list[str],
+    docs: int,
+    probabilities: Sequence[float],
+    cpu_every: int,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     shards = len(indexes)
     rows = {
@@ -214,15 +324,10 @@ def measure_exactness(
     # counts' variance, against Binomial(k, 1/shards)'s.
     spread: dict[int, list[float]] = {k: [] for k in KS}
     deepest = max(KS)
-    for query in queries:
-        tops: list[list[Ranked]] = []
-        for shard, index in enumerate(indexes):
-            tops.append(
-                [
-                    (-hit.score, hit.id, shard, {"id": hit.id, "score": hit.score})
-                    for hit in index.search(query, deepest)
-                ]
-            )
+    for number, query in enumerate(queries):
+        answers = QueryAnswers(indexes, query, deepest)
+        tops = answers.ranked
+        timed = number % cpu_every == 0
         for k in KS:
             exact = merge([Answer(top[:k], docs, docs) for top in tops], k, 0.0).hits
             exact_ids = [(hit["id"], hit["shard"]) for hit in exact]
@@ -232,6 +337,12 @@ def measure_exactness(
                     counts[hit["shard"]] += 1
                 binomial = k * (1 / shards) * (1 - 1 / shards)
                 spread[k].append(statistics.pvariance(counts) / binomial)
+            every_k_hits = sum(min(k, len(top)) for top in tops)
+            every_k_cpu = every_k_data = 0.0
+            every_k_bytes = sum(answers.size(shard, k) for shard in range(shards))
+            if timed:
+                every_k_cpu = timed_rounds(answers, k, k, (), docs)[0]
+                every_k_data = sum(answers.served(shard, k)[1] for shard in range(shards))
             for p in probabilities:
                 row = rows[(k, p)]
                 asked = row.asked
@@ -239,40 +350,48 @@ def measure_exactness(
                 row.reduced += any(len(top) > asked for top in tops)
                 merged = merge([Answer(top[:asked], docs, docs) for top in tops], k, 0.0).hits
                 ok = [(hit["id"], hit["shard"]) for hit in merged] == exact_ids
-                flagged = bool(
-                    inexact_shards(
-                        ((shard, len(top[:asked]), asked) for shard, top in enumerate(tops)),
-                        k,
-                        merged,
-                    )
+                again = inexact_shards(
+                    ((shard, len(top[:asked]), asked) for shard, top in enumerate(tops)),
+                    k,
+                    merged,
                 )
+                flagged = bool(again)
                 row.exact += ok
                 if not ok:
                     terms = len(query.split())
                     row.misses_by_terms[terms] = row.misses_by_terms.get(terms, 0) + 1
                 row.flagged += flagged
                 row.flagged_misses += flagged and not ok
-    results = []
-    for row in rows.values():
-        misses = row.queries - row.exact
-        results.append(
-            {
-                "k": row.k,
-                "probability": row.probability,
-                "asked": row.asked,
-                "queries": row.queries,
-                "queries_reduced": row.reduced,
-                "exact": row.exact,
-                "exact_share": round(row.exact / row.queries, 5),
-                "promise_held": row.exact / row.queries >= row.probability,
-                "misses": misses,
-                "misses_flagged": row.flagged_misses,
-                "misses_unflagged": misses - row.flagged_misses,
-                "flagged": row.flagged,
-                "false_alarms": row.flagged - row.flagged_misses,
-                "misses_by_terms": dict(sorted(row.misses_by_terms.items())),
-            }
-        )
+                # The second round: the flagged shards' top k in place of their top k'.
+                exact_after = ok
+                if again:
+                    redone = set(again)
+                    second = [
+                        Answer(top[: k if shard in redone else asked], docs, docs)
+                        for shard, top in enumerate(tops)
+                    ]
+                    remerged = merge(second, k, 0.0).hits
+                    exact_after = [(hit["id"], hit["shard"]) for hit in remerged] == exact_ids
+                    row.second_shards += len(again)
+                row.exact_after += exact_after
+                row.hits["first"] += sum(min(asked, len(top)) for top in tops)
+                row.hits["second"] += sum(min(k, len(tops[shard])) for shard in again)
+                row.hits["k"] += every_k_hits
+                row.bytes["first"] += sum(answers.size(shard, asked) for shard in range(shards))
+                row.bytes["second"] += sum(answers.size(shard, k) for shard in again)
+                row.bytes["k"] += every_k_bytes
+                if timed:
+                    row.cpu_queries += 1
+                    first_cpu, second_cpu = timed_rounds(answers, asked, k, again, docs)
+                    row.search_cpu["first"] += first_cpu
+                    row.search_cpu["second"] += second_cpu
+                    row.search_cpu["k"] += every_k_cpu
+                    row.data_cpu["first"] += sum(
+                        answers.served(shard, asked)[1] for shard in range(shards)
+                    )
+                    row.data_cpu["second"] += sum(answers.served(shard, k)[1] for shard in again)
+                    row.data_cpu["k"] += every_k_data
+    results = [_exact_summary(row) for row in rows.values()]
     by_terms = dict(sorted(Counter(len(q.split()) for q in queries).items()))
     dispersion = [
         {
@@ -285,6 +404,53 @@ def measure_exactness(
         for k, values in spread.items()
     ]
     return results, dispersion
+
+
+def _exact_summary(row: ExactRow) -> dict[str, Any]:
+    misses = row.queries - row.exact
+    q, timed = row.queries, row.cpu_queries
+
+    def both(figures: dict[str, int] | dict[str, float]) -> float:
+        return figures["first"] + figures["second"]
+
+    def ratio(figures: dict[str, int] | dict[str, float]) -> float:
+        return round(both(figures) / figures["k"], 3) if figures["k"] else 1.0
+
+    def per_query(figures: dict[str, float], count: int, scale: float = 1.0) -> dict[str, float]:
+        return {side: round(scale * figures[side] / count, 3) if count else 0.0 for side in ROUNDS}
+
+    return {
+        "k": row.k,
+        "probability": row.probability,
+        "asked": row.asked,
+        "queries": q,
+        "queries_reduced": row.reduced,
+        "exact": row.exact,
+        "exact_share": round(row.exact / q, 5),
+        "promise_held": row.exact / q >= row.probability,
+        "misses": misses,
+        "misses_flagged": row.flagged_misses,
+        "misses_unflagged": misses - row.flagged_misses,
+        "flagged": row.flagged,
+        "false_alarms": row.flagged - row.flagged_misses,
+        "misses_by_terms": dict(sorted(row.misses_by_terms.items())),
+        "second_round": {
+            "queries": row.flagged,
+            "share": round(row.flagged / q, 5),
+            "shards_per_round": round(row.second_shards / row.flagged, 2) if row.flagged else 0,
+            "exact_after": row.exact_after,
+            "exact_after_share": round(row.exact_after / q, 5),
+            "hits_per_query": per_query({s: float(v) for s, v in row.hits.items()}, q),
+            "hits_ratio": ratio(row.hits),
+            "bytes_per_query": {side: round(row.bytes[side] / q) for side in ROUNDS},
+            "bytes_ratio": ratio(row.bytes),
+            "cpu_queries": timed,
+            "search_server_ms_per_query": per_query(row.search_cpu, timed, 1000),
+            "search_server_cpu_ratio": ratio(row.search_cpu),
+            "data_servers_ms_per_query": per_query(row.data_cpu, timed, 1000),
+            "data_servers_cpu_ratio": ratio(row.data_cpu),
+        },
+    }
 
 
 def print_cost(rows: list[dict[str, Any]]) -> None:
@@ -319,6 +485,27 @@ def print_exactness(rows: list[dict[str, Any]], dispersion: list[dict[str, Any]]
             f"{r['misses']:>6} {r['misses_flagged']:>7} {r['misses_unflagged']:>9} "
             f"{r['false_alarms']:>12}  by terms {r['misses_by_terms']}"
         )
+    print(
+        "\nsecond round: the flagged shards asked again for k and merged again; cost of "
+        "both rounds against every shard asked for k (first + second / k)"
+    )
+    print(
+        f"{'k':>5} {'p':>7} {'k_':>4} {'rounds':>7} {'shards':>6} {'exact after':>11} "
+        f"{'bytes/query':>26} {'ratio':>6} {'search srv ms':>20} {'ratio':>6} "
+        f"{'data srvs ms':>22} {'ratio':>6}"
+    )
+    for r in rows:
+        second = r["second_round"]
+        size = second["bytes_per_query"]
+        ss, ds = second["search_server_ms_per_query"], second["data_servers_ms_per_query"]
+        print(
+            f"{r['k']:>5} {r['probability']:>7} {r['asked']:>4} {second['share']:>7.2%} "
+            f"{second['shards_per_round']:>6} {second['exact_after_share']:>11.2%} "
+            f"{size['first']:>8}+{size['second']:<7}/{size['k']:<9} {second['bytes_ratio']:>6} "
+            f"{ss['first']:>6}+{ss['second']:<6}/{ss['k']:<6} "
+            f"{second['search_server_cpu_ratio']:>6} "
+            f"{ds['first']:>7}+{ds['second']:<6}/{ds['k']:<7} {second['data_servers_cpu_ratio']:>6}"
+        )
     print("\nspread of the exact top k over the shards (variance / binomial variance)")
     for d in dispersion:
         print(
@@ -334,6 +521,11 @@ def main() -> None:
     parser.add_argument("--docs", type=int, help="documents per shard [2000; quick 500]")
     parser.add_argument("--queries", type=int, help="exactness queries [3000; quick 400]")
     parser.add_argument("--cost-queries", type=int, help="cost queries [100; quick 15]")
+    parser.add_argument(
+        "--cpu-every",
+        type=int,
+        help="time the second round's CPU on every n-th exactness query [10; quick 4]",
+    )
     parser.add_argument("--probability", type=float, default=0.9999, help="the promise [0.9999]")
     args = parser.parse_args()
     quick_defaults(
@@ -342,6 +534,7 @@ def main() -> None:
         docs=(2000, 500),
         queries=(3000, 400),
         cost_queries=(100, 15),
+        cpu_every=(10, 4),
     )
     started = time.perf_counter()
     indexes, build_seconds = build(args.shards, args.docs)
@@ -359,6 +552,7 @@ def main() -> None:
         sample_queries(args.queries, variant=EXACTNESS_VARIANT),
         args.docs,
         probabilities,
+        args.cpu_every,
     )
     exact_seconds = time.perf_counter() - exact_started
     print_exactness(exactness, dispersion)
@@ -376,6 +570,7 @@ def main() -> None:
             "docs_per_shard": args.docs,
             "queries": args.queries,
             "cost_queries": args.cost_queries,
+            "cpu_every": args.cpu_every,
             "probability": args.probability,
             "quick": args.quick,
         },

@@ -122,6 +122,23 @@ class Candidates:
             usable = ready
         return usable
 
+    def again(self, call: ShardCall, answered_by: Replica | None, now: float) -> list[Replica]:
+        """The candidates of a second request to a shard that has answered the query (a
+        second round of its top ``k``, ``call`` the new call): the replica that answered
+        (``answered_by``) while it is usable, not ejected nor refusing for overload: its
+        answer was fresh, and the same index ranks the same way, so its top ``k`` holds
+        the top ``k'`` it sent (what makes one round enough); else the shard's candidates
+        as for any request without a group (:meth:`of`). Never an ejected replica's
+        probe: the shard has an answer already."""
+        health = self._health
+        if (
+            answered_by is not None
+            and not answered_by.is_ejected(now)
+            and not (health.any_overloaded and not health.not_overloaded([answered_by], now))
+        ):
+            return [answered_by]
+        return self.of(call, now)
+
     def for_hedge(self, call: ShardCall, waited: float, now: float) -> list[Replica]:
         """The candidates of a hedge after its shard's request was out ``waited``
         seconds. A replica whose p95 is above that would not beat the request out, and

@@ -466,6 +466,17 @@ SEARCH_OPTIONS = (
         default=TOPK_PROBABILITY,
         metavar="P",
     ),
+    Option(
+        "--topk-second-round",
+        "DISCOVERY_TOPK_SECOND_ROUND",
+        "when a shard asked for fewer hits than k may have left one out of the merged "
+        "top k, ask it again for k while the query's deadline allows, so that the top k "
+        "is exact; --no-topk-second-round only counts such queries "
+        "(search_server_fanout_topk_maybe_inexact_total)",
+        type=env_flag,
+        default=True,
+        boolean=True,
+    ),
     # Slow start (search_server/slowstart.py).
     Option(
         "--slow-start-window",
@@ -635,7 +646,9 @@ class SearchServerConfig:
     ``coverage`` is the queries' coverage policy (``--min-coverage``, ``--soft-timeout``,
     ``--adaptive-wait``), unless a query brings its own.
     ``topk_probability`` is how sure a query's merged top k is of being exact when
-    shards are asked for fewer hits (``--topk-probability``; 1: every shard asked for k).
+    shards are asked for fewer hits (``--topk-probability``; 1: every shard asked for k),
+    and ``topk_second_round`` whether the shards that may have left a hit out are asked
+    again for k (``--topk-second-round``).
     ``http`` bounds slow clients at the HTTP edge and ``max_event_streams`` the open
     dashboard streams. ``drain_grace`` is how long a stopping server still answers
     once its readiness fails (``--drain-grace``). The repr shows no secret (those of
@@ -684,6 +697,7 @@ class SearchServerConfig:
     query_of_death: QueryOfDeathConfig = field(default_factory=QueryOfDeathConfig)
     max_answer_bytes: int = DEFAULT_MAX_BODY
     topk_probability: float = TOPK_PROBABILITY
+    topk_second_round: bool = True
     http: HttpEdgeConfig = field(default_factory=HttpEdgeConfig)
     max_event_streams: int = 64
     drain_grace: float = 2.0
@@ -844,6 +858,7 @@ class SearchServerConfig:
             allow_persistent_members=args.allow_persistent_members,
             max_answer_bytes=args.max_answer_bytes,
             topk_probability=args.topk_probability,
+            topk_second_round=args.topk_second_round,
             query_of_death=QueryOfDeathConfig(
                 shard_fraction=args.qod_shard_fraction,
                 strikes=args.qod_strikes,

@@ -270,7 +270,8 @@ class FanOut:
         the deadline (:mod:`.coverage`). ``topk_probability`` (None:
         ``config.topk_probability``) is how sure the merged top ``k`` must be of being
         exact: each shard is asked for fewer hits than ``k`` as it allows (:mod:`.topk`;
-        1: ``k`` of every shard, exact).
+        1: ``k`` of every shard, exact); with ``config.topk_second_round`` the shards
+        that may have left a hit out are asked again for ``k`` while time is left.
 
         Raises:
             OverloadedError: the in-flight limit is reached, or ``key``'s share of it
@@ -333,8 +334,9 @@ class FanOut:
         topk_probability: float,
     ) -> tuple[FanOutResult, float]:
         """Run one admitted query; its result and what of its time was no sign of the
-        load: the longest search a data server reported for it, and how long its
-        coverage policy waited for shards it then let go (see :meth:`_latency`)."""
+        load: the longest search a data server reported for it, how long its coverage
+        policy waited for shards it then let go, and how long its second round of the top
+        ``k`` took (see :meth:`_latency`)."""
         one = Query(
             self._queries,
             self.picker,
@@ -343,6 +345,7 @@ class FanOut:
             timeout_ms=timeout_ms,
             coverage=coverage if coverage is not None else self.config.coverage,
             topk_probability=topk_probability,
+            topk_second_round=self.config.topk_second_round,
         )
         routing = self._routing
         table = routing.table_for(servers)
@@ -354,7 +357,7 @@ class FanOut:
         # One replica group for the query's first requests (None: no group), O(groups).
         group = routing.groups.choose(missing, docs_cap)
         result = await one.run(routes, missing, docs_cap=docs_cap, group=group)
-        return result, one.service + one.lingered
+        return result, one.service + one.lingered + one.asked_again
 
     @staticmethod
     def _tells_the_load(result: FanOutResult, dropped: bool) -> bool:
@@ -383,8 +386,12 @@ class FanOut:
         overload adds is queueing) and the time its coverage policy waited for shards it
         then let go (a wait the policy chose, in proportion to the time the others took:
         counted, a straggler in every query of a large cluster would double each
-        sample), plus how far behind this server's own loop is (a request waits that
-        long before its fan-out starts)."""
+        sample), and the time its second round of the top ``k`` took (the query's own
+        cost, as a data server's search time is: a second request to a few shards the
+        query chose to make once every shard had answered; counted, each such query
+        would be a sample of up to twice its latency, and at a low ``topk_probability``
+        most queries have one), plus how far behind this server's own loop is (a
+        request waits that long before its fan-out starts)."""
         return max(0.0, result.took_ms / 1000 - unqueued) + self._own.lag
 
     @staticmethod

@@ -68,7 +68,9 @@ class FanOutConfig:
     ``topk_probability`` is how sure a query's merged top ``k`` must be of being exact
     when each shard is asked for fewer hits than ``k``
     (:func:`~search_server.topk.hits_per_shard`; in (0, 1], 1: every shard asked for
-    ``k``).
+    ``k``); with ``topk_second_round``, the shards whose answers may have left a hit
+    out of the merged top ``k`` are asked again for ``k`` while the deadline allows, so
+    that it is exact (off: counted only, as maybe inexact).
     """
 
     max_in_flight: int = 256
@@ -90,6 +92,7 @@ class FanOutConfig:
     slow_start: SlowStart = field(default_factory=_no_slow_start)
     coverage: CoveragePolicy = field(default_factory=CoveragePolicy)
     topk_probability: float = TOPK_PROBABILITY
+    topk_second_round: bool = True
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:

@@ -114,9 +114,10 @@ Ranked = tuple[float, str, int, dict[str, Any]]
 
 #: Why a data server's answer was refused (``search_server_fanout_bad_answers_total``'s
 #: ``why``): an HTTP error other than an overload refusal (``status``), not the
-#: contract's JSON (``malformed``), more than ``k`` hits (``too_many_hits``), a score
-#: out of ``[-MAX_SCORE, MAX_SCORE]`` (``score``), a body over :func:`answer_bytes`
-#: (``too_large``, refused by the client before any of it is parsed).
+#: contract's JSON (``malformed``; a document answered twice is one), more than ``k``
+#: hits (``too_many_hits``), a score out of ``[-MAX_SCORE, MAX_SCORE]`` (``score``), a
+#: body over :func:`answer_bytes` (``too_large``, refused by the client before any of
+#: it is parsed).
 BAD_ANSWER_REASONS = ("status", "malformed", "too_many_hits", "score", "too_large")
 BadAnswerReason = Literal["status", "malformed", "too_many_hits", "score", "too_large"]
 
@@ -275,12 +276,15 @@ def ranked_hits(body: Any, shard: int, k: int) -> list[Ranked]:
     fail to encode (a nested hit a thousand levels deep did) or grow past what ``k``
     hits should weigh. More than ``k`` hits is no answer to the request, and the sign
     of a data server that ignores what it was asked: refused whole, not cut to ``k``.
-    The hit objects are the decoded ones, not copied: only the merged top ``k`` are.
+    A shard answers each document once: an ``id`` twice in one answer is refused
+    (``malformed``; two hits of one id and one score from one shard made :func:`merge`
+    compare the hit objects themselves, and fail the whole query). The hit objects are
+    the decoded ones, not copied: only the merged top ``k`` are.
 
     Raises:
         BadAnswer: not the data server's ``{"hits":[{"id","score",…}],"shard":n}``
-            with at most ``k`` hits; the message quotes at most a short excerpt of what
-            was sent, ``why`` says which rule it broke.
+            with at most ``k`` hits of distinct ids; the message quotes at most a short
+            excerpt of what was sent, ``why`` says which rule it broke.
     """
     if type(body) is not dict:
         raise BadAnswer(f"answer is not a JSON object: {_excerpt(body)}")
@@ -297,6 +301,8 @@ def ranked_hits(body: Any, shard: int, k: int) -> list[Ranked]:
     if len(raw_hits) > k:
         raise BadAnswer(f"answered {len(raw_hits)} hits, more than k={k}", "too_many_hits")
     ranked: list[Ranked] = []
+    # The ids seen: a set lookup per hit, about what one field's check costs.
+    seen: set[str] = set()
     isfinite = math.isfinite
     for hit in raw_hits:
         if type(hit) is not dict:
@@ -306,6 +312,9 @@ def ranked_hits(body: Any, shard: int, k: int) -> list[Ranked]:
             raise BadAnswer(
                 f"a hit's 'id' is not a string of at most {MAX_HIT_ID}: {_excerpt(hit_id)}"
             )
+        if hit_id in seen:
+            raise BadAnswer(f"hit {_excerpt(hit_id)} is in the answer twice")
+        seen.add(hit_id)
         if type(score) is not float and type(score) is not int:
             raise BadAnswer(f"hit {_excerpt(hit_id)} has no number 'score': {_excerpt(score)}")
         if not -MAX_SCORE <= score <= MAX_SCORE:  # NaN too: it compares false
@@ -388,8 +397,9 @@ def merge(
     ``timed_out`` or ``failed`` by its ``outcome``; one that answered ``cut`` counts as
     ``ok`` and in ``cut``. ``timed_out_reason`` is why the query stopped waiting for
     its ``timed_out`` shards, as ``degraded`` names it: its ``deadline``, or the rule
-    of the coverage policy that ended it first. Hits of equal score and id rank by
-    shard. Never raises for answers :func:`ranked_hits` returned.
+    of the coverage policy that ended it first. Hits of equal score and id (of two
+    shards: :func:`ranked_hits` refuses an id twice in one answer) rank by shard, so the
+    hit objects are never compared. Never raises for answers :func:`ranked_hits` returned.
     """
     answered = 0
     timed_out = 0

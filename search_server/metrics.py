@@ -18,6 +18,7 @@ __all__ = [
     "PANIC_SCOPES",
     "QUERY_OUTCOMES",
     "SHARD_RESULTS",
+    "TOPK_SECOND_ROUND_RESULTS",
     "UNBLAMED_REASONS",
     "FanOutMetrics",
     "QueryOfDeathMetrics",
@@ -31,6 +32,10 @@ SHARD_RESULTS = ("ok", "error", "timeout", "overload")
 HEDGE_RESULTS = ("sent", "won", "over_budget", "own_lag", "shedding", "systemic")
 #: Label values of ``search_server_fanout_panic_total{scope}``.
 PANIC_SCOPES = ("shard", "cluster")
+#: Label values of ``search_server_fanout_topk_second_rounds_total{result}``: every
+#: shard re-asked answered in full (ok), or some did not (incomplete: failed, timed out,
+#: refused, cut, or had no replica to ask).
+TOPK_SECOND_ROUND_RESULTS = ("ok", "incomplete")
 #: Label values of ``search_server_fanout_unblamed_timeouts_total{why}``.
 UNBLAMED_REASONS = ("stall", "lag", "shedding", "systemic", "widespread")
 
@@ -231,9 +236,25 @@ class FanOutMetrics:
             "search_server_fanout_topk_maybe_inexact",
             "Queries whose merged top k may be inexact: a shard asked for fewer than k "
             "hits (--topk-probability) returned all it was asked for and every one of "
-            "them made the merged top k, so its next hit might have belonged there too. "
-            "The measured rate of the top-k promise (over queries_total); an upper bound "
-            "of the real misses.",
+            "them made the merged top k, so its next hit might have belonged there too, "
+            "and no second round asked it again for k (off, no time left, the query "
+            "ended by its deadline or the coverage policy, or the second request did not "
+            "answer). An upper bound of the real misses.",
+            registry=registry,
+        )
+        self.topk_second_rounds = Counter(
+            "search_server_fanout_topk_second_rounds",
+            "Queries whose flagged shards (see topk_maybe_inexact) were asked again for k "
+            "hits (--topk-second-round), by result: ok (every one answered: the merged top "
+            "k is exact) or incomplete (some kept their first answer). Over queries_total, "
+            "the measured rate of the top-k promise.",
+            ["result"],
+            registry=registry,
+        )
+        self.topk_second_round_shards = Counter(
+            "search_server_fanout_topk_second_round_shards",
+            "Shards asked again for k hits in second rounds (each one request, neither "
+            "retried nor hedged).",
             registry=registry,
         )
         self.topk_hits_asked = Counter(
@@ -276,6 +297,8 @@ class FanOutMetrics:
             self.ended_early.labels(rule=rule)
         for why in BAD_ANSWER_REASONS:
             self.bad_answers.labels(why=why)
+        for result in TOPK_SECOND_ROUND_RESULTS:
+            self.topk_second_rounds.labels(result=result)
 
     def refused_answer(self, error: Exception) -> None:
         """Count a failed sub-request in ``bad_answers`` if it was an answer refused (a

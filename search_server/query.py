@@ -1,4 +1,5 @@
-"""One query's fan-out: its shard calls, retries, hedges and deadline, and its answer.
+"""One query's fan-out: its shard calls, retries, hedges and deadline, the second round
+of its top ``k``, and its answer.
 
 A :class:`Query` is made by :meth:`FanOut.search <search_server.fanout.FanOut.search>`
 for each admitted query and run once; what outlives it (replica choice, ejection,
@@ -11,6 +12,7 @@ Design: docs/design/search-server.md, "The fan-out".
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -96,8 +98,10 @@ class Query:
     (:func:`~search_server.topk.hits_asked`; 1: ``k`` of every shard). :meth:`run`
     sends, waits for the answers or the deadline (or, with a ``coverage`` policy that is
     active, until it stops waiting for the rest), abandons what is still out and
-    merges: it never raises for a shard's failure, only when the query itself is
-    cancelled.
+    merges; with ``topk_second_round``, it then asks the shards whose answers may have
+    left a hit out of the top ``k`` again, for ``k``, while the deadline allows
+    (:meth:`_second_round`). It never raises for a shard's failure, only when the
+    query itself is cancelled.
     """
 
     def __init__(
@@ -110,6 +114,7 @@ class Query:
         timeout_ms: int,
         coverage: CoveragePolicy | None = None,
         topk_probability: float = TOPK_PROBABILITY,
+        topk_second_round: bool = True,
     ) -> None:
         loop = asyncio.get_running_loop()
         self._ctx = context
@@ -122,6 +127,10 @@ class Query:
         self._query_target = ("/search?" + urlencode({"q": query}) + "&k=").encode("ascii")
         self._k = k
         self._topk_probability = topk_probability
+        self._topk_second_round = topk_second_round
+        # In the second round (see _second_round): no retry, and no search time taken
+        # as the query's own (the whole round is).
+        self._asking_again = False
         # Per k' asked: the request target, and the most an answer of k' hits may weigh
         # (a body over it is refused unparsed).
         self._targets: dict[int, tuple[bytes, int]] = {}
@@ -147,6 +156,9 @@ class Query:
         # How long the query waited, once its coverage was reached, for shards it then
         # let go: the policy's choice, not the load's (see FanOut._latency).
         self.lingered = 0.0
+        # How long its second round of the top k took: the query's own cost, like a data
+        # server's search time, not queueing (see FanOut._latency).
+        self.asked_again = 0.0
 
     async def run(
         self,
@@ -171,6 +183,23 @@ class Query:
             if not self._next_attempt(call):
                 call.reason = "no_replica"
                 self._finish(call)  # every replica ejected: failed at once
+        await self._gather(calls)
+        took_ms = (self._timer.time() - self.started) * 1000
+        # Every missing shard counted, the first of them listed.
+        result = list_missing_capped(
+            merge(calls, self._k, took_ms, missing, timed_out_reason=self._ended_by or "deadline")
+        )
+        flagged = self._flagged(calls, result)
+        if flagged and self._may_ask_again():
+            result, flagged = await self._second_round(flagged, result, missing)
+        if flagged:
+            self._maybe_inexact(flagged)
+        self._count(result)
+        return result
+
+    async def _gather(self, calls: Sequence[ShardCall]) -> None:
+        """Wait until ``calls`` have all ended, the deadline passes or the coverage
+        policy stops waiting; then abandon what is still out."""
         deadline_timer = self._timer.call_at(self.deadline, _wake, self._waiter)
         try:
             if self._open_calls > 0:
@@ -183,20 +212,13 @@ class Query:
             now = self._timer.time()
             self._settle_coverage(now)
             timed_out = self._ended_by is None and now >= self.deadline
-            blame = self._blame(now) if timed_out else Blame.NONE
+            blame = self._blame(calls, now) if timed_out else Blame.NONE
             for call in calls:
                 if not call.done:
                     self._abandon(call, timed_out, blame=blame)
             if self._ok:
-                ctx.metrics.shard_requests.labels(result="ok").inc(self._ok)
-        took_ms = (self._timer.time() - self.started) * 1000
-        # Every missing shard counted, the first of them listed.
-        result = list_missing_capped(
-            merge(calls, self._k, took_ms, missing, timed_out_reason=self._ended_by or "deadline")
-        )
-        self._count(result, took_ms)
-        self._check_topk(result)
-        return result
+                self._ctx.metrics.shard_requests.labels(result="ok").inc(self._ok)
+                self._ok = 0
 
     # -- sending ----------------------------------------------------------------------
 
@@ -329,44 +351,144 @@ class Query:
     def _ask(self, calls: Sequence[ShardCall]) -> None:
         """Set the hits each shard is asked for, and make the target of each distinct
         number once (a query of equal shards makes one)."""
-        k, targets = self._k, self._targets
+        k = self._k
         asked = hits_asked(k, [call.shard_docs for call in calls], self._topk_probability)
         for call, hits in zip(calls, asked, strict=True):
             call.asked = hits
-            if hits not in targets:
-                targets[hits] = (
-                    b"%b%d&timeout_ms=" % (self._query_target, hits),
-                    answer_bytes(hits),
-                )
+            self._target(hits)
         metrics = self._ctx.metrics
         metrics.topk_hits_asked.inc(sum(asked))
         metrics.topk_hits_k.inc(k * len(calls))
 
-    def _check_topk(self, result: FanOutResult) -> None:
-        """Count the query if a shard asked for fewer than k hits may have left one out
-        of the merged top k (see :func:`~search_server.topk.inexact_shards`). Not
-        refetched: the promise is a probability, and this is its measured rate."""
+    def _target(self, hits: int) -> None:
+        """Make the request target of ``hits`` and its answer's cap, once per query."""
+        if hits not in self._targets:
+            self._targets[hits] = (
+                b"%b%d&timeout_ms=" % (self._query_target, hits),
+                answer_bytes(hits),
+            )
+
+    def _flagged(self, answers: Sequence[ShardCall], result: FanOutResult) -> list[ShardCall]:
+        """The calls of ``answers`` (those ``result`` merged) whose shard, asked for fewer
+        than k hits, may have left one out of the merged top k (see
+        :func:`~search_server.topk.inexact_shards`, which reads the top k the merge
+        made: no second merge). None when every shard was asked for k."""
         k = self._k
-        if all(call.asked >= k for call in self._calls):
-            return
-        flagged = inexact_shards(
-            (
-                (call.shard, len(call.hits), call.asked)
-                for call in self._calls
-                if call.hits is not None
-            ),
+        if all(call.asked >= k for call in answers):
+            return []
+        shards = inexact_shards(
+            ((call.shard, len(call.hits), call.asked) for call in answers if call.hits is not None),
             k,
             result.hits,
         )
-        if flagged:
-            self._ctx.metrics.topk_maybe_inexact.inc()
-            log.debug(
-                "top %d may be inexact: shards %s returned all the hits they were asked for, "
-                "every one of them in the merged top %d",
-                k,
-                flagged[:10],
-                k,
-            )
+        if not shards:
+            return []
+        flagged = set(shards)
+        return [call for call in answers if call.shard in flagged]
+
+    def _maybe_inexact(self, flagged: Sequence[ShardCall]) -> None:
+        """Count the query as maybe inexact: ``flagged`` shards' answers (their first,
+        asked for fewer than k) may have left a hit out of its merged top k; no second
+        round asked them again, or it did not complete."""
+        self._ctx.metrics.topk_maybe_inexact.inc()
+        k = self._k
+        log.debug(
+            "top %d may be inexact: shards %s returned all the hits they were asked for, "
+            "every one of them in the merged top %d",
+            k,
+            [call.shard for call in flagged[:10]],
+            k,
+        )
+
+    # -- the second round of the top k -------------------------------------------------
+
+    def _may_ask_again(self) -> bool:
+        """A second round is on, and the query's first one ended by itself before its
+        deadline: every shard's call ended (answered or failed) with time left, none was
+        let go at the deadline or by the coverage policy (the query was not cancelled
+        either: :meth:`run` would not be here)."""
+        return (
+            self._topk_second_round
+            and self._open_calls == 0
+            and self._ended_by is None
+            and self._timer.time() < self.deadline
+        )
+
+    async def _second_round(
+        self,
+        flagged: Sequence[ShardCall],
+        first: FanOutResult,
+        missing: Sequence[tuple[int, int]],
+    ) -> tuple[FanOutResult, list[ShardCall]]:
+        """Ask each ``flagged`` shard again, for ``k`` hits, with what is left of the
+        deadline as its budget; wait for the answers or the deadline; merge again. The
+        result, and the calls whose answers still may have left a hit out of its top k
+        (empty when it is exact).
+
+        **Why one round is enough.** A shard not flagged either returned fewer hits
+        than it was asked for (it has no more) or had its last hit outside the first
+        merge's top ``k``: every hit it did not return ranks below that merge's ``k``-th.
+        The second answers hold the first ones (a shard's top ``k'`` is the head of its
+        top ``k``), so the second merge's ``k``-th ranks no lower than the first's, and
+        those hits stay out. A flagged shard now gave its top ``k``: a hit it did not
+        return ranks below ``k`` of its own. So the merge of the second answers with the
+        other first ones is the merge of every shard's top ``k``: exact. The flags are
+        still checked again on it (:meth:`_flagged`, ``k`` hits read): a replica that
+        ranks a shard otherwise than the one that answered first, or a second request
+        that failed, is counted, never assumed.
+
+        **What a second request is.** Preferably to the replica that answered the shard
+        (its answer was fresh), else to one of the shard's candidates
+        (:meth:`Candidates.again <search_server.candidates.Candidates.again>`); none: the
+        shard is not asked. Its answer goes through the same checks and records as any
+        (a failure, a bad answer or a refusal for overload is charged as it would be to a
+        first request; one still out at the deadline is judged as any timeout), but it
+        is neither retried nor hedged: second rounds are rare (under 1 % of the
+        benchmark's queries at the default probability), and a shard whose second
+        request fails keeps its first answer, which is still a valid top ``k'`` (the
+        shard still counts as answered: no more partial for it, only maybe inexact). A
+        ``cut`` answer keeps the first one too (a cut search is not a whole top ``k``). The
+        coverage never changes: those shards had answered. The round's time is counted
+        in :attr:`asked_again`, the query's own cost, not queueing (see
+        :meth:`FanOut._latency <search_server.fanout.FanOut._latency>`).
+        """
+        ctx = self._ctx
+        k = self._k
+        timer = self._timer
+        started = timer.time()
+        self._target(k)
+        self._asking_again = True
+        # The first round's state that answers in the second would otherwise touch.
+        self._wait = None
+        self._deferred = []
+        self._waiter = asyncio.get_running_loop().create_future()
+        clock_now = ctx.clock()
+        again: list[ShardCall] = []
+        for call in flagged:
+            second = call.again(k)
+            candidates = ctx.candidates.again(second, call.answered_by, clock_now)
+            if candidates:
+                self._send(second, self._picker.pick(candidates), hedge=False)
+                again.append(second)
+        self._open_calls = len(again)
+        await self._gather(again)
+        self.asked_again = timer.time() - started
+        # A second answer replaces its shard's first; a cut one does not.
+        replaced = {call.shard: call for call in again if call.hits is not None and not call.cut}
+        took_ms = (timer.time() - self.started) * 1000
+        if replaced:
+            answers = [replaced.get(call.shard, call) for call in self._calls]
+            result = list_missing_capped(merge(answers, k, took_ms, missing))
+            still = self._flagged(answers, result)
+        else:
+            result = dataclasses.replace(first, took_ms=round(took_ms, 3))
+            still = list(flagged)
+        metrics = ctx.metrics
+        metrics.topk_second_round_shards.inc(len(again))
+        metrics.topk_second_rounds.labels(
+            result="ok" if len(replaced) == len(flagged) else "incomplete"
+        ).inc()
+        return result, still
 
     # -- answers ----------------------------------------------------------------------
 
@@ -407,7 +529,11 @@ class Query:
             call.reason = "overload" if overloaded else "error"
             if call.attempts:
                 return  # a hedge is still out; its answer decides
-            if self._timer.time() < self.deadline and self._next_attempt(call, retry=True):
+            if (
+                not self._asking_again  # the first answer stands (see _second_round)
+                and self._timer.time() < self.deadline
+                and self._next_attempt(call, retry=True)
+            ):
                 ctx.metrics.retries.inc()
                 return
             self._finish(call)
@@ -423,7 +549,8 @@ class Query:
         load = load_report(decoded)
         if load is not None:
             replica.report_load(*load, ctx.clock())
-        if service is not None and service > self.service:
+        if service is not None and service > self.service and not self._asking_again:
+            # (A second round's whole time is the query's own: asked_again.)
             self.service = min(service, elapsed)
         window = replica.window
         if window is None:
@@ -436,7 +563,11 @@ class Query:
             ctx.metrics.hedges.labels(result="won").inc()
         # The slower of a hedged pair, if any: no answer after all the time it has had.
         call.answered(
-            hits, replica.instance.payload.docs, decoded.get("cut") is True, self._timer.time()
+            replica,
+            hits,
+            replica.instance.payload.docs,
+            decoded.get("cut") is True,
+            self._timer.time(),
         )
         self._finish(call)
 
@@ -526,10 +657,11 @@ class Query:
 
     # -- the deadline -----------------------------------------------------------------
 
-    def _blame(self, now: float) -> Blame:
-        """What the requests still out at the deadline are charged with (see
-        :meth:`TimeoutBlame.judge <search_server.blame.TimeoutBlame.judge>`)."""
-        late = (a.replica for call in self._calls if not call.done for a in call.attempts)
+    def _blame(self, calls: Sequence[ShardCall], now: float) -> Blame:
+        """What the requests of ``calls`` still out at the deadline are charged with (see
+        :meth:`TimeoutBlame.judge <search_server.blame.TimeoutBlame.judge>`; a second
+        round's among the query's shards)."""
+        late = (a.replica for call in calls if not call.done for a in call.attempts)
         return self._ctx.blame.judge(
             late,
             started=self.started,
@@ -562,10 +694,10 @@ class Query:
             else:
                 self._ctx.metrics.shard_requests.labels(result="timeout").inc()
 
-    def _count(self, result: FanOutResult, took_ms: float) -> None:
+    def _count(self, result: FanOutResult) -> None:
         metrics = self._ctx.metrics
         metrics.queries.labels(outcome="partial" if result.partial else "complete").inc()
-        metrics.query_seconds.observe(took_ms / 1000)
+        metrics.query_seconds.observe(result.took_ms / 1000)
         coverage = result.coverage
         if coverage is not None:
             metrics.coverage.observe(coverage.ratio)

@@ -266,6 +266,7 @@ class SearchServer:
                 zone=config.zone,
                 hedge_ratio=config.hedge_percent / 100,
                 topk_probability=config.topk_probability,
+                topk_second_round=config.topk_second_round,
                 networks=config.data_networks,
                 shards=config.shards,
                 forget_missing_shard_after=config.forget_missing_shard_after,

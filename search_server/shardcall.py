@@ -63,6 +63,7 @@ class ShardCall:
     group the query's first requests go to (None: no group)."""
 
     __slots__ = (
+        "answered_by",
         "asked",
         "attempts",
         "cut",
@@ -79,6 +80,7 @@ class ShardCall:
         "reason",
         "replicas",
         "routable",
+        "route",
         "shard",
         "shard_docs",
         "subset",
@@ -88,6 +90,8 @@ class ShardCall:
     def __init__(
         self, route: ShardRoute, docs_cap: int | None = None, group: Group | None = None
     ) -> None:
+        # Kept for a second request to the shard in this query (see again).
+        self.route = route
         self.shard = route.shard
         # The replicas this search server routes the shard to: its subset's members
         # (all of the shard's routable replicas when it has no subset). Shared with
@@ -116,6 +120,8 @@ class ShardCall:
         self.tried: list[Replica] = []
         self.attempts: list[Attempt] = []
         self.hits: list[Ranked] | None = None
+        # The replica whose answer is the shard's (None until one answers).
+        self.answered_by: Replica | None = None
         # The answer was cut short by the data server at the request's budget.
         self.cut = False
         # Until a replica answers: what the last attempt did ("failed" if none could be made).
@@ -144,11 +150,14 @@ class ShardCall:
         if attempt.group is not None:
             attempt.group.outstanding -= 1
 
-    def answered(self, hits: list[Ranked], docs: int, cut: bool, now: float) -> None:
-        """A replica holding ``docs`` answered with ``hits``: the shard's answer. The
+    def answered(
+        self, replica: Replica, hits: list[Ranked], docs: int, cut: bool, now: float
+    ) -> None:
+        """``replica``, holding ``docs``, answered with ``hits``: the shard's answer. The
         requests still out are the slower of a hedged pair: each is cancelled, and its
         replica charged with the time it has had (``now``, the query's timer)."""
         self.hits, self.outcome = hits, "ok"
+        self.answered_by = replica
         cap = self.docs_cap
         self.docs = docs if cap is None else min(docs, cap)
         self.cut = cut
@@ -159,6 +168,15 @@ class ShardCall:
             loser.replica.penalize(now - loser.started)
             loser.future.cancel()
         self.attempts.clear()
+
+    def again(self, asked: int) -> ShardCall:
+        """A new call of this shard in the same query, whose requests ask for ``asked``
+        hits: a second round of the top ``k`` once this one has answered (see
+        :meth:`Query._second_round <search_server.query.Query._second_round>`). The same
+        replicas and coverage cap, no group, nothing tried; this call keeps its answer."""
+        call = ShardCall(self.route, self.docs_cap)
+        call.asked = asked
+        return call
 
     def end(self) -> None:
         """The shard's part of the query is over: no hedge is offered any more."""

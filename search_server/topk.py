@@ -1,7 +1,7 @@
 """How many hits to ask each shard for, so that the merged top ``k`` is still exact with a
 given probability (:func:`hits_per_shard`, :func:`hits_asked`), which answers may have
-made it inexact (:func:`inexact_shards`), and a query's own probability
-(:func:`parse_topk_probability`).
+made it inexact (:func:`inexact_shards`: the shards a query's second round asks again
+for ``k``), and a query's own probability (:func:`parse_topk_probability`).
 
 Vespa's dispatcher asks each of its partitions for fewer than ``k`` hits (its
 "top-k probability", 0.9999 by default): with documents spread over the shards at
@@ -171,7 +171,10 @@ def inexact_shards(
     is a prefix of the ranking, so that is the same) may hold one more that belonged
     there: the merge may be inexact. When no shard is flagged, it is exact: every
     shard's next hit ranks below the merged ``k``-th. A flag is not a miss (the shard's
-    next hit may rank lower); it is what can be told without asking again.
+    next hit may rank lower); it is what can be told without asking again, and what a
+    second round asks again (``Query._second_round``: with every flagged shard's top
+    ``k``, the merge is exact). O(answers + ``k``): it reads the top ``k`` the merge
+    made, and merges nothing.
     """
     in_top: dict[object, int] = {}
     for hit in merged:

@@ -90,6 +90,11 @@ HOSTILE_ANSWERS = {
     # Asked for 10 at most (a shard's k' <= k): an eleventh hit is no answer to the request.
     "too-many-hits": _answer(*({"id": f"d{i}", "score": 1.0} for i in range(11))),
     "score-1e308": _answer({"id": "d1", "score": 1e308}),
+    # One document twice, same score, other fields: the merge compared the hit objects
+    # (TypeError) and the whole query failed.
+    "duplicate-id": _answer(
+        {"id": "d1", "score": 1.0, "title": "a"}, {"id": "d1", "score": 1.0, "title": "b"}
+    ),
 }
 
 

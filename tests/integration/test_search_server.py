@@ -362,6 +362,44 @@ async def test_shards_are_asked_for_fewer_hits_unless_the_query_opts_out(
     assert asked_total() == (sum(asked) + 3 * k, 6 * k)  # refused before any fan-out
 
 
+async def test_a_second_round_makes_the_top_k_what_asking_every_shard_for_k_gives(
+    make_search_server: SearchServerFactory, make_data_server: DataServerFactory
+) -> None:
+    for i in range(3):
+        await make_data_server(shard=i, docs=300, instance_id=f"ds-r{i}")
+    # At 0.5 each of 3 equal shards is asked for 9 of k = 20: a shard whose nine all
+    # make the top 20 is common, and is asked again for 20.
+    search = await make_search_server(server_id="ss-round", topk_probability=0.5)
+    await all_see([search], {"ds-r0", "ds-r1", "ds-r2"})
+    k = 20
+    assert hits_asked(k, [300] * 3, 0.5) == [9, 9, 9]
+
+    def rounds() -> float:
+        return sample(search.registry, "search_server_fanout_topk_second_rounds_total", result="ok")
+
+    for query in sample_queries(30, variant=12):
+        status, body = await get_json(f"{search.url}/search", q=query, k=str(k))
+        assert status == 200, body
+        assert not body["partial"]
+        status, exact = await get_json(
+            f"{search.url}/search", q=query, k=str(k), topk_probability="1"
+        )
+        assert status == 200, exact
+        assert body["hits"] == exact["hits"], query
+    # Second rounds happened, all of them complete: no query left maybe inexact.
+    assert rounds() >= 5
+    assert (
+        sample(search.registry, "search_server_fanout_topk_second_round_shards_total") >= rounds()
+    )
+    assert (
+        sample(
+            search.registry, "search_server_fanout_topk_second_rounds_total", result="incomplete"
+        )
+        == 0
+    )
+    assert sample(search.registry, "search_server_fanout_topk_maybe_inexact_total") == 0
+
+
 async def test_hung_data_server_never_stalls_a_query(
     make_search_server: SearchServerFactory, make_data_server: DataServerFactory
 ) -> None:

@@ -204,6 +204,24 @@ def test_a_malformed_answer_is_refused(body: object, complaint: str) -> None:
         ranked_hits(body, 0, 10)
 
 
+def test_a_document_answered_twice_by_one_shard_is_refused_before_the_merge() -> None:
+    # Same id, same score, other fields: ranked as they were, the merge compared the hit
+    # objects (a TypeError) and failed the whole query for one data server's answer.
+    twice = {
+        "hits": [{"id": "d1", "score": 2.0, "title": "a"}, {"id": "d1", "score": 2.0, "x": 1}],
+        "shard": 0,
+    }
+    with pytest.raises(BadAnswer, match="hit 'd1' is in the answer twice") as refused:
+        ranked_hits(twice, 0, 10)
+    assert refused.value.why == "malformed"
+    # Another score for the same document is no better: a shard answers each one once.
+    with pytest.raises(BadAnswer, match="twice"):
+        ranked_hits({"hits": [{"id": "d1", "score": 2.0}, {"id": "d1", "score": 1.0}]}, 0, 10)
+    # The same id from two shards is two documents: merged, ranked by shard.
+    shards = [answered(1, ("d1", 2.0)), answered(0, ("d1", 2.0))]
+    assert [(h["id"], h["shard"]) for h in merge(shards, 10, 1.0).hits] == [("d1", 0), ("d1", 1)]
+
+
 def test_a_refusal_quotes_a_bounded_excerpt() -> None:
     with pytest.raises(BadAnswer) as refused:
         ranked_hits(_hit(nested=["y" * 10_000]), 0, 10)

@@ -197,7 +197,9 @@ async def test_a_shard_that_fills_the_top_k_with_all_it_was_asked_for_is_counted
     # Shard 0 holds the best 30 documents: asked for fewer than k, it cannot give them all.
     documents[PORT] = _ranked(0, [5000.0 - i for i in range(30)])
     client = _Shards(documents, {PORT + s: s for s in range(4)})
-    fanout = _fanout(client, registry)
+    # Without the second round (tests/unit/test_topk_second_round.py), which would ask
+    # shard 0 again for k.
+    fanout = _fanout(client, registry, topk_second_round=False)
 
     result = await fanout.search(_servers([1000] * 4), "a", k, 5000)
 
