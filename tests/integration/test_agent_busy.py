@@ -430,6 +430,11 @@ async def _serving(agent: Agent, observer_exists: Callable[[], object]) -> None:
     await agent.astart()
     agent.set_ready()
     await eventually(observer_exists, message="registered")
+    # The agent's status is a snapshot taken once the registration is done: the node can
+    # be seen a moment before it (on a loaded machine, long enough to read the old one).
+    await eventually(
+        lambda: agent.status().state is AgentState.SERVING, message="status shows serving"
+    )
 
 
 async def test_a_stalled_machine_keeps_a_slow_server_registered_and_an_idle_one_does_not(

@@ -716,8 +716,9 @@ class _Recording:
     def get(
         self, endpoint: Endpoint, target: bytes, max_body: int | None = None
     ) -> asyncio.Future[Response]:
+        sent = asyncio.get_running_loop().time()  # first: the nearest to the budget's
         query = parse_qs(urlsplit(target.decode("ascii")).query)
-        self.sent.append((endpoint.port, query, asyncio.get_running_loop().time()))
+        self.sent.append((endpoint.port, query, sent))
         return self._client.get(endpoint, target, max_body)
 
     async def aclose(self) -> None:
@@ -766,12 +767,14 @@ async def test_each_attempt_carries_the_budget_left_when_it_is_sent(
     first_budget, retry_budget = int(first["timeout_ms"][0]), int(retry["timeout_ms"][0])
     assert 1990 <= first_budget <= 2000
     # What was left when the retry was sent, rounded down. The recorder stamps a send a
-    # little after the fan-out computed its budget, and on a machine loaded by parallel
-    # test workers that lag differs between two sends by a millisecond or two (seen:
-    # 1.5 ms): 5 ms of slack, against 1850 ms of waiting, still pins the budget down.
+    # little after the fan-out computed its budget, and that lag differs between two
+    # sends: by a millisecond or two on a machine loaded by parallel test workers, by 13
+    # ms once with the process descheduled between the two (benchmarks running beside
+    # the suite). 25 ms of slack, against 1850 ms of waiting, still tells "what was
+    # left" from the whole budget or the first request's.
     waited_ms = (retry_sent - first_sent) * 1000
     assert waited_ms >= 1850
-    assert first_budget - waited_ms - 5 <= retry_budget <= first_budget - waited_ms + 5
+    assert first_budget - waited_ms - 25 <= retry_budget <= first_budget - waited_ms + 25
     assert retry_budget < 150
 
 
