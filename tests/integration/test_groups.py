@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from data_server import cli as data_server_cli
-from data_server.config import DataServerConfig, FleetConfig, build_fleet_parser, build_parser
+from data_server.config import DataServerConfig
 from data_server.corpus import sample_queries
 from data_server.server import DataServer
 from discovery.config import AgentConfig, ClusterConfig, ZkConfig
@@ -27,8 +27,8 @@ from discovery.tools.status.format import format_text
 from discovery.tools.status.model import ClusterStatus, Published
 from search_server import cli as search_server_cli
 from search_server.config import SearchServerConfig
-from search_server.config import build_parser as build_search_parser
 from search_server.server import SearchServer
+from tests.configs import data_config, exit_message, fleet_config, search_config
 from tests.support import (
     DataServerFactory,
     SearchServerFactory,
@@ -53,26 +53,6 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # Parsers read the environment when built; a developer's shell must not leak in.
     for name in ENV:
         monkeypatch.delenv(name, raising=False)
-
-
-def data_config(*argv: str) -> DataServerConfig:
-    return DataServerConfig.from_args(build_parser().parse_args(list(argv)))
-
-
-def fleet_config(*argv: str) -> FleetConfig:
-    return FleetConfig.from_args(build_fleet_parser().parse_args(list(argv)))
-
-
-def search_config(*argv: str) -> SearchServerConfig:
-    return SearchServerConfig.from_args(build_search_parser().parse_args(list(argv)))
-
-
-def exit_message(main: object, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """The usage error an entry point exits with (status 2), as one line."""
-    with pytest.raises(SystemExit) as exited:
-        main(argv)  # type: ignore[operator]
-    assert exited.value.code == 2
-    return " ".join(capsys.readouterr().err.split())
 
 
 # -- settings ---------------------------------------------------------------------------
