@@ -143,7 +143,7 @@ def test_a_killed_replica_fails_what_it_had_and_refuses_until_it_restarts() -> N
         loop = asyncio.get_running_loop()
         old = cluster.server(0, 0).instance
         in_progress = _get(cluster, "huge")
-        await asyncio.sleep(NET + 0.002)
+        await asyncio.sleep(NET + 0.002)  # ok-sleep: virtual time (simloop)
         cluster.kill(0, 0)
         with pytest.raises(SubrequestError, match="closed the connection"):
             await in_progress
@@ -151,7 +151,7 @@ def test_a_killed_replica_fails_what_it_had_and_refuses_until_it_restarts() -> N
         with pytest.raises(SubrequestError, match="refused"):
             await _get(cluster, "short")
         refused_after = loop.time() - sent
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # ok-sleep: virtual time (simloop)
         cluster.restart(0, 0)
         new = cluster.server(0, 0).instance
         _, status, _ = await _answer(_get(cluster, "short"))
@@ -177,7 +177,7 @@ def test_the_reported_load_is_the_replicas_own_history() -> None:
     # the second's answer its last second held 40 ms of searching, two answers and no
     # error.
     async def test(cluster: SimCluster) -> dict[str, Any]:
-        await asyncio.sleep(2.0)  # older than the one-second window
+        await asyncio.sleep(2.0)  # ok-sleep: virtual time; older than the one-second window
         await _answer(_get(cluster, "huge"))
         return (await _answer(_get(cluster, "huge")))[2]
 

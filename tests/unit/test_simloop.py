@@ -17,7 +17,7 @@ def test_an_hour_of_sleep_passes_in_virtual_time() -> None:
     async def sleep_an_hour() -> tuple[float, float]:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        await asyncio.sleep(3600)
+        await asyncio.sleep(3600)  # ok-sleep: virtual time, the subject of the test
         return start, loop.time()
 
     start, end = run(sleep_an_hour(), start=100.0)
@@ -46,7 +46,7 @@ def test_tasks_interleave_at_their_own_times() -> None:
         loop = asyncio.get_running_loop()
         for step in range(3):
             steps.append((name, step, loop.time()))
-            await asyncio.sleep(period)
+            await asyncio.sleep(period)  # ok-sleep: virtual time
 
     async def main() -> None:
         await asyncio.gather(worker("slow", 1.0), worker("fast", 0.4))
@@ -69,7 +69,7 @@ def test_ready_tasks_take_turns_without_time_passing() -> None:
         loop = asyncio.get_running_loop()
         for _ in range(2):
             turns.append((name, loop.time()))
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # ok-sleep: one loop turn, no time passes
 
     async def main() -> None:
         await asyncio.gather(yielder("a"), yielder("b"))
@@ -114,6 +114,7 @@ def test_a_task_waiting_for_nothing_scheduled_is_a_deadlock() -> None:
 def test_the_loop_is_a_loop_of_its_own_and_closes() -> None:
     loop = VirtualTimeLoop(start=2.0)
     try:
+        # ok-sleep: virtual time
         assert loop.run_until_complete(asyncio.sleep(3, result="slept")) == "slept"
         assert loop.time() == 5.0
     finally:
