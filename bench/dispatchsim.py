@@ -369,6 +369,7 @@ class SimServer:
         self.busy = 0.0  # seconds its worker worked
         self.answered = 0
         self.cut = 0
+        self.faulty_cut = 0  # of them, cut while it was slowed
         self.refused = 0
 
     # -- requests in -------------------------------------------------------------------
@@ -443,6 +444,8 @@ class SimServer:
         self.answered += 1
         if cut:
             self.cut += 1
+            if self.multiplier > 1.0:
+                self.faulty_cut += 1
         shard = self.shard
         body = {
             "hits": self.cluster.hits(job.query, shard, job.k),

@@ -138,6 +138,19 @@ def test_a_search_stops_at_its_budget_and_answers_cut() -> None:
     assert at == pytest.approx(NET + body["took_ms"] / 1000 + NET)
 
 
+def test_answers_cut_while_slowed_are_counted_apart() -> None:
+    async def test(cluster: SimCluster) -> list[tuple[int, int]]:
+        server = cluster.server(0, 0)
+        await _answer(_get(cluster, "huge", timeout_ms=10))
+        counts = [(server.cut, server.faulty_cut)]
+        cluster.slow(0, 0, 10.0)
+        await _answer(_get(cluster, "huge", timeout_ms=10))
+        counts.append((server.cut, server.faulty_cut))
+        return counts
+
+    assert _in_cluster(test) == [(1, 0), (2, 1)]
+
+
 def test_a_killed_replica_fails_what_it_had_and_refuses_until_it_restarts() -> None:
     async def test(cluster: SimCluster) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
