@@ -48,12 +48,13 @@ ours stand in for; no hedging), ``ars`` adaptive replica selection (Elasticsearc
 hedging), ``ours`` the search server's defaults (ARS, hedging, slow start), ``ours-wrr``
 the same with the ``wrr`` picker (server-reported load) and ``ours-groups`` with the
 replicas registered in groups (replica ``r`` of every shard in group ``r``; skipped,
-said so, on a tree whose payload has no group). Run only when ``--policies`` names them: ``ours-no-hedging``
-(ours with hedging off, to tell what hedging does) and ``ours-cov95``, ours with the
-coverage policy ``CoveragePolicy(min_coverage=0.95)`` (adaptive wait 1, its default; no
-soft timeout): once 95 % of the corpus has answered, the rest get as long again as that
-took. On shards of equal size 95 % of fewer than 20 is every shard, the policy never
-ends a query early and the run would be ours again: it is skipped, said so, there.
+said so, on a tree whose payload has no group). Run only when ``--policies`` names
+them: ``ours-no-hedging`` (ours with hedging off, to tell what hedging does) and
+``ours-cov95``, ours with the coverage policy ``CoveragePolicy(min_coverage=0.95)``
+(adaptive wait 1, its default; no soft timeout): once 95 % of the corpus has answered,
+the rest get as long again as that took. On shards of equal size 95 % of fewer than 20
+is every shard, the policy never ends a query early and the run would be ours again:
+it is skipped, said so, there.
 
 **Figures** per policy and phase: queries, p50 / p99 / p99.9 latency, share of partial
 answers, extra requests ((sub-requests sent - first requests) / first requests; first
@@ -97,6 +98,7 @@ from dispatchsim import (
     SimCluster,
     Trace,
     arrivals,
+    best_of,
     group_value,
     payload_has_group,
     record_trace,
@@ -727,6 +729,14 @@ def main() -> int:
     add("--quick", action="store_true", help="a small run (under a minute)")
     add("--trace", type=Path, help="replay this saved trace instead of recording one")
     add("--record-only", action="store_true", help="record the trace, write it and stop")
+    add(
+        "--best-of",
+        nargs="+",
+        type=Path,
+        metavar="TRACE",
+        help="write the least time of each search over these recorded traces as the trace "
+        "of --label, and stop",
+    )
     add("--label", help="suffix of the result files [full, or quick with --quick]")
     add("--out-dir", type=Path, default=RESULTS, help="where the JSON goes [bench/results]")
     add(
@@ -794,6 +804,13 @@ def main() -> int:
     started = time.monotonic()
     overhead = args.overhead_us / 1e6
     rate_of = stated_rate(args.utilization, args.replicas, overhead)
+    if args.best_of:
+        best = best_of([Trace.load(path) for path in args.best_of], rate_of)
+        trace_path = args.out_dir / f"dispatch-trace-{args.label}.json"
+        best.save(trace_path)
+        said = ", ".join(f"{1000 * m:.3f}" for m in best.shard_means())
+        print(f"wrote {trace_path}: the best of {len(args.best_of)} traces; shard means {said} ms")
+        return 0
     if args.trace is not None:
         trace = Trace.load(args.trace)
         print(f"trace: {args.trace} ({len(trace.queries)} queries x {trace.shards} shards)")
