@@ -79,7 +79,7 @@ def test_a_tiny_run_has_every_policy_and_phase_and_replays_the_same(tmp_path: Pa
         # rank when the p99.9 is within the line, more when not.
         assert row["over_goal_allowed"] == 0  # 300 queries: the p99.9 is the slowest
         assert (row["over_goal_queries"] > 0) == (row["p999_ms"] > row["goal_line_ms"])
-        assert "slowest_ms" not in row
+        assert "latencies_ms" not in row
         if not policy.startswith("ours"):
             assert row["hedges"] == 0  # hedging off
     # Round robin keeps sending a third of the shard's queries to the slowed replica.
