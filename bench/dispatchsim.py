@@ -67,6 +67,7 @@ __all__ = [
     "SimServer",
     "Trace",
     "arrivals",
+    "best_of",
     "record_trace",
 ]
 
@@ -234,6 +235,55 @@ def record_trace(
     )
 
 
+#: What recordings must share to be one trace's timings (see :func:`best_of`).
+_SAME_RECORDING = ("docs_per_shard", "queries", "k", "search_clock", "seed", "loadgen_variant")
+
+
+def best_of(traces: list[Trace], rate: Callable[[list[float]], float]) -> Trace:
+    """One trace of the least time of each search over ``traces``, recordings of the
+    same queries on the same shards (the same generator, documents, seed, ``k`` and
+    clock): the best of all their repeats, as :func:`record_trace` keeps the best of
+    its own. Why: a recording times each shard's repeats back to back, in some ten
+    seconds, and a burst of load on this machine that lasts them inflates that shard
+    even by the thread's CPU time (a busy sibling hyperthread slows it); two recordings
+    at different times are rarely hit on the same shard. ``rate`` states the trace's
+    arrival rate from its shards' means, as in :func:`record_trace`; the arrival times
+    are the first trace's, scaled to it. ``meta`` keeps each recording's shard means.
+    Raises ``ValueError`` for traces that are not recordings of the same searches.
+    """
+    if not traces:
+        raise ValueError("no trace to take the best of")
+    first = traces[0]
+    for other in traces[1:]:
+        if other.queries != first.queries or other.shards != first.shards:
+            raise ValueError("the traces do not hold the same queries on the same shards")
+        for key in _SAME_RECORDING:
+            if other.meta.get(key) != first.meta.get(key):
+                raise ValueError(f"the traces were recorded with different {key}")
+    costs = [
+        [min(values) for values in zip(*rows, strict=True)]
+        for rows in zip(*(trace.costs for trace in traces), strict=True)
+    ]
+    count = len(costs)
+    means = [sum(row[s] for row in costs) / count for s in range(first.shards)]
+    stated = rate(means)
+    return Trace(
+        queries=list(first.queries),
+        arrival_s=[t * first.rate / stated for t in first.arrival_s],
+        costs=costs,
+        rate=stated,
+        meta={
+            **first.meta,
+            "repeats": sum(int(trace.meta.get("repeats", 1)) for trace in traces),
+            "recordings": len(traces),
+            "recorded_s": round(sum(float(t.meta.get("recorded_s", 0)) for t in traces), 1),
+            "recordings_shard_mean_ms": [
+                [round(1000 * m, 3) for m in trace.shard_means()] for trace in traces
+            ],
+        },
+    )
+
+
 def arrivals(
     trace: Trace, count: int, rate: float, seed: int, *, replay: bool
 ) -> Iterator[tuple[float, int]]:
@@ -369,6 +419,7 @@ class SimServer:
         self.busy = 0.0  # seconds its worker worked
         self.answered = 0
         self.cut = 0
+        self.faulty_cut = 0  # of them, cut while it was slowed
         self.refused = 0
 
     # -- requests in -------------------------------------------------------------------
@@ -443,6 +494,8 @@ class SimServer:
         self.answered += 1
         if cut:
             self.cut += 1
+            if self.multiplier > 1.0:
+                self.faulty_cut += 1
         shard = self.shard
         body = {
             "hits": self.cluster.hits(job.query, shard, job.k),

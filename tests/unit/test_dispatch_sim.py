@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import orjson
 import pytest
 
-from bench.dispatchsim import ClusterShape, SimCluster, Trace, arrivals
+from bench.dispatchsim import ClusterShape, SimCluster, Trace, arrivals, best_of
 from bench.simloop import run
 from search_server.httpclient import Endpoint, Response, SubrequestError
 from search_server.merging import ranked_hits
@@ -138,6 +138,19 @@ def test_a_search_stops_at_its_budget_and_answers_cut() -> None:
     assert at == pytest.approx(NET + body["took_ms"] / 1000 + NET)
 
 
+def test_answers_cut_while_slowed_are_counted_apart() -> None:
+    async def test(cluster: SimCluster) -> list[tuple[int, int]]:
+        server = cluster.server(0, 0)
+        await _answer(_get(cluster, "huge", timeout_ms=10))
+        counts = [(server.cut, server.faulty_cut)]
+        cluster.slow(0, 0, 10.0)
+        await _answer(_get(cluster, "huge", timeout_ms=10))
+        counts.append((server.cut, server.faulty_cut))
+        return counts
+
+    assert _in_cluster(test) == [(1, 0), (2, 1)]
+
+
 def test_a_killed_replica_fails_what_it_had_and_refuses_until_it_restarts() -> None:
     async def test(cluster: SimCluster) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
@@ -195,3 +208,23 @@ def test_arrivals_replay_the_trace_then_cycle_with_fresh_ones() -> None:
     assert all(a[0] < b[0] for a, b in itertools.pairwise(first))
     assert first == list(arrivals(trace, 7, rate=20.0, seed=3, replay=True))
     assert first[3:] != list(arrivals(trace, 7, rate=20.0, seed=4, replay=True))[3:]
+
+
+def test_the_best_of_recordings_keeps_each_searchs_least_time() -> None:
+    meta = {"docs_per_shard": 100, "queries": 2, "k": 10, "seed": 0, "repeats": 3}
+    one = Trace(["a", "b"], [1.0, 2.0], [[1.0, 9.0], [4.0, 2.0]], rate=1.0, meta=meta)
+    two = Trace(["a", "b"], [1.0, 2.0], [[3.0, 1.0], [2.0, 5.0]], rate=1.0, meta=meta)
+    # Stated at the rate that makes the busiest shard's mean one second's work.
+    best = best_of([one, two], rate=lambda means: 1.0 / max(means))
+    assert best.costs == [[1.0, 1.0], [2.0, 2.0]]
+    assert best.rate == pytest.approx(2 / 3)
+    # The same arrivals once replayed at any rate: scaled with the stated rate.
+    assert list(arrivals(best, 2, 1.0, 0, replay=True)) == list(
+        arrivals(one, 2, 1.0, 0, replay=True)
+    )
+    assert best.meta["repeats"] == 6
+    assert best.meta["recordings_shard_mean_ms"] == [[2500.0, 5500.0], [2500.0, 3000.0]]
+    with pytest.raises(ValueError, match="same queries"):
+        best_of([one, Trace(["a", "c"], [1.0, 2.0], one.costs, 1.0, meta)], rate=max)
+    with pytest.raises(ValueError, match="different k"):
+        best_of([one, Trace(["a", "b"], [1.0, 2.0], one.costs, 1.0, {**meta, "k": 5})], rate=max)
