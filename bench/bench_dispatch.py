@@ -656,9 +656,15 @@ def shape_fields(shape: ClusterShape) -> dict[str, Any]:
 
 
 def git(*argv: str) -> str:
-    return subprocess.run(
-        ["git", *argv], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    """git's answer, or "" where there is no git or no checkout (the Python 3.13 root
+    runs the tiny bench on a copy of the tree without git): the record then says so
+    rather than the run failing."""
+    try:
+        return subprocess.run(
+            ["git", *argv], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
 
 
 def stated_rate(
@@ -951,7 +957,7 @@ def main() -> int:
             key: str(value) if isinstance(value, Path) else value
             for key, value in vars(args).items()
         },
-        commit=git("rev-parse", "HEAD"),
+        commit=git("rev-parse", "HEAD") or "unknown",
         uncommitted_changes=git("status", "--porcelain", "--untracked-files=no").splitlines(),
         trace={"file": str(trace_path), "rate": trace.rate, **trace.meta},
         setup={
