@@ -20,8 +20,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from discovery.address import NetworkPolicy
+from discovery.config import ClusterConfig, ZkConfig
+from discovery.errors import ConfigError
 from discovery.instance import ServiceInstance
+from search_server import cli as search_server_cli
 from search_server.candidates import Candidates
+from search_server.config import SearchServerConfig, build_parser
 from search_server.demotion import LatencyDemotion
 from search_server.ejection import OutlierEjection
 from search_server.fanout import FanOut, FanOutConfig
@@ -579,3 +583,71 @@ async def test_a_request_out_when_its_replica_is_demoted_is_no_step_towards_ejec
     assert sample(registry, DEMOTIONS, event="probe") == 1
     assert slow.failures == 1
     assert sample(registry, "search_server_fanout_ejections_total") == 1
+
+
+# -- the search server's flags ------------------------------------------------------------
+
+_FLAGS_ENV = (
+    "DISCOVERY_DEMOTE_RATIO",
+    "DISCOVERY_DEMOTE_FLOOR_MS",
+    "DISCOVERY_DEMOTE_PROBE_INTERVAL",
+)
+
+
+def _search_config(*argv: str) -> SearchServerConfig:
+    return SearchServerConfig.from_args(build_parser().parse_args(list(argv)))
+
+
+def test_the_flags_set_the_search_servers_demotion(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _FLAGS_ENV:  # a developer's shell must not leak in
+        monkeypatch.delenv(name, raising=False)
+    config = _search_config()
+    assert (config.demote_ratio, config.demote_floor_ms, config.demote_probe_interval) == (
+        3.0,
+        2.0,
+        1.0,
+    )
+    config = _search_config(
+        "--demote-ratio", "4", "--demote-floor-ms", "0.5", "--demote-probe-interval", "2"
+    )
+    assert (config.demote_ratio, config.demote_floor_ms, config.demote_probe_interval) == (
+        4.0,
+        0.5,
+        2.0,
+    )
+    monkeypatch.setenv("DISCOVERY_DEMOTE_RATIO", "0")
+    assert _search_config().demote_ratio == 0.0  # off
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--demote-ratio", "1"),
+        ("--demote-ratio", "0.5"),
+        ("--demote-ratio", "-3"),
+        ("--demote-ratio", "nan"),
+        ("--demote-floor-ms", "-1"),
+        ("--demote-floor-ms", "inf"),
+        ("--demote-probe-interval", "0"),
+        ("--demote-probe-interval", "soon"),
+    ],
+)
+def test_a_bad_demotion_flag_is_a_cli_error_naming_it(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        search_server_cli.main([flag, value])
+    assert exited.value.code == 2
+    assert f"argument {flag}:" in " ".join(capsys.readouterr().err.split())
+
+
+def test_programmatic_demotion_settings_are_checked() -> None:
+    for field, value, flag in (
+        ("demote_ratio", 0.9, "--demote-ratio"),
+        ("demote_floor_ms", -1.0, "--demote-floor-ms"),
+        ("demote_probe_interval", 0.0, "--demote-probe-interval"),
+    ):
+        with pytest.raises(ConfigError, match=f"^{flag} must be"):
+            SearchServerConfig(
+                zk=ZkConfig(hosts="127.0.0.1:1"), cluster=ClusterConfig(), **{field: value}
+            )
