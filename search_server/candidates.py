@@ -2,11 +2,11 @@
 
 :class:`Candidates` narrows them for the :class:`~search_server.picking.ReplicaPicker`:
 a first request to the query's replica group while it has a usable replica of the
-shard, draining replicas only as a last resort. Pure choice: it sends nothing. Not
-thread-safe.
+shard, latency outliers only for their probes while a peer is not one, draining
+replicas only as a last resort. Pure choice: it sends nothing. Not thread-safe.
 
-Design: docs/design/search-server.md, "Replicas: picked, draining as a last resort"
-and "Replica groups".
+Design: docs/design/search-server.md, "Replicas: picked, draining as a last resort",
+"Replica groups" and "Latency outlier demotion".
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 
+from .demotion import LatencyDemotion
 from .picking import Replica
 from .replicahealth import ReplicaHealth
 from .shardcall import ShardCall
@@ -27,7 +28,7 @@ class Candidates:
 
     ``zone`` is this search server's zone (None: no preference); a replica with fewer
     than ``warmup`` answers gets one request at a time; ``rng`` flips the coins of
-    subsets' edge replicas.
+    subsets' edge replicas; ``demotion`` leaves latency outliers out (None: never).
     """
 
     def __init__(
@@ -38,21 +39,25 @@ class Candidates:
         zone: str | None,
         warmup: int,
         rng: random.Random,
+        demotion: LatencyDemotion | None = None,
     ) -> None:
         self._routing = routing
         self._health = health
         self._zone = zone
         self._warmup = warmup
         self._rng = rng
+        self._demotion = demotion if demotion is not None and demotion.enabled else None
 
     def of(self, call: ShardCall, now: float) -> list[Replica]:
         """The shard's replicas a request may go to now: for the first request of a
         query that has a replica group, the group's usable ones (within the group's
-        subset, not ejected, not overloaded); else (a retry, a hedge, or the group has
-        none: a fill, counted) its routable ones not yet tried nor ejected (within its
-        subset, with spares for the ejected and the tried, see
-        :meth:`~search_server.subsetting.Subset.candidates`), or, when none is left,
-        its draining ones (a last resort)."""
+        subset, not ejected, not overloaded, not demoted); else (a retry, a hedge, or
+        the group has none: a fill, counted) its routable ones not yet tried nor
+        ejected (within its subset, with spares for the ejected and the tried, see
+        :meth:`~search_server.subsetting.Subset.candidates`), less the demoted ones
+        while one is not (:class:`~search_server.demotion.LatencyDemotion`; a first
+        request may be a demoted replica's probe, alone), or, when none is left, its
+        draining ones (a last resort)."""
         tried = call.tried
         # In panic the shard's ejections are not heeded: judged at a time past them all.
         seen = math.inf if call.panic else now
@@ -82,15 +87,29 @@ class Candidates:
             reserve = self._routing.reserve(call.shard)
             return [r for r in reserve if r not in tried and not r.is_ejected(seen)]
         if len(usable) > 1:
+            demotion = self._demotion
             if self._health.any_overloaded:
-                usable = self._health.not_overloaded(usable, now) or usable
-            usable = self._preferred(usable)
+                fresh = self._health.not_overloaded(usable, now)
+                # For a first request, a demoted replica is no other candidate: sent all
+                # the first requests while its peers back off, a replica ten times
+                # slower queues them up to its own refusals. A retry may go to it.
+                if fresh and (demotion is None or tried or _any_undemoted(fresh)):
+                    usable = fresh
+            usable = self._zoned(usable)
+            if demotion is not None and len(usable) > 1:
+                # Judged against the shard's members (the zone's, with a zone), the
+                # tried ones too. A retry or a hedge whose every candidate left is
+                # demoted still has them: demotion never leaves a shard without one.
+                peers = call.replicas if self._zone is None else self._zoned(list(call.replicas))
+                usable = demotion.narrow(usable, peers, now, seen=seen, first=not tried) or usable
+            usable = self._warm(usable)
         return usable
 
     def _in_group(self, call: ShardCall, group: str, seen: float, now: float) -> list[Replica]:
         """The first request's candidates in ``group``: its subset's usable members
         (spares of the group for the ejected ones), less those that refused for
-        overload; empty when none is left (the caller fills from the whole shard)."""
+        overload and those demoted among the shard's usable replicas (a probe aside);
+        empty when none is left (the caller fills from the whole shard)."""
         groups = call.groups
         subset = groups.members(group) if groups is not None else None
         if subset is None:
@@ -100,18 +119,29 @@ class Candidates:
             # Strictly: a group whose replicas here all refused fills from another.
             usable = self._health.not_overloaded(usable, now)
         if len(usable) > 1:
-            usable = self._preferred(usable)
+            usable = self._zoned(usable)
+        demotion = self._demotion
+        if usable and demotion is not None:
+            # Judged against the whole shard, not the group: a group holds one replica
+            # of a shard, usually, and a demoted one is filled for by another group's.
+            peers = call.replicas if self._zone is None else self._zoned(list(call.replicas))
+            usable = demotion.narrow(usable, peers, now, seen=seen, first=True)
+        if len(usable) > 1:
+            usable = self._warm(usable)
         return usable
 
-    def _preferred(self, usable: list[Replica]) -> list[Replica]:
-        """Of two or more ``usable`` replicas, those in this search server's zone if
-        any, and of those the warmed up or idle ones."""
+    def _zoned(self, usable: list[Replica]) -> list[Replica]:
+        """Those of ``usable`` in this search server's zone if any, else all of them."""
         zone = self._zone
         if zone is not None:
             local = [r for r in usable if r.zone == zone]
             if local:
-                usable = local
-        if self._warmup:
+                return local
+        return usable
+
+    def _warm(self, usable: list[Replica]) -> list[Replica]:
+        """Of ``usable``, the warmed up or idle ones (see the class)."""
+        if self._warmup and len(usable) > 1:
             warm = self._warmup
             ready = [r for r in usable if r.samples >= warm or r.outstanding == 0]
             if not ready:
@@ -141,13 +171,16 @@ class Candidates:
 
     def for_hedge(self, call: ShardCall, waited: float, now: float) -> list[Replica]:
         """The candidates of a hedge after its shard's request was out ``waited``
-        seconds. A replica whose p95 is above that would not beat the request out, and
+        seconds. A replica whose p95 is above that would not beat the request out, nor
+        would a demoted one (a latency outlier: its p95 may predate its slowness), and
         one that has just refused for overload would only refuse again: when no other
         is left, the slowness is the whole shard's and a hedge cannot help."""
         candidates = [
             r
             for r in self.of(call, now)
-            if r.window is None or r.window.p95 is None or r.window.p95 <= waited
+            if (r.window is None or r.window.p95 is None or r.window.p95 <= waited)
+            # A demoted one would not beat it either, whatever its (stale) p95 says.
+            and r.demoted_at is None
         ]
         if candidates and self._health.any_overloaded:
             candidates = self._health.not_overloaded(candidates, now)
@@ -161,3 +194,8 @@ class Candidates:
         """The shard has another replica a hedge could go to (a member or a draining
         one)."""
         return len(call.replicas) > 1 or bool(self._routing.reserve(call.shard))
+
+
+def _any_undemoted(replicas: list[Replica]) -> bool:
+    """Some of ``replicas`` is not demoted (as of its shard's last judgement)."""
+    return any(replica.demoted_at is None for replica in replicas)

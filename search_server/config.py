@@ -39,6 +39,7 @@ from discovery.livelist.brake import MassLossBrakeConfig
 
 from .admission import ConcurrencyLimit, FixedLimit, GradientLimit
 from .coverage import MAX_ADAPTIVE_WAIT, CoveragePolicy
+from .demotion import DEMOTE_FLOOR, DEMOTE_PROBE_INTERVAL, DEMOTE_RATIO
 from .expectedshards import FORGET_MISSING_SHARD_AFTER
 from .httpclient import DEFAULT_MAX_BODY
 from .querydeath import QueryOfDeathConfig
@@ -70,6 +71,13 @@ def _non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def _demote_ratio(text: str) -> float:
+    value = _non_negative_float(text)
+    if not (value == 0 or value > 1):
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or above 1, got {text!r}")
     return value
 
 
@@ -270,6 +278,35 @@ SEARCH_OPTIONS = (
         type=int_range(0, 100),
         default=50,
         metavar="PERCENT",
+    ),
+    Option(
+        "--demote-ratio",
+        "DISCOVERY_DEMOTE_RATIO",
+        "latency outlier demotion: a data server whose response times, each over that of "
+        "the same query's other shards, average more than this many times its shard's "
+        "typical replica's gets no request while its peers serve, but a probe now and "
+        "then; no failure, no ejection (0: off)",
+        type=_demote_ratio,
+        default=DEMOTE_RATIO,
+        metavar="RATIO",
+    ),
+    Option(
+        "--demote-floor-ms",
+        "DISCOVERY_DEMOTE_FLOOR_MS",
+        "latency outlier demotion: a data server is demoted only when its response-time "
+        "average is also this much above its shard's typical replica's",
+        type=_non_negative_float,
+        default=DEMOTE_FLOOR * 1000,
+        metavar="MS",
+    ),
+    Option(
+        "--demote-probe-interval",
+        "DISCOVERY_DEMOTE_PROBE_INTERVAL",
+        "latency outlier demotion: seconds between two probes of a demoted data server "
+        "(one query's first request), whose answer says whether it is fast again",
+        type=positive_float,
+        default=DEMOTE_PROBE_INTERVAL,
+        metavar="SECONDS",
     ),
     Option(
         "--min-group-coverage",
@@ -626,7 +663,9 @@ class SearchServerConfig:
 
     ``zone`` is the server's own zone (``--zone``), ``None`` for no preference.
     ``min_group_coverage_percent`` is the least coverage of a replica group in
-    rotation (``--min-group-coverage``).
+    rotation (``--min-group-coverage``). ``demote_ratio``, ``demote_floor_ms`` and
+    ``demote_probe_interval`` are latency outlier demotion's (``--demote-*``; a ratio
+    of 0 turns it off).
     ``picker`` names the replica picker (``--picker``: ``ars``, ``p2c`` or ``wrr``,
     whose settings are ``wrr``: ``--wrr-*``) and
     ``hedge_percent`` caps hedged requests (``--hedge-percent``, 0 turns them off);
@@ -674,6 +713,9 @@ class SearchServerConfig:
     max_ejected_percent: int = 50
     panic_percent: int = 50
     min_group_coverage_percent: float = 97.0
+    demote_ratio: float = DEMOTE_RATIO
+    demote_floor_ms: float = DEMOTE_FLOOR * 1000
+    demote_probe_interval: float = DEMOTE_PROBE_INTERVAL
     heartbeat_interval: float = 1.0
     heartbeat_ttl: float = 5.0
     reconcile_interval: float = 5.0
@@ -737,6 +779,14 @@ class SearchServerConfig:
         if not 0 <= self.min_group_coverage_percent <= 100:
             raise ConfigError(
                 f"--min-group-coverage must be in 0..100, got {self.min_group_coverage_percent}"
+            )
+        if not (self.demote_ratio == 0 or self.demote_ratio > 1):
+            raise ConfigError(f"--demote-ratio must be 0 (off) or above 1, got {self.demote_ratio}")
+        if not 0 <= self.demote_floor_ms < float("inf"):
+            raise ConfigError(f"--demote-floor-ms must be at least 0, got {self.demote_floor_ms}")
+        if not 0 < self.demote_probe_interval < float("inf"):
+            raise ConfigError(
+                f"--demote-probe-interval must be positive, got {self.demote_probe_interval}"
             )
         if self.picker not in PICKERS:
             raise ConfigError(f"--picker must be one of {', '.join(PICKERS)}, got {self.picker!r}")
@@ -833,6 +883,9 @@ class SearchServerConfig:
             max_ejected_percent=args.max_ejected_percent,
             panic_percent=args.panic_threshold,
             min_group_coverage_percent=args.min_group_coverage,
+            demote_ratio=args.demote_ratio,
+            demote_floor_ms=args.demote_floor_ms,
+            demote_probe_interval=args.demote_probe_interval,
             heartbeat_interval=args.heartbeat_interval,
             heartbeat_ttl=args.heartbeat_ttl,
             reconcile_interval=args.reconcile_interval,

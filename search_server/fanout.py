@@ -26,6 +26,7 @@ from .admission import ConcurrencyLimit, FixedLimit
 from .blame import OwnLoad, TimeoutBlame
 from .candidates import Candidates
 from .coverage import CoveragePolicy, late_shards
+from .demotion import LatencyDemotion
 from .ejection import OutlierEjection
 from .fanoutconfig import OVERLOAD_BACKOFF, PANIC_THRESHOLD, STALL_GRACE, FanOutConfig
 from .groups import GroupTable
@@ -143,6 +144,15 @@ class FanOut:
             on_ejection=routing.groups.ejection_changed,
         )
         self._own = own = OwnLoad(clock, loop_lag)
+        demotion = LatencyDemotion(
+            ratio=config.demote_ratio,
+            floor=config.demote_floor,
+            probe_interval=config.demote_probe_interval,
+            # Judged once warmed up: the first answers of a cold connection say little
+            # of a replica's speed.
+            min_samples=max(1, config.warmup_samples),
+            metrics=metrics,
+        )
         self._queries = QueryContext(
             client=self._client,
             candidates=Candidates(
@@ -151,6 +161,7 @@ class FanOut:
                 zone=config.zone,
                 warmup=config.warmup_samples,
                 rng=rng if rng is not None else random.Random(),
+                demotion=demotion,
             ),
             health=health,
             blame=TimeoutBlame(
@@ -166,6 +177,7 @@ class FanOut:
             metrics=metrics,
             clock=clock,
             timer=timer,
+            demotion=demotion if demotion.enabled else None,
         )
 
     async def aclose(self) -> None:

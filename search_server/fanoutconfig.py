@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from discovery.address import NetworkPolicy
 
 from .coverage import CoveragePolicy
+from .demotion import DEMOTE_FLOOR, DEMOTE_PROBE_INTERVAL, DEMOTE_RATIO
 from .expectedshards import FORGET_MISSING_SHARD_AFTER
 from .groups import MIN_GROUP_COVERAGE
 from .slowstart import SlowStart
@@ -58,7 +59,12 @@ class FanOutConfig:
     them is no longer expected once it has had no replica for
     ``forget_missing_shard_after`` seconds (0: never forgotten).
     ``panic_threshold``: see :data:`PANIC_THRESHOLD`; ``overload_backoff``: see
-    :data:`OVERLOAD_BACKOFF`. ``min_group_coverage`` (0..1) is the share of the corpus a
+    :data:`OVERLOAD_BACKOFF`. A replica whose relative slowness (its response times over
+    those of the same queries' other shards) is above ``demote_ratio`` times its
+    shard's typical replica's, and its response time more than ``demote_floor`` seconds
+    above, gets no request while a peer is not demoted, but a probe every
+    ``demote_probe_interval`` seconds (:class:`~search_server.demotion.LatencyDemotion`;
+    ``demote_ratio`` 0: off). ``min_group_coverage`` (0..1) is the share of the corpus a
     replica group must cover to stay in rotation (see
     :data:`~search_server.groups.MIN_GROUP_COVERAGE`). ``networks``
     (``--allowed-networks``) leaves data servers
@@ -87,6 +93,9 @@ class FanOutConfig:
     forget_missing_shard_after: float = FORGET_MISSING_SHARD_AFTER
     panic_threshold: float = PANIC_THRESHOLD
     overload_backoff: float = OVERLOAD_BACKOFF
+    demote_ratio: float = DEMOTE_RATIO
+    demote_floor: float = DEMOTE_FLOOR
+    demote_probe_interval: float = DEMOTE_PROBE_INTERVAL
     min_group_coverage: float = MIN_GROUP_COVERAGE
     networks: NetworkPolicy = field(default_factory=NetworkPolicy)
     slow_start: SlowStart = field(default_factory=_no_slow_start)
@@ -112,6 +121,14 @@ class FanOutConfig:
             raise ValueError(f"panic_threshold must be in 0..1, got {self.panic_threshold}")
         if not self.overload_backoff >= 0:
             raise ValueError(f"overload_backoff must be >= 0 seconds, got {self.overload_backoff}")
+        if not (self.demote_ratio == 0 or self.demote_ratio > 1):
+            raise ValueError(f"demote_ratio must be 0 (off) or above 1, got {self.demote_ratio}")
+        if not self.demote_floor >= 0:
+            raise ValueError(f"demote_floor must be >= 0 seconds, got {self.demote_floor}")
+        if not self.demote_probe_interval > 0:
+            raise ValueError(
+                f"demote_probe_interval must be > 0 seconds, got {self.demote_probe_interval}"
+            )
         if not 0 <= self.min_group_coverage <= 1:
             raise ValueError(f"min_group_coverage must be in 0..1, got {self.min_group_coverage}")
         if not 0 < self.topk_probability <= 1:

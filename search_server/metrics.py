@@ -14,6 +14,7 @@ from .httpclient import AnswerTooLarge
 from .merging import BAD_ANSWER_REASONS, DEGRADED_REASONS, MAX_SCORE, BadAnswer
 
 __all__ = [
+    "DEMOTION_EVENTS",
     "HEDGE_RESULTS",
     "PANIC_SCOPES",
     "QUERY_OUTCOMES",
@@ -30,6 +31,8 @@ QUERY_OUTCOMES = ("complete", "partial", "overloaded")
 SHARD_RESULTS = ("ok", "error", "timeout", "overload")
 #: Label values of ``search_server_fanout_hedges_total{result}``.
 HEDGE_RESULTS = ("sent", "won", "over_budget", "own_lag", "shedding", "systemic")
+#: Label values of ``search_server_fanout_demotions_total{event}``.
+DEMOTION_EVENTS = ("demoted", "probe", "restored")
 #: Label values of ``search_server_fanout_panic_total{scope}``.
 PANIC_SCOPES = ("shard", "cluster")
 #: Label values of ``search_server_fanout_topk_second_rounds_total{result}``: every
@@ -135,6 +138,18 @@ class FanOutMetrics:
             "replica tried (it still answers during its grace).",
             registry=registry,
         )
+        self.demotions = Counter(
+            "search_server_fanout_demotions",
+            "Latency outlier demotion, by event: demoted (a data server's relative "
+            "slowness, its response times over the same queries' other shards', was found "
+            "above --demote-ratio times its shard's typical replica's: no request while "
+            "its peers serve; no failure, no ejection), probe (a query's first request "
+            "sent to a demoted data server, one per --demote-probe-interval, whose answer "
+            "says what it has become) or restored (it is no longer an outlier and gets "
+            "requests again).",
+            ["event"],
+            registry=registry,
+        )
         self.ejections = Counter(
             "search_server_fanout_ejections",
             "Times a data server was ejected for consecutive failures or timeouts.",
@@ -213,7 +228,8 @@ class FanOutMetrics:
         self.group_fills = Counter(
             "search_server_fanout_group_fills",
             "First requests of a shard sent outside its query's replica group: the group "
-            "had no usable replica of the shard (none, ejected or overloaded).",
+            "had no usable replica of the shard (none, ejected, overloaded or demoted as "
+            "a latency outlier).",
             registry=registry,
         )
         self.group_coverage = Gauge(
@@ -287,6 +303,8 @@ class FanOutMetrics:
             self.routing_updates.labels(kind=kind)
         for kind in ("retry", "hedge"):
             self.budget_refused.labels(kind=kind)
+        for event in DEMOTION_EVENTS:
+            self.demotions.labels(event=event)
         for scope in PANIC_SCOPES:
             self.panic.labels(scope=scope)
         for why in UNBLAMED_REASONS:

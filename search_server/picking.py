@@ -65,7 +65,11 @@ class Replica:
     and ``queue`` are EWMAs (weight :data:`EWMA_ALPHA`) of the response time this search
     server saw, the search time the data server reported (``took_ms``) and the requests
     it reported in flight (``queue``); ``samples`` counts the answers behind them and
-    ``sent`` the requests sent (hedges included).
+    ``sent`` the requests sent (hedges included). ``relative`` is an EWMA of its
+    response time over that of the same query's other shards (``relative_samples``
+    answers behind it), and ``demoted_at`` when it was demoted as a latency outlier
+    (None: it is not; ``probed_at`` its last probe since): see
+    :mod:`search_server.demotion`.
 
     ``base_weight`` is the registered weight (the payload's, 1-1000) and ``weight`` the
     one the pickers use: the same, except while the replica is in slow start
@@ -108,6 +112,14 @@ class Replica:
     discount: float = 1.0
     # Its recent response times, for the fan-out's hedging (made at its first answer).
     window: LatencyWindow | None = None
+    # Its relative slowness (search_server.demotion): an EWMA of its response time over
+    # that of the same query's other shards, and the answers behind it.
+    relative: float = 0.0
+    relative_samples: int = 0
+    # When it was demoted as a latency outlier among its shard's replicas (the fan-out's
+    # clock; None: it is not), and when it was last probed (or demoted) since.
+    demoted_at: float | None = None
+    probed_at: float = 0.0
     # When its slow start began (None: not ramping; see search_server.slowstart).
     ramp_start: float | None = None
     # Its last load report and its run (see the class's docstring; search_server.wrr).

@@ -24,6 +24,7 @@ import orjson
 from .blame import OUTLIERS, SHED_HEDGE_PAUSE, Blame, OwnLoad, TimeoutBlame
 from .candidates import Candidates
 from .coverage import CoveragePolicy, CoverageWait, EndRule
+from .demotion import LatencyDemotion, Timing
 from .expectedshards import list_missing_capped
 from .groups import Group
 from .hedging import HedgePolicy
@@ -74,7 +75,8 @@ class QueryContext:
     """The long-lived parts of a fan-out that each of its queries uses.
 
     ``clock`` times ejections, backoffs and the shedding pause (the fan-out's);
-    ``timer`` the queries' deadlines and hedges (None: the running loop).
+    ``timer`` the queries' deadlines and hedges (None: the running loop); ``demotion``
+    learns each query's sub-request times (None: demotion is off, nothing is kept).
     """
 
     client: SubrequestClient
@@ -87,6 +89,7 @@ class QueryContext:
     metrics: FanOutMetrics
     clock: Callable[[], float]
     timer: Timer | None = None
+    demotion: LatencyDemotion | None = None
 
 
 class Query:
@@ -159,6 +162,8 @@ class Query:
         # How long its second round of the top k took: the query's own cost, like a data
         # server's search time, not queueing (see FanOut._latency).
         self.asked_again = 0.0
+        # Its sub-requests' times, for latency outlier demotion (None: it is off).
+        self._timings: list[Timing] | None = [] if context.demotion is not None else None
 
     async def run(
         self,
@@ -219,6 +224,12 @@ class Query:
             if self._ok:
                 self._ctx.metrics.shard_requests.labels(result="ok").inc(self._ok)
                 self._ok = 0
+            timings = self._timings
+            if timings and self._ctx.demotion is not None:
+                # Each time compared with the same round's other shards' (a second
+                # round's asked for as many hits as each other): known now.
+                self._ctx.demotion.observe(timings)
+                timings.clear()
 
     # -- sending ----------------------------------------------------------------------
 
@@ -271,7 +282,15 @@ class Query:
         # The client never raises: a request that cannot be sent fails its future.
         target, max_body = self._targets[call.asked]
         future = self._ctx.client.get(replica.endpoint, b"%b%d" % (target, budget_ms), max_body)
-        attempt = Attempt(replica, future, now, hedge, probe)
+        attempt = Attempt(
+            replica,
+            future,
+            now,
+            hedge,
+            probe,
+            demoted=replica.demoted_at is not None,
+            share=replica.outstanding + 1,
+        )
         call.sent(attempt)
         future.add_done_callback(lambda f: self._on_answer(call, attempt))
 
@@ -561,14 +580,14 @@ class Query:
         ctx.health.record_success(replica, probe=attempt.probe)
         if attempt.hedge:
             ctx.metrics.hedges.labels(result="won").inc()
+        now = self._timer.time()
+        timings = self._timings
+        if timings is not None:
+            timings.append((replica, elapsed / attempt.share, False, attempt.demoted))
+            for loser in call.attempts:
+                timings.append((loser.replica, (now - loser.started) / loser.share, True, False))
         # The slower of a hedged pair, if any: no answer after all the time it has had.
-        call.answered(
-            replica,
-            hits,
-            replica.instance.payload.docs,
-            decoded.get("cut") is True,
-            self._timer.time(),
-        )
+        call.answered(replica, hits, replica.instance.payload.docs, decoded.get("cut") is True, now)
         self._finish(call)
 
     def _finish(self, call: ShardCall) -> None:
@@ -643,6 +662,7 @@ class Query:
         if rule is None or wait is None or wait.reached_at is None:
             return
         let_go = 0
+        timings = self._timings
         for call in self._calls:
             if call.done:
                 continue
@@ -650,6 +670,10 @@ class Query:
             call.outcome = "timed_out"
             for attempt in call.drop():
                 attempt.replica.penalize(now - attempt.started)
+                if timings is not None:
+                    timings.append(
+                        (attempt.replica, (now - attempt.started) / attempt.share, True, False)
+                    )
             let_go += 1
         if let_go:
             self.lingered = now - wait.reached_at
@@ -676,7 +700,9 @@ class Query:
 
         A timeout counts against its replicas as ``blame`` says (see :meth:`_blame`):
         their latency, and with it their run of failures towards ejection, or
-        nothing (when the query woke up too late to tell their lateness from its own)."""
+        nothing (when the query woke up too late to tell their lateness from its own).
+        A request sent before its replica was demoted as a latency outlier is charged
+        its latency only: its lateness is what demoted the replica."""
         call.end()
         if timed_out:
             call.outcome = "timed_out"
@@ -687,11 +713,19 @@ class Query:
             replica = attempt.replica
             if blame is not Blame.NONE:
                 replica.penalize(now - attempt.started)
-            if blame is Blame.FULL:
+                if self._timings is not None:
+                    self._timings.append(
+                        (replica, (now - attempt.started) / attempt.share, True, False)
+                    )
+            if blame is Blame.FULL and not (replica.demoted_at is not None and not attempt.demoted):
                 self._ctx.health.record_failure(
                     replica, "timeout", "no answer by the query deadline"
                 )
             else:
+                # (Nor when it was sent before its replica was demoted: an ejection
+                # would keep the replica out for its cool-down after it recovered,
+                # where demotion takes it back at a probe. A demoted replica's probes
+                # and retries are charged in full: one that hangs is still ejected.)
                 self._ctx.metrics.shard_requests.labels(result="timeout").inc()
 
     def _count(self, result: FanOutResult) -> None:

@@ -31,10 +31,12 @@ class Cancellable(Protocol):
 
 class Attempt:
     """One sub-request of a shard call: to which replica, since when (the query's
-    timer), whether it is a hedge or a half-open probe, and the replica group it is
-    counted in flight for (set by :meth:`ShardCall.sent`)."""
+    timer), whether it is a hedge or a half-open probe, whether its replica was demoted
+    as a latency outlier when it was sent, how many of this search server's requests
+    its replica then had in flight with it (``share``: this one included), and the
+    replica group it is counted in flight for (set by :meth:`ShardCall.sent`)."""
 
-    __slots__ = ("future", "group", "hedge", "probe", "replica", "started")
+    __slots__ = ("demoted", "future", "group", "hedge", "probe", "replica", "share", "started")
 
     def __init__(
         self,
@@ -43,6 +45,9 @@ class Attempt:
         started: float,
         hedge: bool,
         probe: bool = False,
+        *,
+        demoted: bool = False,
+        share: int = 1,
     ) -> None:
         self.replica = replica
         self.future = future
@@ -51,6 +56,8 @@ class Attempt:
         # Sent to an ejected replica because its shard had no other: an answer ends
         # the ejection (see Query._next_attempt).
         self.probe = probe
+        self.demoted = demoted
+        self.share = share
         # The group whose requests in flight count this one (None: its replica has no
         # group): the one charged, even if the replica's group changes meanwhile.
         self.group: Group | None = None

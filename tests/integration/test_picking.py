@@ -778,3 +778,54 @@ async def test_weighted_round_robin_sends_a_slowed_replica_fewer_requests_after_
         assert 3 * to_slowed < to_fast, (to_fast, to_slowed)
     finally:
         await _fault(http, slowed, mode="none")
+
+
+class RoundRobin:
+    """Each shard's candidates in turn: a picker blind to speed and load."""
+
+    def __init__(self) -> None:
+        self._turns: dict[int, int] = {}
+
+    def pick(self, candidates: Sequence[Replica]) -> Replica:
+        shard = candidates[0].shard
+        turn = self._turns[shard] = self._turns.get(shard, -1) + 1
+        return candidates[turn % len(candidates)]
+
+
+async def test_a_replica_much_slower_than_its_peers_is_demoted_from_first_requests(
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+    client: HttpClient,
+    registry: CollectorRegistry,
+) -> None:
+    shard0 = await asyncio.gather(
+        *(make_data_server(shard=0, replica=r, instance_id=f"ds-d0-{r}") for r in range(3))
+    )
+    other = await make_data_server(shard=1, instance_id="ds-d1")
+    servers = [instance_of(s) for s in (*shard0, other)]
+    # The fan-out's clock stands still: no probe comes due, so every request the slowed
+    # replica gets below is a pick, not a probe.
+    fanout = FanOut(
+        client, config=FanOutConfig(hedge_ratio=0), registry=registry, clock=FakeClock()
+    )
+    await _warm_up(fanout, servers, 48)  # 16 answers each: its relative slowness known
+    # Demotion narrows the candidates before any picker: even one blind to speed, which
+    # would send the slowed replica a third of the shard's requests (20 of 60).
+    fanout.picker = RoundRobin()
+    slowed = fanout.replica(servers[0])
+    assert slowed is not None
+    sent = slowed.sent
+    # Slowed 30 times or more (a search here takes a millisecond or less).
+    await _fault(http, shard0[0], mode="slow", delay_ms=30)
+    try:
+        for _ in range(60):
+            assert not (await fanout.search(servers, "probe", 5, 5000)).partial
+        # Its turn or two until its first slow answer demoted it, then none.
+        assert slowed.sent - sent <= 6, slowed.sent - sent
+        assert slowed.demoted_at is not None
+        assert _sample(registry, "demotions_total", event="demoted") == 1
+        # Demoted, not ejected: no failure counted.
+        assert (slowed.failures, slowed.ejected_until) == (0, None)
+        assert _sample(registry, "ejections_total") == 0
+    finally:
+        await _fault(http, shard0[0], mode="none")
