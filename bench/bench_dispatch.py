@@ -45,11 +45,13 @@ others must learn: a floor for reading their figures, not a policy), ``rr`` roun
 robin (a baseline only), ``p2c``
 least outstanding of two random (Envoy's default, whose outlier detection and retries
 ours stand in for; no hedging), ``ars`` adaptive replica selection (Elasticsearch's; no
-hedging), ``ours`` the search server's defaults (ARS, hedging, slow start), ``ours-wrr``
+hedging), none of these four with ours' latency outlier demotion; ``ours`` the search
+server's defaults (ARS, hedging, slow start, demotion), ``ours-wrr``
 the same with the ``wrr`` picker (server-reported load) and ``ours-groups`` with the
 replicas registered in groups (replica ``r`` of every shard in group ``r``; skipped,
 said so, on a tree whose payload has no group). Run only when ``--policies`` names
-them: ``ours-no-hedging`` (ours with hedging off, to tell what hedging does) and
+them: ``ours-no-hedging`` and ``ours-no-demotion`` (ours with hedging or latency
+outlier demotion off, to tell what each does) and
 ``ours-cov95``, ours with the coverage policy ``CoveragePolicy(min_coverage=0.95)``
 (adaptive wait 1, its default; no soft timeout): once 95 % of the corpus has answered,
 the rest get as long again as that took. On shards of equal size 95 % of fewer than 20
@@ -198,7 +200,9 @@ Maker = Callable[[Callable[[], float], random.Random], "Built | str"]
 
 
 def _no_hedging(picker: ReplicaPicker) -> Built:
-    return Built(FanOutConfig(hedge_ratio=0.0), picker)
+    # The generic policies as their systems have them: neither hedging nor latency
+    # outlier demotion (ours); the same ejection, retries and limits as ours.
+    return Built(FanOutConfig(hedge_ratio=0.0, demote_ratio=0.0), picker)
 
 
 def _ours(
@@ -280,6 +284,12 @@ POLICIES: dict[str, tuple[str, Maker]] = {
         "ours with hedging off (a diagnostic: what hedging does to ours)",
         lambda c, r: Built(
             FanOutConfig(hedge_ratio=0.0, slow_start=SlowStart()), AdaptiveReplicaSelection(rng=r)
+        ),
+    ),
+    "ours-no-demotion": (
+        "ours with latency outlier demotion off (a diagnostic: what demotion does to ours)",
+        lambda c, r: Built(
+            FanOutConfig(slow_start=SlowStart(), demote_ratio=0.0), AdaptiveReplicaSelection(rng=r)
         ),
     ),
     "ours-cov95": (
@@ -769,7 +779,8 @@ def main() -> int:
     add(
         "--policies",
         default=",".join(DEFAULT_POLICIES),
-        help=f"comma-separated, of {', '.join(POLICIES)} [all but ours-no-hedging and ours-cov95]",
+        help=f"comma-separated, of {', '.join(POLICIES)} [all but the diagnostic ones "
+        "(ours-no-hedging, ours-no-demotion) and ours-cov95]",
     )
     add(
         "--phases",
