@@ -2,7 +2,7 @@
 
 :class:`Candidates` narrows them for the :class:`~search_server.picking.ReplicaPicker`:
 a first request to the query's replica group while it has a usable replica of the
-shard, latency outliers only for their probes while a peer is not one, draining
+shard, latency outliers left out while a peer is not one (a probe's copy aside), draining
 replicas only as a last resort. Pure choice: it sends nothing. Not thread-safe.
 
 Design: docs/design/search-server.md, "Replicas: picked, draining as a last resort",
@@ -55,9 +55,9 @@ class Candidates:
         the group has none: a fill, counted) its routable ones not yet tried nor
         ejected (within its subset, with spares for the ejected and the tried, see
         :meth:`~search_server.subsetting.Subset.candidates`), less the demoted ones
-        while one is not (:class:`~search_server.demotion.LatencyDemotion`; a first
-        request may be a demoted replica's probe, alone), or, when none is left, its
-        draining ones (a last resort)."""
+        while one is not (:class:`~search_server.demotion.LatencyDemotion`; for a first
+        request, a demoted replica due its probe is set as ``call.probe_copy``, to be
+        sent a copy of it), or, when none is left, its draining ones (a last resort)."""
         tried = call.tried
         # In panic the shard's ejections are not heeded: judged at a time past them all.
         seen = math.inf if call.panic else now
@@ -101,14 +101,18 @@ class Candidates:
                 # tried ones too. A retry or a hedge whose every candidate left is
                 # demoted still has them: demotion never leaves a shard without one.
                 peers = call.replicas if self._zone is None else self._zoned(list(call.replicas))
-                usable = demotion.narrow(usable, peers, now, seen=seen, first=not tried) or usable
+                narrowed, probe = demotion.narrow(usable, peers, now, seen=seen, first=not tried)
+                if probe is not None:
+                    call.probe_copy = probe
+                usable = narrowed or usable
             usable = self._warm(usable)
         return usable
 
     def _in_group(self, call: ShardCall, group: str, seen: float, now: float) -> list[Replica]:
         """The first request's candidates in ``group``: its subset's usable members
         (spares of the group for the ejected ones), less those that refused for
-        overload and those demoted among the shard's usable replicas (a probe aside);
+        overload and those demoted among the shard's usable replicas (one due its probe
+        set as ``call.probe_copy``);
         empty when none is left (the caller fills from the whole shard)."""
         groups = call.groups
         subset = groups.members(group) if groups is not None else None
@@ -125,7 +129,9 @@ class Candidates:
             # Judged against the whole shard, not the group: a group holds one replica
             # of a shard, usually, and a demoted one is filled for by another group's.
             peers = call.replicas if self._zone is None else self._zoned(list(call.replicas))
-            usable = demotion.narrow(usable, peers, now, seen=seen, first=True)
+            usable, probe = demotion.narrow(usable, peers, now, seen=seen, first=True)
+            if probe is not None:
+                call.probe_copy = probe
         if len(usable) > 1:
             usable = self._warm(usable)
         return usable

@@ -303,7 +303,8 @@ SEARCH_OPTIONS = (
         "--demote-probe-interval",
         "DISCOVERY_DEMOTE_PROBE_INTERVAL",
         "latency outlier demotion: seconds between two probes of a demoted data server "
-        "(one query's first request), whose answer says whether it is fast again",
+        "(a copy of one query's first request, raced against the request to a peer), "
+        "whose answer says whether it is fast again",
         type=positive_float,
         default=DEMOTE_PROBE_INTERVAL,
         metavar="SECONDS",

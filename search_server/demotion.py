@@ -92,12 +92,18 @@ class LatencyDemotion:
     out come four times as often until it settles. ``ratio`` 0 turns demotion off.
 
     A demoted replica gets no request while a candidate that is not demoted is left,
-    but for one query's first request every ``probe_interval`` seconds of the fan-out's
-    clock (its *probe*; a hedge never goes to it, a retry may when nothing else is
-    left). The answer to a request sent while it is demoted replaces its relative
-    slowness instead of being folded in (what it was before is stale), so one probe
-    answered as fast as its peers takes it back, and one as slow as before keeps it
-    out.
+    but for a *probe* every ``probe_interval`` seconds of the fan-out's clock: a copy of
+    one query's first request to its shard, sent beside the request to a replica in
+    rotation (a hedge never goes to it; a retry may when nothing else is left). The
+    query takes whichever answers first, so a probe never makes a query wait for a
+    replica known to be slow (sent as the query's only request, each probe of a replica
+    slowed ten times was among the slowest queries: ``bench/bench_dispatch.py``). A
+    copy that loses the race is left to answer until its query ends, so that a
+    recovered replica's probe is news even when its peer answered first; one still out
+    then is cancelled, and tells only that it took at least that long (a lower bound).
+    The answer to a request sent while it is demoted replaces its relative slowness
+    instead of being folded in (what it was before is stale), so one probe answered as
+    fast as its peers takes it back, and one as slow as before keeps it out.
 
     The state is on each replica (:attr:`Replica.demoted_at`, :attr:`Replica.probed_at`),
     set and cleared as its shard's requests judge it; each demotion, probe and return is
@@ -197,20 +203,21 @@ class LatencyDemotion:
         *,
         seen: float,
         first: bool,
-    ) -> list[Replica]:
+    ) -> tuple[list[Replica], Replica | None]:
         """``candidates`` less those demoted among ``peers`` (the shard's replicas they
         are judged against, those ejected at ``seen`` left out: the shard's members,
         tried ones included, so that a hedge's or a retry's judgement is the first
-        request's); for a ``first`` request, a demoted candidate whose probe is due,
-        alone, instead. ``candidates`` itself (not a copy) when none of them is
+        request's), and, for a ``first`` request, a demoted candidate whose probe is
+        due (None: none is), for the caller to send a copy of the request. The
+        candidates are ``candidates`` itself (not a copy) when none of them is
         demoted, the common case.
 
-        Empty when every candidate is demoted and none is due a probe: a group whose
-        replica of the shard is demoted (the caller fills from the shard), or a retry
-        or hedge with only demoted ones left (the caller keeps them: demotion never
-        leaves a shard without a candidate). Judging also moves the peers' state: a
-        replica found an outlier is demoted (its first probe due ``probe_interval``
-        later), one no longer found so is taken back.
+        Empty when every candidate is demoted: a group whose replica of the shard is
+        demoted (the caller fills from the shard), or a retry or hedge with only
+        demoted ones left (the caller keeps them: demotion never leaves a shard
+        without a candidate). Judging also moves the peers' state: a replica found an
+        outlier is demoted (its first probe due ``probe_interval`` later), one no
+        longer found so is taken back.
         """
         least = self._min_samples
         ratio = self._ratio
@@ -238,7 +245,7 @@ class LatencyDemotion:
                 high = relative
             judged += 1
         if not marked and (judged < 2 or high <= low * ratio):
-            return candidates
+            return candidates, None
         return self._judge(candidates, peers, now, seen=seen, first=first)
 
     def _judge(
@@ -249,7 +256,7 @@ class LatencyDemotion:
         *,
         seen: float,
         first: bool,
-    ) -> list[Replica]:
+    ) -> tuple[list[Replica], Replica | None]:
         """:meth:`narrow` past its common case: the peers judged in full."""
         least = self._min_samples
         gap = self._probe_interval
@@ -305,7 +312,7 @@ class LatencyDemotion:
                 del over[room:]
                 gap = self._probe_interval / 4
         if not over and not marked:
-            return candidates
+            return candidates, None
         if marked:
             for replica in peers:
                 if (
@@ -317,18 +324,20 @@ class LatencyDemotion:
                     replica.demoted_at = None
                     self._restored.inc()
         if not over:
-            return candidates
+            return candidates, None
         for replica in over:
             if replica.demoted_at is None:
                 replica.demoted_at = replica.probed_at = now
                 self._demoted.inc()
+        probe = None
         if first:
             for replica in candidates:
                 if replica.demoted_at is not None and replica.probed_at + gap <= now:
                     replica.probed_at = now
                     self._probes.inc()
-                    return [replica]
-        return [replica for replica in candidates if replica not in over]
+                    probe = replica
+                    break
+        return [replica for replica in candidates if replica not in over], probe
 
 
 def _demoted_then_slowest(replica: Replica) -> tuple[bool, float]:

@@ -13,7 +13,20 @@ from collections.abc import Sequence
 
 from .picking import LatencyWindow, Replica
 
-__all__ = ["HedgeBudget", "HedgePolicy", "hedge_window"]
+__all__ = ["SIBLING_RATIO", "HedgeBudget", "HedgePolicy", "hedge_window"]
+
+#: How many times the median time of the query's shards that answered a shard's request
+#: must have been out before it is hedged (see :meth:`Query._hedge
+#: <search_server.query.Query._hedge>`). An expensive query (a shard's frequent terms) is
+#: expensive on every shard and every replica: a hedge of its slowest shard, out past
+#: the replicas' p95 only because the query is expensive, duplicated an expensive search
+#: on a replica no less busy and rarely won (2-5 % in the dispatch benchmark), and made
+#: the queries behind it slower: p99.9 8.4 ms with hedges at the p95 against 7.8 without
+#: hedging, nothing slowed; 13.7 against 10.4 with a replica slowed. At 3 times, ours
+#: hedges a few dozen times a window and its p99.9 is the oracle's (BENCHMARKS,
+#: "Dispatch policies"); at 2, hedges were still ten times as many and cost 2 ms of
+#: p99.9. A straggler on a slowed or stalled replica is many times its siblings' time.
+SIBLING_RATIO = 3.0
 
 
 class HedgeBudget:

@@ -30,7 +30,7 @@ QUERY_OUTCOMES = ("complete", "partial", "overloaded")
 #: Label values of ``search_server_fanout_shard_requests_total{result}``.
 SHARD_RESULTS = ("ok", "error", "timeout", "overload")
 #: Label values of ``search_server_fanout_hedges_total{result}``.
-HEDGE_RESULTS = ("sent", "won", "over_budget", "own_lag", "shedding", "systemic")
+HEDGE_RESULTS = ("sent", "won", "over_budget", "own_lag", "shedding", "systemic", "in_step")
 #: Label values of ``search_server_fanout_demotions_total{event}``.
 DEMOTION_EVENTS = ("demoted", "probe", "restored")
 #: Label values of ``search_server_fanout_panic_total{scope}``.
@@ -128,7 +128,9 @@ class FanOutMetrics:
             "was out, so the lateness may be its own), shedding (not sent: this search "
             "server refused a query for its in-flight limit within the last second), "
             "systemic (not sent: more of the query's shards were still out than outliers "
-            "make, more than two and a tenth: everyone is slow).",
+            "make, more than two and a tenth: everyone is slow), in_step (put off: the "
+            "shard was not yet out three times the median time of the query's shards "
+            "that answered, the query's own cost rather than a straggler; offered again then).",
             ["result"],
             registry=registry,
         )

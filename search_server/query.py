@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVarTuple, Unpack
@@ -27,7 +28,7 @@ from .coverage import CoveragePolicy, CoverageWait, EndRule
 from .demotion import LatencyDemotion, Timing
 from .expectedshards import list_missing_capped
 from .groups import Group
-from .hedging import HedgePolicy
+from .hedging import SIBLING_RATIO, HedgePolicy
 from .httpclient import SubrequestClient, SubrequestError
 from .merging import (
     BadAnswer,
@@ -142,6 +143,8 @@ class Query:
         self._total = 0
         # Calls whose hedge came due while most shards were still out (see _hedge).
         self._deferred: list[ShardCall] = []
+        # When each shard that answered did, since the query started (first round).
+        self._answered_at: list[float] = []
         self._waiter: asyncio.Future[None] = loop.create_future()
         # The longest search time a data server reported for this query (at most the
         # time its answer took): what of the query's latency was work, not queueing.
@@ -221,6 +224,8 @@ class Query:
             for call in calls:
                 if not call.done:
                     self._abandon(call, timed_out, blame=blame)
+                elif call.copies:
+                    self._drop_copies(call, now)
             if self._ok:
                 self._ctx.metrics.shard_requests.labels(result="ok").inc(self._ok)
                 self._ok = 0
@@ -243,6 +248,8 @@ class Query:
         if not call.tried:
             call.panic = health.panicking(call.shard, call.routable, clock_now)
         candidates = ctx.candidates.of(call, clock_now)
+        # A demoted replica due its probe, set by a first request's candidates.
+        copy, call.probe_copy = call.probe_copy, None
         if candidates and retry and call.reason == "overload" and health.any_overloaded:
             candidates = health.not_overloaded(candidates, clock_now)
             if not candidates:
@@ -262,6 +269,10 @@ class Query:
         # In panic, a request to an ejected replica is also its probe: an answer ends
         # its ejection.
         self._send(call, primary, hedge=False, probe=call.panic and primary.is_ejected(clock_now))
+        if copy is not None and copy is not primary:
+            # Its probe races the request (see search_server.demotion): the query takes
+            # whichever answers first, and never waits on a replica known to be slow.
+            self._send(call, copy, hedge=False, copy=True)
         hedging = ctx.hedging
         if hedging.enabled and call.hedge_timer is None and ctx.candidates.may_hedge(call):
             self._hedge_in(call, now, hedging.delay(call.replicas, primary))
@@ -274,7 +285,15 @@ class Query:
         self._ctx.metrics.budget_refused.labels(kind=kind).inc()
         return False
 
-    def _send(self, call: ShardCall, replica: Replica, *, hedge: bool, probe: bool = False) -> None:
+    def _send(
+        self,
+        call: ShardCall,
+        replica: Replica,
+        *,
+        hedge: bool,
+        probe: bool = False,
+        copy: bool = False,
+    ) -> None:
         now = self._timer.time()
         # The budget left, in whole milliseconds (rounded down, so the data server's
         # deadline never falls after ours); at least 1, the least timeout_ms there is.
@@ -290,6 +309,7 @@ class Query:
             probe,
             demoted=replica.demoted_at is not None,
             share=replica.outstanding + 1,
+            copy=copy,
         )
         call.sent(attempt)
         future.add_done_callback(lambda f: self._on_answer(call, attempt))
@@ -313,9 +333,12 @@ class Query:
         still out than outliers make (more than two and a tenth): the slowness is
         everyone's, and hedges would add to it. The hedge is offered again the
         fastest other replica's usual spread (p95 - p50) after half have answered, if
-        the shard is still out then. One refused for the budget is offered again a p95
-        later, then two, four... until the deadline: the longer a shard is out, the
-        likelier it is a straggler rather than the usual tail.
+        the shard is still out then. Nor before it has been out
+        :data:`~search_server.hedging.SIBLING_RATIO` times the median time of the
+        query's shards that answered: until then its lateness is the query's cost, not
+        its replica's (offered again at that time). One refused for the budget is
+        offered again a p95 later, then two, four... until the deadline: the longer a
+        shard is out, the likelier it is a straggler rather than the usual tail.
         """
         call.hedge_timer = None
         if call.done or not call.attempts:
@@ -334,6 +357,16 @@ class Query:
             hedges.labels(result="systemic").inc()
             return
         started = call.attempts[0].started
+        now = self._timer.time()
+        answered_at = self._answered_at
+        if answered_at:
+            # Not yet a straggler against the query's shards that answered: the query's
+            # own cost (see SIBLING_RATIO). Offered again once it is.
+            due = started + SIBLING_RATIO * statistics.median_low(answered_at)
+            if now < due:
+                hedges.labels(result="in_step").inc()
+                self._hedge_in(call, now, due - now)
+                return
         if ctx.own.since_shed() < SHED_HEDGE_PAUSE:
             # This search server is refusing queries for want of capacity: a hedge
             # would take it from the queries it admitted.
@@ -345,7 +378,6 @@ class Query:
             # none to spare.
             hedges.labels(result="own_lag").inc()
             return
-        now = self._timer.time()
         clock_now = ctx.clock()
         candidates = ctx.candidates.for_hedge(call, now - started, clock_now)
         if not candidates:
@@ -513,7 +545,10 @@ class Query:
 
     def _on_answer(self, call: ShardCall, attempt: Attempt) -> None:
         future = attempt.future
-        if future.cancelled() or call.done:
+        # A probe's copy answering after its shard's answer (still in call.copies until
+        # the query ends): news of its replica, nothing more for the query.
+        late = call.done and attempt.copy and attempt in call.copies
+        if future.cancelled() or (call.done and not late):
             return  # abandoned by us; accounted for where it was abandoned
         call.returned(attempt)
         ctx = self._ctx
@@ -544,6 +579,8 @@ class Query:
                 replica.penalize(elapsed)
                 ctx.health.record_failure(replica, "error", _describe(error))
                 ctx.metrics.refused_answer(error)
+            if late:
+                return
             call.outcome = "failed"
             call.reason = "overload" if overloaded else "error"
             if call.attempts:
@@ -559,6 +596,8 @@ class Query:
             return
         except Exception as error:  # a client bug must not hang the query
             log.error("sub-request to %s failed", replica.instance.id, exc_info=error)
+            if late:
+                return
             call.outcome = "failed"
             if not call.attempts:
                 self._finish(call)
@@ -568,7 +607,7 @@ class Query:
         load = load_report(decoded)
         if load is not None:
             replica.report_load(*load, ctx.clock())
-        if service is not None and service > self.service and not self._asking_again:
+        if service is not None and service > self.service and not (self._asking_again or late):
             # (A second round's whole time is the query's own: asked_again.)
             self.service = min(service, elapsed)
         window = replica.window
@@ -584,8 +623,16 @@ class Query:
         timings = self._timings
         if timings is not None:
             timings.append((replica, elapsed / attempt.share, False, attempt.demoted))
+        if late:
+            return
+        if not self._asking_again:
+            self._answered_at.append(now - self.started)
+        if timings is not None:
             for loser in call.attempts:
-                timings.append((loser.replica, (now - loser.started) / loser.share, True, False))
+                if not loser.copy:  # (a probe's copy is left to answer: see _drop_copies)
+                    timings.append(
+                        (loser.replica, (now - loser.started) / loser.share, True, False)
+                    )
         # The slower of a hedged pair, if any: no answer after all the time it has had.
         call.answered(replica, hits, replica.instance.payload.docs, decoded.get("cut") is True, now)
         self._finish(call)
@@ -694,6 +741,19 @@ class Query:
             open_calls=self._open_calls,
             total=self._total,
         )
+
+    def _drop_copies(self, call: ShardCall, now: float) -> None:
+        """The query is over: the probes' copies still out after their shard's answer
+        are cancelled, each charged the time it had as a lower bound (in its latency and
+        its relative slowness), never as a failure: the replica was demoted already,
+        and the query did not wait for it."""
+        timings = self._timings
+        for attempt in call.drop_copies():
+            attempt.replica.penalize(now - attempt.started)
+            if timings is not None:
+                timings.append(
+                    (attempt.replica, (now - attempt.started) / attempt.share, True, False)
+                )
 
     def _abandon(self, call: ShardCall, timed_out: bool, *, blame: Blame) -> None:
         """End a call still open at the deadline (``timed_out``) or at a cancellation.

@@ -32,11 +32,22 @@ class Cancellable(Protocol):
 class Attempt:
     """One sub-request of a shard call: to which replica, since when (the query's
     timer), whether it is a hedge or a half-open probe, whether its replica was demoted
-    as a latency outlier when it was sent, how many of this search server's requests
+    as a latency outlier when it was sent (and whether it is that replica's probe, a
+    ``copy`` of the shard's first request), how many of this search server's requests
     its replica then had in flight with it (``share``: this one included), and the
     replica group it is counted in flight for (set by :meth:`ShardCall.sent`)."""
 
-    __slots__ = ("demoted", "future", "group", "hedge", "probe", "replica", "share", "started")
+    __slots__ = (
+        "copy",
+        "demoted",
+        "future",
+        "group",
+        "hedge",
+        "probe",
+        "replica",
+        "share",
+        "started",
+    )
 
     def __init__(
         self,
@@ -48,6 +59,7 @@ class Attempt:
         *,
         demoted: bool = False,
         share: int = 1,
+        copy: bool = False,
     ) -> None:
         self.replica = replica
         self.future = future
@@ -58,6 +70,7 @@ class Attempt:
         self.probe = probe
         self.demoted = demoted
         self.share = share
+        self.copy = copy
         # The group whose requests in flight count this one (None: its replica has no
         # group): the one charged, even if the replica's group changes meanwhile.
         self.group: Group | None = None
@@ -73,6 +86,7 @@ class ShardCall:
         "answered_by",
         "asked",
         "attempts",
+        "copies",
         "cut",
         "docs",
         "docs_cap",
@@ -84,6 +98,7 @@ class ShardCall:
         "hits",
         "outcome",
         "panic",
+        "probe_copy",
         "reason",
         "replicas",
         "routable",
@@ -137,6 +152,12 @@ class ShardCall:
         self.hedge_timer: Cancellable | None = None
         # How long to wait before offering a hedge refused for the budget again.
         self.hedge_backoff = 0.0
+        # A demoted replica due its probe: sent a copy of the first request beside it
+        # (search_server.demotion), then None.
+        self.probe_copy: Replica | None = None
+        # Probes' copies that lost the race, still out: left to answer until the query
+        # ends, when they are dropped (see answered, drop_copies).
+        self.copies: list[Attempt] = []
 
     def sent(self, attempt: Attempt) -> None:
         """``attempt`` is out: its replica is tried, and has one more request out."""
@@ -152,7 +173,10 @@ class ShardCall:
 
     def returned(self, attempt: Attempt) -> None:
         """``attempt`` came back (answer or error): no longer out."""
-        self.attempts.remove(attempt)
+        if attempt in self.attempts:
+            self.attempts.remove(attempt)
+        else:
+            self.copies.remove(attempt)  # a probe's copy, after the shard's answer
         attempt.replica.outstanding -= 1
         if attempt.group is not None:
             attempt.group.outstanding -= 1
@@ -162,13 +186,18 @@ class ShardCall:
     ) -> None:
         """``replica``, holding ``docs``, answered with ``hits``: the shard's answer. The
         requests still out are the slower of a hedged pair: each is cancelled, and its
-        replica charged with the time it has had (``now``, the query's timer)."""
+        replica charged with the time it has had (``now``, the query's timer); but a
+        probe's copy is left to answer (:attr:`copies`), its time being the probe's
+        news."""
         self.hits, self.outcome = hits, "ok"
         self.answered_by = replica
         cap = self.docs_cap
         self.docs = docs if cap is None else min(docs, cap)
         self.cut = cut
         for loser in self.attempts:
+            if loser.copy:
+                self.copies.append(loser)
+                continue
             loser.replica.outstanding -= 1
             if loser.group is not None:
                 loser.group.outstanding -= 1
@@ -191,6 +220,18 @@ class ShardCall:
         if self.hedge_timer is not None:
             self.hedge_timer.cancel()
             self.hedge_timer = None
+
+    def drop_copies(self) -> list[Attempt]:
+        """Cancel the probes' copies still out after the shard's answer (the query is
+        over): those dropped, for the caller to charge."""
+        dropped = self.copies
+        self.copies = []
+        for attempt in dropped:
+            attempt.replica.outstanding -= 1
+            if attempt.group is not None:
+                attempt.group.outstanding -= 1
+            attempt.future.cancel()
+        return dropped
 
     def drop(self) -> list[Attempt]:
         """Cancel the requests still out (at the deadline, or the query cancelled):

@@ -137,3 +137,62 @@ async def test_a_hedge_goes_out_when_its_timer_says_it_is_due(
     result = await asyncio.wait_for(search, 5)
     assert result.shards == shard_counts(1, 1)
     assert sample(registry, "search_server_fanout_hedges_total", result="won") == 1
+
+
+async def test_a_shard_is_hedged_only_once_it_is_late_against_the_querys_other_shards(
+    registry: CollectorRegistry,
+) -> None:
+    # Shard 0 of two replicas (requests to ds-0a, hedges to ds-0b), shards 1-3 of one.
+    servers = [
+        make_instance("ds-0a", 20_000, shard=0, replica=0),
+        make_instance("ds-0b", 20_001, shard=0, replica=1),
+        *(make_instance(f"ds-{s}", 20_000 + 10 * s, shard=s) for s in (1, 2, 3)),
+    ]
+    primary, other, *rest = servers
+    client = _Held(servers)
+    timer = ManualTimer()
+    fanout = FanOut(
+        client,
+        config=FanOutConfig(hedge_ratio=1.0, hedge_burst=10),
+        registry=registry,
+        clock=FakeClock(),
+        timer=timer,
+        picker=_Only(primary.id),
+        retry_budget=RetryBudget(1.0, 10.0, clock=FakeClock()),
+    )
+    tick = 1 / 64  # every answer's time while warming up: every replica's p95
+
+    async def query(siblings_at: float, shard0_at: float) -> int:
+        """One query whose shards 1-3 answer at ``siblings_at`` and shard 0 at
+        ``shard0_at`` (ds-0a, or the hedge when one went out); the requests it sent."""
+        before = len(client.sent)
+        search = asyncio.create_task(fanout.search(servers, "a", 10, 1000))
+        await _sent(client, before + 4)
+        timer.advance(siblings_at)
+        for server in rest:
+            client.answer(server.port)
+        await asyncio.sleep(0)  # ok-sleep: one loop turn, on a manual timer
+        while timer.now < shard0_at:
+            timer.advance(min(tick / 4, shard0_at - timer.now))
+            for _ in range(3):
+                await asyncio.sleep(0)  # ok-sleep: one loop turn, on a manual timer
+        client.answer(primary.port)
+        client.answer(other.port)
+        assert (await asyncio.wait_for(search, 5)).shards == shard_counts(4, 4)
+        return len(client.sent) - before
+
+    for _ in range(16):
+        assert await query(tick, tick) == 4
+    hedges = "search_server_fanout_hedges_total"
+    # An expensive query: its other shards took 0.9 ticks, shard 0 two. Past the p95
+    # (a tick) but not three times its siblings' median: the query's cost, no hedge.
+    start = timer.now
+    assert await query(0.9 * tick, start + 2 * tick) == 4
+    assert sample(registry, hedges, result="in_step") >= 1
+    assert sample(registry, hedges, result="sent") == 0
+    # A straggler: its siblings took a quarter of a tick, and at its p95 it is out four
+    # times that: hedged.
+    start = timer.now
+    assert await query(0.25 * tick, start + 2 * tick) == 5
+    assert client.sent[-1][0] == other.port
+    assert sample(registry, hedges, result="sent") == 1
