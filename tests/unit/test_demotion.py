@@ -536,7 +536,8 @@ async def test_a_probes_copy_that_loses_the_race_still_takes_a_recovered_replica
     client.delay["ds-0slow"] = 0.010
     await _queries(fanout, servers, timer, 200)
     slow = fanout.replica(servers[2])
-    assert slow is not None and slow.demoted_at is not None
+    assert slow is not None
+    assert slow.demoted_at is not None
     # Recovered, but answering a tick after its peer: its copy loses the race and comes
     # back while the other shards (3 ms) are still out. That answer is the probe's news.
     client.delay["ds-0slow"] = 0.0015
