@@ -69,7 +69,7 @@ class FanOut:
     shard's candidates (default :class:`~search_server.picking.AdaptiveReplicaSelection`;
     read at each query's start). ``retry_budget`` is what retries and hedges together
     draw on (default: a :class:`~search_server.retrybudget.RetryBudget` of 10 % of first
-    requests plus 10 a second). ``subsetter`` chooses the replicas of a shard this
+    requests plus 10 a second, on ``clock``). ``subsetter`` chooses the replicas of a shard this
     search server routes to, given its :attr:`position` among the search servers
     (default: a :class:`~search_server.subsetting.DeterministicAperture` of 8; at the
     default position, one search server of one, every replica). ``rng`` flips the
@@ -122,7 +122,7 @@ class FanOut:
         self.metrics = metrics = FanOutMetrics(self.registry)
         metrics.admission_limit.set(self._admission.limit)
         self.picker: ReplicaPicker = picker if picker is not None else AdaptiveReplicaSelection()
-        self.retry_budget = retry_budget if retry_budget is not None else RetryBudget()
+        self.retry_budget = retry_budget if retry_budget is not None else RetryBudget(clock=clock)
         self._routing = routing = ShardRouting(
             clock=clock,
             networks=config.networks,
