@@ -73,6 +73,13 @@ class ClusterStatus:
             entry["answers"] = replica.samples
             entry["in_flight"] = replica.outstanding
             entry["latency_ms"] = round(replica.seconds * 1000, 3)
+            # Latency outlier demotion (search_server.demotion): out of rotation for
+            # this search server but its probes, and how much slower than the same
+            # queries' other shards it has been (None: too few answers to say).
+            entry["demoted"] = replica.demoted_at is not None
+            entry["relative_slowness"] = (
+                round(replica.relative, 2) if replica.relative_samples else None
+            )
         return entry
 
     def cluster_view(

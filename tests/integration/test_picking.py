@@ -829,3 +829,44 @@ async def test_a_replica_much_slower_than_its_peers_is_demoted_from_first_reques
         assert _sample(registry, "ejections_total") == 0
     finally:
         await _fault(http, shard0[0], mode="none")
+
+
+async def test_cluster_shows_a_demoted_replica_and_its_relative_slowness(
+    make_search_server: SearchServerFactory,
+    make_data_server: DataServerFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    shard0 = await asyncio.gather(
+        *(make_data_server(shard=0, replica=r, instance_id=f"ds-c0-{r}") for r in range(2))
+    )
+    await make_data_server(shard=1, instance_id="ds-c1")
+    # A blind round robin: the slowed replica gets every other request until demoted.
+    server = await make_search_server(picker=RoundRobin(), hedge_percent=0.0)
+    await all_see([server], {"ds-c0-0", "ds-c0-1", "ds-c1"})
+
+    async def search() -> None:
+        status, body = await get_json(f"{server.url}/search", q="probe", k="5")
+        assert status == 200, body
+        assert body["partial"] is False, body
+
+    def entries() -> dict[str, dict[str, object]]:
+        return {s["id"]: s for s in server.cluster_view()["servers"]}
+
+    for _ in range(24):  # 12 answers from each of shard 0's replicas
+        await search()
+    assert {e["demoted"] for e in entries().values()} == {False}
+    assert all(isinstance(e["relative_slowness"], float) for e in entries().values())
+    await _fault(http, shard0[0], mode="slow", delay_ms=30)
+    try:
+        for _ in range(20):
+            await search()
+            if entries()["ds-c0-0"]["demoted"]:
+                break
+        _, body = await get_json(f"{server.url}/cluster")
+        listed = {s["id"]: s for s in body["servers"]}
+        assert listed["ds-c0-0"]["demoted"] is True
+        assert listed["ds-c0-0"]["relative_slowness"] > 3
+        assert listed["ds-c0-0"]["ejected"] is False  # demoted, not ejected
+        assert (listed["ds-c0-1"]["demoted"], listed["ds-c1"]["demoted"]) == (False, False)
+    finally:
+        await _fault(http, shard0[0], mode="none")
