@@ -224,23 +224,21 @@ class ShardCall:
     def drop_copies(self) -> list[Attempt]:
         """Cancel the probes' copies still out after the shard's answer (the query is
         over): those dropped, for the caller to charge."""
-        dropped = self.copies
-        self.copies = []
-        for attempt in dropped:
-            attempt.replica.outstanding -= 1
-            if attempt.group is not None:
-                attempt.group.outstanding -= 1
-            attempt.future.cancel()
-        return dropped
+        dropped, self.copies = self.copies, []
+        return _cancelled(dropped)
 
     def drop(self) -> list[Attempt]:
         """Cancel the requests still out (at the deadline, or the query cancelled):
         the attempts dropped, for the caller to charge."""
-        dropped = self.attempts
-        self.attempts = []
-        for attempt in dropped:
-            attempt.replica.outstanding -= 1
-            if attempt.group is not None:
-                attempt.group.outstanding -= 1
-            attempt.future.cancel()
-        return dropped
+        dropped, self.attempts = self.attempts, []
+        return _cancelled(dropped)
+
+
+def _cancelled(attempts: list[Attempt]) -> list[Attempt]:
+    """``attempts``, each no longer counted in flight and its request cancelled."""
+    for attempt in attempts:
+        attempt.replica.outstanding -= 1
+        if attempt.group is not None:
+            attempt.group.outstanding -= 1
+        attempt.future.cancel()
+    return attempts
