@@ -518,8 +518,13 @@ class Query:
         for call in flagged:
             second = call.again(k)
             candidates = ctx.candidates.again(second, call.answered_by, clock_now)
+            # A demoted replica due its probe (when the candidates were the shard's).
+            copy, second.probe_copy = second.probe_copy, None
             if candidates:
-                self._send(second, self._picker.pick(candidates), hedge=False)
+                primary = self._picker.pick(candidates)
+                self._send(second, primary, hedge=False)
+                if copy is not None and copy is not primary:
+                    self._send(second, copy, hedge=False, copy=True)
                 again.append(second)
         self._open_calls = len(again)
         await self._gather(again)
