@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVarTuple, Unpack
@@ -143,7 +142,8 @@ class Query:
         self._total = 0
         # Calls whose hedge came due while most shards were still out (see _hedge).
         self._deferred: list[ShardCall] = []
-        # When each shard that answered did, since the query started (first round).
+        # When each shard that answered did, since the query started (first round), in
+        # the order they answered: sorted, so its median is its middle element.
         self._answered_at: list[float] = []
         self._waiter: asyncio.Future[None] = loop.create_future()
         # The longest search time a data server reported for this query (at most the
@@ -362,7 +362,7 @@ class Query:
         if answered_at:
             # Not yet a straggler against the query's shards that answered: the query's
             # own cost (see SIBLING_RATIO). Offered again once it is.
-            due = started + SIBLING_RATIO * statistics.median_low(answered_at)
+            due = started + SIBLING_RATIO * answered_at[(len(answered_at) - 1) // 2]
             if now < due:
                 hedges.labels(result="in_step").inc()
                 self._hedge_in(call, now, due - now)
