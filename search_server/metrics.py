@@ -145,10 +145,10 @@ class FanOutMetrics:
             "Latency outlier demotion, by event: demoted (a data server's relative "
             "slowness, its response times over the same queries' other shards', was found "
             "above --demote-ratio times its shard's typical replica's: no request while "
-            "its peers serve; no failure, no ejection), probe (a query's first request "
-            "sent to a demoted data server, one per --demote-probe-interval, whose answer "
-            "says what it has become) or restored (it is no longer an outlier and gets "
-            "requests again).",
+            "its peers serve; no failure, no ejection), probe (a copy of a query's first "
+            "request sent to a demoted data server beside the request to a peer, one per "
+            "--demote-probe-interval, whose answer says what it has become) or restored "
+            "(it is no longer an outlier and gets requests again).",
             ["event"],
             registry=registry,
         )
