@@ -161,6 +161,14 @@ def warm(rig: Rig, *replicas: str, seconds: float = FAST) -> None:
         rig.answer(name, seconds, times=5)
 
 
+def slowed_shard(rig: Rig, seconds: float) -> None:
+    """Shard 0 of ds-a and ds-b answering in :data:`FAST` and ds-slow in ``seconds``,
+    each warmed up (5 answers)."""
+    rig.route(shard("ds-a", "ds-b", "ds-slow"))
+    warm(rig, "ds-a", "ds-b")
+    warm(rig, "ds-slow", seconds=seconds)
+
+
 # -- the statistic ----------------------------------------------------------------------
 
 
@@ -217,9 +225,7 @@ def test_a_lower_bound_only_raises_what_is_known() -> None:
 
 def test_a_replica_ten_times_slower_gets_no_first_request_while_its_peers_are_fast() -> None:
     rig = Rig()
-    rig.route(shard("ds-a", "ds-b", "ds-slow"))
-    warm(rig, "ds-a", "ds-b")
-    warm(rig, "ds-slow", seconds=10 * FAST + 0.005)
+    slowed_shard(rig, 10 * FAST + 0.005)
     assert rig.first() == ["ds-a", "ds-b"]
     assert rig.demoted() == ["ds-slow"]
     assert rig.events("demoted") == 1
@@ -235,9 +241,7 @@ def test_a_replica_ten_times_slower_gets_no_first_request_while_its_peers_are_fa
 
 def test_a_demoted_replica_gets_one_probe_per_interval() -> None:
     rig = Rig()
-    rig.route(shard("ds-a", "ds-b", "ds-slow"))
-    warm(rig, "ds-a", "ds-b")
-    warm(rig, "ds-slow", seconds=0.020)
+    slowed_shard(rig, 0.020)
     assert rig.first() == ["ds-a", "ds-b"]
     rig.clock.advance(0.99)
     assert rig.first_and_probe() == (["ds-a", "ds-b"], None)
@@ -258,9 +262,7 @@ def test_a_demoted_replica_gets_one_probe_per_interval() -> None:
 
 def test_a_probe_answered_as_slow_as_before_keeps_it_out() -> None:
     rig = Rig()
-    rig.route(shard("ds-a", "ds-b", "ds-slow"))
-    warm(rig, "ds-a", "ds-b")
-    warm(rig, "ds-slow", seconds=0.020)
+    slowed_shard(rig, 0.020)
     rig.first()
     rig.clock.advance(1.0)
     assert rig.first_and_probe()[1] == "ds-slow"
@@ -271,9 +273,7 @@ def test_a_probe_answered_as_slow_as_before_keeps_it_out() -> None:
 
 def test_a_probe_answered_as_fast_as_its_peers_takes_it_back() -> None:
     rig = Rig()
-    rig.route(shard("ds-a", "ds-b", "ds-slow"))
-    warm(rig, "ds-a", "ds-b")
-    warm(rig, "ds-slow", seconds=0.020)
+    slowed_shard(rig, 0.020)
     rig.first()
     rig.clock.advance(1.0)
     assert rig.first_and_probe()[1] == "ds-slow"
@@ -287,9 +287,7 @@ def test_a_probe_answered_as_fast_as_its_peers_takes_it_back() -> None:
 
 def test_answers_to_requests_sent_before_the_demotion_are_folded_in() -> None:
     rig = Rig()
-    rig.route(shard("ds-a", "ds-b", "ds-slow"))
-    warm(rig, "ds-a", "ds-b")
-    warm(rig, "ds-slow", seconds=0.020)
+    slowed_shard(rig, 0.020)
     rig.first()
     slow = rig.replica("ds-slow")
     before = slow.relative
@@ -336,9 +334,7 @@ def test_an_idle_replica_does_not_make_its_busy_peers_outliers() -> None:
 
 def test_demotion_is_off_with_a_ratio_of_zero() -> None:
     rig = Rig(ratio=0)
-    rig.route(shard("ds-a", "ds-b", "ds-slow"))
-    warm(rig, "ds-a", "ds-b")
-    warm(rig, "ds-slow", seconds=0.050)
+    slowed_shard(rig, 0.050)
     assert rig.first() == ["ds-a", "ds-b", "ds-slow"]
     assert rig.events("demoted") == 0
 
@@ -363,9 +359,7 @@ def test_demotion_never_leaves_a_shard_without_a_candidate() -> None:
 
 def test_at_least_half_of_a_shard_stays_in_rotation() -> None:
     rig = Rig()
-    rig.route(shard("ds-a", "ds-b", "ds-slow"))
-    warm(rig, "ds-a", "ds-b")
-    warm(rig, "ds-slow", seconds=0.020)
+    slowed_shard(rig, 0.020)
     rig.health.record_failure(rig.replica("ds-b"), "error", "test")  # ejected
     # Of three, one ejected: demoting the slow one would leave one replica for all.
     assert rig.first() == ["ds-a", "ds-slow"]
@@ -374,9 +368,7 @@ def test_at_least_half_of_a_shard_stays_in_rotation() -> None:
 
 def test_demotion_records_no_failure_and_no_ejection() -> None:
     rig = Rig()
-    rig.route(shard("ds-a", "ds-b", "ds-slow"))
-    warm(rig, "ds-a", "ds-b")
-    warm(rig, "ds-slow", seconds=0.050)
+    slowed_shard(rig, 0.050)
     rig.first()
     slow = rig.replica("ds-slow")
     assert slow.demoted_at is not None

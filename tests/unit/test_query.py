@@ -66,6 +66,22 @@ class _Only:
         return next((r for r in candidates if r.instance.id == self._id), candidates[0])
 
 
+def _hedging(
+    client: _Held, registry: CollectorRegistry, timer: ManualTimer, primary: str
+) -> FanOut:
+    """A fan-out on ``timer`` that sends each shard's first request to ``primary`` when
+    it can, and may hedge every request (budgets of 100 %)."""
+    return FanOut(
+        client,
+        config=FanOutConfig(hedge_ratio=1.0, hedge_burst=10),
+        registry=registry,
+        clock=FakeClock(),
+        timer=timer,
+        picker=_Only(primary),
+        retry_budget=RetryBudget(1.0, 10.0, clock=FakeClock()),
+    )
+
+
 async def test_a_query_ends_at_its_deadline_on_its_timer(registry: CollectorRegistry) -> None:
     servers = [make_instance(f"ds-{s}", 20_000 + s, shard=s) for s in range(4)]
     client = _Held(servers)
@@ -101,15 +117,7 @@ async def test_a_hedge_goes_out_when_its_timer_says_it_is_due(
     primary, other = servers
     client = _Held(servers)
     timer = ManualTimer()
-    fanout = FanOut(
-        client,
-        config=FanOutConfig(hedge_ratio=1.0, hedge_burst=10),
-        registry=registry,
-        clock=FakeClock(),
-        timer=timer,
-        picker=_Only(primary.id),
-        retry_budget=RetryBudget(1.0, 10.0, clock=FakeClock()),
-    )
+    fanout = _hedging(client, registry, timer, primary.id)
     # 16 answers of 1/64 s each: the primary's latency window (its p95, when a hedge
     # is due), and no hedge before it exists.
     answer_in = 1 / 64
@@ -151,15 +159,7 @@ async def test_a_shard_is_hedged_only_once_it_is_late_against_the_querys_other_s
     primary, other, *rest = servers
     client = _Held(servers)
     timer = ManualTimer()
-    fanout = FanOut(
-        client,
-        config=FanOutConfig(hedge_ratio=1.0, hedge_burst=10),
-        registry=registry,
-        clock=FakeClock(),
-        timer=timer,
-        picker=_Only(primary.id),
-        retry_budget=RetryBudget(1.0, 10.0, clock=FakeClock()),
-    )
+    fanout = _hedging(client, registry, timer, primary.id)
     tick = 1 / 64  # every answer's time while warming up: every replica's p95
 
     async def query(siblings_at: float, shard0_at: float) -> int:
